@@ -1,0 +1,89 @@
+// Package pgtest gives each test a fresh, migrated database on the Postgres
+// server named by POSTHORN_TEST_DATABASE_URL (default: the local server with
+// trust auth), dropped when the test ends.
+package pgtest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"net/url"
+	"os"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/posthorn/posthorn/adapters/postgres"
+)
+
+// DefaultURL is the server the tests use when POSTHORN_TEST_DATABASE_URL is unset.
+const DefaultURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+
+// ServerURL returns the URL of the test server's maintenance database.
+func ServerURL() string {
+	if u := os.Getenv("POSTHORN_TEST_DATABASE_URL"); u != "" {
+		return u
+	}
+	return DefaultURL
+}
+
+// NewDatabase creates an empty database and returns its URL; it is dropped
+// (with its connections) at test cleanup.
+func NewDatabase(t testing.TB) string {
+	t.Helper()
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, ServerURL())
+	if err != nil {
+		t.Fatalf("pgtest: connect to the test server: %v (is PostgreSQL running? set POSTHORN_TEST_DATABASE_URL)", err)
+	}
+	defer admin.Close(ctx)
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	name := "posthorn_test_" + hex.EncodeToString(b[:])
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		t.Fatalf("pgtest: create database: %v", err)
+	}
+	t.Cleanup(func() {
+		c, err := pgx.Connect(context.Background(), ServerURL())
+		if err != nil {
+			t.Errorf("pgtest: drop %s: %v", name, err)
+			return
+		}
+		defer c.Close(context.Background())
+		if _, err := c.Exec(context.Background(), "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
+			t.Errorf("pgtest: drop %s: %v", name, err)
+		}
+	})
+	u, err := url.Parse(ServerURL())
+	if err != nil {
+		t.Fatalf("pgtest: POSTHORN_TEST_DATABASE_URL must be a postgres:// URL: %v", err)
+	}
+	u.Path = "/" + name
+	return u.String()
+}
+
+// Ledger returns the URL and a pool of a fresh database with the ledger schema.
+func Ledger(t testing.TB) (string, *pgxpool.Pool) {
+	return migrated(t, postgres.LedgerSchema)
+}
+
+// Consumer returns the URL and a pool of a fresh database with the consumer schema.
+func Consumer(t testing.TB) (string, *pgxpool.Pool) {
+	return migrated(t, postgres.ConsumerSchema)
+}
+
+func migrated(t testing.TB, s postgres.Schema) (string, *pgxpool.Pool) {
+	t.Helper()
+	dsn := NewDatabase(t)
+	ctx := context.Background()
+	if err := postgres.Migrate(ctx, dsn, s); err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	pool, err := postgres.Connect(ctx, dsn, 16)
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	return dsn, pool
+}

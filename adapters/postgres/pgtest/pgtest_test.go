@@ -1,0 +1,17 @@
+package pgtest_test
+
+import (
+	"context"
+	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
+	"testing"
+)
+
+func TestLedger(t *testing.T) {
+	_, p := pgtest.Ledger(t)
+	var n int
+	if err := p.QueryRow(context.Background(), "select count(*) from outbox").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	_, p2 := pgtest.Consumer(t)
+	_ = p2
+}

@@ -1,0 +1,45 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// ErrBadDSN is returned for a database URL that does not parse. Its message
+// never contains the URL, which may hold a password.
+var ErrBadDSN = errors.New("database URL does not parse")
+
+// ParseConfig parses a DSN into a pool configuration without echoing it.
+func ParseConfig(dsn string) (*pgxpool.Config, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		// pgx's parse errors quote the DSN, password included: drop them.
+		return nil, ErrBadDSN
+	}
+	return cfg, nil
+}
+
+// Connect opens a pool of at least minConns connections (pgxpool's default
+// follows the CPU count, 4 on a 2-core machine, and more writers than that
+// would queue silently) and checks that the server answers.
+func Connect(ctx context.Context, dsn string, minConns int32) (*pgxpool.Pool, error) {
+	cfg, err := ParseConfig(dsn)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.MaxConns < minConns {
+		cfg.MaxConns = minConns
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connect to %s:%d/%s: %w", cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Database, err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("connect to %s:%d/%s: %w", cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Database, err)
+	}
+	return pool, nil
+}

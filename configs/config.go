@@ -1,0 +1,293 @@
+// Package configs loads and validates Posthorn's configuration with koanf:
+// embedded defaults < YAML file (--config) < environment (POSTHORN_ +
+// upper-case path, __ between levels) < command-line flags named by key.
+//
+// koanf stays here and in cmd/: every other package takes the plain structs
+// below, so tests build them directly. Validation errors name the key.
+// Secrets (passwords in URLs, tokens) never leave this package unredacted
+// through String, Redacted or an error.
+package configs
+
+import (
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"reflect"
+	"strings"
+	"time"
+
+	"github.com/go-viper/mapstructure/v2"
+	"github.com/knadh/koanf/parsers/yaml"
+	"github.com/knadh/koanf/providers/env/v2"
+	"github.com/knadh/koanf/providers/file"
+	"github.com/knadh/koanf/providers/posflag"
+	"github.com/knadh/koanf/providers/structs"
+	"github.com/knadh/koanf/v2"
+	"github.com/spf13/pflag"
+)
+
+// EnvPrefix prefixes every environment variable that sets a key.
+const EnvPrefix = "POSTHORN_"
+
+// Config is the whole configuration. Each section validates itself.
+type Config struct {
+	Database  Database  `koanf:"database"`
+	Consumer  Consumer  `koanf:"consumer"`
+	API       API       `koanf:"api"`
+	Metrics   Metrics   `koanf:"metrics"`
+	Sink      Sink      `koanf:"sink"`
+	Relay     Relay     `koanf:"relay"`
+	Reconcile Reconcile `koanf:"reconcile"`
+	Log       Log       `koanf:"log"`
+}
+
+// Database is a Postgres connection.
+type Database struct {
+	// URL is a postgres:// DSN; it may carry a password, so it is redacted
+	// wherever it is printed.
+	URL string `koanf:"url"`
+}
+
+// Consumer configures the example consumers.
+type Consumer struct {
+	Database Database `koanf:"database"`
+}
+
+// API configures the Posting API.
+type API struct {
+	Listen string `koanf:"listen"`
+	// Tokens are the accepted bearer tokens; empty means authentication is
+	// off, which the API logs loudly at start.
+	Tokens []string `koanf:"tokens"`
+}
+
+// Metrics configures the /metrics, /healthz and /readyz listener of the
+// relay and the consumers. Empty means off.
+type Metrics struct {
+	Listen string `koanf:"listen"`
+}
+
+// Log configures structured logging to stderr.
+type Log struct {
+	Level  string `koanf:"level"`
+	Format string `koanf:"format"`
+}
+
+// Default returns the embedded defaults.
+func Default() Config {
+	return Config{
+		API:       API{Listen: "127.0.0.1:8080"},
+		Sink:      defaultSink(),
+		Relay:     defaultRelay(),
+		Reconcile: Reconcile{},
+		Log:       Log{Level: "info", Format: "json"},
+	}
+}
+
+// FieldError is a validation error naming the configuration key.
+type FieldError struct {
+	Key string
+	Msg string
+}
+
+func (e *FieldError) Error() string { return fmt.Sprintf("config key %s: %s", e.Key, e.Msg) }
+
+func fieldErr(key, format string, args ...any) error {
+	return &FieldError{Key: key, Msg: fmt.Sprintf(format, args...)}
+}
+
+// Load merges defaults, the YAML file at path (if not empty), the
+// environment (environ; nil means os.Environ) and the flags that were set
+// on fs (nil for none), then validates the result.
+func Load(path string, environ []string, fs *pflag.FlagSet) (Config, error) {
+	k := koanf.New(".")
+	if err := k.Load(structs.Provider(Default(), "koanf"), nil); err != nil {
+		return Config{}, fmt.Errorf("config defaults: %w", err)
+	}
+	known := make(map[string]bool)
+	for _, key := range k.Keys() {
+		known[key] = true
+	}
+	if path != "" {
+		if err := k.Load(file.Provider(path), yaml.Parser()); err != nil {
+			return Config{}, fmt.Errorf("config file %s: %w", path, err)
+		}
+	}
+	if environ == nil {
+		environ = os.Environ()
+	}
+	envProvider := env.Provider(".", env.Opt{
+		Prefix:      EnvPrefix,
+		EnvironFunc: func() []string { return environ },
+		TransformFunc: func(name, value string) (string, any) {
+			key := strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(name, EnvPrefix)), "__", ".")
+			if !known[key] {
+				// Not a configuration key (e.g. a test's POSTHORN_TEST_…).
+				return "", nil
+			}
+			return key, value
+		},
+	})
+	if err := k.Load(envProvider, nil); err != nil {
+		return Config{}, fmt.Errorf("config environment: %w", err)
+	}
+	if fs != nil {
+		if err := k.Load(posflag.ProviderWithFlag(fs, ".", k, func(f *pflag.Flag) (string, any) {
+			if !known[f.Name] {
+				return "", nil
+			}
+			return f.Name, posflag.FlagVal(fs, f)
+		}), nil); err != nil {
+			return Config{}, fmt.Errorf("config flags: %w", err)
+		}
+	}
+	var cfg Config
+	err := k.UnmarshalWithConf("", &cfg, koanf.UnmarshalConf{
+		Tag: "koanf",
+		DecoderConfig: &mapstructure.DecoderConfig{
+			DecodeHook: mapstructure.ComposeDecodeHookFunc(
+				mapstructure.StringToTimeDurationHookFunc(),
+				stringToSlice,
+			),
+			WeaklyTypedInput: true,
+			ErrorUnused:      true,
+			Result:           &cfg,
+			TagName:          "koanf",
+		},
+	})
+	if err != nil {
+		return Config{}, decodeError(err)
+	}
+	if err := cfg.Validate(); err != nil {
+		return Config{}, err
+	}
+	return cfg, nil
+}
+
+// stringToSlice splits comma-separated strings (environment values) into
+// lists, trimming spaces and dropping empty items.
+func stringToSlice(from, to reflect.Type, data any) (any, error) {
+	if from.Kind() != reflect.String || to.Kind() != reflect.Slice {
+		return data, nil
+	}
+	var out []string
+	for _, part := range strings.Split(data.(string), ",") {
+		if part = strings.TrimSpace(part); part != "" {
+			out = append(out, part)
+		}
+	}
+	return out, nil
+}
+
+// decodeError prefixes mapstructure's message, which names the key. Only
+// typed fields (numbers, durations, booleans) can fail to decode, so no
+// secret string is ever echoed.
+func decodeError(err error) error {
+	return fmt.Errorf("config: %w", err)
+}
+
+// Validate checks every section; the first error names its key.
+func (c Config) Validate() error {
+	for _, err := range []error{
+		validateURL("database.url", c.Database.URL),
+		validateURL("consumer.database.url", c.Consumer.Database.URL),
+		validateAddr("api.listen", c.API.Listen, false),
+		validateAddr("metrics.listen", c.Metrics.Listen, true),
+		c.API.validate(),
+		c.Log.validate(),
+		c.Sink.validate(),
+		c.Relay.validate(),
+		c.Reconcile.validate(),
+	} {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// RequireDatabase reports a missing database.url.
+func (c Config) RequireDatabase() error {
+	if c.Database.URL == "" {
+		return fieldErr("database.url", "is required (env POSTHORN_DATABASE__URL)")
+	}
+	return nil
+}
+
+// RequireConsumerDatabase reports a missing consumer.database.url.
+func (c Config) RequireConsumerDatabase() error {
+	if c.Consumer.Database.URL == "" {
+		return fieldErr("consumer.database.url", "is required (env POSTHORN_CONSUMER__DATABASE__URL)")
+	}
+	return nil
+}
+
+func (a API) validate() error {
+	for i, t := range a.Tokens {
+		if strings.TrimSpace(t) == "" {
+			return fieldErr(fmt.Sprintf("api.tokens[%d]", i), "is empty")
+		}
+		if len(t) < 16 {
+			return fieldErr(fmt.Sprintf("api.tokens[%d]", i), "is shorter than 16 characters")
+		}
+	}
+	return nil
+}
+
+func (l Log) validate() error {
+	switch l.Level {
+	case "debug", "info", "warn", "error":
+	default:
+		return fieldErr("log.level", "is %q, want debug, info, warn or error", l.Level)
+	}
+	switch l.Format {
+	case "json", "text":
+	default:
+		return fieldErr("log.format", "is %q, want json or text", l.Format)
+	}
+	return nil
+}
+
+// validateURL accepts an empty value (the command that needs it says so)
+// or a postgres:// URL or key=value DSN. Errors never include the value.
+func validateURL(key, v string) error {
+	if v == "" {
+		return nil
+	}
+	if strings.Contains(v, "://") {
+		u, err := url.Parse(v)
+		if err != nil {
+			return fieldErr(key, "is not a valid URL")
+		}
+		if u.Scheme != "postgres" && u.Scheme != "postgresql" {
+			return fieldErr(key, "has scheme %q, want postgres://", u.Scheme)
+		}
+		return nil
+	}
+	if !strings.Contains(v, "=") {
+		return fieldErr(key, "is neither a postgres:// URL nor a key=value DSN")
+	}
+	return nil
+}
+
+func validateAddr(key, v string, optional bool) error {
+	if v == "" {
+		if optional {
+			return nil
+		}
+		return fieldErr(key, "is required")
+	}
+	if _, port, err := net.SplitHostPort(v); err != nil || port == "" {
+		return fieldErr(key, "is %q, want host:port", v)
+	}
+	return nil
+}
+
+// positive reports a non-positive duration.
+func positive(key string, d time.Duration) error {
+	if d <= 0 {
+		return fieldErr(key, "must be positive, is %s", d)
+	}
+	return nil
+}

@@ -1,0 +1,32 @@
+package configs
+
+import "fmt"
+
+// Reconcile configures reconciliation by cut.
+type Reconcile struct {
+	// Consumers whose dispositions are read; empty means the two example
+	// consumers on consumer.database.url.
+	Consumers []ReconcileConsumer `koanf:"consumers"`
+}
+
+// ReconcileConsumer names one consumer and a read-only DSN of its inbox.
+type ReconcileConsumer struct {
+	Name        string `koanf:"name"`
+	DatabaseURL string `koanf:"database_url"`
+}
+
+func (r Reconcile) validate() error {
+	for i, c := range r.Consumers {
+		if c.Name == "" {
+			return fieldErr(fmt.Sprintf("reconcile.consumers[%d].name", i), "is required")
+		}
+		key := fmt.Sprintf("reconcile.consumers[%d].database_url", i)
+		if c.DatabaseURL == "" {
+			return fieldErr(key, "is required")
+		}
+		if err := validateURL(key, c.DatabaseURL); err != nil {
+			return err
+		}
+	}
+	return nil
+}

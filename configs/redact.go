@@ -1,0 +1,55 @@
+package configs
+
+import (
+	"net/url"
+	"regexp"
+)
+
+// Redacted returns a copy with every secret replaced, for printing.
+func (c Config) Redacted() Config {
+	r := c
+	r.Database.URL = RedactURL(c.Database.URL)
+	r.Consumer.Database.URL = RedactURL(c.Consumer.Database.URL)
+	r.API.Tokens = make([]string, len(c.API.Tokens))
+	for i := range c.API.Tokens {
+		r.API.Tokens[i] = redacted
+	}
+	r.Sink.NATS.URL = RedactURL(c.Sink.NATS.URL)
+	r.Sink.AMQP.URL = RedactURL(c.Sink.AMQP.URL)
+	r.Sink.Postgres.URL = RedactURL(c.Sink.Postgres.URL)
+	r.Reconcile.Consumers = make([]ReconcileConsumer, len(c.Reconcile.Consumers))
+	for i, rc := range c.Reconcile.Consumers {
+		r.Reconcile.Consumers[i] = ReconcileConsumer{Name: rc.Name, DatabaseURL: RedactURL(rc.DatabaseURL)}
+	}
+	return r
+}
+
+const redacted = "REDACTED"
+
+var dsnPassword = regexp.MustCompile(`(?i)(password\s*=\s*)('[^']*'|\S+)`)
+
+// RedactURL hides the password of a URL or key=value DSN and any
+// password-like query parameter.
+func RedactURL(s string) string {
+	if s == "" {
+		return s
+	}
+	u, err := url.Parse(s)
+	if err != nil || u.Scheme == "" {
+		return dsnPassword.ReplaceAllString(s, "${1}"+redacted)
+	}
+	if u.User != nil {
+		if _, has := u.User.Password(); has {
+			u.User = url.UserPassword(u.User.Username(), redacted)
+		}
+	}
+	q := u.Query()
+	for key := range q {
+		switch key {
+		case "password", "sslpassword", "token":
+			q.Set(key, redacted)
+		}
+	}
+	u.RawQuery = q.Encode()
+	return u.String()
+}

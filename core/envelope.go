@@ -1,0 +1,166 @@
+package core
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// Kind separates facts (events) from intents (commands): they differ in
+// topic naming, handler model and replay rules.
+type Kind string
+
+const (
+	KindEvent   Kind = "event"
+	KindCommand Kind = "command"
+)
+
+// Names fixed by the outside contract (contract.md, "Events on the wire").
+const (
+	// TopicEvents is where every ledger event is published.
+	TopicEvents = "ledger.events"
+	// CommandTopicPrefix prefixes a command's owning service: commands.<service>.
+	CommandTopicPrefix = "commands."
+	// TypeAccountPosted is the event written once per journal line.
+	TypeAccountPosted = "ledger.account.posted"
+	// AggregateAccount is the aggregate type of ledger events.
+	AggregateAccount = "account"
+	// AggregateJournal is the aggregate type of commands: a command is
+	// ordered within the journal that issued it.
+	AggregateJournal = "journal"
+)
+
+// Wire header names (contract.md).
+const (
+	HeaderEventID       = "event_id"
+	HeaderKind          = "kind"
+	HeaderType          = "type"
+	HeaderAggregateType = "aggregate_type"
+	HeaderAggregateID   = "aggregate_id"
+	HeaderRevision      = "revision"
+	HeaderJournalID     = "journal_id"
+	HeaderOccurredAt    = "occurred_at"
+	HeaderReplay        = "replay"
+)
+
+// Envelope is one outbox record as it travels to a sink: identity, routing
+// and ordering data in typed fields, the payload opaque.
+type Envelope struct {
+	EventID       string
+	Kind          Kind
+	Type          string
+	Topic         string
+	AggregateType string
+	AggregateID   string
+	Revision      int64
+	JournalID     string
+	OccurredAt    time.Time
+	// Replay is set on records sent by a historical replay.
+	Replay bool
+	// Headers are extra headers (allow-listed metadata); they never override
+	// the contract headers above.
+	Headers map[string]string
+	Payload []byte
+}
+
+// CommandTopic returns the topic of a command type: its first dot-separated
+// segment names the owning service ("payouts.payout.execute" → "commands.payouts").
+func CommandTopic(prefix, commandType string) string {
+	service, _, _ := strings.Cut(commandType, ".")
+	return prefix + service
+}
+
+// WireHeaders returns every header the contract requires, plus the extra ones.
+func (e Envelope) WireHeaders() map[string]string {
+	h := make(map[string]string, len(e.Headers)+9)
+	for k, v := range e.Headers {
+		h[k] = v
+	}
+	h[HeaderEventID] = e.EventID
+	h[HeaderKind] = string(e.Kind)
+	h[HeaderType] = e.Type
+	h[HeaderAggregateType] = e.AggregateType
+	h[HeaderAggregateID] = e.AggregateID
+	h[HeaderRevision] = strconv.FormatInt(e.Revision, 10)
+	h[HeaderJournalID] = e.JournalID
+	h[HeaderOccurredAt] = e.OccurredAt.UTC().Format(time.RFC3339Nano)
+	if e.Replay {
+		h[HeaderReplay] = "true"
+	} else {
+		delete(h, HeaderReplay)
+	}
+	return h
+}
+
+// ErrBadEnvelope is returned when a received record lacks or garbles a
+// contract header; such a record can never be applied and is rejected.
+var ErrBadEnvelope = errors.New("bad envelope")
+
+// EnvelopeFromHeaders rebuilds an envelope from wire headers and payload.
+// Topic is left empty: the receiver knows which topic it read.
+func EnvelopeFromHeaders(h map[string]string, payload []byte) (Envelope, error) {
+	e := Envelope{
+		EventID:       h[HeaderEventID],
+		Kind:          Kind(h[HeaderKind]),
+		Type:          h[HeaderType],
+		AggregateType: h[HeaderAggregateType],
+		AggregateID:   h[HeaderAggregateID],
+		JournalID:     h[HeaderJournalID],
+		Replay:        h[HeaderReplay] == "true",
+		Payload:       payload,
+	}
+	for _, k := range []string{HeaderEventID, HeaderKind, HeaderType, HeaderAggregateType, HeaderAggregateID, HeaderRevision} {
+		if h[k] == "" {
+			return Envelope{}, fmt.Errorf("%w: header %q missing", ErrBadEnvelope, k)
+		}
+	}
+	if e.Kind != KindEvent && e.Kind != KindCommand {
+		return Envelope{}, fmt.Errorf("%w: header %q is %q, want event or command", ErrBadEnvelope, HeaderKind, e.Kind)
+	}
+	rev, err := strconv.ParseInt(h[HeaderRevision], 10, 64)
+	if err != nil || rev < 1 {
+		return Envelope{}, fmt.Errorf("%w: header %q is %q, want a positive integer", ErrBadEnvelope, HeaderRevision, h[HeaderRevision])
+	}
+	e.Revision = rev
+	if s := h[HeaderOccurredAt]; s != "" {
+		t, err := time.Parse(time.RFC3339Nano, s)
+		if err != nil {
+			return Envelope{}, fmt.Errorf("%w: header %q: %v", ErrBadEnvelope, HeaderOccurredAt, err)
+		}
+		e.OccurredAt = t
+	}
+	return e, nil
+}
+
+// ToMessage converts an envelope to a Watermill message whose UUID is the
+// event ID and whose metadata are the wire headers, so any Watermill
+// publisher carries the contract unchanged.
+func (e Envelope) ToMessage() *message.Message {
+	msg := message.NewMessage(e.EventID, e.Payload)
+	for k, v := range e.WireHeaders() {
+		msg.Metadata.Set(k, v)
+	}
+	return msg
+}
+
+// EnvelopeFromMessage is the inverse of ToMessage.
+func EnvelopeFromMessage(msg *message.Message) (Envelope, error) {
+	return EnvelopeFromHeaders(msg.Metadata, msg.Payload)
+}
+
+// AccountPosted is the JSON payload of TypeAccountPosted: one journal line as
+// seen by its account. Delta is a signed decimal string in minor units,
+// credit positive.
+type AccountPosted struct {
+	EventID   string    `json:"event_id"`
+	JournalID string    `json:"journal_id"`
+	Account   string    `json:"account"`
+	Revision  int64     `json:"revision"`
+	Currency  string    `json:"currency"`
+	Delta     string    `json:"delta"`
+	PostedAt  time.Time `json:"posted_at"`
+}
