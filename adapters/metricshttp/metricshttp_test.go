@@ -1,0 +1,51 @@
+package metricshttp
+
+import (
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func TestServesMetricsHealthAndReadiness(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	c := prometheus.NewCounter(prometheus.CounterOpts{Name: "posthorn_test_total", Help: "test"})
+	reg.MustRegister(c)
+	c.Add(3)
+	var notReady error = errors.New("no lease yet")
+	s, err := Start("127.0.0.1:0", reg, func() error { return notReady })
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := "http://" + s.Addr()
+	if code, body := get(t, base+"/metrics"); code != 200 || !strings.Contains(body, "posthorn_test_total 3") {
+		t.Fatalf("/metrics = %d %q", code, body)
+	}
+	if code, _ := get(t, base+"/healthz"); code != 200 {
+		t.Fatalf("/healthz = %d", code)
+	}
+	if code, body := get(t, base+"/readyz"); code != 503 || !strings.Contains(body, "no lease yet") {
+		t.Fatalf("/readyz not ready = %d %q", code, body)
+	}
+	notReady = nil
+	if code, _ := get(t, base+"/readyz"); code != 200 {
+		t.Fatalf("/readyz ready = %d", code)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
