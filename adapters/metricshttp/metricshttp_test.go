@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -26,8 +27,13 @@ func TestServesMetricsHealthAndReadiness(t *testing.T) {
 	c := prometheus.NewCounter(prometheus.CounterOpts{Name: "posthorn_test_total", Help: "test"})
 	reg.MustRegister(c)
 	c.Add(3)
-	var notReady error = errors.New("no lease yet")
-	s, err := Start("127.0.0.1:0", reg, func() error { return notReady })
+	var ready atomic.Bool
+	s, err := Start("127.0.0.1:0", reg, func() error {
+		if !ready.Load() {
+			return errors.New("no lease yet")
+		}
+		return nil
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,7 +47,7 @@ func TestServesMetricsHealthAndReadiness(t *testing.T) {
 	if code, body := get(t, base+"/readyz"); code != 503 || !strings.Contains(body, "no lease yet") {
 		t.Fatalf("/readyz not ready = %d %q", code, body)
 	}
-	notReady = nil
+	ready.Store(true)
 	if code, _ := get(t, base+"/readyz"); code != 200 {
 		t.Fatalf("/readyz ready = %d", code)
 	}
