@@ -113,6 +113,12 @@ func Load(path string, environ []string, fs *pflag.FlagSet) (Config, error) {
 		if err := k.Load(file.Provider(path), yaml.Parser()); err != nil {
 			return Config{}, fmt.Errorf("config file %s: %w", path, err)
 		}
+		// A misspelt key would otherwise be ignored silently.
+		for _, key := range k.Keys() {
+			if !known[key] {
+				return Config{}, fieldErr(key, "is not a configuration key (in %s)", path)
+			}
+		}
 	}
 	if environ == nil {
 		environ = os.Environ()
