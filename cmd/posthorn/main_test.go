@@ -1,0 +1,117 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
+)
+
+var binPath string
+
+// TestMain builds the binary once: the CLI is tested as users run it.
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "posthorn-bin")
+	if err != nil {
+		panic(err)
+	}
+	binPath = filepath.Join(dir, "posthorn")
+	if out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput(); err != nil {
+		panic(string(out))
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func runCLI(t *testing.T, env []string, args ...string) (int, string, string) {
+	t.Helper()
+	cmd := exec.Command(binPath, args...)
+	cmd.Env = append(os.Environ(), env...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return code, stdout.String(), stderr.String()
+}
+
+func TestUnknownCommandExits2(t *testing.T) {
+	code, _, stderr := runCLI(t, nil, "frobnicate")
+	if code != 2 || !strings.Contains(stderr, `unknown command "frobnicate"`) {
+		t.Fatalf("code %d, stderr %q", code, stderr)
+	}
+}
+
+func TestEveryCommandTakesHelp(t *testing.T) {
+	for name := range commands {
+		args := append(strings.Fields(name), "--help")
+		code, stdout, stderr := runCLI(t, nil, args...)
+		if code != 0 || !strings.Contains(stdout+stderr, "--config") {
+			t.Errorf("%s --help: code %d, output %q", name, code, stdout+stderr)
+		}
+	}
+}
+
+func TestConfigPrintRedactsSecrets(t *testing.T) {
+	const secret = "hunter2-hunter2-hunter2"
+	code, stdout, stderr := runCLI(t, []string{
+		"POSTHORN_DATABASE__URL=postgres://ledger:" + secret + "@127.0.0.1:5432/ledger",
+		"POSTHORN_API__TOKENS=" + secret,
+	}, "config", "print")
+	if code != 0 {
+		t.Fatalf("code %d: %s", code, stderr)
+	}
+	if strings.Contains(stdout+stderr, secret) {
+		t.Fatalf("secret printed:\n%s", stdout)
+	}
+	if !strings.Contains(stdout, "postgres://ledger:REDACTED@127.0.0.1:5432/ledger") {
+		t.Fatalf("database.url missing from output:\n%s", stdout)
+	}
+}
+
+func TestBadConfigStopsWithTheKey(t *testing.T) {
+	code, _, stderr := runCLI(t, []string{"POSTHORN_RELAY__MODE=push"}, "config", "print")
+	if code != 1 || !strings.Contains(stderr, "relay.mode") {
+		t.Fatalf("code %d, stderr %q", code, stderr)
+	}
+	code, _, stderr = runCLI(t, []string{"POSTHORN_DATABASE__URL="}, "migrate")
+	if code != 1 || !strings.Contains(stderr, "database.url") {
+		t.Fatalf("migrate without database.url: code %d, stderr %q", code, stderr)
+	}
+}
+
+func TestMigrateIsIdempotent(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewDatabase(t)
+	for i := 0; i < 2; i++ {
+		code, _, stderr := runCLI(t, nil, "migrate", "--database.url", url)
+		if code != 0 {
+			t.Fatalf("run %d: code %d: %s", i, code, stderr)
+		}
+		code, _, stderr = runCLI(t, []string{"POSTHORN_CONSUMER__DATABASE__URL=" + url}, "migrate", "--consumer")
+		if code != 0 {
+			t.Fatalf("run %d --consumer: code %d: %s", i, code, stderr)
+		}
+	}
+	conn, err := pgx.Connect(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var n int
+	if err := conn.QueryRow(context.Background(), "SELECT count(*) FROM outbox").Scan(&n); err != nil {
+		t.Fatalf("ledger schema missing: %v", err)
+	}
+}
