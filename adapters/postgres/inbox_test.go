@@ -1,0 +1,312 @@
+package postgres_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
+	"github.com/posthorn/posthorn/core"
+)
+
+// inboxEvent is revision rev of account acc with a fixed event ID.
+func inboxEvent(acc string, rev int64) core.Envelope {
+	return core.Envelope{
+		EventID: fmt.Sprintf("%s-r%d", acc, rev), Kind: core.KindEvent, Type: core.TypeAccountPosted,
+		AggregateType: core.AggregateAccount, AggregateID: acc, Revision: rev,
+		OccurredAt: time.Now().UTC(), Payload: []byte(`{}`),
+	}
+}
+
+// effects records applied events in a table of the consumer database, in
+// the handler's transaction, so a rolled back apply leaves no trace.
+func effects(t *testing.T, pool *pgxpool.Pool) (postgres.ApplyFunc, func() []string) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `CREATE TABLE effects (n bigserial, event_id text)`); err != nil {
+		t.Fatal(err)
+	}
+	apply := func(ctx context.Context, tx pgx.Tx, e core.Envelope) error {
+		_, err := tx.Exec(ctx, `INSERT INTO effects (event_id) VALUES ($1)`, e.EventID)
+		return err
+	}
+	read := func() []string {
+		rows, err := pool.Query(ctx, `SELECT event_id FROM effects ORDER BY n`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ids
+	}
+	return apply, read
+}
+
+func mustReceive(t *testing.T, in *postgres.Inbox, consumer string, ordered bool, e core.Envelope, apply postgres.ApplyFunc, want postgres.Disposition) postgres.InboxOutcome {
+	t.Helper()
+	out, err := in.Receive(context.Background(), consumer, ordered, e, apply)
+	if err != nil {
+		t.Fatalf("receive %s: %v", e.EventID, err)
+	}
+	if out.Disposition != want {
+		t.Fatalf("receive %s: disposition %s (%s), want %s", e.EventID, out.Disposition, out.Reason, want)
+	}
+	return out
+}
+
+func TestInboxRepeatIsAbsorbedAndCounted(t *testing.T) {
+	t.Parallel()
+	_, pool := pgtest.Consumer(t)
+	in := postgres.NewInbox(pool)
+	apply, read := effects(t, pool)
+	e := inboxEvent("acc-a", 1)
+	mustReceive(t, in, "c", false, e, apply, postgres.DispositionApplied)
+	for range 2 {
+		out := mustReceive(t, in, "c", false, e, apply, postgres.DispositionDuplicate)
+		if !out.Repeat {
+			t.Fatal("a repeat of a known event ID is not flagged as one")
+		}
+	}
+	if got := read(); len(got) != 1 {
+		t.Fatalf("effects %v, want exactly one", got)
+	}
+	recs, err := in.Dispositions(context.Background(), "c", []string{e.EventID, "unknown"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := recs[e.EventID]; r.Disposition != postgres.DispositionApplied || r.Duplicates != 2 {
+		t.Fatalf("record %+v, want applied with 2 duplicates", r)
+	}
+	if _, ok := recs["unknown"]; ok {
+		t.Fatal("an unseen event ID has a disposition")
+	}
+	c, err := in.Count(context.Background(), "c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.DuplicatesAbsorbed != 2 || c.Events[postgres.DispositionApplied] != 1 {
+		t.Fatalf("counts %+v", c)
+	}
+	// Another consumer is independent: it applies the same event.
+	mustReceive(t, in, "other", false, e, apply, postgres.DispositionApplied)
+}
+
+// Two instances receiving the same event at once: the primary key makes
+// one wait for the other, so the effect happens once. The apply of the
+// first is held open until both have started, so they truly overlap.
+func TestInboxConcurrentInstancesApplyOnce(t *testing.T) {
+	t.Parallel()
+	for _, ordered := range []bool{false, true} {
+		t.Run(fmt.Sprintf("ordered=%v", ordered), func(t *testing.T) {
+			t.Parallel()
+			_, pool := pgtest.Consumer(t)
+			in := postgres.NewInbox(pool)
+			apply, read := effects(t, pool)
+			e := inboxEvent("acc-race", 1)
+			entered := make(chan struct{}, 2)
+			release := make(chan struct{})
+			slow := func(ctx context.Context, tx pgx.Tx, e core.Envelope) error {
+				entered <- struct{}{}
+				<-release
+				return apply(ctx, tx, e)
+			}
+			var wg sync.WaitGroup
+			outs := make([]postgres.InboxOutcome, 2)
+			errs := make([]error, 2)
+			for i := range 2 {
+				wg.Go(func() { outs[i], errs[i] = in.Receive(context.Background(), "c", ordered, e, slow) })
+			}
+			<-entered // one is inside its handler, holding the inbox row
+			// Give the other time to block on the row (it cannot enter the
+			// handler: if it did, entered would receive a second time).
+			select {
+			case <-entered:
+				t.Fatal("both instances entered the handler for one event")
+			case <-time.After(200 * time.Millisecond):
+			}
+			close(release)
+			wg.Wait()
+			for _, err := range errs {
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			if got := read(); len(got) != 1 {
+				t.Fatalf("effects %v, want one", got)
+			}
+			ds := []postgres.Disposition{outs[0].Disposition, outs[1].Disposition}
+			if !(ds[0] == postgres.DispositionApplied && ds[1] == postgres.DispositionDuplicate) &&
+				!(ds[1] == postgres.DispositionApplied && ds[0] == postgres.DispositionDuplicate) {
+				t.Fatalf("dispositions %v, want one applied and one duplicate", ds)
+			}
+		})
+	}
+}
+
+func TestInboxGapHeldThenDrainedInOrder(t *testing.T) {
+	t.Parallel()
+	_, pool := pgtest.Consumer(t)
+	in := postgres.NewInbox(pool)
+	apply, read := effects(t, pool)
+	ctx := context.Background()
+	mustReceive(t, in, "p", true, inboxEvent("acc", 3), apply, postgres.DispositionHeld)
+	mustReceive(t, in, "p", true, inboxEvent("acc", 2), apply, postgres.DispositionHeld)
+	if got := read(); len(got) != 0 {
+		t.Fatalf("applied %v ahead of revision 1", got)
+	}
+	mustReceive(t, in, "p", true, inboxEvent("acc", 1), apply, postgres.DispositionApplied)
+	outs, err := in.Drain(ctx, "p", true, core.AggregateAccount, "acc", apply)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(outs) != 2 {
+		t.Fatalf("drained %+v, want revisions 2 and 3", outs)
+	}
+	want := []string{"acc-r1", "acc-r2", "acc-r3"}
+	if got := read(); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("effects %v, want %v", got, want)
+	}
+	// A lower revision under a new event ID is a duplicate, not an effect.
+	old := inboxEvent("acc", 2)
+	old.EventID = "acc-r2-resent-with-new-id"
+	mustReceive(t, in, "p", true, old, apply, postgres.DispositionDuplicate)
+	if last, _ := in.LastRevision(ctx, "p", core.AggregateAccount, "acc"); last != 3 {
+		t.Fatalf("last revision %d, want 3", last)
+	}
+}
+
+// Negative control for the gap check: the same out-of-order delivery to an
+// unordered consumer applies revision 3 first.
+func TestInboxUnorderedAppliesOutOfOrder(t *testing.T) {
+	t.Parallel()
+	_, pool := pgtest.Consumer(t)
+	in := postgres.NewInbox(pool)
+	apply, read := effects(t, pool)
+	mustReceive(t, in, "a", false, inboxEvent("acc", 3), apply, postgres.DispositionApplied)
+	mustReceive(t, in, "a", false, inboxEvent("acc", 1), apply, postgres.DispositionApplied)
+	if got := read(); fmt.Sprint(got) != "[acc-r3 acc-r1]" {
+		t.Fatalf("effects %v", got)
+	}
+}
+
+func TestInboxParkAfterHoldAndRelease(t *testing.T) {
+	t.Parallel()
+	_, pool := pgtest.Consumer(t)
+	in := postgres.NewInbox(pool)
+	apply, read := effects(t, pool)
+	ctx := context.Background()
+	mustReceive(t, in, "p", true, inboxEvent("acc", 1), apply, postgres.DispositionApplied)
+	mustReceive(t, in, "p", true, inboxEvent("acc", 3), apply, postgres.DispositionHeld)
+
+	// Inside the hold time nothing parks.
+	if parked, err := in.ParkExpiredHolds(ctx, "p", time.Hour); err != nil || len(parked) != 0 {
+		t.Fatalf("parked %v, %v inside the hold time", parked, err)
+	}
+	parked, err := in.ParkExpiredHolds(ctx, "p", 0)
+	if err != nil || len(parked) != 1 || parked[0].Events != 1 {
+		t.Fatalf("parked %+v, %v; want acc with one event", parked, err)
+	}
+	t.Logf("park reason: %s", parked[0].Reason)
+	// Later events wait behind the park; so does the missing one when it
+	// finally arrives (a replay): nothing is applied while parked.
+	mustReceive(t, in, "p", true, inboxEvent("acc", 4), apply, postgres.DispositionParkedGap)
+	mustReceive(t, in, "p", true, inboxEvent("acc", 2), apply, postgres.DispositionParkedGap)
+	if got := read(); fmt.Sprint(got) != "[acc-r1]" {
+		t.Fatalf("effects %v while parked", got)
+	}
+	list, err := in.Parked(ctx, "p")
+	if err != nil || len(list) != 1 || list[0].Events != 3 {
+		t.Fatalf("parked list %+v, %v", list, err)
+	}
+	recs, _ := in.Dispositions(ctx, "p", []string{"acc-r3"})
+	if recs["acc-r3"].Disposition != postgres.DispositionParkedGap {
+		t.Fatalf("acc-r3 is %+v", recs["acc-r3"])
+	}
+
+	n, err := in.Release(ctx, "p", core.AggregateAccount, "acc")
+	if err != nil || n != 3 {
+		t.Fatalf("released %d, %v; want 3", n, err)
+	}
+	refs, err := in.Runnable(ctx, "p", true)
+	if err != nil || len(refs) != 1 {
+		t.Fatalf("runnable %v, %v", refs, err)
+	}
+	if _, err := in.Drain(ctx, "p", true, core.AggregateAccount, "acc", apply); err != nil {
+		t.Fatal(err)
+	}
+	if got := read(); fmt.Sprint(got) != "[acc-r1 acc-r2 acc-r3 acc-r4]" {
+		t.Fatalf("effects %v after release, want revisions 1..4 in order", got)
+	}
+	c, _ := in.Count(ctx, "p")
+	if c.ParkedAggregates != 0 || c.Events[postgres.DispositionApplied] != 4 {
+		t.Fatalf("counts %+v", c)
+	}
+}
+
+func TestInboxPoisonParksAggregateOnly(t *testing.T) {
+	t.Parallel()
+	_, pool := pgtest.Consumer(t)
+	in := postgres.NewInbox(pool)
+	apply, read := effects(t, pool)
+	ctx := context.Background()
+	boom := errors.New("cannot apply")
+	failing := func(ctx context.Context, tx pgx.Tx, e core.Envelope) error {
+		if e.EventID == "bad-r1" {
+			return boom
+		}
+		return apply(ctx, tx, e)
+	}
+	_, err := in.Receive(ctx, "p", true, inboxEvent("bad", 1), failing)
+	var ae *postgres.ApplyError
+	if !errors.As(err, &ae) || !errors.Is(err, boom) {
+		t.Fatalf("err %v, want ApplyError wrapping the handler's", err)
+	}
+	out, err := in.ParkPoison(ctx, "p", true, ae.Envelope, err.Error())
+	if err != nil || out.Disposition != postgres.DispositionParkedPoison {
+		t.Fatalf("park poison: %+v, %v", out, err)
+	}
+	mustReceive(t, in, "p", true, inboxEvent("bad", 2), failing, postgres.DispositionParkedGap)
+	mustReceive(t, in, "p", true, inboxEvent("good", 1), failing, postgres.DispositionApplied)
+	if got := read(); fmt.Sprint(got) != "[good-r1]" {
+		t.Fatalf("effects %v", got)
+	}
+	// Fixed handler, release: both events of "bad" apply in order.
+	if _, err := in.Release(ctx, "p", core.AggregateAccount, "bad"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := in.Drain(ctx, "p", true, core.AggregateAccount, "bad", apply); err != nil {
+		t.Fatal(err)
+	}
+	if got := read(); fmt.Sprint(got) != "[good-r1 bad-r1 bad-r2]" {
+		t.Fatalf("effects %v", got)
+	}
+}
+
+func TestInboxReject(t *testing.T) {
+	t.Parallel()
+	_, pool := pgtest.Consumer(t)
+	in := postgres.NewInbox(pool)
+	ctx := context.Background()
+	e := inboxEvent("acc", 1)
+	out, err := in.Reject(ctx, "c", e.EventID, e, map[string]string{"kind": "command"}, []byte("x"), "wrong kind")
+	if err != nil || out.Disposition != postgres.DispositionRejected {
+		t.Fatalf("%+v, %v", out, err)
+	}
+	out, err = in.Reject(ctx, "c", e.EventID, e, nil, nil, "wrong kind")
+	if err != nil || !out.Repeat {
+		t.Fatalf("%+v, %v", out, err)
+	}
+	list, err := in.List(ctx, "c", postgres.DispositionRejected, 10)
+	if err != nil || len(list) != 1 || list[0].Reason != "wrong kind" || list[0].Duplicates != 1 {
+		t.Fatalf("%+v, %v", list, err)
+	}
+}
