@@ -1,0 +1,128 @@
+package consumers
+
+import (
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/posthorn/posthorn/adapters/postgres"
+)
+
+// metrics are shared by every consumer registered on one Prometheus
+// registerer; the consumer label tells them apart.
+type metrics struct {
+	messages   *prometheus.CounterVec
+	gaps       *prometheus.CounterVec
+	dupRatio   *prometheus.GaugeVec
+	parked     *prometheus.GaugeVec
+	held       *prometheus.GaugeVec
+	handlerDur *prometheus.HistogramVec
+	lag        *prometheus.GaugeVec
+
+	mu     sync.Mutex
+	totals map[string]*ratio
+}
+
+type ratio struct{ dup, all float64 }
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		messages: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "posthorn_consumer_messages_total",
+			Help: "Dispositions recorded, by consumer and disposition (applied, duplicate, parked_gap, parked_poison, rejected).",
+		}, []string{"consumer", "disposition"}),
+		gaps: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "posthorn_consumer_revision_gaps_total",
+			Help: "Events received ahead of their predecessor (held in the inbox).",
+		}, []string{"consumer"}),
+		dupRatio: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "posthorn_consumer_duplicate_ratio",
+			Help: "Share of deliveries absorbed as duplicates since the process started.",
+		}, []string{"consumer"}),
+		parked: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "posthorn_consumer_parked_aggregates",
+			Help: "Aggregates (accounts) parked by a revision gap or a poison event, waiting for release.",
+		}, []string{"consumer"}),
+		held: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "posthorn_consumer_held_events",
+			Help: "Events held in the inbox waiting for their predecessor, inside the hold time.",
+		}, []string{"consumer"}),
+		handlerDur: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "posthorn_consumer_handler_seconds",
+			Help:    "Time to apply one event: the handler and its inbox transaction.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+		}, []string{"consumer"}),
+		lag: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "posthorn_consumer_lag_seconds",
+			Help: "Age of the last event handled (now minus its occurred_at header).",
+		}, []string{"consumer"}),
+		totals: make(map[string]*ratio),
+	}
+	m.messages = register(reg, m.messages)
+	m.gaps = register(reg, m.gaps)
+	m.dupRatio = register(reg, m.dupRatio)
+	m.parked = register(reg, m.parked)
+	m.held = register(reg, m.held)
+	m.handlerDur = register(reg, m.handlerDur)
+	m.lag = register(reg, m.lag)
+	return m
+}
+
+// register registers c, or returns the collector already registered under
+// its name, so that several registries (two instances in one process, as in
+// tests) can share one Prometheus registerer.
+func register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
+	if err := reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if existing, ok := are.ExistingCollector.(C); ok {
+				return existing
+			}
+		}
+		panic(err) // a programming error: a clashing metric name
+	}
+	return c
+}
+
+// init makes every disposition of consumer visible at zero, so rates and
+// alerts work before the first event.
+func (m *metrics) init(consumer string) {
+	for _, d := range []postgres.Disposition{postgres.DispositionApplied, postgres.DispositionDuplicate,
+		postgres.DispositionParkedGap, postgres.DispositionParkedPoison, postgres.DispositionRejected} {
+		m.messages.WithLabelValues(consumer, string(d))
+	}
+	m.gaps.WithLabelValues(consumer)
+	m.parked.WithLabelValues(consumer)
+	m.held.WithLabelValues(consumer)
+	m.dupRatio.WithLabelValues(consumer)
+}
+
+func (m *metrics) record(consumer string, d postgres.Disposition, n int) {
+	if d == postgres.DispositionHeld || n == 0 {
+		return
+	}
+	m.messages.WithLabelValues(consumer, string(d)).Add(float64(n))
+	m.mu.Lock()
+	r := m.totals[consumer]
+	if r == nil {
+		r = &ratio{}
+		m.totals[consumer] = r
+	}
+	r.all += float64(n)
+	if d == postgres.DispositionDuplicate {
+		r.dup += float64(n)
+	}
+	v := r.dup / r.all
+	m.mu.Unlock()
+	m.dupRatio.WithLabelValues(consumer).Set(v)
+}
+
+func (m *metrics) observeApply(consumer string, start time.Time, occurredAt time.Time) {
+	now := time.Now()
+	m.handlerDur.WithLabelValues(consumer).Observe(now.Sub(start).Seconds())
+	if !occurredAt.IsZero() {
+		m.lag.WithLabelValues(consumer).Set(now.Sub(occurredAt).Seconds())
+	}
+}

@@ -1,0 +1,108 @@
+// Package subscribers builds the Watermill subscriber each consumer reads
+// with from the sink configuration (sink.kind), so `posthorn consume` reads
+// from whatever the relay publishes to.
+//
+// Adding a broker is one line in kinds plus its constructor. Each
+// constructor returns a consumers.SubscriberFactory: it is called once per
+// consumer name, and brokers with consumer groups give every consumer its
+// own group, so each consumer sees every event.
+package subscribers
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/posthorn/posthorn/configs"
+	"github.com/posthorn/posthorn/consumers"
+)
+
+// Options are what a constructor may need beyond the configuration.
+type Options struct {
+	// Logger is Watermill's; nil discards.
+	Logger watermill.LoggerAdapter
+	// Memory is the in-process subscriber of sink.kind memory (the memory
+	// sink's Subscriber). The memory broker lives in one process, so it is
+	// only usable when the relay runs in the same process (posthorn demo,
+	// tests).
+	Memory message.Subscriber
+}
+
+type constructor func(configs.Sink, Options) (consumers.SubscriberFactory, error)
+
+// kinds maps sink.kind to its subscriber constructor.
+var kinds = map[string]constructor{
+	"kafka":  kafkaSubscribers,
+	"memory": memorySubscribers,
+}
+
+// ErrUnknownKind is returned for a sink.kind without a subscriber.
+var ErrUnknownKind = errors.New("no subscriber for this sink kind")
+
+// New returns the factory for sink.Kind.
+func New(sink configs.Sink, opts Options) (consumers.SubscriberFactory, error) {
+	if opts.Logger == nil {
+		opts.Logger = watermill.NopLogger{}
+	}
+	c, ok := kinds[sink.Kind]
+	if !ok {
+		return nil, fmt.Errorf("sink.kind %q: %w (have %v)", sink.Kind, ErrUnknownKind, Kinds())
+	}
+	return c(sink, opts)
+}
+
+// Kinds lists the sink kinds consumers can read from.
+func Kinds() []string {
+	out := make([]string, 0, len(kinds))
+	for k := range kinds {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// KafkaSaramaConfig is the sarama configuration of the Kafka subscribers:
+// Watermill's default with the initial offset set to the oldest record,
+// because Watermill's default (newest) makes a consumer group that joins
+// late miss everything published before it (field-notes.md).
+func KafkaSaramaConfig() *sarama.Config {
+	c := kafka.DefaultSaramaSubscriberConfig()
+	c.Consumer.Offsets.Initial = sarama.OffsetOldest
+	return c
+}
+
+// KafkaSubscriber returns a watermill-kafka subscriber for one consumer:
+// consumer group = the consumer's name, oldest offset first, and the
+// DefaultMarshaler the relay's Kafka sink writes with (message UUID = event
+// ID, metadata = the wire headers).
+func KafkaSubscriber(brokers []string, consumer string, logger watermill.LoggerAdapter) (*kafka.Subscriber, error) {
+	return kafka.NewSubscriber(kafka.SubscriberConfig{
+		Brokers:               brokers,
+		Unmarshaler:           kafka.DefaultMarshaler{},
+		OverwriteSaramaConfig: KafkaSaramaConfig(),
+		ConsumerGroup:         consumer,
+	}, logger)
+}
+
+func kafkaSubscribers(sink configs.Sink, opts Options) (consumers.SubscriberFactory, error) {
+	if len(sink.Kafka.Brokers) == 0 {
+		return nil, errors.New("sink.kafka.brokers is required when sink.kind is kafka")
+	}
+	brokers := append([]string(nil), sink.Kafka.Brokers...)
+	return func(consumer string) (message.Subscriber, error) {
+		return KafkaSubscriber(brokers, consumer, opts.Logger)
+	}, nil
+}
+
+func memorySubscribers(_ configs.Sink, opts Options) (consumers.SubscriberFactory, error) {
+	if opts.Memory == nil {
+		return nil, errors.New("sink.kind memory is in-process only: run the relay and the consumers in one process (posthorn demo), or use kafka")
+	}
+	sub := opts.Memory
+	return func(string) (message.Subscriber, error) { return sub, nil }, nil
+}
