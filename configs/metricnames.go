@@ -1,0 +1,25 @@
+package configs
+
+// ContractMetrics are the Prometheus metric names of the outside contract
+// (docs: contract, "Metrics"). The alert rules in configs/prometheus and the
+// dashboard in configs/grafana use only these, and a running relay and
+// consumer must expose them; renaming one breaks operators' alerts, so keep
+// the old name exported too.
+var ContractMetrics = []string{
+	"posthorn_outbox_backlog_events",
+	"posthorn_outbox_oldest_unrelayed_age_seconds",
+	"posthorn_relay_published_total",
+	"posthorn_relay_publish_seconds",
+	"posthorn_relay_lease_takeovers_total",
+	"posthorn_relay_parked_aggregates",
+	"posthorn_relay_held_by_open_transaction_seconds",
+	"posthorn_wal_slot_retained_bytes",
+	"posthorn_consumer_messages_total",
+	"posthorn_consumer_revision_gaps_total",
+}
+
+// ContractHistograms are the ContractMetrics that are histograms, exposed
+// as NAME_bucket, NAME_sum and NAME_count series.
+var ContractHistograms = []string{
+	"posthorn_relay_publish_seconds",
+}
