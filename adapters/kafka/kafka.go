@@ -139,10 +139,23 @@ func (s *Sink) Publish(ctx context.Context, batch []core.Envelope) error {
 	}
 	failed := map[int]error{}
 	msgs := make([]*sarama.ProducerMessage, 0, len(batch))
+	blocked := map[string]bool{}
+	maxBytes := s.cfg.producerConfig().Producer.MaxMessageBytes
 	for i, e := range batch {
+		agg := e.AggregateType + "\x00" + e.AggregateID
+		if blocked[agg] {
+			// Never send a record after a predecessor of its aggregate that
+			// cannot be sent: the aggregate is parked with the first one.
+			failed[i] = fmt.Errorf("kafka sink: not sent: an earlier record of %s %s in the batch failed", e.AggregateType, e.AggregateID)
+			continue
+		}
 		pm, err := s.marshaler.Marshal(e.Topic, e.ToMessage())
+		if err == nil && recordSize(pm) > maxBytes {
+			err = fmt.Errorf("%w: record of about %d bytes, Producer.MaxMessageBytes %d", sarama.ErrMessageSizeTooLarge, recordSize(pm), maxBytes)
+		}
 		if err != nil {
 			failed[i] = core.Permanent(err)
+			blocked[agg] = true
 			continue
 		}
 		pm.Metadata = i
@@ -185,6 +198,21 @@ func (s *Sink) Publish(ctx context.Context, batch []core.Envelope) error {
 		return &core.BatchError{Failed: failed}
 	}
 	return nil
+}
+
+// recordSize estimates a record's size as sarama's limit check sees it
+// (payload, key, headers and per-record overhead), so a record that sarama
+// would refuse is refused before the batch is sent, and its aggregate's
+// later records in the batch are held back with it.
+func recordSize(pm *sarama.ProducerMessage) int {
+	n := 36 + pm.Value.Length()
+	if pm.Key != nil {
+		n += pm.Key.Length()
+	}
+	for _, h := range pm.Headers {
+		n += len(h.Key) + len(h.Value) + 10
+	}
+	return n
 }
 
 // classify marks the errors a retry cannot fix as permanent.

@@ -85,9 +85,16 @@ func (s *Sink) Publish(ctx context.Context, batch []core.Envelope) error {
 	if s.closed {
 		return ErrClosed
 	}
+	blocked := map[string]bool{}
 	for i, e := range batch {
+		if blocked[e.AggregateType+"\x00"+e.AggregateID] {
+			// Never deliver a record after a failed predecessor of its aggregate.
+			failed[i] = fmt.Errorf("not delivered: an earlier record of %s %s in the batch failed", e.AggregateType, e.AggregateID)
+			continue
+		}
 		if s.cfg.MaxPayloadBytes > 0 && len(e.Payload) > s.cfg.MaxPayloadBytes {
 			failed[i] = core.Permanent(fmt.Errorf("%w: %d bytes, limit %d", ErrTooLarge, len(e.Payload), s.cfg.MaxPayloadBytes))
+			blocked[e.AggregateType+"\x00"+e.AggregateID] = true
 			continue
 		}
 		s.logs[e.Topic] = append(s.logs[e.Topic], e.ToMessage())

@@ -11,7 +11,9 @@
 //     return, a reader finds every record; during an outage Publish fails;
 //   - failures are classified by core.IsPermanent: a record the broker can
 //     never take is permanent and reported per record in *core.BatchError
-//     while the rest of the batch is delivered; an outage is retryable;
+//     while the rest of the batch is delivered, except the later records of
+//     the same aggregate, which fail retryably and are not delivered (no
+//     record may overtake its predecessor); an outage is retryable;
 //   - Close is idempotent and Publish after Close fails without panicking.
 package sinktest
 
@@ -195,7 +197,8 @@ func testPermanent(t *testing.T, h Harness) {
 	}
 	big := Envelope(core.TopicEvents, "acc-big", 1)
 	big.Payload = h.TooLarge
-	batch := []core.Envelope{Envelope(core.TopicEvents, "acc-small", 1), big, Envelope(core.TopicEvents, "acc-small", 2)}
+	batch := []core.Envelope{Envelope(core.TopicEvents, "acc-small", 1), big,
+		Envelope(core.TopicEvents, "acc-big", 2), Envelope(core.TopicEvents, "acc-small", 2)}
 	err := publish(t, h, batch)
 	var be *core.BatchError
 	if !errors.As(err, &be) {
@@ -207,8 +210,13 @@ func testPermanent(t *testing.T, h Harness) {
 	if core.IsPermanent(err) {
 		t.Errorf("the batch error as a whole must not be permanent: only record 1 is")
 	}
-	if len(be.Failed) != 1 {
-		t.Fatalf("failed records %v, want only record 1", be.Failed)
+	// The big aggregate's next record must not overtake it: it fails too,
+	// retryably (it is fine; it waits for its predecessor).
+	if be.Failed[2] == nil || core.IsPermanent(be.Failed[2]) {
+		t.Fatalf("record after the rejected one of the same aggregate: %v, want a retryable failure", be.Failed[2])
+	}
+	if len(be.Failed) != 2 {
+		t.Fatalf("failed records %v, want records 1 and 2", be.Failed)
 	}
 	recs := read(t, h, core.TopicEvents, 2)
 	if len(recs) != 2 || recs[0].Headers[core.HeaderAggregateID] != "acc-small" {

@@ -1,0 +1,418 @@
+package postgres
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/posthorn/posthorn/core"
+)
+
+// NotifyChannel is the LISTEN channel the outbox trigger notifies with the
+// shard number of inserted rows (migration 00002).
+const NotifyChannel = "posthorn_outbox"
+
+// RelayApplicationName is the application_name the relay's sessions should
+// carry, so the open-transaction gauge does not count the relay itself.
+const RelayApplicationName = "posthorn-relay"
+
+// RelayStore is the relay's view of the ledger database: it reads unrelayed
+// outbox rows, writes fenced markers, keeps shard leases and parks
+// aggregates. It holds no transaction across calls; every method is one
+// short statement (or one short transaction) and is safe for concurrent use.
+type RelayStore struct {
+	pool *pgxpool.Pool
+}
+
+// NewRelayStore returns a store over pool.
+func NewRelayStore(pool *pgxpool.Pool) *RelayStore { return &RelayStore{pool: pool} }
+
+// Pool returns the store's pool (for LISTEN connections).
+func (s *RelayStore) Pool() *pgxpool.Pool { return s.pool }
+
+// OutboxRow is one unrelayed outbox row.
+type OutboxRow struct {
+	ID       int64
+	Shard    int
+	Envelope core.Envelope
+}
+
+// ReadOrder selects the order unrelayed rows are read in.
+type ReadOrder int
+
+const (
+	// OrderByID is the only correct order: per aggregate, outbox id order is
+	// revision order because each row is inserted under its aggregate's row
+	// lock.
+	OrderByID ReadOrder = iota
+	// OrderByXIDUnsafe orders by the writing transaction's ID. It exists only
+	// as the negative control of the ordering tests: a transaction that took
+	// its ID early and waited for a row lock commits a later revision with a
+	// smaller ID, so this order can send revision r+1 before r.
+	OrderByXIDUnsafe
+)
+
+const readColumns = `o.id, o.shard, o.event_id::text, o.kind, o.type, o.topic, o.aggregate_type,
+       o.aggregate_id, o.revision, o.journal_id::text, o.headers, o.payload, o.occurred_at`
+
+// readByID is one round trip over every owned shard; each lateral subquery is
+// a range scan of the partial index outbox_unrelayed (shard, id), so its cost
+// follows the batch, not the backlog. There is deliberately no "after id"
+// cursor: a row whose transaction commits late has a smaller id than rows
+// already relayed, and a cursor would step over it for good.
+const readByID = `
+SELECT ` + readColumns + `
+FROM unnest($1::int[]) AS s(shard)
+CROSS JOIN LATERAL (
+    SELECT * FROM outbox o
+    WHERE o.shard = s.shard AND o.relayed_at IS NULL
+      AND NOT EXISTS (SELECT 1 FROM relay_parked p
+                      WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id)
+    ORDER BY o.id
+    LIMIT $2) o
+ORDER BY o.id`
+
+const readByXID = `
+SELECT ` + readColumns + `
+FROM unnest($1::int[]) AS s(shard)
+CROSS JOIN LATERAL (
+    SELECT * FROM outbox o
+    WHERE o.shard = s.shard AND o.relayed_at IS NULL
+      AND NOT EXISTS (SELECT 1 FROM relay_parked p
+                      WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id)
+    ORDER BY o.xid, o.id
+    LIMIT $2) o
+ORDER BY o.xid, o.id`
+
+// ReadBatch returns up to perShard unrelayed rows of each shard in shards,
+// skipping parked aggregates, in order.
+func (s *RelayStore) ReadBatch(ctx context.Context, shards []int, perShard int, order ReadOrder) ([]OutboxRow, error) {
+	q := readByID
+	if order == OrderByXIDUnsafe {
+		q = readByXID
+	}
+	rows, err := s.pool.Query(ctx, q, toInt32(shards), perShard)
+	if err != nil {
+		return nil, fmt.Errorf("read outbox batch: %w", err)
+	}
+	defer rows.Close()
+	var out []OutboxRow
+	for rows.Next() {
+		var (
+			r         OutboxRow
+			e         = &r.Envelope
+			kind      string
+			journalID pgtype.Text
+			headers   []byte
+		)
+		if err := rows.Scan(&r.ID, &r.Shard, &e.EventID, &kind, &e.Type, &e.Topic, &e.AggregateType,
+			&e.AggregateID, &e.Revision, &journalID, &headers, &e.Payload, &e.OccurredAt); err != nil {
+			return nil, fmt.Errorf("read outbox batch: %w", err)
+		}
+		e.Kind = core.Kind(kind)
+		e.JournalID = journalID.String
+		if len(headers) > 0 && string(headers) != "{}" {
+			if err := json.Unmarshal(headers, &e.Headers); err != nil {
+				return nil, fmt.Errorf("outbox row %d: headers: %w", r.ID, err)
+			}
+		}
+		if e.Headers != nil && e.Headers[core.HeaderReplay] == "true" {
+			e.Replay = true
+		}
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read outbox batch: %w", err)
+	}
+	return out, nil
+}
+
+// Lease is a held shard lease. Token is the fencing token of this grant.
+type Lease struct {
+	Shard int
+	Token int64
+	// PreviousOwner is set on acquisition when the lease was taken over
+	// from another relay whose lease had expired.
+	PreviousOwner string
+}
+
+// Heartbeat records owner as live and returns how many relays are live
+// (heartbeat within ttl), itself included.
+func (s *RelayStore) Heartbeat(ctx context.Context, owner string, ttl time.Duration) (int, error) {
+	var n int
+	err := s.pool.QueryRow(ctx, `
+WITH beat AS (
+    INSERT INTO relay_members (owner, seen_at) VALUES ($1, now())
+    ON CONFLICT (owner) DO UPDATE SET seen_at = now()
+)
+SELECT count(*) + 1 FROM relay_members WHERE owner <> $1 AND seen_at > now() - $2::interval`,
+		owner, ttl).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("relay heartbeat: %w", err)
+	}
+	return n, nil
+}
+
+// RenewLeases extends the leases of held that owner still holds with the
+// same token and returns those; a lease missing from the result was lost.
+func (s *RelayStore) RenewLeases(ctx context.Context, owner string, held []Lease, ttl time.Duration) ([]Lease, error) {
+	if len(held) == 0 {
+		return nil, nil
+	}
+	shards, tokens := leaseArrays(held)
+	rows, err := s.pool.Query(ctx, `
+UPDATE relay_leases l SET expires_at = now() + $4::interval
+FROM unnest($2::int[], $3::bigint[]) AS h(shard, token)
+WHERE l.shard = h.shard AND l.token = h.token AND l.owner = $1
+RETURNING l.shard, l.token`, owner, shards, tokens, ttl)
+	if err != nil {
+		return nil, fmt.Errorf("renew leases: %w", err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Lease, error) {
+		var l Lease
+		err := r.Scan(&l.Shard, &l.Token)
+		return l, err
+	})
+}
+
+// AcquireLeases takes up to n shards, other than those in held, that are
+// free, expired, or held by owner itself under an older grant (a restarted
+// process), each with a new fencing token. Contended rows are skipped,
+// never waited for.
+func (s *RelayStore) AcquireLeases(ctx context.Context, owner string, n int, held []int, ttl time.Duration) ([]Lease, error) {
+	if n <= 0 {
+		return nil, nil
+	}
+	rows, err := s.pool.Query(ctx, `
+WITH pick AS (
+    SELECT shard, owner AS prev FROM relay_leases
+    WHERE (owner IS NULL OR expires_at < now() OR owner = $1) AND NOT shard = ANY($4::int[])
+    ORDER BY shard
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE relay_leases l
+SET owner = $1, token = nextval('relay_fencing_token'), expires_at = now() + $3::interval
+FROM pick WHERE l.shard = pick.shard
+RETURNING l.shard, l.token, coalesce(pick.prev, '')`, owner, n, ttl, toInt32(held))
+	if err != nil {
+		return nil, fmt.Errorf("acquire leases: %w", err)
+	}
+	leases, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Lease, error) {
+		var l Lease
+		err := r.Scan(&l.Shard, &l.Token, &l.PreviousOwner)
+		if l.PreviousOwner == owner {
+			l.PreviousOwner = ""
+		}
+		return l, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("acquire leases: %w", err)
+	}
+	return leases, nil
+}
+
+// ReleaseLeases frees the given leases if owner still holds them under the
+// same tokens, so another relay can take them at once.
+func (s *RelayStore) ReleaseLeases(ctx context.Context, owner string, held []Lease) error {
+	if len(held) == 0 {
+		return nil
+	}
+	shards, tokens := leaseArrays(held)
+	_, err := s.pool.Exec(ctx, `
+UPDATE relay_leases l SET owner = NULL, expires_at = '-infinity'
+FROM unnest($2::int[], $3::bigint[]) AS h(shard, token)
+WHERE l.shard = h.shard AND l.token = h.token AND l.owner = $1`, owner, shards, tokens)
+	if err != nil {
+		return fmt.Errorf("release leases: %w", err)
+	}
+	return nil
+}
+
+// Leave removes owner from the live relays (on a clean stop).
+func (s *RelayStore) Leave(ctx context.Context, owner string) error {
+	_, err := s.pool.Exec(ctx, `DELETE FROM relay_members WHERE owner = $1`, owner)
+	return err
+}
+
+// MarkRelayed writes the marker of the rows ids, which the sink ACKed, but
+// only for rows whose shard lease still carries the token this relay holds
+// (fencing): a relay that lost its lease cannot mark rows the new owner is
+// responsible for. The lease rows are share-locked for the statement, so a
+// concurrent takeover either waits for the marker or the marker sees the new
+// token. It returns how many rows were marked and how many were refused.
+func (s *RelayStore) MarkRelayed(ctx context.Context, ids []int64, held []Lease) (marked, refused int, err error) {
+	if len(ids) == 0 {
+		return 0, 0, nil
+	}
+	shards, tokens := leaseArrays(held)
+	tag, err := s.pool.Exec(ctx, `
+WITH held AS (
+    SELECT l.shard, l.token FROM relay_leases l
+    JOIN unnest($2::int[], $3::bigint[]) AS h(shard, token) ON l.shard = h.shard AND l.token = h.token
+    FOR SHARE OF l
+)
+UPDATE outbox o SET relayed_at = now(), relay_token = held.token
+FROM held
+WHERE o.id = ANY($1::bigint[]) AND o.shard = held.shard AND o.relayed_at IS NULL`, ids, shards, tokens)
+	if err != nil {
+		return 0, 0, fmt.Errorf("write relay markers: %w", err)
+	}
+	marked = int(tag.RowsAffected())
+	return marked, len(ids) - marked, nil
+}
+
+func toInt32(xs []int) []int32 {
+	out := make([]int32, len(xs))
+	for i, x := range xs {
+		out[i] = int32(x)
+	}
+	return out
+}
+
+func leaseArrays(held []Lease) ([]int32, []int64) {
+	shards := make([]int32, len(held))
+	tokens := make([]int64, len(held))
+	for i, l := range held {
+		shards[i], tokens[i] = int32(l.Shard), l.Token
+	}
+	return shards, tokens
+}
+
+// ParkedAggregate is an aggregate the relay stopped reading because the sink
+// rejected one of its records for good.
+type ParkedAggregate struct {
+	AggregateType string    `json:"aggregate_type"`
+	AggregateID   string    `json:"aggregate_id"`
+	EventID       string    `json:"event_id"`
+	Reason        string    `json:"reason"`
+	ParkedAt      time.Time `json:"parked_at"`
+}
+
+// Park records an aggregate as parked; parking a parked aggregate keeps the
+// first reason. It reports whether the aggregate was newly parked.
+func (s *RelayStore) Park(ctx context.Context, p ParkedAggregate) (bool, error) {
+	tag, err := s.pool.Exec(ctx, `
+INSERT INTO relay_parked (aggregate_type, aggregate_id, event_id, reason)
+VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING`, p.AggregateType, p.AggregateID, p.EventID, p.Reason)
+	if err != nil {
+		return false, fmt.Errorf("park %s %s: %w", p.AggregateType, p.AggregateID, err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// ErrNotParked is returned by Release for an aggregate that is not parked.
+var ErrNotParked = errors.New("aggregate is not parked")
+
+// Release lets the relay read a parked aggregate again, starting with the
+// record that was rejected.
+func (s *RelayStore) Release(ctx context.Context, aggregateType, aggregateID string) error {
+	tag, err := s.pool.Exec(ctx, `DELETE FROM relay_parked WHERE aggregate_type = $1 AND aggregate_id = $2`,
+		aggregateType, aggregateID)
+	if err != nil {
+		return fmt.Errorf("release %s %s: %w", aggregateType, aggregateID, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("%s %s: %w", aggregateType, aggregateID, ErrNotParked)
+	}
+	return nil
+}
+
+// ShardLease is one row of relay_leases as shown by status.
+type ShardLease struct {
+	Shard     int        `json:"shard"`
+	Owner     string     `json:"owner,omitempty"`
+	ExpiresAt *time.Time `json:"expires_at,omitempty"`
+	Backlog   int64      `json:"backlog"`
+}
+
+// OutboxStatus is what `posthorn outbox status` shows and the relay's gauges
+// report. Fields are added, never renamed (scripts read the JSON).
+type OutboxStatus struct {
+	Backlog            int64             `json:"backlog"`
+	OldestUnrelayedAge float64           `json:"oldest_unrelayed_age_seconds"`
+	Shards             []ShardLease      `json:"shards"`
+	Parked             []ParkedAggregate `json:"parked"`
+}
+
+// Status reads the backlog per shard (an index-only count over the partial
+// index), the age of the oldest unrelayed row, the leases and the parked
+// aggregates.
+func (s *RelayStore) Status(ctx context.Context) (OutboxStatus, error) {
+	var st OutboxStatus
+	rows, err := s.pool.Query(ctx, `
+SELECT l.shard, coalesce(l.owner, ''), CASE WHEN l.owner IS NULL THEN NULL ELSE l.expires_at END,
+       coalesce(b.n, 0), extract(epoch FROM now() - b.oldest)::float8
+FROM relay_leases l
+LEFT JOIN (SELECT shard, count(*) AS n, min(created_at) AS oldest
+           FROM outbox WHERE relayed_at IS NULL GROUP BY shard) b ON b.shard = l.shard
+ORDER BY l.shard`)
+	if err != nil {
+		return st, fmt.Errorf("outbox status: %w", err)
+	}
+	for rows.Next() {
+		var (
+			sl  ShardLease
+			age pgtype.Float8
+		)
+		if err := rows.Scan(&sl.Shard, &sl.Owner, &sl.ExpiresAt, &sl.Backlog, &age); err != nil {
+			rows.Close()
+			return st, fmt.Errorf("outbox status: %w", err)
+		}
+		st.Backlog += sl.Backlog
+		if age.Valid && age.Float64 > st.OldestUnrelayedAge {
+			st.OldestUnrelayedAge = age.Float64
+		}
+		st.Shards = append(st.Shards, sl)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return st, fmt.Errorf("outbox status: %w", err)
+	}
+	st.Parked, err = s.Parked(ctx)
+	return st, err
+}
+
+// Parked lists the parked aggregates, oldest first.
+func (s *RelayStore) Parked(ctx context.Context) ([]ParkedAggregate, error) {
+	rows, err := s.pool.Query(ctx, `
+SELECT aggregate_type, aggregate_id, event_id::text, reason, parked_at FROM relay_parked ORDER BY parked_at, aggregate_id`)
+	if err != nil {
+		return nil, fmt.Errorf("parked aggregates: %w", err)
+	}
+	parked, err := pgx.CollectRows(rows, pgx.RowToStructByPos[ParkedAggregate])
+	if err != nil {
+		return nil, fmt.Errorf("parked aggregates: %w", err)
+	}
+	if parked == nil {
+		parked = []ParkedAggregate{}
+	}
+	return parked, nil
+}
+
+// OldestOpenTransactionAge is the age of the oldest open transaction in this
+// database that holds a transaction ID, the relay's own sessions excluded.
+// Such a transaction may have inserted outbox rows that are not visible yet,
+// so the relay may be held back behind it (it does not wait, it just cannot
+// see the rows); zero means nothing is held back.
+func (s *RelayStore) OldestOpenTransactionAge(ctx context.Context) (time.Duration, error) {
+	var secs float64
+	err := s.pool.QueryRow(ctx, `
+SELECT coalesce(extract(epoch FROM now() - min(xact_start)), 0)::float8
+FROM pg_stat_activity
+WHERE datname = current_database() AND backend_xid IS NOT NULL
+  AND pid <> pg_backend_pid() AND application_name <> $1`, RelayApplicationName).Scan(&secs)
+	if err != nil {
+		return 0, fmt.Errorf("open transaction age: %w", err)
+	}
+	if secs < 0 {
+		secs = 0
+	}
+	return time.Duration(secs * float64(time.Second)), nil
+}

@@ -1,0 +1,133 @@
+// Package bridgetest writes outbox rows the way the ledger's write path
+// does, for the relay's tests and benchmarks: each row is inserted after its
+// account's row lock is taken in the same transaction (the invariant the
+// relay's ordering rests on), with the account's next revision.
+package bridgetest
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/posthorn/posthorn/core"
+)
+
+// Posted is one outbox row written by Post.
+type Posted struct {
+	EventID  string
+	Account  string
+	Revision int64
+}
+
+// Lock takes account's row lock (creating the account on first use) and
+// returns its next revision, as the ledger store does.
+func Lock(ctx context.Context, tx pgx.Tx, account string) (int64, error) {
+	if _, err := tx.Exec(ctx, `INSERT INTO accounts (id) VALUES ($1) ON CONFLICT DO NOTHING`, account); err != nil {
+		return 0, err
+	}
+	var rev int64
+	err := tx.QueryRow(ctx, `UPDATE accounts SET revision = revision + 1 WHERE id = $1 RETURNING revision`, account).Scan(&rev)
+	return rev, err
+}
+
+// Insert writes account's outbox row at revision rev; call it after Lock in
+// the same transaction. payload nil means a small JSON payload.
+func Insert(ctx context.Context, tx pgx.Tx, account string, rev int64, payload []byte) (Posted, error) {
+	id := uuid.Must(uuid.NewV7()).String()
+	if payload == nil {
+		payload = fmt.Appendf(nil, `{"event_id":%q,"account":%q,"revision":%d,"currency":"EUR","delta":"1"}`, id, account, rev)
+	}
+	_, err := tx.Exec(ctx, `
+INSERT INTO outbox (event_id, kind, type, topic, aggregate_type, aggregate_id, revision, shard, payload, occurred_at)
+VALUES ($1, 'event', $2, $3, $4, $5, $6, $7, $8, now())`,
+		id, core.TypeAccountPosted, core.TopicEvents, core.AggregateAccount, account, rev, core.ShardOf(account), payload)
+	return Posted{EventID: id, Account: account, Revision: rev}, err
+}
+
+// Post writes one event per account (locks taken in sorted order, as the
+// ledger store does to avoid deadlocks) in tx.
+func Post(ctx context.Context, tx pgx.Tx, accounts ...string) ([]Posted, error) {
+	accounts = slices.Sorted(slices.Values(accounts))
+	var out []Posted
+	for _, a := range accounts {
+		rev, err := Lock(ctx, tx, a)
+		if err != nil {
+			return nil, err
+		}
+		p, err := Insert(ctx, tx, a, rev, nil)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// MustPost commits one transaction with one event per account.
+func MustPost(t testing.TB, pool *pgxpool.Pool, accounts ...string) []Posted {
+	t.Helper()
+	var out []Posted
+	err := pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {
+		var err error
+		out, err = Post(context.Background(), tx, accounts...)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("post %v: %v", accounts, err)
+	}
+	return out
+}
+
+// Fill writes perAccount events for each of n accounts (acc-<prefix>-<i>) in
+// one INSERT … SELECT generate_series statement, revisions 1..perAccount,
+// ids in revision order per account: a backlog for benchmarks.
+func Fill(ctx context.Context, pool *pgxpool.Pool, prefix string, n, perAccount int) error {
+	accounts := make([]string, n)
+	shards := make([]int32, n)
+	for i := range accounts {
+		accounts[i] = fmt.Sprintf("acc-%s-%d", prefix, i)
+		shards[i] = int32(core.ShardOf(accounts[i]))
+	}
+	_, err := pool.Exec(ctx, `
+WITH acc AS (
+    INSERT INTO accounts (id, revision)
+    SELECT a, $3 FROM unnest($1::text[]) AS a
+    ON CONFLICT (id) DO NOTHING
+    RETURNING id
+)
+INSERT INTO outbox (event_id, kind, type, topic, aggregate_type, aggregate_id, revision, shard, payload, occurred_at)
+SELECT gen_random_uuid(), 'event', $4, $5, $6, a.id, r, a.shard,
+       convert_to(format('{"account":"%s","revision":%s,"currency":"EUR","delta":"1"}', a.id, r), 'UTF8'), now()
+FROM unnest($1::text[], $2::int[]) AS a(id, shard)
+CROSS JOIN generate_series(1, $3::int) AS r
+ORDER BY r, a.id`, accounts, shards, perAccount, core.TypeAccountPosted, core.TopicEvents, core.AggregateAccount)
+	return err
+}
+
+// WaitFor polls cond every 10ms until it holds or d passes.
+func WaitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", d, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// Unrelayed counts outbox rows without a marker.
+func Unrelayed(t testing.TB, pool *pgxpool.Pool) int {
+	t.Helper()
+	var n int
+	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE relayed_at IS NULL`).Scan(&n); err != nil {
+		t.Fatalf("count unrelayed: %v", err)
+	}
+	return n
+}

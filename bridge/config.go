@@ -1,0 +1,129 @@
+package bridge
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/posthorn/posthorn/core"
+)
+
+// Defaults of Config.
+const (
+	BatchSizeDefault       = 5000
+	PollIntervalDefault    = 500 * time.Millisecond
+	MinPollIntervalDefault = 10 * time.Millisecond
+	LeaseTTLDefault        = 10 * time.Second
+	RetryInitialDefault    = 100 * time.Millisecond
+	RetryMaxDefault        = 10 * time.Second
+	StatsIntervalDefault   = 2 * time.Second
+)
+
+// Config configures a Relay. Zero fields take the defaults above.
+type Config struct {
+	// Owner names this relay in leases; default host name and process ID.
+	// Two running relays must not share a name.
+	Owner string
+	// SinkName labels the published and latency metrics (e.g. kafka).
+	SinkName string
+	// BatchSize is the most rows read and published at once.
+	BatchSize int
+	// PollInterval is the longest an idle relay waits when no notification
+	// arrives; after an empty read it waits MinPollInterval, doubling up to
+	// PollInterval, so a quiet relay costs little and a notification (or a
+	// full batch) wakes it at once.
+	PollInterval    time.Duration
+	MinPollInterval time.Duration
+	// LeaseTTL is how long a shard lease lasts without renewal.
+	LeaseTTL time.Duration
+	// RetryInitial and RetryMax bound the exponential backoff (with jitter)
+	// after a retryable sink failure.
+	RetryInitial time.Duration
+	RetryMax     time.Duration
+	// StatsInterval is how often the backlog and open-transaction gauges are
+	// refreshed.
+	StatsInterval time.Duration
+	// Logger receives structured logs; nil means slog.Default().
+	Logger *slog.Logger
+	// Registerer receives the relay's metrics; nil means none are registered.
+	Registerer prometheus.Registerer
+	// Hooks are injection points for tests; nil in production.
+	Hooks *Hooks
+}
+
+// Hooks let tests stall, crash and misorder the relay at exact points.
+type Hooks struct {
+	// BeforePublish runs after a batch is read and before the lease check
+	// that precedes publishing; blocking in it simulates a stalled relay.
+	BeforePublish func(batch []core.Envelope)
+	// AfterAck runs after the sink ACKed a batch and before the marker is
+	// written. A non-nil error simulates a crash: the relay stops at once,
+	// writes no marker and releases no lease.
+	AfterAck func(batch []core.Envelope) error
+	// BeforeMarker runs right before the marker of an ACKed batch is written
+	// (after AfterAck); blocking in it lets another relay take the leases.
+	BeforeMarker func()
+	// UnsafeOrderByXID reads rows in transaction-ID order: the negative
+	// control of the ordering test. Never set it outside tests.
+	UnsafeOrderByXID bool
+}
+
+func (c *Config) setDefaults() {
+	if c.Owner == "" {
+		host, _ := os.Hostname()
+		c.Owner = fmt.Sprintf("%s-%d", host, os.Getpid())
+	}
+	if c.SinkName == "" {
+		c.SinkName = "sink"
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = BatchSizeDefault
+	}
+	if c.PollInterval == 0 {
+		c.PollInterval = PollIntervalDefault
+	}
+	if c.MinPollInterval == 0 {
+		c.MinPollInterval = min(MinPollIntervalDefault, c.PollInterval)
+	}
+	if c.LeaseTTL == 0 {
+		c.LeaseTTL = LeaseTTLDefault
+	}
+	if c.RetryInitial == 0 {
+		c.RetryInitial = RetryInitialDefault
+	}
+	if c.RetryMax == 0 {
+		c.RetryMax = RetryMaxDefault
+	}
+	if c.StatsInterval == 0 {
+		c.StatsInterval = StatsIntervalDefault
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+}
+
+// ErrInvalidConfig wraps every validation error of Config.
+var ErrInvalidConfig = errors.New("invalid relay config")
+
+func (c *Config) validate() error {
+	bad := func(field, format string, args ...any) error {
+		return fmt.Errorf("%w: %s %s", ErrInvalidConfig, field, fmt.Sprintf(format, args...))
+	}
+	switch {
+	case c.BatchSize < 1 || c.BatchSize > 100000:
+		return bad("BatchSize", "is %d, want 1 to 100000", c.BatchSize)
+	case c.PollInterval < 0 || c.MinPollInterval < 0 || c.MinPollInterval > c.PollInterval:
+		return bad("MinPollInterval", "is %s, want 0 < MinPollInterval <= PollInterval (%s)", c.MinPollInterval, c.PollInterval)
+	case c.LeaseTTL < 100*time.Millisecond:
+		return bad("LeaseTTL", "is %s, want at least 100ms", c.LeaseTTL)
+	case c.RetryInitial < 0 || c.RetryMax < c.RetryInitial:
+		return bad("RetryMax", "is %s, want at least RetryInitial (%s)", c.RetryMax, c.RetryInitial)
+	case c.StatsInterval < 0:
+		return bad("StatsInterval", "is %s, want positive", c.StatsInterval)
+	}
+	return nil
+}

@@ -1,0 +1,541 @@
+package bridge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cenkalti/backoff/v5"
+
+	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/core"
+)
+
+// ErrAlreadyStarted is returned by a second Start.
+var ErrAlreadyStarted = errors.New("relay already started")
+
+// errCrash ends the loop without markers or lease release (Hooks.AfterAck).
+var errCrash = errors.New("relay crashed (test hook)")
+
+// Relay moves outbox rows of its leased shards to the sink. See the package
+// documentation for its invariants.
+type Relay struct {
+	cfg   Config
+	store *postgres.RelayStore
+	sink  core.Sink
+	m     *metrics
+	log   *slog.Logger
+
+	started    atomic.Bool
+	stopOnce   sync.Once
+	softStop   chan struct{}
+	hardCancel context.CancelFunc
+	stopped    chan struct{}
+	wake       chan struct{}
+	readyErr   atomic.Pointer[error]
+	crashed    atomic.Bool
+
+	// Owned by the loop goroutine.
+	leases       []postgres.Lease
+	deadline     time.Time
+	nextMaintain time.Time
+	retry        *backoff.ExponentialBackOff
+}
+
+// New returns a relay over store that publishes to sink. It does not start
+// it; cfg's zero fields take their defaults and the rest are validated.
+func New(store *postgres.RelayStore, sink core.Sink, cfg Config) (*Relay, error) {
+	cfg.setDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	m, err := newMetrics(cfg.Registerer, cfg.SinkName)
+	if err != nil {
+		return nil, fmt.Errorf("relay metrics: %w", err)
+	}
+	bo := backoff.NewExponentialBackOff()
+	bo.InitialInterval = cfg.RetryInitial
+	bo.MaxInterval = cfg.RetryMax
+	bo.RandomizationFactor = 0.5
+	r := &Relay{
+		cfg:      cfg,
+		store:    store,
+		sink:     sink,
+		m:        m,
+		log:      cfg.Logger.With("component", "relay", "owner", cfg.Owner),
+		softStop: make(chan struct{}),
+		stopped:  make(chan struct{}),
+		wake:     make(chan struct{}, 1),
+		retry:    bo,
+	}
+	notReady := errors.New("relay not started")
+	r.readyErr.Store(&notReady)
+	return r, nil
+}
+
+// Start runs the relay in the background and returns at once. Cancelling
+// ctx stops the relay softly, like Stop.
+func (r *Relay) Start(ctx context.Context) error {
+	if !r.started.CompareAndSwap(false, true) {
+		return ErrAlreadyStarted
+	}
+	workCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	r.hardCancel = cancel
+	var helpers sync.WaitGroup
+	helpers.Add(2)
+	go func() { defer helpers.Done(); r.listen(workCtx) }()
+	go func() { defer helpers.Done(); r.refreshStats(workCtx) }()
+	go func() {
+		select {
+		case <-ctx.Done():
+			r.signalStop()
+		case <-r.stopped:
+		}
+	}()
+	go func() {
+		r.run(workCtx)
+		cancel()
+		helpers.Wait()
+		close(r.stopped)
+	}()
+	return nil
+}
+
+func (r *Relay) signalStop() { r.stopOnce.Do(func() { close(r.softStop) }) }
+
+// Stop stops the relay softly: the in-flight batch is finished or
+// abandoned, ACKed records get their markers, leases are released. If ctx
+// ends first, the batch is cut short (its records will be sent again) and
+// Stop returns ctx's error once the loop has exited. Stop on a relay that
+// was never started returns nil.
+func (r *Relay) Stop(ctx context.Context) error {
+	if !r.started.Load() {
+		return nil
+	}
+	r.signalStop()
+	select {
+	case <-r.stopped:
+		return nil
+	case <-ctx.Done():
+		r.hardCancel()
+		<-r.stopped
+		return ctx.Err()
+	}
+}
+
+// Stopped is closed when the relay has stopped.
+func (r *Relay) Stopped() <-chan struct{} { return r.stopped }
+
+// Ready reports whether the relay is running and its last lease round trip
+// succeeded (for /readyz).
+func (r *Relay) Ready() error {
+	select {
+	case <-r.stopped:
+		return errors.New("relay stopped")
+	default:
+	}
+	return *r.readyErr.Load()
+}
+
+// Owner is the name this relay holds leases under.
+func (r *Relay) Owner() string { return r.cfg.Owner }
+
+// Shards returns the shards this relay held at its last lease round trip.
+// It is only safe to call after Stopped is closed (tests).
+func (r *Relay) Shards() []int { return leaseShards(r.leases) }
+
+func leaseShards(ls []postgres.Lease) []int {
+	out := make([]int, len(ls))
+	for i, l := range ls {
+		out[i] = l.Shard
+	}
+	return out
+}
+
+func (r *Relay) stopping() bool {
+	select {
+	case <-r.softStop:
+		return true
+	default:
+		return false
+	}
+}
+
+func (r *Relay) run(ctx context.Context) {
+	poll := r.cfg.MinPollInterval
+	order := postgres.OrderByID
+	if r.cfg.Hooks != nil && r.cfg.Hooks.UnsafeOrderByXID {
+		order = postgres.OrderByXIDUnsafe
+	}
+	for !r.stopping() && ctx.Err() == nil {
+		if !time.Now().Before(r.nextMaintain) {
+			r.maintainLeases(ctx)
+		}
+		if len(r.leases) == 0 {
+			r.wait(ctx, r.cfg.PollInterval)
+			continue
+		}
+		perShard := (r.cfg.BatchSize + len(r.leases) - 1) / len(r.leases)
+		rows, err := r.store.ReadBatch(ctx, leaseShards(r.leases), perShard, order)
+		if err != nil {
+			if ctx.Err() != nil {
+				break
+			}
+			r.log.Error("read outbox", "err", err)
+			r.backoff(ctx)
+			continue
+		}
+		if len(rows) == 0 {
+			r.wait(ctx, poll)
+			poll = min(2*poll, r.cfg.PollInterval)
+			continue
+		}
+		poll = r.cfg.MinPollInterval
+		if err := r.relayBatch(ctx, rows); errors.Is(err, errCrash) {
+			r.crashed.Store(true)
+			r.log.Warn("relay crashed by test hook: no marker written, leases kept")
+			return
+		}
+	}
+	// Soft stop (or hard cancel): give the leases back so another relay
+	// takes over at once instead of after the TTL.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if err := r.store.ReleaseLeases(rctx, r.cfg.Owner, r.leases); err != nil {
+		r.log.Warn("release leases on stop", "err", err)
+	}
+	if err := r.store.Leave(rctx, r.cfg.Owner); err != nil {
+		r.log.Warn("leave relay group on stop", "err", err)
+	}
+	r.log.Info("relay stopped", "released_shards", leaseShards(r.leases))
+	r.m.shardsOwned.Set(0)
+}
+
+// wait sleeps up to d (or until the next lease round trip) unless a
+// notification, a stop or cancellation comes first.
+func (r *Relay) wait(ctx context.Context, d time.Duration) {
+	if until := time.Until(r.nextMaintain); until < d {
+		d = max(until, 0)
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-r.wake:
+	case <-r.softStop:
+	case <-ctx.Done():
+	}
+}
+
+// backoff waits the next exponential, jittered retry interval; a stop
+// interrupts it (a notification does not: the sink is the problem).
+func (r *Relay) backoff(ctx context.Context) {
+	t := time.NewTimer(r.retry.NextBackOff())
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-r.softStop:
+	case <-ctx.Done():
+	}
+}
+
+type aggKey struct{ typ, id string }
+
+// relayBatch publishes rows, then marks what was ACKed and parks what was
+// rejected for good. It returns errCrash only when the crash hook fired.
+func (r *Relay) relayBatch(ctx context.Context, rows []postgres.OutboxRow) error {
+	batch := make([]core.Envelope, len(rows))
+	for i, row := range rows {
+		batch[i] = row.Envelope
+	}
+	if h := r.cfg.Hooks; h != nil && h.BeforePublish != nil {
+		h.BeforePublish(batch)
+	}
+	// A relay that was paused (SIGSTOP, GC, a stalled hook) may have lost its
+	// leases meanwhile: publishing now could interleave with the new owner's
+	// sends. Abandon instead, and let the next lease round trip decide.
+	if margin := r.cfg.LeaseTTL / 10; time.Until(r.deadline) < margin {
+		r.m.abandoned.Inc()
+		r.log.Warn("abandoning batch: leases expire before it could be published", "rows", len(rows),
+			"lease_deadline_in", time.Until(r.deadline).String())
+		r.nextMaintain = time.Time{}
+		return nil
+	}
+	pubCtx, cancel := context.WithDeadline(ctx, r.deadline)
+	start := time.Now()
+	err := r.sink.Publish(pubCtx, batch)
+	if err != nil && !isBatchError(err) && core.IsPermanent(err) && len(batch) > 1 {
+		// The sink refused the batch as a whole for good but did not say which
+		// record: find it by sending one record at a time.
+		err = r.publishEach(pubCtx, batch)
+	}
+	cancel()
+	r.m.publishSeconds.Observe(time.Since(start).Seconds())
+	r.m.batchSize.Observe(float64(len(batch)))
+	if ctx.Err() != nil {
+		return nil // hard stop: nothing is marked, everything will be resent
+	}
+
+	failed := map[int]error{}
+	var be *core.BatchError
+	switch {
+	case err == nil:
+	case errors.As(err, &be):
+		failed = be.Failed
+	default:
+		for i := range batch {
+			failed[i] = err
+		}
+	}
+
+	// Mark only records with no failed predecessor of the same aggregate in
+	// this batch: a later revision must not be marked while an earlier one
+	// is still to be sent.
+	blocked := map[aggKey]bool{}
+	var (
+		ids       []int64
+		acked     int
+		parks     []postgres.ParkedAggregate
+		retryable error
+	)
+	for i, row := range rows {
+		e := row.Envelope
+		k := aggKey{e.AggregateType, e.AggregateID}
+		ferr, isFailed := failed[i]
+		if !isFailed {
+			acked++
+		}
+		if blocked[k] {
+			continue
+		}
+		if isFailed {
+			blocked[k] = true
+			if core.IsPermanent(ferr) {
+				parks = append(parks, postgres.ParkedAggregate{AggregateType: e.AggregateType,
+					AggregateID: e.AggregateID, EventID: e.EventID, Reason: ferr.Error()})
+			} else if retryable == nil {
+				retryable = ferr
+			}
+			continue
+		}
+		ids = append(ids, row.ID)
+	}
+	r.m.published.Add(float64(acked))
+
+	if acked > 0 {
+		if h := r.cfg.Hooks; h != nil && h.AfterAck != nil {
+			if herr := h.AfterAck(batch); herr != nil {
+				return errCrash
+			}
+		}
+	}
+	if len(ids) > 0 {
+		if h := r.cfg.Hooks; h != nil && h.BeforeMarker != nil {
+			h.BeforeMarker()
+		}
+		marked, refused, merr := r.store.MarkRelayed(ctx, ids, r.leases)
+		switch {
+		case merr != nil:
+			// The records are out; without a marker they will be sent again
+			// with the same event IDs. That is the safe side.
+			r.log.Error("write relay markers", "rows", len(ids), "err", merr)
+		case refused > 0:
+			r.m.fenced.Add(float64(refused))
+			r.log.Warn("markers refused: a lease was taken over; its new owner resends", "refused", refused, "marked", marked)
+			r.nextMaintain = time.Time{}
+		}
+	}
+	for _, p := range parks {
+		isNew, perr := r.store.Park(ctx, p)
+		if perr != nil {
+			r.log.Error("park aggregate", "aggregate_type", p.AggregateType, "aggregate_id", p.AggregateID, "err", perr)
+			continue
+		}
+		if isNew {
+			r.m.parked.Inc()
+		}
+		r.log.Error("aggregate parked: the sink rejected its record for good; other aggregates keep flowing; release with `posthorn outbox release`",
+			"aggregate_type", p.AggregateType, "aggregate_id", p.AggregateID, "event_id", p.EventID, "reason", p.Reason)
+	}
+	if retryable != nil {
+		r.m.retries.Inc()
+		r.log.Warn("sink failed; retrying with backoff", "failed", len(failed), "batch", len(batch), "err", retryable)
+		r.backoff(ctx)
+		return nil
+	}
+	r.retry.Reset()
+	return nil
+}
+
+func isBatchError(err error) bool {
+	var be *core.BatchError
+	return errors.As(err, &be)
+}
+
+// publishEach sends records one at a time, skipping the later records of
+// an aggregate that already failed, and reports failures per record.
+func (r *Relay) publishEach(ctx context.Context, batch []core.Envelope) error {
+	failed := map[int]error{}
+	blocked := map[aggKey]bool{}
+	for i, e := range batch {
+		k := aggKey{e.AggregateType, e.AggregateID}
+		if blocked[k] {
+			failed[i] = fmt.Errorf("not sent: an earlier record of %s %s failed", e.AggregateType, e.AggregateID)
+			continue
+		}
+		if err := r.sink.Publish(ctx, []core.Envelope{e}); err != nil {
+			if be := (*core.BatchError)(nil); errors.As(err, &be) && len(be.Failed) == 1 {
+				for _, fe := range be.Failed {
+					err = fe
+				}
+			}
+			failed[i] = err
+			blocked[k] = true
+		}
+	}
+	if len(failed) > 0 {
+		return &core.BatchError{Failed: failed}
+	}
+	return nil
+}
+
+// maintainLeases heartbeats, renews the held leases, and takes or gives
+// back shards so that live relays share them evenly.
+func (r *Relay) maintainLeases(ctx context.Context) {
+	ttl := r.cfg.LeaseTTL
+	sent := time.Now()
+	r.nextMaintain = sent.Add(ttl / 4)
+	fail := func(what string, err error) {
+		if ctx.Err() != nil {
+			return
+		}
+		r.log.Error(what, "err", err)
+		r.readyErr.Store(&err)
+		r.nextMaintain = sent.Add(min(ttl/4, time.Second))
+	}
+	live, err := r.store.Heartbeat(ctx, r.cfg.Owner, ttl)
+	if err != nil {
+		fail("relay heartbeat", err)
+		return
+	}
+	renewed, err := r.store.RenewLeases(ctx, r.cfg.Owner, r.leases, ttl)
+	if err != nil {
+		fail("renew leases", err)
+		return
+	}
+	if len(renewed) < len(r.leases) {
+		r.log.Warn("leases lost (expired and taken over)", "held", leaseShards(r.leases), "kept", leaseShards(renewed))
+	}
+	r.leases = renewed
+	target := (core.Shards + live - 1) / live
+	switch {
+	case len(r.leases) > target:
+		slices.SortFunc(r.leases, func(a, b postgres.Lease) int { return a.Shard - b.Shard })
+		extra := r.leases[target:]
+		if err := r.store.ReleaseLeases(ctx, r.cfg.Owner, extra); err != nil {
+			fail("release extra leases", err)
+		} else {
+			r.log.Info("released shards for another relay", "shards", leaseShards(extra), "live_relays", live)
+			r.leases = r.leases[:target:target]
+		}
+	case len(r.leases) < target:
+		got, err := r.store.AcquireLeases(ctx, r.cfg.Owner, target-len(r.leases), leaseShards(r.leases), ttl)
+		if err != nil {
+			fail("acquire leases", err)
+			break
+		}
+		for _, l := range got {
+			if l.PreviousOwner != "" {
+				r.m.takeovers.Inc()
+				r.log.Warn("lease taken over from a relay that stopped renewing", "shard", l.Shard, "previous_owner", l.PreviousOwner)
+			}
+		}
+		if len(got) > 0 {
+			r.log.Info("acquired shards", "shards", leaseShards(got), "live_relays", live)
+		}
+		r.leases = append(r.leases, got...)
+	}
+	slices.SortFunc(r.leases, func(a, b postgres.Lease) int { return a.Shard - b.Shard })
+	r.deadline = sent.Add(ttl)
+	r.m.shardsOwned.Set(float64(len(r.leases)))
+	var ok error
+	r.readyErr.Store(&ok)
+}
+
+// listen turns outbox notifications into wake-ups on a dedicated
+// connection, reconnecting with backoff; each (re)connect wakes the loop
+// once, for notifications missed while disconnected.
+func (r *Relay) listen(ctx context.Context) {
+	bo := backoff.NewExponentialBackOff()
+	bo.MaxInterval = 5 * time.Second
+	for ctx.Err() == nil {
+		err := r.listenOnce(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		r.log.Warn("outbox notifications lost; polling until reconnected", "err", err)
+		t := time.NewTimer(bo.NextBackOff())
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return
+		}
+	}
+}
+
+func (r *Relay) listenOnce(ctx context.Context) error {
+	pc, err := r.store.Pool().Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	// The connection leaves the pool: a cancelled wait may leave it unusable.
+	conn := pc.Hijack()
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := conn.Exec(ctx, "LISTEN "+postgres.NotifyChannel); err != nil {
+		return err
+	}
+	r.poke()
+	for {
+		if _, err := conn.WaitForNotification(ctx); err != nil {
+			return err
+		}
+		r.poke()
+	}
+}
+
+func (r *Relay) poke() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+// refreshStats updates the backlog, parked and open-transaction gauges.
+func (r *Relay) refreshStats(ctx context.Context) {
+	t := time.NewTicker(r.cfg.StatsInterval)
+	defer t.Stop()
+	for {
+		st, err := r.store.Status(ctx)
+		if err == nil {
+			r.m.backlog.Set(float64(st.Backlog))
+			r.m.oldestAge.Set(st.OldestUnrelayedAge)
+			r.m.parked.Set(float64(len(st.Parked)))
+		} else if ctx.Err() == nil {
+			r.log.Warn("outbox status", "err", err)
+		}
+		if age, err := r.store.OldestOpenTransactionAge(ctx); err == nil {
+			r.m.heldByOpenTx.Set(age.Seconds())
+		}
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
