@@ -27,10 +27,22 @@ import (
 // consumer, calls are serialised by a row lock across all instances.
 type Handler func(ctx context.Context, tx pgx.Tx, e core.Envelope) error
 
+// ErrPermanent marks a handler failure that retrying cannot fix.
+var ErrPermanent = errors.New("permanent handler failure")
+
 // Permanent marks a handler error that retrying cannot fix (a payload the
-// handler can never apply): the event is parked as parked_poison instead
-// of being retried. It is core.Permanent, so either marker works.
-func Permanent(err error) error { return core.Permanent(err) }
+// handler can never apply): the event is parked as parked_poison with the
+// error as its reason instead of being retried.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("%w: %w", ErrPermanent, err)
+}
+
+// IsPermanent reports an error marked by Permanent or by core.Permanent:
+// either parks the event.
+func IsPermanent(err error) bool { return errors.Is(err, ErrPermanent) || core.IsPermanent(err) }
 
 // SubscriberFactory returns the subscriber a consumer reads with. It is
 // called once per registered handler with the consumer's name, so brokers
@@ -250,7 +262,7 @@ func (r *Registry) add(consumer, topic string, kind core.Kind, h Handler, opts [
 	// out) and is retried like any other. Permanent errors never get here:
 	// the middleware parks them and acknowledges.
 	retry := r.cfg.Retry
-	retry.ShouldRetry = func(p middleware.RetryParams) bool { return !core.IsPermanent(p.Err) }
+	retry.ShouldRetry = func(p middleware.RetryParams) bool { return !IsPermanent(p.Err) }
 	retry.OnRetryHook = nil
 	wh.AddMiddleware(retry.Middleware, middleware.Recoverer)
 	r.handlers = append(r.handlers, hc)
@@ -304,7 +316,7 @@ func (r *Registry) apply(hc *handlerConfig) postgres.ApplyFunc {
 // event and acknowledges; anything else goes back to Retry.
 func (r *Registry) failed(ctx context.Context, hc *handlerConfig, err error) error {
 	var ae *postgres.ApplyError
-	if !errors.As(err, &ae) || !core.IsPermanent(ae.Err) {
+	if !errors.As(err, &ae) || !IsPermanent(ae.Err) {
 		return err
 	}
 	out, perr := r.inbox.ParkPoison(ctx, hc.consumer, hc.ordered, ae.Envelope, ae.Err.Error())
@@ -379,7 +391,7 @@ func (r *Registry) drain(ctx context.Context, hc *handlerConfig, ref postgres.In
 			return
 		}
 		var ae *postgres.ApplyError
-		if errors.As(err, &ae) && core.IsPermanent(ae.Err) {
+		if errors.As(err, &ae) && IsPermanent(ae.Err) {
 			out, perr := r.inbox.ParkPoison(ctx, hc.consumer, hc.ordered, ae.Envelope, ae.Err.Error())
 			if perr == nil {
 				r.recorded(hc, out)

@@ -1,0 +1,318 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/big"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/consumers"
+	"github.com/posthorn/posthorn/consumers/auditlog"
+	"github.com/posthorn/posthorn/consumers/projection"
+	"github.com/posthorn/posthorn/consumers/subscribers"
+	"github.com/posthorn/posthorn/core"
+)
+
+// consumerTransport is a broker the consumer scenarios run over.
+type consumerTransport struct {
+	name    string
+	publish func(t *testing.T, msgs ...*message.Message)
+	// subscriber returns a subscriber for one instance of consumer; two
+	// instances of one consumer must both receive every message (the race
+	// scenario), so instance is part of the Kafka consumer group.
+	subscriber func(t *testing.T, consumer string, instance int) message.Subscriber
+}
+
+// transports are the brokers every consumer scenario runs over: Watermill's
+// in-process gochannel, and kfake over real sockets with watermill-kafka's
+// publisher and subscriber.
+var transports = []func(t *testing.T) consumerTransport{gochannelTransport, kfakeTransport}
+
+func gochannelTransport(t *testing.T) consumerTransport {
+	// Not persistent: subscribers are running before anything is
+	// published (startConsumer waits for the router). Publishing does not
+	// block on ACKs, so deliveries run concurrently and may be reordered,
+	// which the inbox must absorb.
+	ch := gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})
+	t.Cleanup(func() { _ = ch.Close() })
+	return consumerTransport{
+		name: "gochannel",
+		publish: func(t *testing.T, msgs ...*message.Message) {
+			t.Helper()
+			if err := ch.Publish(core.TopicEvents, msgs...); err != nil {
+				t.Fatal(err)
+			}
+		},
+		subscriber: func(*testing.T, string, int) message.Subscriber { return nopClose{ch} },
+	}
+}
+
+// nopClose keeps a router's Close from closing the shared gochannel, which
+// other instances of the test still use.
+type nopClose struct{ message.Subscriber }
+
+func (nopClose) Close() error { return nil }
+
+func kfakeTransport(t *testing.T) consumerTransport {
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, core.TopicEvents))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cluster.Close)
+	brokers := cluster.ListenAddrs()
+	// The relay's Kafka sink writes watermill-kafka's DefaultMarshaler
+	// format keyed by the aggregate ID; the test publishes the same way.
+	pub, err := kafka.NewPublisher(kafka.PublisherConfig{
+		Brokers: brokers,
+		Marshaler: kafka.NewWithPartitioningMarshaler(func(_ string, m *message.Message) (string, error) {
+			return m.Metadata.Get(core.HeaderAggregateID), nil
+		}),
+	}, watermill.NopLogger{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pub.Close() })
+	return consumerTransport{
+		name: "kfake",
+		publish: func(t *testing.T, msgs ...*message.Message) {
+			t.Helper()
+			for _, m := range msgs {
+				// A fresh copy: the publisher may keep a message's ACK state.
+				if err := pub.Publish(core.TopicEvents, m.Copy()); err != nil {
+					t.Fatal(err)
+				}
+			}
+		},
+		subscriber: func(t *testing.T, consumer string, instance int) message.Subscriber {
+			group := consumer
+			if instance > 0 {
+				// Another group, so that this instance also receives every
+				// event: the same situation as a rebalance that hands a
+				// partition over while the old owner is still handling it.
+				group = fmt.Sprintf("%s-instance-%d", consumer, instance)
+			}
+			sub, err := subscribers.KafkaSubscriber(brokers, group, watermill.NopLogger{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return sub
+		},
+	}
+}
+
+// consumerRig is one running instance of the example consumers (and
+// optionally a probe that records the order handlers saw).
+type consumerRig struct {
+	reg  *consumers.Registry
+	pool *pgxpool.Pool
+	prom *prometheus.Registry
+}
+
+type rigOptions struct {
+	instance   int
+	hold       time.Duration
+	noInbox    bool
+	audit      bool
+	probe      bool
+	registerer *prometheus.Registry
+}
+
+const probeConsumer = "order-probe"
+
+// startConsumer starts a router with the balance projection (and the
+// options' extras) on tr, and stops it at cleanup.
+func startConsumer(t *testing.T, tr consumerTransport, pool *pgxpool.Pool, o rigOptions) *consumerRig {
+	t.Helper()
+	if o.hold == 0 {
+		o.hold = 30 * time.Second
+	}
+	prom := o.registerer
+	if prom == nil {
+		prom = prometheus.NewRegistry()
+	}
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg, err := consumers.New(router, consumers.Config{
+		Pool:        pool,
+		Subscribers: func(c string) (message.Subscriber, error) { return tr.subscriber(t, c, o.instance), nil },
+		Registerer:  prom,
+		HoldTime:    o.hold,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var extra []consumers.Option
+	if o.noInbox {
+		extra = append(extra, consumers.WithoutInbox())
+	}
+	if err := projection.Register(reg, core.TopicEvents, extra...); err != nil {
+		t.Fatal(err)
+	}
+	if o.audit {
+		if err := auditlog.Register(reg, core.TopicEvents); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if o.probe {
+		ensureProbeTable(t, pool)
+		if err := reg.AddEventHandler(probeConsumer, core.TopicEvents, probeHandler, consumers.DependsOnPredecessor()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- reg.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("consumer run: %v", err)
+		}
+	})
+	select {
+	case <-reg.Running():
+	case err := <-done:
+		t.Fatalf("consumer stopped before running: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("consumer router did not start")
+	}
+	return &consumerRig{reg: reg, pool: pool, prom: prom}
+}
+
+var probeOnce sync.Map
+
+func ensureProbeTable(t *testing.T, pool *pgxpool.Pool) {
+	if _, loaded := probeOnce.LoadOrStore(pool, true); loaded {
+		return
+	}
+	if _, err := pool.Exec(context.Background(),
+		`CREATE TABLE IF NOT EXISTS probe_applied (n bigserial PRIMARY KEY, account text, revision bigint)`); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// probeHandler records the order in which an ordered consumer applied
+// each account's revisions.
+func probeHandler(ctx context.Context, tx pgx.Tx, e core.Envelope) error {
+	_, err := tx.Exec(ctx, `INSERT INTO probe_applied (account, revision) VALUES ($1, $2)`, e.AggregateID, e.Revision)
+	return err
+}
+
+func probeOrder(t *testing.T, pool *pgxpool.Pool, account string) []int64 {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `SELECT revision FROM probe_applied WHERE account = $1 ORDER BY n`, account)
+	if err != nil {
+		t.Fatal(err)
+	}
+	revs, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return revs
+}
+
+// posted builds the ledger.account.posted event of one account revision.
+// Event IDs are deterministic so a resend or replay carries the same one.
+func posted(run, account string, rev int64, currency string, delta int64) *message.Message {
+	id := fmt.Sprintf("%s-%s-%d", run, account, rev)
+	p := core.AccountPosted{EventID: id, JournalID: "j-" + id, Account: account, Revision: rev,
+		Currency: currency, Delta: fmt.Sprint(delta), PostedAt: time.Now().UTC()}
+	payload, _ := json.Marshal(p)
+	return core.Envelope{
+		EventID: id, Kind: core.KindEvent, Type: core.TypeAccountPosted, Topic: core.TopicEvents,
+		AggregateType: core.AggregateAccount, AggregateID: account, Revision: rev, JournalID: p.JournalID,
+		OccurredAt: p.PostedAt, Payload: payload,
+	}.ToMessage()
+}
+
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(t *testing.T, what string, d time.Duration, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	var last string
+	for {
+		ok, state := cond()
+		if ok {
+			return
+		}
+		last = state
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s; last state: %s", d, what, last)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func counts(t *testing.T, pool *pgxpool.Pool, consumer string) postgres.InboxCounts {
+	t.Helper()
+	c, err := postgres.NewInbox(pool).Count(context.Background(), consumer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func balance(t *testing.T, pool *pgxpool.Pool, account, currency string) int64 {
+	t.Helper()
+	var b *big.Int
+	bs, err := projection.Balances(context.Background(), pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b = bs[account][currency]; b == nil {
+		return 0
+	}
+	return b.Int64()
+}
+
+func disposition(t *testing.T, pool *pgxpool.Pool, consumer, eventID string) postgres.Disposition {
+	t.Helper()
+	recs, err := postgres.NewInbox(pool).Dispositions(context.Background(), consumer, []string{eventID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return recs[eventID].Disposition
+}
+
+// counterValue reads a counter of the rig's registry.
+func counterValue(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	metric:
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if v, ok := labels[lp.GetName()]; ok && v != lp.GetValue() {
+					continue metric
+				}
+			}
+			switch {
+			case m.Counter != nil:
+				return m.Counter.GetValue()
+			case m.Gauge != nil:
+				return m.Gauge.GetValue()
+			}
+		}
+	}
+	return 0
+}
