@@ -1,0 +1,134 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/core"
+)
+
+func init() {
+	register(command{name: "outbox status", summary: "backlog, oldest unrelayed age, leases, parked aggregates (--json)", run: runOutboxStatus})
+	register(command{name: "outbox release", summary: "let the relay send a parked account again (--account ID)", run: runOutboxRelease})
+}
+
+// connectRelayPool opens the ledger pool under the relay's application
+// name, so the open-transaction gauge does not count the relay itself.
+func connectRelayPool(ctx context.Context, dsn string) (*pgxpool.Pool, error) {
+	if strings.Contains(dsn, "://") {
+		u, err := url.Parse(dsn)
+		if err != nil {
+			return nil, postgres.ErrBadDSN
+		}
+		q := u.Query()
+		q.Set("application_name", postgres.RelayApplicationName)
+		u.RawQuery = q.Encode()
+		dsn = u.String()
+	} else {
+		dsn += " application_name=" + postgres.RelayApplicationName
+	}
+	return postgres.Connect(ctx, dsn, 4)
+}
+
+// outboxStatus is the report of `outbox status`; later sections (uncertain
+// rows, …) are added as fields and as sections of printStatus.
+type outboxStatus struct {
+	postgres.OutboxStatus
+}
+
+func runOutboxStatus(ctx context.Context, args []string) error {
+	fs, path := flagSet("outbox status")
+	asJSON := fs.Bool("json", false, "print one JSON object")
+	keyFlags(fs, "database.url")
+	cfg, err := loadConfig(fs, path, args)
+	if err != nil {
+		return err
+	}
+	if err := cfg.RequireDatabase(); err != nil {
+		return err
+	}
+	pool, err := postgres.Connect(ctx, cfg.Database.URL, 2)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	st, err := postgres.NewRelayStore(pool).Status(ctx)
+	if err != nil {
+		return err
+	}
+	report := outboxStatus{OutboxStatus: st}
+	if *asJSON {
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(report)
+	}
+	printStatus(os.Stdout, report)
+	return nil
+}
+
+func printStatus(w io.Writer, st outboxStatus) {
+	fmt.Fprintf(w, "backlog: %d unrelayed events\n", st.Backlog)
+	fmt.Fprintf(w, "oldest unrelayed: %s\n", (time.Duration(st.OldestUnrelayedAge * float64(time.Second))).Round(time.Millisecond))
+	fmt.Fprintln(w, "\nshards:")
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "  SHARD\tOWNER\tLEASE EXPIRES\tBACKLOG")
+	for _, s := range st.Shards {
+		owner, exp := "-", "-"
+		if s.Owner != "" {
+			owner = s.Owner
+		}
+		if s.ExpiresAt != nil {
+			exp = s.ExpiresAt.UTC().Format(time.RFC3339)
+		}
+		fmt.Fprintf(tw, "  %d\t%s\t%s\t%d\n", s.Shard, owner, exp, s.Backlog)
+	}
+	tw.Flush()
+	fmt.Fprintf(w, "\nparked aggregates: %d\n", len(st.Parked))
+	if len(st.Parked) > 0 {
+		tw = tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "  TYPE\tID\tEVENT\tPARKED AT\tREASON")
+		for _, p := range st.Parked {
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\n", p.AggregateType, p.AggregateID, p.EventID,
+				p.ParkedAt.UTC().Format(time.RFC3339), strings.ReplaceAll(p.Reason, "\n", " "))
+		}
+		tw.Flush()
+		fmt.Fprintln(w, "  release one with: posthorn outbox release --account ID")
+	}
+}
+
+func runOutboxRelease(ctx context.Context, args []string) error {
+	fs, path := flagSet("outbox release")
+	account := fs.String("account", "", "the parked account to release (required)")
+	keyFlags(fs, "database.url")
+	cfg, err := loadConfig(fs, path, args)
+	if err != nil {
+		return err
+	}
+	if *account == "" {
+		return errors.New("--account is required")
+	}
+	if err := cfg.RequireDatabase(); err != nil {
+		return err
+	}
+	pool, err := postgres.Connect(ctx, cfg.Database.URL, 2)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := postgres.NewRelayStore(pool).Release(ctx, core.AggregateAccount, *account); err != nil {
+		return err
+	}
+	fmt.Printf("account %s released; the relay sends its events again from the one that was rejected\n", *account)
+	return nil
+}

@@ -1,0 +1,110 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/posthorn/posthorn/adapters/kafka"
+	"github.com/posthorn/posthorn/adapters/memory"
+	"github.com/posthorn/posthorn/adapters/metricshttp"
+	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/bridge"
+	"github.com/posthorn/posthorn/configs"
+	"github.com/posthorn/posthorn/core"
+)
+
+func init() {
+	register(command{name: "relay", summary: "run the bridge: outbox → sink (SIGINT/SIGTERM stop it softly)", run: runRelay})
+}
+
+// sinkOpeners builds the sink of each sink.kind. Adding a kind is one entry
+// here (and its name in configs.SinkKinds).
+var sinkOpeners = map[string]func(configs.Sink) (core.Sink, error){
+	"kafka": func(c configs.Sink) (core.Sink, error) { return kafka.New(kafka.Config{Brokers: c.Kafka.Brokers}) },
+	// An in-process broker: useful in the demo and tests, where consumers
+	// share the process; a standalone relay with it only drains the outbox.
+	"memory": func(configs.Sink) (core.Sink, error) { return memory.New(memory.Config{}), nil },
+}
+
+// openSink returns the sink configured by sink.kind.
+func openSink(c configs.Sink) (core.Sink, error) {
+	open, ok := sinkOpeners[c.Kind]
+	if !ok {
+		return nil, fmt.Errorf("config key sink.kind: %q has no sink in this build", c.Kind)
+	}
+	return open(c)
+}
+
+func runRelay(ctx context.Context, args []string) error {
+	fs, path := flagSet("relay")
+	keyFlags(fs, "database.url", "metrics.listen", "sink.kind", "sink.kafka.brokers", "relay.owner")
+	cfg, err := loadConfig(fs, path, args)
+	if err != nil {
+		return err
+	}
+	if err := cfg.RequireDatabase(); err != nil {
+		return err
+	}
+	if cfg.Relay.Mode != "polling" {
+		return fmt.Errorf("config key relay.mode: %q is not available yet; use polling", cfg.Relay.Mode)
+	}
+	log := newLogger(cfg.Log, os.Stderr)
+	pool, err := connectRelayPool(ctx, cfg.Database.URL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	sink, err := openSink(cfg.Sink)
+	if err != nil {
+		return err
+	}
+	defer sink.Close()
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	relay, err := bridge.New(postgres.NewRelayStore(pool), sink, bridge.Config{
+		Owner:        cfg.Relay.Owner,
+		SinkName:     cfg.Sink.Kind,
+		BatchSize:    cfg.Relay.BatchSize,
+		PollInterval: cfg.Relay.PollInterval,
+		LeaseTTL:     cfg.Relay.LeaseTTL,
+		Logger:       log,
+		Registerer:   reg,
+	})
+	if err != nil {
+		return err
+	}
+	if cfg.Metrics.Listen != "" {
+		srv, err := metricshttp.Start(cfg.Metrics.Listen, reg, relay.Ready)
+		if err != nil {
+			return fmt.Errorf("config key metrics.listen: %w", err)
+		}
+		defer srv.Close()
+		log.Info("metrics listening", "addr", srv.Addr())
+	}
+	// The relay stops softly when ctx (the signal context) is cancelled.
+	if err := relay.Start(context.WithoutCancel(ctx)); err != nil {
+		return err
+	}
+	log.Info("relay started", "owner", relay.Owner(), "sink", cfg.Sink.Kind)
+	select {
+	case <-ctx.Done():
+	case <-relay.Stopped():
+		return errors.New("relay stopped unexpectedly")
+	}
+	log.Info("stopping relay: finishing the in-flight batch, releasing leases")
+	stopCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := relay.Stop(stopCtx); err != nil {
+		log.Warn("relay stop cut short; unmarked records will be sent again", "err", err)
+	}
+	log.Info("relay stopped", slog.String("owner", relay.Owner()))
+	return nil
+}
