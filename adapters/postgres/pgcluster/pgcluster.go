@@ -142,7 +142,11 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 
 	if out, err := c.run(ctx, initdb, "-D", c.dataDir, "-U", c.user, "-A", "trust",
 		"-E", "UTF8", "--locale=C", "--no-sync", "--no-instructions"); err != nil {
-		return nil, fmt.Errorf("pgcluster: initdb: %w\n%s", err, out)
+		hint := ""
+		if c.asUser != "" {
+			hint = fmt.Sprintf(" (initdb runs as %s, who must be able to reach %s: every parent directory needs search permission for it; point TMPDIR elsewhere if not)", c.asUser, dir)
+		}
+		return nil, fmt.Errorf("pgcluster: initdb%s: %w\n%s", hint, err, out)
 	}
 
 	// Settings go into a file of our own that postgresql.conf includes,
