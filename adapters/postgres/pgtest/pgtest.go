@@ -87,3 +87,28 @@ func migrated(t testing.TB, s postgres.Schema) (string, *pgxpool.Pool) {
 	t.Cleanup(pool.Close)
 	return dsn, pool
 }
+
+// LedgerState fingerprints the ledger's tables: the row count of each, plus
+// the sum of account revisions and of balances, so a test can prove that a
+// refused request left no trace. Tables another migration may add are
+// not included; pass them as extra.
+func LedgerState(t testing.TB, pool *pgxpool.Pool, extra ...string) map[string]string {
+	t.Helper()
+	tables := append([]string{"accounts", "account_balances", "journals", "journal_lines", "idempotency_keys", "outbox"}, extra...)
+	state := make(map[string]string, len(tables)+2)
+	ctx := context.Background()
+	for _, tbl := range tables {
+		var n string
+		if err := pool.QueryRow(ctx, "SELECT count(*)::text FROM "+pgx.Identifier{tbl}.Sanitize()).Scan(&n); err != nil {
+			t.Fatalf("pgtest: count %s: %v", tbl, err)
+		}
+		state[tbl] = n
+	}
+	var revs, bals string
+	if err := pool.QueryRow(ctx, "SELECT (SELECT coalesce(sum(revision), 0) FROM accounts)::text, (SELECT coalesce(sum(abs(balance::numeric)), 0) FROM account_balances)::text").Scan(&revs, &bals); err != nil {
+		t.Fatalf("pgtest: sums: %v", err)
+	}
+	state["sum(accounts.revision)"] = revs
+	state["sum(abs(balance))"] = bals
+	return state
+}

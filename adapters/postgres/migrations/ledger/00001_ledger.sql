@@ -26,7 +26,6 @@ CREATE SEQUENCE journal_sequence AS bigint;
 CREATE TABLE journals (
     id              uuid        PRIMARY KEY,
     sequence        bigint      NOT NULL UNIQUE,
-    idempotency_key text        NOT NULL UNIQUE,
     metadata        jsonb       NOT NULL DEFAULT '{}',
     posted_at       timestamptz NOT NULL,
     xid             xid8        NOT NULL DEFAULT pg_current_xact_id()
@@ -44,6 +43,11 @@ CREATE TABLE journal_lines (
     UNIQUE (account_id, revision)
 );
 
+-- One row per Idempotency-Key, written by the posting's last statement
+-- together with its journal: a concurrent request with the same key blocks
+-- on the primary key until the first commits or rolls back, so one key
+-- never yields two journals. request_hash is the SHA-256 of the canonical
+-- request (core.CanonicalPosting); response is the 201 body, replayed as 200.
 CREATE TABLE idempotency_keys (
     key          text        PRIMARY KEY,
     request_hash bytea       NOT NULL,
