@@ -23,7 +23,7 @@ test-short:
 lint:
 	test -z "$$(gofmt -l .)" || (gofmt -l . && exit 1)
 	$(GO) vet $(PKGS)
-	$(GO) run honnef.co/go/tools/cmd/staticcheck@2025.1.1 $(PKGS)
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.6.1 $(PKGS)
 
 # Benchmarks: side-by-side figures the issues ask for. Stays under 10 minutes.
 bench:
