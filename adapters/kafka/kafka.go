@@ -70,6 +70,7 @@ func (c *Config) producerConfig() *sarama.Config {
 // Sink publishes batches to Kafka.
 type Sink struct {
 	cfg       Config
+	sc        *sarama.Config // built once: sarama reads it from its goroutines
 	marshaler wmkafka.Marshaler
 
 	mu       sync.Mutex
@@ -86,11 +87,13 @@ func New(cfg Config) (*Sink, error) {
 	if len(cfg.Brokers) == 0 {
 		return nil, errors.New("kafka sink: no brokers")
 	}
-	if err := cfg.producerConfig().Validate(); err != nil {
+	sc := cfg.producerConfig()
+	if err := sc.Validate(); err != nil {
 		return nil, fmt.Errorf("kafka sink: %w", err)
 	}
 	return &Sink{
 		cfg: cfg,
+		sc:  sc,
 		marshaler: wmkafka.NewWithPartitioningMarshaler(func(_ string, msg *message.Message) (string, error) {
 			return msg.Metadata.Get(core.HeaderAggregateID), nil
 		}),
@@ -106,7 +109,7 @@ func (s *Sink) getProducer() (sarama.SyncProducer, error) {
 	if s.producer != nil {
 		return s.producer, nil
 	}
-	p, err := sarama.NewSyncProducer(s.cfg.Brokers, s.cfg.producerConfig())
+	p, err := sarama.NewSyncProducer(s.cfg.Brokers, s.sc)
 	if err != nil {
 		return nil, fmt.Errorf("kafka sink: connect: %w", err)
 	}
@@ -140,7 +143,7 @@ func (s *Sink) Publish(ctx context.Context, batch []core.Envelope) error {
 	failed := map[int]error{}
 	msgs := make([]*sarama.ProducerMessage, 0, len(batch))
 	blocked := map[string]bool{}
-	maxBytes := s.cfg.producerConfig().Producer.MaxMessageBytes
+	maxBytes := s.sc.Producer.MaxMessageBytes
 	for i, e := range batch {
 		agg := e.AggregateType + "\x00" + e.AggregateID
 		if blocked[agg] {

@@ -1,0 +1,315 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+	wmkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/posthorn/posthorn/adapters/kafka"
+	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
+	"github.com/posthorn/posthorn/bridge"
+	"github.com/posthorn/posthorn/bridge/bridgetest"
+	"github.com/posthorn/posthorn/core"
+)
+
+var relayQuietLog = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+
+// relayBroker is a kfake broker over real sockets that can be stopped and
+// started again on the same port and data directory (a broker restart).
+type relayBroker struct {
+	t       *testing.T
+	opts    []kfake.Opt
+	cluster *kfake.Cluster
+	addrs   []string
+}
+
+func startRelayBroker(t *testing.T) *relayBroker {
+	t.Helper()
+	b := &relayBroker{t: t, opts: []kfake.Opt{
+		kfake.NumBrokers(1),
+		kfake.SeedTopics(4, core.TopicEvents),
+		kfake.AllowAutoTopicCreation(),
+		kfake.DataDir(t.TempDir()),
+	}}
+	c, err := kfake.NewCluster(b.opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.cluster, b.addrs = c, c.ListenAddrs()
+	t.Cleanup(func() { b.cluster.Close() })
+	return b
+}
+
+func (b *relayBroker) stop() { b.cluster.Close() }
+
+func (b *relayBroker) restart() {
+	_, p, _ := net.SplitHostPort(b.addrs[0])
+	port, _ := strconv.Atoi(p)
+	c, err := kfake.NewCluster(append(b.opts, kfake.Ports(port))...)
+	if err != nil {
+		b.t.Fatalf("restart kfake on %s: %v", b.addrs[0], err)
+	}
+	b.cluster = c
+}
+
+// records reads ledger.events from the start with franz-go (which shows
+// the record key) until n records or d passes.
+func (b *relayBroker) records(n int, d time.Duration) []*kgo.Record {
+	b.t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(b.addrs...), kgo.ConsumeTopics(core.TopicEvents),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond))
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	var out []*kgo.Record
+	for len(out) < n && ctx.Err() == nil {
+		cl.PollFetches(ctx).EachRecord(func(r *kgo.Record) { out = append(out, r) })
+	}
+	return out
+}
+
+func startKafkaRelay(t *testing.T, pool *pgxpool.Pool, brokers []string, owner string) (*bridge.Relay, *prometheus.Registry) {
+	t.Helper()
+	sc := kafka.DefaultSaramaConfig()
+	sc.Producer.Retry.Max = 1
+	sc.Producer.Retry.Backoff = 50 * time.Millisecond
+	sc.Metadata.Retry.Max = 1
+	sc.Net.DialTimeout = time.Second
+	sink, err := kafka.New(kafka.Config{Brokers: brokers, Sarama: sc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	r, err := bridge.New(postgres.NewRelayStore(pool), sink, bridge.Config{
+		Owner: owner, SinkName: "kafka", PollInterval: 50 * time.Millisecond, LeaseTTL: 5 * time.Second,
+		RetryInitial: 20 * time.Millisecond, RetryMax: 300 * time.Millisecond, StatsInterval: 50 * time.Millisecond,
+		Logger: relayQuietLog, Registerer: reg,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = r.Stop(ctx)
+		_ = sink.Close()
+	})
+	return r, reg
+}
+
+func relayMetric(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			var v float64
+			for _, m := range mf.GetMetric() {
+				v += m.GetGauge().GetValue() + m.GetCounter().GetValue()
+			}
+			return v
+		}
+	}
+	return 0
+}
+
+// TestRelayToKafkaReadByWatermillSubscriber: every committed event reaches
+// Kafka keyed by account, in revision order per account, and watermill-kafka's
+// own subscriber reads the records with their event IDs and headers.
+func TestRelayToKafkaReadByWatermillSubscriber(t *testing.T) {
+	t.Parallel()
+	_, pool := pgtest.Ledger(t)
+	b := startRelayBroker(t)
+	var posted []bridgetest.Posted
+	for i := range 100 {
+		posted = append(posted, bridgetest.MustPost(t, pool, fmt.Sprintf("acc-%d", i%9), fmt.Sprintf("acc-%d", (i+4)%9))...)
+	}
+	ctx := context.Background()
+	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { // rolled back: never sent
+		_, err := bridgetest.Post(ctx, tx, "acc-rolled-back")
+		if err == nil {
+			err = fmt.Errorf("roll back")
+		}
+		return err
+	}); err == nil {
+		t.Fatal("expected rollback")
+	}
+	startKafkaRelay(t, pool, b.addrs, "relay-k")
+	recs := b.records(len(posted), 20*time.Second)
+	if len(recs) != len(posted) {
+		t.Fatalf("kafka has %d records, want %d", len(recs), len(posted))
+	}
+	last := map[string]int64{}
+	for _, r := range recs {
+		h := map[string]string{}
+		for _, rh := range r.Headers {
+			h[rh.Key] = string(rh.Value)
+		}
+		e, err := core.EnvelopeFromHeaders(h, r.Value)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(r.Key) != e.AggregateID || e.AggregateID == "acc-rolled-back" {
+			t.Fatalf("record key %q for %s", r.Key, e.AggregateID)
+		}
+		if e.Revision != last[e.AggregateID]+1 {
+			t.Fatalf("%s: revision %d after %d", e.AggregateID, e.Revision, last[e.AggregateID])
+		}
+		last[e.AggregateID] = e.Revision
+	}
+
+	// watermill-kafka's subscriber (what consumers run) reads the same records.
+	sc := wmkafka.DefaultSaramaSubscriberConfig()
+	sc.Consumer.Offsets.Initial = sarama.OffsetOldest
+	sub, err := wmkafka.NewSubscriber(wmkafka.SubscriberConfig{
+		Brokers: b.addrs, Unmarshaler: wmkafka.DefaultMarshaler{}, OverwriteSaramaConfig: sc, ConsumerGroup: "relay-test",
+	}, watermill.NopLogger{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	msgs, err := sub.Subscribe(sctx, core.TopicEvents)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]bool{}
+	for _, p := range posted {
+		want[p.EventID] = true
+	}
+	for len(want) > 0 {
+		select {
+		case m := <-msgs:
+			e, err := core.EnvelopeFromMessage(m)
+			if err != nil || m.UUID != e.EventID {
+				t.Fatalf("watermill message %s: %+v %v", m.UUID, e, err)
+			}
+			delete(want, e.EventID)
+			m.Ack()
+		case <-sctx.Done():
+			t.Fatalf("watermill subscriber: %d events missing", len(want))
+		}
+	}
+}
+
+// TestRelayKafkaOutageAndRecovery closes the broker while the relay runs and
+// starts it again on the same port: the relay retries with backoff, the
+// backlog grows, nothing is lost, delivery resumes by itself.
+func TestRelayKafkaOutageAndRecovery(t *testing.T) {
+	t.Parallel()
+	_, pool := pgtest.Ledger(t)
+	b := startRelayBroker(t)
+	_, reg := startKafkaRelay(t, pool, b.addrs, "relay-outage")
+	first := bridgetest.MustPost(t, pool, "acc-1", "acc-2")
+	if n := len(b.records(len(first), 20*time.Second)); n != len(first) {
+		t.Fatalf("before the outage: %d records", n)
+	}
+	bridgetest.WaitFor(t, 10*time.Second, "markers", func() bool { return bridgetest.Unrelayed(t, pool) == 0 })
+	b.stop()
+	var posted []bridgetest.Posted
+	for i := range 40 {
+		posted = append(posted, bridgetest.MustPost(t, pool, fmt.Sprintf("acc-%d", i%6))...)
+	}
+	bridgetest.WaitFor(t, 20*time.Second, "retries during the outage", func() bool {
+		return relayMetric(t, reg, "posthorn_relay_retries_total") >= 2
+	})
+	if n := bridgetest.Unrelayed(t, pool); n != len(posted) {
+		t.Fatalf("during the outage %d rows unrelayed, want %d (nothing marked without an ACK)", n, len(posted))
+	}
+	bridgetest.WaitFor(t, 5*time.Second, "backlog gauge", func() bool {
+		return relayMetric(t, reg, "posthorn_outbox_backlog_events") == float64(len(posted))
+	})
+	b.restart()
+	bridgetest.WaitFor(t, 60*time.Second, "delivery to resume", func() bool { return bridgetest.Unrelayed(t, pool) == 0 })
+	recs := b.records(len(first)+len(posted), 20*time.Second)
+	ids := map[string]bool{}
+	last := map[string]int64{}
+	for _, r := range recs {
+		var id, agg string
+		var rev int64
+		for _, h := range r.Headers {
+			switch h.Key {
+			case core.HeaderEventID:
+				id = string(h.Value)
+			case core.HeaderAggregateID:
+				agg = string(h.Value)
+			case core.HeaderRevision:
+				rev, _ = strconv.ParseInt(string(h.Value), 10, 64)
+			}
+		}
+		ids[id] = true
+		if rev > last[agg]+1 {
+			t.Fatalf("%s: revision %d after %d (gap)", agg, rev, last[agg])
+		}
+		last[agg] = max(last[agg], rev)
+	}
+	for _, p := range append(first, posted...) {
+		if !ids[p.EventID] {
+			t.Fatalf("event %s lost across the outage", p.EventID)
+		}
+	}
+}
+
+// TestRelayKafkaRecordTooLargeParksOnlyItsAccount: Kafka refuses a record
+// over its size limit for good; the account is parked and the others flow.
+func TestRelayKafkaRecordTooLargeParksOnlyItsAccount(t *testing.T) {
+	t.Parallel()
+	_, pool := pgtest.Ledger(t)
+	b := startRelayBroker(t)
+	ctx := context.Background()
+	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		rev, err := bridgetest.Lock(ctx, tx, "acc-huge")
+		if err == nil {
+			_, err = bridgetest.Insert(ctx, tx, "acc-huge", rev, make([]byte, 2<<20))
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	bridgetest.MustPost(t, pool, "acc-huge")
+	var good []bridgetest.Posted
+	for i := range 30 {
+		good = append(good, bridgetest.MustPost(t, pool, fmt.Sprintf("acc-%d", i%5))...)
+	}
+	_, reg := startKafkaRelay(t, pool, b.addrs, "relay-park")
+	bridgetest.WaitFor(t, 20*time.Second, "the good accounts delivered", func() bool { return bridgetest.Unrelayed(t, pool) == 2 })
+	bridgetest.WaitFor(t, 5*time.Second, "parked gauge", func() bool {
+		return relayMetric(t, reg, "posthorn_relay_parked_aggregates") == 1
+	})
+	for _, r := range b.records(len(good), 20*time.Second) {
+		if string(r.Key) == "acc-huge" {
+			t.Fatalf("a record of the parked account reached Kafka")
+		}
+	}
+	st, err := postgres.NewRelayStore(pool).Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Parked) != 1 || st.Parked[0].AggregateID != "acc-huge" {
+		t.Fatalf("parked: %+v", st.Parked)
+	}
+}
