@@ -1,0 +1,284 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"sort"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/posthorn/posthorn/adapters/metricshttp"
+	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/configs"
+	"github.com/posthorn/posthorn/consumers"
+	"github.com/posthorn/posthorn/consumers/auditlog"
+	"github.com/posthorn/posthorn/consumers/projection"
+	"github.com/posthorn/posthorn/consumers/subscribers"
+	"github.com/posthorn/posthorn/core"
+)
+
+func init() {
+	register(command{name: "consume", summary: "run the example consumers balance-projection and audit-log (--only NAME)", run: runConsume})
+	register(command{name: "consume release", summary: "lift a consumer's park of one account so its events re-drive in order", run: runConsumeRelease})
+	register(command{name: "consume status", summary: "dispositions, duplicates and parked accounts per consumer (--json)", run: runConsumeStatus})
+}
+
+// exampleConsumers are the built-in consumers, by name.
+var exampleConsumers = map[string]func(*consumers.Registry, string) error{
+	projection.Name: func(r *consumers.Registry, topic string) error { return projection.Register(r, topic) },
+	auditlog.Name:   func(r *consumers.Registry, topic string) error { return auditlog.Register(r, topic) },
+}
+
+func exampleNames() []string {
+	names := make([]string, 0, len(exampleConsumers))
+	for n := range exampleConsumers {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// ConsumeOptions configures runConsumers beyond the configuration: the
+// demo passes its in-process memory subscriber here.
+type consumeOptions struct {
+	only   string
+	hold   time.Duration
+	memory message.Subscriber
+	log    *slog.Logger
+	reg    *prometheus.Registry
+}
+
+func runConsume(ctx context.Context, args []string) error {
+	fs, path := flagSet("consume")
+	only := fs.String("only", "", "run only this consumer: "+fmt.Sprint(exampleNames()))
+	hold := fs.Duration("hold", consumers.DefaultHoldTime, "how long an event ahead of its predecessor is held before its account is parked")
+	keyFlags(fs, "consumer.database.url", "metrics.listen", "sink.kind", "sink.kafka.brokers")
+	cfg, err := loadConfig(fs, path, args)
+	if err != nil {
+		return err
+	}
+	return runConsumers(ctx, cfg, consumeOptions{only: *only, hold: *hold})
+}
+
+// runConsumers runs the example consumers until ctx is cancelled, then
+// stops the router softly (in-flight messages finish or stay
+// unacknowledged for redelivery) and returns nil.
+func runConsumers(ctx context.Context, cfg configs.Config, o consumeOptions) error {
+	names := exampleNames()
+	if o.only != "" {
+		if _, ok := exampleConsumers[o.only]; !ok {
+			return fmt.Errorf("--only %q: want one of %v", o.only, names)
+		}
+		names = []string{o.only}
+	}
+	if err := cfg.RequireConsumerDatabase(); err != nil {
+		return err
+	}
+	log := o.log
+	if log == nil {
+		log = newLogger(cfg.Log, os.Stderr)
+	}
+	pool, err := openConsumerPool(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	wlog := watermill.NewSlogLogger(log)
+	factory, err := subscribers.New(cfg.Sink, subscribers.Options{Logger: wlog, Memory: o.memory})
+	if err != nil {
+		return fmt.Errorf("config key sink.kind: %w", err)
+	}
+	reg := o.reg
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	}
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, wlog)
+	if err != nil {
+		return err
+	}
+	registry, err := consumers.New(router, consumers.Config{
+		Pool:               pool,
+		Subscribers:        factory,
+		Registerer:         reg,
+		Logger:             log,
+		HoldTime:           o.hold,
+		CommandTopicPrefix: cfg.Sink.CommandTopicPrefix,
+	})
+	if err != nil {
+		return err
+	}
+	for _, n := range names {
+		if err := exampleConsumers[n](registry, core.TopicEvents); err != nil {
+			return err
+		}
+	}
+	if cfg.Metrics.Listen != "" {
+		srv, err := metricshttp.Start(cfg.Metrics.Listen, reg, func() error {
+			if !router.IsRunning() || router.IsClosed() {
+				return errors.New("consumers not running")
+			}
+			pctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			if err := pool.Ping(pctx); err != nil {
+				return errors.New("consumer database unreachable")
+			}
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("config key metrics.listen: %w", err)
+		}
+		defer srv.Close()
+		log.Info("consumer metrics listening", "addr", srv.Addr())
+	}
+	log.Info("consumers starting", "consumers", names, "sink", cfg.Sink.Kind, "topic", core.TopicEvents, "hold", o.hold.String())
+	if err := registry.Run(ctx); err != nil && ctx.Err() == nil {
+		return err
+	}
+	log.Info("consumers stopped")
+	return nil
+}
+
+// openConsumerPool connects to consumer.database.url and checks that
+// `posthorn migrate --consumer` has been run.
+func openConsumerPool(ctx context.Context, cfg configs.Config) (*pgxpool.Pool, error) {
+	pool, err := postgres.Connect(ctx, cfg.Consumer.Database.URL, 8)
+	if err != nil {
+		return nil, fmt.Errorf("config key consumer.database.url: %w", err)
+	}
+	var present bool
+	if err := pool.QueryRow(ctx, `SELECT to_regclass('consumer_inbox') IS NOT NULL`).Scan(&present); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	if !present {
+		pool.Close()
+		return nil, errors.New("the consumer schema is missing: run `posthorn migrate --consumer` first")
+	}
+	return pool, nil
+}
+
+func runConsumeRelease(ctx context.Context, args []string) error {
+	fs, path := flagSet("consume release")
+	consumer := fs.String("consumer", "", "consumer name, e.g. "+projection.Name+" (required)")
+	account := fs.String("account", "", "account whose park to lift (required)")
+	aggType := fs.String("aggregate-type", core.AggregateAccount, "aggregate type (journal for commands)")
+	keyFlags(fs, "consumer.database.url")
+	cfg, err := loadConfig(fs, path, args)
+	if err != nil {
+		return err
+	}
+	if *consumer == "" || *account == "" {
+		return errors.New("--consumer and --account are required")
+	}
+	if err := cfg.RequireConsumerDatabase(); err != nil {
+		return err
+	}
+	pool, err := openConsumerPool(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	in := postgres.NewInbox(pool)
+	n, err := in.Release(ctx, *consumer, *aggType, *account)
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		fmt.Printf("%s %s: nothing parked for consumer %s\n", *aggType, *account, *consumer)
+		return nil
+	}
+	fmt.Printf("released %d event(s) of %s %s for consumer %s; a running consumer re-drives them in revision order (they park again after the hold time if the predecessor is still missing)\n",
+		n, *aggType, *account, *consumer)
+	return nil
+}
+
+type consumerStatus struct {
+	Consumer           string                `json:"consumer"`
+	Events             map[string]int64      `json:"events"`
+	DuplicatesAbsorbed int64                 `json:"duplicates_absorbed"`
+	Parked             []parkedAccountStatus `json:"parked"`
+}
+
+type parkedAccountStatus struct {
+	AggregateType string    `json:"aggregate_type"`
+	AggregateID   string    `json:"aggregate_id"`
+	Events        int       `json:"events"`
+	Reason        string    `json:"reason"`
+	ParkedAt      time.Time `json:"parked_at"`
+}
+
+func runConsumeStatus(ctx context.Context, args []string) error {
+	fs, path := flagSet("consume status")
+	consumer := fs.String("consumer", "", "one consumer (default: the example consumers)")
+	asJSON := fs.Bool("json", false, "print JSON")
+	keyFlags(fs, "consumer.database.url")
+	cfg, err := loadConfig(fs, path, args)
+	if err != nil {
+		return err
+	}
+	if err := cfg.RequireConsumerDatabase(); err != nil {
+		return err
+	}
+	pool, err := openConsumerPool(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	in := postgres.NewInbox(pool)
+	names := exampleNames()
+	if *consumer != "" {
+		names = []string{*consumer}
+	}
+	var out []consumerStatus
+	for _, n := range names {
+		c, err := in.Count(ctx, n)
+		if err != nil {
+			return err
+		}
+		parked, err := in.Parked(ctx, n)
+		if err != nil {
+			return err
+		}
+		s := consumerStatus{Consumer: n, Events: map[string]int64{}, DuplicatesAbsorbed: c.DuplicatesAbsorbed, Parked: []parkedAccountStatus{}}
+		for d, k := range c.Events {
+			s.Events[string(d)] = k
+		}
+		for _, p := range parked {
+			s.Parked = append(s.Parked, parkedAccountStatus{p.Type, p.ID, p.Events, p.Reason, p.ParkedAt})
+		}
+		out = append(out, s)
+	}
+	if *asJSON {
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(out)
+	}
+	for _, s := range out {
+		keys := make([]string, 0, len(s.Events))
+		for k := range s.Events {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		fmt.Printf("%s:", s.Consumer)
+		for _, k := range keys {
+			fmt.Printf(" %s=%d", k, s.Events[k])
+		}
+		fmt.Printf(" duplicates_absorbed=%d parked_accounts=%d\n", s.DuplicatesAbsorbed, len(s.Parked))
+		for _, p := range s.Parked {
+			fmt.Printf("  parked %s %s (%d events) since %s: %s\n", p.AggregateType, p.AggregateID, p.Events,
+				p.ParkedAt.UTC().Format(time.RFC3339), p.Reason)
+		}
+	}
+	return nil
+}
