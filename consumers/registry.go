@@ -280,7 +280,7 @@ func (r *Registry) middleware(hc *handlerConfig) message.NoPublishHandlerFunc {
 			return r.reject(ctx, hc, msg, e, err.Error())
 		}
 		if e.Kind != hc.kind {
-			return r.reject(ctx, hc, msg, e, fmt.Sprintf("a %s delivered to %s handler %s on %s", e.Kind, hc.kind, hc.consumer, hc.topic))
+			return r.reject(ctx, hc, msg, e, fmt.Sprintf("record of kind %s delivered to %s handler %s on %s", e.Kind, hc.kind, hc.consumer, hc.topic))
 		}
 		e.Topic = hc.topic
 		if hc.noInbox {

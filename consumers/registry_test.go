@@ -1,0 +1,221 @@
+package consumers_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
+	"github.com/posthorn/posthorn/consumers"
+	"github.com/posthorn/posthorn/core"
+)
+
+func nop(context.Context, pgx.Tx, core.Envelope) error { return nil }
+
+func newRegistry(t *testing.T, pool *pgxpool.Pool, ch *gochannel.GoChannel, cfg consumers.Config) *consumers.Registry {
+	t.Helper()
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, watermill.NopLogger{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Pool = pool
+	cfg.Subscribers = func(string) (message.Subscriber, error) { return ch, nil }
+	reg, err := consumers.New(router, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return reg
+}
+
+func run(t *testing.T, reg *consumers.Registry) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- reg.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	select {
+	case <-reg.Running():
+	case <-time.After(10 * time.Second):
+		t.Fatal("router did not start")
+	}
+}
+
+func event(acc string, rev int64, kind core.Kind) *message.Message {
+	return core.Envelope{EventID: fmt.Sprintf("%s-%d", acc, rev), Kind: kind, Type: core.TypeAccountPosted,
+		AggregateType: core.AggregateAccount, AggregateID: acc, Revision: rev, Payload: []byte(`{}`)}.ToMessage()
+}
+
+func waitDisposition(t *testing.T, in *postgres.Inbox, consumer, id string, want postgres.Disposition) postgres.InboxRecord {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		recs, err := in.Dispositions(context.Background(), consumer, []string{id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if recs[id].Disposition == want {
+			return recs[id]
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s of %s is %+v, want %s", id, consumer, recs[id], want)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestRegistrationSeparatesEventsAndCommands(t *testing.T) {
+	t.Parallel()
+	_, pool := pgtest.Consumer(t)
+	ch := gochannel.NewGoChannel(gochannel.Config{}, nil)
+	defer ch.Close()
+	reg := newRegistry(t, pool, ch, consumers.Config{})
+
+	if err := reg.AddEventHandler("audit", "commands.payouts", nop); !errors.Is(err, consumers.ErrWrongTopic) {
+		t.Fatalf("event handler on a command topic: %v", err)
+	}
+	if err := reg.AddCommandHandler("payouts", core.TopicEvents, nop); !errors.Is(err, consumers.ErrWrongTopic) {
+		t.Fatalf("command handler on the event topic: %v", err)
+	}
+	if err := reg.AddCommandHandler("payouts", "commands.", nop); !errors.Is(err, consumers.ErrWrongTopic) {
+		t.Fatalf("command handler on the bare prefix: %v", err)
+	}
+	if err := reg.AddCommandHandler("payouts", "commands.payouts", nop); err != nil {
+		t.Fatal(err)
+	}
+	if err := reg.AddCommandHandler("payouts-2", "commands.payouts", nop); !errors.Is(err, consumers.ErrCommandOwned) {
+		t.Fatalf("second owner of a command topic: %v", err)
+	}
+	// Events fan out: many consumers on one event topic.
+	for _, c := range []string{"a", "b"} {
+		if err := reg.AddEventHandler(c, core.TopicEvents, nop); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := reg.AddEventHandler("a", core.TopicEvents, nop); !errors.Is(err, consumers.ErrDuplicateHandler) {
+		t.Fatalf("same consumer twice on a topic: %v", err)
+	}
+}
+
+// The kind header is checked at run time too: an event on a command
+// topic (or a command on the event topic) is rejected, never handled.
+func TestRuntimeKindMismatchIsRejected(t *testing.T) {
+	t.Parallel()
+	_, pool := pgtest.Consumer(t)
+	ch := gochannel.NewGoChannel(gochannel.Config{}, nil)
+	defer ch.Close()
+	reg := newRegistry(t, pool, ch, consumers.Config{})
+	var called atomic.Int32
+	h := func(context.Context, pgx.Tx, core.Envelope) error { called.Add(1); return nil }
+	if err := reg.AddCommandHandler("payouts", "commands.payouts", h); err != nil {
+		t.Fatal(err)
+	}
+	if err := reg.AddEventHandler("audit", core.TopicEvents, h); err != nil {
+		t.Fatal(err)
+	}
+	run(t, reg)
+	if err := ch.Publish("commands.payouts", event("acc", 1, core.KindEvent)); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.Publish(core.TopicEvents, event("acc", 2, core.KindCommand)); err != nil {
+		t.Fatal(err)
+	}
+	bad := message.NewMessage("no-headers", []byte("x"))
+	if err := ch.Publish(core.TopicEvents, bad); err != nil {
+		t.Fatal(err)
+	}
+	rec := waitDisposition(t, reg.Inbox(), "payouts", "acc-1", postgres.DispositionRejected)
+	t.Logf("reason: %s", rec.Reason)
+	waitDisposition(t, reg.Inbox(), "audit", "acc-2", postgres.DispositionRejected)
+	rec = waitDisposition(t, reg.Inbox(), "audit", "no-headers", postgres.DispositionRejected)
+	t.Logf("reason: %s", rec.Reason)
+	if n := called.Load(); n != 0 {
+		t.Fatalf("handler called %d times for mismatching records", n)
+	}
+	// Control: matching kinds are handled.
+	if err := ch.Publish("commands.payouts", event("cmd", 1, core.KindCommand)); err != nil {
+		t.Fatal(err)
+	}
+	waitDisposition(t, reg.Inbox(), "payouts", "cmd-1", postgres.DispositionApplied)
+}
+
+// A transient handler error (and a panic) is retried with backoff and then
+// applied once; the failed attempts leave no effect.
+func TestTransientErrorsAndPanicsAreRetried(t *testing.T) {
+	t.Parallel()
+	_, pool := pgtest.Consumer(t)
+	if _, err := pool.Exec(context.Background(), `CREATE TABLE fx (id text)`); err != nil {
+		t.Fatal(err)
+	}
+	ch := gochannel.NewGoChannel(gochannel.Config{}, nil)
+	defer ch.Close()
+	reg := newRegistry(t, pool, ch, consumers.Config{Retry: middleware.Retry{InitialInterval: time.Millisecond, MaxInterval: 5 * time.Millisecond}})
+	var attempts atomic.Int32
+	h := func(ctx context.Context, tx pgx.Tx, e core.Envelope) error {
+		if _, err := tx.Exec(ctx, `INSERT INTO fx VALUES ($1)`, e.EventID); err != nil {
+			return err
+		}
+		switch attempts.Add(1) {
+		case 1:
+			return errors.New("downstream briefly unavailable")
+		case 2:
+			panic("handler bug hit once")
+		}
+		return nil
+	}
+	if err := reg.AddEventHandler("flaky", core.TopicEvents, h, consumers.DependsOnPredecessor()); err != nil {
+		t.Fatal(err)
+	}
+	run(t, reg)
+	if err := ch.Publish(core.TopicEvents, event("acc", 1, core.KindEvent)); err != nil {
+		t.Fatal(err)
+	}
+	waitDisposition(t, reg.Inbox(), "flaky", "acc-1", postgres.DispositionApplied)
+	var n int
+	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM fx`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("effects %d (%v), want 1 after %d attempts", n, err, attempts.Load())
+	}
+}
+
+// A release from another process (the CLI) only changes the database; the
+// running consumer's sweeper re-drives the released events.
+func TestSweeperRedrivesAfterOutOfProcessRelease(t *testing.T) {
+	t.Parallel()
+	_, pool := pgtest.Consumer(t)
+	ch := gochannel.NewGoChannel(gochannel.Config{}, nil)
+	defer ch.Close()
+	reg := newRegistry(t, pool, ch, consumers.Config{HoldTime: 100 * time.Millisecond})
+	if err := reg.AddEventHandler("ordered", core.TopicEvents, nop, consumers.DependsOnPredecessor()); err != nil {
+		t.Fatal(err)
+	}
+	run(t, reg)
+	if err := ch.Publish(core.TopicEvents, event("acc", 2, core.KindEvent)); err != nil {
+		t.Fatal(err)
+	}
+	waitDisposition(t, reg.Inbox(), "ordered", "acc-2", postgres.DispositionParkedGap)
+	if err := ch.Publish(core.TopicEvents, event("acc", 1, core.KindEvent)); err != nil {
+		t.Fatal(err)
+	}
+	waitDisposition(t, reg.Inbox(), "ordered", "acc-1", postgres.DispositionParkedGap)
+	other := postgres.NewInbox(pool) // as `posthorn consume release` does
+	if n, err := other.Release(context.Background(), "ordered", core.AggregateAccount, "acc"); err != nil || n != 2 {
+		t.Fatalf("release: %d, %v", n, err)
+	}
+	waitDisposition(t, reg.Inbox(), "ordered", "acc-2", postgres.DispositionApplied)
+	waitDisposition(t, reg.Inbox(), "ordered", "acc-1", postgres.DispositionApplied)
+}
