@@ -1,0 +1,398 @@
+// Package api serves the Posting API of contract.md: POST /v1/postings,
+// GET /v1/postings/{journal_id}, GET /v1/accounts/{account}, /healthz and
+// /readyz.
+//
+// Invariants:
+//   - A request either commits one posting (journal, lines, revisions,
+//     balances and outbox rows in one transaction) or writes nothing; a 4xx
+//     answer never leaves a trace in the ledger.
+//   - The same Idempotency-Key with the same request returns the first
+//     response (200 instead of 201); with another request, 409. Concurrent
+//     requests with one key produce one journal.
+//   - Every error is application/problem+json (RFC 9457) whose detail names
+//     the offending field, header or parameter, also given in "field".
+//   - Bearer tokens are compared in constant time and never logged. With no
+//     tokens configured authentication is off, and New logs so loudly.
+//
+// The package takes plain structs (Config) and a small Store port; koanf
+// stays in cmd/ and configs/.
+package api
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"mime"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/core"
+)
+
+// Defaults and limits fixed by the contract.
+const (
+	// MaxBodyBytes is the largest accepted request body (413 above).
+	MaxBodyBytes = 1 << 20
+	// MaxIdempotencyKeyLen bounds the Idempotency-Key header.
+	MaxIdempotencyKeyLen = 128
+	// DefaultShutdownTimeout bounds how long in-flight requests may finish
+	// after the context is cancelled.
+	DefaultShutdownTimeout = 10 * time.Second
+)
+
+// Store is what the API needs from the ledger; *postgres.LedgerStore
+// implements it.
+type Store interface {
+	Post(ctx context.Context, key string, p core.Posting) (res core.PostingResult, replayed bool, err error)
+	Posting(ctx context.Context, journalID string) (postgres.CommittedPosting, error)
+	Account(ctx context.Context, id string) (postgres.Account, error)
+	Ping(ctx context.Context) error
+}
+
+var _ Store = (*postgres.LedgerStore)(nil)
+
+// Config configures the server.
+type Config struct {
+	// Listen is the address ListenAndServe binds, host:port.
+	Listen string
+	// Tokens are the accepted bearer tokens; empty turns authentication off.
+	Tokens []string
+	// ShutdownTimeout bounds the graceful shutdown; default DefaultShutdownTimeout.
+	ShutdownTimeout time.Duration
+	// Logger receives structured logs; default slog.Default().
+	Logger *slog.Logger
+}
+
+// Server is the Posting API.
+type Server struct {
+	cfg    Config
+	store  Store
+	log    *slog.Logger
+	tokens [][]byte
+	mux    *http.ServeMux
+}
+
+// New returns a server on store. It logs a warning when authentication is off.
+func New(cfg Config, store Store) (*Server, error) {
+	if store == nil {
+		return nil, errors.New("api: store is nil")
+	}
+	if cfg.ShutdownTimeout <= 0 {
+		cfg.ShutdownTimeout = DefaultShutdownTimeout
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	s := &Server{cfg: cfg, store: store, log: cfg.Logger, mux: http.NewServeMux()}
+	for i, t := range cfg.Tokens {
+		if t == "" {
+			return nil, fmt.Errorf("api: token %d is empty", i)
+		}
+		s.tokens = append(s.tokens, []byte(t))
+	}
+	if len(s.tokens) == 0 {
+		s.log.Warn("Posting API AUTHENTICATION IS OFF: api.tokens is empty, so anyone who can reach the listener can post to the ledger; set api.tokens (POSTHORN_API__TOKENS) outside local development")
+	} else {
+		s.log.Info("Posting API authentication is on", "tokens", len(s.tokens))
+	}
+	s.mux.HandleFunc("POST /v1/postings", s.auth(s.handlePost))
+	s.mux.HandleFunc("GET /v1/postings/{journal_id}", s.auth(s.handleGetPosting))
+	s.mux.HandleFunc("GET /v1/accounts/{account}", s.auth(s.handleGetAccount))
+	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = io.WriteString(w, "ok\n")
+	})
+	s.mux.HandleFunc("GET /readyz", s.handleReady)
+	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		s.problem(w, r, http.StatusNotFound, "not-found", "Not Found", "path", fmt.Sprintf("no resource at %.120q", r.URL.Path))
+	})
+	return s, nil
+}
+
+// Handler returns the HTTP handler (for tests and embedding).
+func (s *Server) Handler() http.Handler { return s.mux }
+
+// ListenAndServe listens on Config.Listen and serves until ctx is
+// cancelled; see Serve.
+func (s *Server) ListenAndServe(ctx context.Context) error {
+	ln, err := net.Listen("tcp", s.cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("api: listen on %s: %w", s.cfg.Listen, err)
+	}
+	return s.Serve(ctx, ln)
+}
+
+// Serve serves on ln until ctx is cancelled, then stops accepting, lets
+// in-flight requests finish for up to ShutdownTimeout and returns nil. A
+// request cut short by the timeout has its context cancelled, so its
+// transaction rolls back and a retry with the same key is safe.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	srv := &http.Server{
+		Handler:           s.mux,
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+	}
+	s.log.Info("Posting API listening", "addr", ln.Addr().String())
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("api: serve: %w", err)
+	case <-ctx.Done():
+	}
+	s.log.Info("Posting API shutting down")
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.ShutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		_ = srv.Close()
+		return fmt.Errorf("api: shutdown: %w", err)
+	}
+	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("api: serve: %w", err)
+	}
+	return nil
+}
+
+// auth checks the bearer token when tokens are configured. Every token is
+// compared, in constant time, so the answer's timing tells nothing about
+// which or how much of a token matched.
+func (s *Server) auth(next http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if len(s.tokens) == 0 {
+			next(w, r)
+			return
+		}
+		h := r.Header.Get("Authorization")
+		scheme, token, ok := strings.Cut(h, " ")
+		if !ok || !strings.EqualFold(scheme, "Bearer") || token == "" {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="posthorn"`)
+			s.problem(w, r, http.StatusUnauthorized, "unauthorized", "Unauthorized", "Authorization", "the Authorization header must be \"Bearer <token>\"")
+			return
+		}
+		match := 0
+		for _, t := range s.tokens {
+			match |= subtle.ConstantTimeCompare([]byte(token), t)
+		}
+		if match != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="posthorn", error="invalid_token"`)
+			s.problem(w, r, http.StatusUnauthorized, "unauthorized", "Unauthorized", "Authorization", "the bearer token in the Authorization header is not accepted")
+			return
+		}
+		next(w, r)
+	}
+}
+
+func (s *Server) handlePost(w http.ResponseWriter, r *http.Request) {
+	mt, params, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	if err != nil || mt != "application/json" {
+		s.problem(w, r, http.StatusUnsupportedMediaType, "unsupported-media-type", "Unsupported Media Type", "Content-Type",
+			fmt.Sprintf("Content-Type must be application/json, got %.80q", r.Header.Get("Content-Type")))
+		return
+	}
+	if cs, ok := params["charset"]; ok && !strings.EqualFold(cs, "utf-8") {
+		s.problem(w, r, http.StatusUnsupportedMediaType, "unsupported-media-type", "Unsupported Media Type", "Content-Type",
+			fmt.Sprintf("Content-Type charset must be utf-8, got %.40q", cs))
+		return
+	}
+	keys := r.Header.Values("Idempotency-Key")
+	if len(keys) != 1 {
+		detail := "the Idempotency-Key header is required"
+		if len(keys) > 1 {
+			detail = "the Idempotency-Key header must be given once"
+		}
+		s.problem(w, r, http.StatusBadRequest, "malformed-request", "Malformed Request", "Idempotency-Key", detail)
+		return
+	}
+	key := keys[0]
+	if msg := checkKey(key); msg != "" {
+		s.problem(w, r, http.StatusBadRequest, "malformed-request", "Malformed Request", "Idempotency-Key", msg)
+		return
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			s.problem(w, r, http.StatusRequestEntityTooLarge, "body-too-large", "Content Too Large", "body",
+				fmt.Sprintf("the request body exceeds %d bytes", MaxBodyBytes))
+			return
+		}
+		s.problem(w, r, http.StatusBadRequest, "malformed-request", "Malformed Request", "body", "the request body could not be read")
+		return
+	}
+	p, err := core.ParsePosting(body)
+	if err != nil {
+		s.inputProblem(w, r, err)
+		return
+	}
+	res, replayed, err := s.store.Post(r.Context(), key, p)
+	switch {
+	case err == nil:
+	case errors.Is(err, postgres.ErrIdempotencyConflict):
+		s.problem(w, r, http.StatusConflict, "idempotency-conflict", "Idempotency Key Reused", "Idempotency-Key",
+			"the Idempotency-Key was already used for a different request; use a new key for a new posting")
+		return
+	case errors.Is(err, core.ErrInvalidPosting):
+		s.inputProblem(w, r, err)
+		return
+	default:
+		s.internal(w, r, "post", err)
+		return
+	}
+	status := http.StatusCreated
+	if replayed {
+		status = http.StatusOK
+	} else {
+		s.log.Debug("posting committed", "journal_id", res.JournalID, "sequence", res.Sequence, "lines", len(res.Events))
+	}
+	w.Header().Set("Location", "/v1/postings/"+res.JournalID)
+	writeJSON(w, status, res)
+}
+
+// checkKey returns why key is unacceptable, or "".
+func checkKey(key string) string {
+	if key == "" {
+		return "the Idempotency-Key header is empty"
+	}
+	if len(key) > MaxIdempotencyKeyLen {
+		return fmt.Sprintf("the Idempotency-Key header is %d characters long, at most %d are allowed", len(key), MaxIdempotencyKeyLen)
+	}
+	for i := 0; i < len(key); i++ {
+		if key[i] < 0x20 || key[i] > 0x7e {
+			return fmt.Sprintf("the Idempotency-Key header has a non-printable or non-ASCII byte at position %d", i)
+		}
+	}
+	return ""
+}
+
+func (s *Server) handleGetPosting(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("journal_id")
+	if _, err := uuid.Parse(id); err != nil {
+		s.problem(w, r, http.StatusBadRequest, "malformed-request", "Malformed Request", "journal_id",
+			fmt.Sprintf("journal_id %.80q is not a UUID", id))
+		return
+	}
+	p, err := s.store.Posting(r.Context(), id)
+	switch {
+	case errors.Is(err, postgres.ErrNotFound):
+		s.problem(w, r, http.StatusNotFound, "not-found", "Not Found", "journal_id", fmt.Sprintf("no posting with journal_id %q", id))
+		return
+	case err != nil:
+		s.internal(w, r, "read posting", err)
+		return
+	}
+	writeJSON(w, http.StatusOK, p)
+}
+
+// accountBody is the GET /v1/accounts/{account} answer; balances are
+// decimal strings so no JSON reader rounds them through a float.
+type accountBody struct {
+	Account  string            `json:"account"`
+	Balances map[string]string `json:"balances"`
+	Revision int64             `json:"revision"`
+}
+
+func (s *Server) handleGetAccount(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("account")
+	if !core.ValidAccountID(id) {
+		s.problem(w, r, http.StatusBadRequest, "malformed-request", "Malformed Request", "account",
+			fmt.Sprintf("account %.80q must match ^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$", id))
+		return
+	}
+	acc, err := s.store.Account(r.Context(), id)
+	switch {
+	case errors.Is(err, postgres.ErrNotFound):
+		s.problem(w, r, http.StatusNotFound, "not-found", "Not Found", "account", fmt.Sprintf("no account %q", id))
+		return
+	case err != nil:
+		s.internal(w, r, "read account", err)
+		return
+	}
+	body := accountBody{Account: acc.ID, Balances: make(map[string]string, len(acc.Balances)), Revision: acc.Revision}
+	for c, b := range acc.Balances {
+		body.Balances[c] = strconv.FormatInt(b, 10)
+	}
+	writeJSON(w, http.StatusOK, body)
+}
+
+func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	if err := s.store.Ping(ctx); err != nil {
+		s.log.Warn("readiness check failed", "err", err)
+		s.problem(w, r, http.StatusServiceUnavailable, "not-ready", "Service Unavailable", "database", "the ledger database does not answer")
+		return
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	_, _ = io.WriteString(w, "ready\n")
+}
+
+// Problem is an RFC 9457 problem detail with Posthorn's "field" member.
+type Problem struct {
+	Type   string `json:"type"`
+	Title  string `json:"title"`
+	Status int    `json:"status"`
+	Detail string `json:"detail"`
+	// Field names the JSON path (entries[1].amount), header
+	// (Idempotency-Key) or path parameter (account) at fault.
+	Field string `json:"field,omitempty"`
+}
+
+// ProblemTypePrefix prefixes every problem type; the suffix is stable.
+const ProblemTypePrefix = "tag:posthorn.dev,2026:problem/"
+
+func (s *Server) inputProblem(w http.ResponseWriter, r *http.Request, err error) {
+	var ie *core.InputError
+	if !errors.As(err, &ie) {
+		s.internal(w, r, "classify input error", err)
+		return
+	}
+	field := ie.Field
+	if field == "" {
+		field = "body"
+	}
+	if ie.Malformed {
+		s.problem(w, r, http.StatusBadRequest, "malformed-request", "Malformed Request", field, field+": "+ie.Detail)
+		return
+	}
+	s.problem(w, r, http.StatusUnprocessableEntity, "invalid-posting", "Invalid Posting", field, field+": "+ie.Detail)
+}
+
+func (s *Server) problem(w http.ResponseWriter, r *http.Request, status int, slug, title, field, detail string) {
+	s.log.Debug("request refused", "method", r.Method, "path", r.URL.Path, "status", status, "field", field, "detail", detail)
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(Problem{Type: ProblemTypePrefix + slug, Title: title, Status: status, Detail: detail, Field: field})
+}
+
+// internal answers 500 without details (they may contain SQL or values)
+// and logs the cause.
+func (s *Server) internal(w http.ResponseWriter, r *http.Request, what string, err error) {
+	if r.Context().Err() != nil {
+		// The client went away or the server is stopping: the transaction
+		// rolled back; nobody reads this answer.
+		s.log.Info("request cancelled", "method", r.Method, "path", r.URL.Path, "during", what)
+	} else {
+		s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "during", what, "err", err)
+	}
+	s.problem(w, r, http.StatusInternalServerError, "internal", "Internal Server Error", "", "the request failed on the server; its outcome may be unknown, so retry it with the same Idempotency-Key")
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
