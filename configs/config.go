@@ -40,6 +40,8 @@ type Config struct {
 	Relay     Relay     `koanf:"relay"`
 	Reconcile Reconcile `koanf:"reconcile"`
 	Log       Log       `koanf:"log"`
+	Archive   Archive   `koanf:"archive"`
+	Cleanup   Cleanup   `koanf:"cleanup"`
 }
 
 // Database is a Postgres connection.
@@ -82,6 +84,8 @@ func Default() Config {
 		Relay:     defaultRelay(),
 		Reconcile: Reconcile{},
 		Log:       Log{Level: "info", Format: "json"},
+		Archive:   defaultArchive(),
+		Cleanup:   defaultCleanup(),
 	}
 }
 
@@ -205,6 +209,8 @@ func (c Config) Validate() error {
 		c.Sink.validate(),
 		c.Relay.validate(),
 		c.Reconcile.validate(),
+		c.Archive.validate(),
+		c.Cleanup.validate(),
 	} {
 		if err != nil {
 			return err
