@@ -19,6 +19,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/consumers"
 	"github.com/posthorn/posthorn/consumers/auditlog"
 	"github.com/posthorn/posthorn/consumers/projection"
@@ -111,6 +112,25 @@ func kfakeTransport(t *testing.T) consumerTransport {
 			return sub
 		},
 	}
+}
+
+// smallConsumerPool is a fresh consumer database with a pool of at most 8
+// connections (a rig needs about one per consumer and instance), so that
+// many parallel tests on a shared server stay under max_connections.
+func smallConsumerPool(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	url, _ := pgtest.Consumer(t)
+	cfg, err := postgres.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 8
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
 }
 
 // consumerRig is one running instance of the example consumers (and

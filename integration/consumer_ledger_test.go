@@ -26,7 +26,7 @@ func TestConsumerProjectionMatchesLedger(t *testing.T) {
 	t.Parallel()
 	const postings, writers = 2000, 8
 	_, ledgerPool := pgtest.Ledger(t)
-	_, consumerPool := pgtest.Consumer(t)
+	consumerPool := smallConsumerPool(t)
 	ctx := context.Background()
 	store := postgres.NewLedgerStore(ledgerPool, postgres.LedgerConfig{})
 

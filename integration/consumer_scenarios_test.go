@@ -10,7 +10,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/posthorn/posthorn/adapters/postgres"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/consumers/auditlog"
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
@@ -23,8 +22,7 @@ func overTransports(t *testing.T, scenario func(t *testing.T, tr consumerTranspo
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			tr := transports[i](t)
-			_, pool := pgtest.Consumer(t)
-			scenario(t, tr, pool)
+			scenario(t, tr, smallConsumerPool(t))
 		})
 	}
 }
@@ -165,11 +163,18 @@ func TestConsumerMissingPredecessorParkedThenReleased(t *testing.T) {
 		const acc = "acc-gap"
 		tr.publish(t, posted("gap", acc, 1, "EUR", 1), posted("gap", acc, 3, "EUR", 3), posted("gap", acc, 4, "EUR", 4))
 		waitFor(t, "the account parked after the hold time", waitLong, func() (bool, string) {
-			parked, err := rig.reg.Inbox().Parked(ctx, projection.Name)
-			if err != nil {
-				t.Fatal(err)
+			var state string
+			for _, c := range []string{projection.Name, probeConsumer} {
+				parked, err := rig.reg.Inbox().Parked(ctx, c)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(parked) != 1 || parked[0].ID != acc || parked[0].Events != 2 {
+					return false, fmt.Sprintf("%s: %+v", c, parked)
+				}
+				state += fmt.Sprintf("%s: %+v ", c, parked)
 			}
-			return len(parked) == 1 && parked[0].ID == acc && parked[0].Events == 2, fmt.Sprintf("%+v", parked)
+			return true, state
 		})
 		parked, _ := rig.reg.Inbox().Parked(ctx, projection.Name)
 		t.Logf("parked: %s", parked[0].Reason)
