@@ -81,7 +81,9 @@
 // events received ahead of their predecessor; posthorn_consumer_duplicate_ratio,
 // posthorn_consumer_parked_aggregates, posthorn_consumer_held_events,
 // posthorn_consumer_handler_seconds, and posthorn_consumer_lag_seconds (age
-// of the last event handled: now minus its occurred_at). Watermill's
-// subscribers do not expose broker offsets lag through the Subscriber
-// interface, so lag is measured in time, which works for every sink.
+// of the last event handled: now minus its occurred_at), which works for
+// every sink. Watermill's Subscriber interface exposes no broker lag; where
+// the concrete subscriber does (watermill-kafka: record offsets in the
+// message context, high-water marks through PartitionOffset), package
+// subscribers adds posthorn_consumer_offset_lag{consumer,topic,partition}.
 package consumers

@@ -34,9 +34,9 @@ func init() {
 }
 
 // exampleConsumers are the built-in consumers, by name.
-var exampleConsumers = map[string]func(*consumers.Registry, string) error{
-	projection.Name: func(r *consumers.Registry, topic string) error { return projection.Register(r, topic) },
-	auditlog.Name:   func(r *consumers.Registry, topic string) error { return auditlog.Register(r, topic) },
+var exampleConsumers = map[string]func(*consumers.Registry, string, ...consumers.Option) error{
+	projection.Name: projection.Register,
+	auditlog.Name:   auditlog.Register,
 }
 
 func exampleNames() []string {
@@ -56,6 +56,9 @@ type consumeOptions struct {
 	memory message.Subscriber
 	log    *slog.Logger
 	reg    *prometheus.Registry
+	// unsafeNoInbox runs the handlers without the inbox: the fault suite's
+	// negative control (--unsafe-no-inbox, hidden), never for real use.
+	unsafeNoInbox bool
 }
 
 func runConsume(ctx context.Context, args []string) error {
@@ -63,11 +66,13 @@ func runConsume(ctx context.Context, args []string) error {
 	only := fs.String("only", "", "run only this consumer: "+fmt.Sprint(exampleNames()))
 	hold := fs.Duration("hold", consumers.DefaultHoldTime, "how long an event ahead of its predecessor is held before its account is parked")
 	keyFlags(fs, "consumer.database.url", "metrics.listen", "sink.kind", "sink.kafka.brokers")
+	unsafeNoInbox := fs.Bool("unsafe-no-inbox", false, "UNSAFE, tests only: apply without the inbox (no dedup, no gap check)")
+	_ = fs.MarkHidden("unsafe-no-inbox")
 	cfg, err := loadConfig(fs, path, args)
 	if err != nil {
 		return err
 	}
-	return runConsumers(ctx, cfg, consumeOptions{only: *only, hold: *hold})
+	return runConsumers(ctx, cfg, consumeOptions{only: *only, hold: *hold, unsafeNoInbox: *unsafeNoInbox})
 }
 
 // runConsumers runs the example consumers until ctx is cancelled, then
@@ -94,14 +99,14 @@ func runConsumers(ctx context.Context, cfg configs.Config, o consumeOptions) err
 	}
 	defer pool.Close()
 	wlog := watermill.NewSlogLogger(log)
-	factory, err := subscribers.New(cfg.Sink, subscribers.Options{Logger: wlog, Memory: o.memory})
-	if err != nil {
-		return fmt.Errorf("config key sink.kind: %w", err)
-	}
 	reg := o.reg
 	if reg == nil {
 		reg = prometheus.NewRegistry()
 		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	}
+	factory, err := subscribers.New(cfg.Sink, subscribers.Options{Logger: wlog, Memory: o.memory, Registerer: reg})
+	if err != nil {
+		return fmt.Errorf("config key sink.kind: %w", err)
 	}
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, wlog)
 	if err != nil {
@@ -118,8 +123,13 @@ func runConsumers(ctx context.Context, cfg configs.Config, o consumeOptions) err
 	if err != nil {
 		return err
 	}
+	var handlerOpts []consumers.Option
+	if o.unsafeNoInbox {
+		log.Warn("UNSAFE --unsafe-no-inbox: handlers run without the inbox, so repeats apply twice; for negative-control tests only")
+		handlerOpts = append(handlerOpts, consumers.WithoutInbox())
+	}
 	for _, n := range names {
-		if err := exampleConsumers[n](registry, core.TopicEvents); err != nil {
+		if err := exampleConsumers[n](registry, core.TopicEvents, handlerOpts...); err != nil {
 			return err
 		}
 	}

@@ -12,11 +12,13 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"time"
 
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/posthorn/posthorn/configs"
 	"github.com/posthorn/posthorn/consumers"
@@ -26,6 +28,11 @@ import (
 type Options struct {
 	// Logger is Watermill's; nil discards.
 	Logger watermill.LoggerAdapter
+	// Registerer, when set, receives posthorn_consumer_offset_lag for
+	// brokers whose subscriber exposes offsets (Kafka).
+	Registerer prometheus.Registerer
+	// LagInterval is how often the lag is measured (DefaultLagInterval).
+	LagInterval time.Duration
 	// Memory is the in-process subscriber of sink.kind memory (the memory
 	// sink's Subscriber). The memory broker lives in one process, so it is
 	// only usable when the relay runs in the same process (posthorn demo,
@@ -95,7 +102,11 @@ func kafkaSubscribers(sink configs.Sink, opts Options) (consumers.SubscriberFact
 	}
 	brokers := append([]string(nil), sink.Kafka.Brokers...)
 	return func(consumer string) (message.Subscriber, error) {
-		return KafkaSubscriber(brokers, consumer, opts.Logger)
+		sub, err := KafkaSubscriber(brokers, consumer, opts.Logger)
+		if err != nil || opts.Registerer == nil {
+			return sub, err
+		}
+		return newLagSubscriber(sub, consumer, opts.Registerer, opts.LagInterval)
 	}, nil
 }
 

@@ -1,0 +1,139 @@
+package subscribers
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// DefaultLagInterval is how often the Kafka offset lag is measured.
+const DefaultLagInterval = 5 * time.Second
+
+// lagGauges holds the offset-lag gauge of one Prometheus registerer.
+var lagGauges sync.Map // prometheus.Registerer → *prometheus.GaugeVec
+
+func lagGauge(reg prometheus.Registerer) *prometheus.GaugeVec {
+	if g, ok := lagGauges.Load(reg); ok {
+		return g.(*prometheus.GaugeVec)
+	}
+	g := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "posthorn_consumer_offset_lag",
+		Help: "Kafka records not yet delivered to the consumer, per partition it reads (high-water mark minus the next offset).",
+	}, []string{"consumer", "topic", "partition"})
+	if err := reg.Register(g); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if !errors.As(err, &are) {
+			panic(err)
+		}
+		g = are.ExistingCollector.(*prometheus.GaugeVec)
+	}
+	actual, _ := lagGauges.LoadOrStore(reg, g)
+	return actual.(*prometheus.GaugeVec)
+}
+
+// lagSubscriber measures a Kafka consumer's offset lag: watermill-kafka
+// puts each record's partition and offset in the message context, and its
+// Subscriber.PartitionOffset reads the partitions' high-water marks. The
+// lag of a partition is reported once this instance has received a record
+// from it (in a group, other partitions belong to other instances).
+type lagSubscriber struct {
+	kafka    *kafka.Subscriber
+	inner    message.Subscriber // kafka, decorated to record offsets
+	consumer string
+	gauge    *prometheus.GaugeVec
+	interval time.Duration
+
+	mu   sync.Mutex
+	next map[string]map[int32]int64 // topic → partition → offset after the last received
+
+	stop     chan struct{}
+	stopOnce sync.Once
+	wg       sync.WaitGroup
+}
+
+func newLagSubscriber(k *kafka.Subscriber, consumer string, reg prometheus.Registerer, interval time.Duration) (*lagSubscriber, error) {
+	if interval <= 0 {
+		interval = DefaultLagInterval
+	}
+	s := &lagSubscriber{kafka: k, consumer: consumer, gauge: lagGauge(reg), interval: interval,
+		next: make(map[string]map[int32]int64), stop: make(chan struct{})}
+	inner, err := message.MessageTransformSubscriberDecorator(s.observe)(k)
+	if err != nil {
+		return nil, err
+	}
+	s.inner = inner
+	return s, nil
+}
+
+func (s *lagSubscriber) observe(m *message.Message) {
+	ctx := m.Context()
+	p, ok1 := kafka.MessagePartitionFromCtx(ctx)
+	o, ok2 := kafka.MessagePartitionOffsetFromCtx(ctx)
+	topic, ok3 := ctx.Value(topicKey{}).(string)
+	if !ok1 || !ok2 || !ok3 {
+		return
+	}
+	s.mu.Lock()
+	if s.next[topic] == nil {
+		s.next[topic] = make(map[int32]int64)
+	}
+	if o+1 > s.next[topic][p] {
+		s.next[topic][p] = o + 1
+	}
+	s.mu.Unlock()
+}
+
+type topicKey struct{}
+
+// Subscribe subscribes and starts measuring the topic's lag until Close.
+func (s *lagSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	// The topic travels in the context watermill-kafka derives each
+	// message's context from, so observe knows which topic a record is of.
+	ch, err := s.inner.Subscribe(context.WithValue(ctx, topicKey{}, topic), topic)
+	if err != nil {
+		return nil, err
+	}
+	s.wg.Add(1)
+	go s.measure(ctx, topic)
+	return ch, nil
+}
+
+func (s *lagSubscriber) measure(ctx context.Context, topic string) {
+	defer s.wg.Done()
+	t := time.NewTicker(s.interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.stop:
+			return
+		case <-t.C:
+		}
+		hwm, err := s.kafka.PartitionOffset(topic)
+		if err != nil {
+			continue // the broker may be restarting; measure next time
+		}
+		s.mu.Lock()
+		for p, next := range s.next[topic] {
+			if h, ok := hwm[p]; ok {
+				s.gauge.WithLabelValues(s.consumer, topic, strconv.Itoa(int(p))).Set(float64(max(h-next, 0)))
+			}
+		}
+		s.mu.Unlock()
+	}
+}
+
+// Close stops measuring and closes the Kafka subscriber.
+func (s *lagSubscriber) Close() error {
+	s.stopOnce.Do(func() { close(s.stop) })
+	err := s.inner.Close()
+	s.wg.Wait()
+	return err
+}
