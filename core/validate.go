@@ -522,7 +522,7 @@ func CanonicalPosting(p Posting) []byte {
 		c.Entries[i] = entry{e.Account, string(e.Direction), e.Amount, e.Currency}
 	}
 	for i, cmd := range p.Commands {
-		c.Commands[i] = command{cmd.Type, cmd.Payload}
+		c.Commands[i] = command(cmd)
 	}
 	b, err := json.Marshal(c) // maps encode with sorted keys
 	if err != nil {

@@ -602,7 +602,15 @@ func (s *LedgerStore) Posting(ctx context.Context, journalID string) (CommittedP
 		if err != nil {
 			return err
 		}
-		rows, err = tx.Query(ctx, `SELECT event_id::text, kind, type, aggregate_id, revision, payload FROM outbox WHERE journal_id = $1::text::uuid ORDER BY id`, journalID)
+		// Found through the outbox's (aggregate_type, aggregate_id,
+		// revision) key: the lines name the events, the journal the commands.
+		rows, err = tx.Query(ctx, `SELECT o.event_id::text, o.kind, o.type, o.aggregate_id, o.revision, o.payload
+FROM journal_lines l JOIN outbox o ON o.aggregate_type = 'account' AND o.aggregate_id = l.account_id AND o.revision = l.revision
+WHERE l.journal_id = $1::text::uuid
+UNION ALL
+SELECT o.event_id::text, o.kind, o.type, o.aggregate_id, o.revision, o.payload
+FROM outbox o WHERE o.aggregate_type = 'journal' AND o.aggregate_id = $2
+ORDER BY 5`, journalID, out.JournalID)
 		if err != nil {
 			return err
 		}

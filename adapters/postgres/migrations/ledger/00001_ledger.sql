@@ -89,7 +89,10 @@ CREATE TABLE outbox (
 
 -- The relay's work queue: only unrelayed rows, per shard, in id order.
 CREATE INDEX outbox_unrelayed ON outbox (shard, id) WHERE relayed_at IS NULL;
-CREATE INDEX outbox_journal ON outbox (journal_id);
+-- No index on journal_id: every index costs each posting one insert per
+-- row, and a journal's rows are found through the unique key above (its
+-- lines name its events' aggregate and revision; its commands are the
+-- journal aggregate's rows).
 
 -- +goose Down
 DROP TABLE outbox;
