@@ -302,3 +302,21 @@ func TestConsumerPoisonParksAndRejectsWrongKind(t *testing.T) {
 		})
 	})
 }
+
+// Negative control of the race: the same two instances with the inbox
+// switched off apply every event twice.
+func TestConsumerTwoInstancesWithoutInboxDoubleEffect(t *testing.T) {
+	overTransports(t, func(t *testing.T, tr consumerTransport, pool *pgxpool.Pool) {
+		startConsumer(t, tr, pool, rigOptions{instance: 0, noInbox: true})
+		startConsumer(t, tr, pool, rigOptions{instance: 1, noInbox: true})
+		var msgs []*message.Message
+		for rev := int64(1); rev <= 5; rev++ {
+			msgs = append(msgs, posted("race-ctl", "race-ctl", rev, "USD", rev))
+		}
+		tr.publish(t, msgs...)
+		waitFor(t, "every event applied by both instances", waitLong, func() (bool, string) {
+			b := balance(t, pool, "race-ctl", "USD")
+			return b == 2*15, fmt.Sprintf("balance %d (one effect each would be 15)", b)
+		})
+	})
+}
