@@ -1,0 +1,319 @@
+// Package amqp is the RabbitMQ sink. Records are written in
+// watermill-amqp/v3's format (its DefaultMarshaler builds them: the header
+// _watermill_message_uuid carries the event ID, every contract header is an
+// AMQP header, delivery mode persistent), so watermill-amqp's subscriber,
+// and so any consumer on a Watermill router, reads them.
+//
+// Topology (Topology below; the subscribers use the same names): one
+// durable fanout exchange per topic (ExchangePrefix + topic) and, for each
+// consumer, one durable queue bound to it (exchange + "_" + consumer). The
+// sink declares the queues of the configured consumers itself, so events
+// published before a consumer first starts wait in its queue. A queue is
+// FIFO and each consumer reads its queue with prefetch 1, so per-account
+// order holds.
+//
+// Delivery: the channel is in confirm mode; a batch is published
+// pipelined, mandatory, with the event ID as message ID, and Publish
+// returns nil only when RabbitMQ has confirmed (basic.ack) every record.
+// For a persistent message routed to durable queues RabbitMQ confirms after
+// the message is written to disk. A record that no queue takes is returned
+// by the broker (basic.return) and reported as a retryable failure instead
+// of an ACK: an unbound exchange would otherwise swallow it. A nack is
+// retryable. RabbitMQ has no idempotent publish: resends are absorbed by
+// the consumers' inbox.
+//
+// Errors: a record over MaxPayloadBytes (RabbitMQ's max_message_size) is
+// permanent, and its aggregate's later records in the batch are not sent;
+// everything else (connection or channel loss, nacks, returns, timeouts) is
+// retryable, and the connection is rebuilt on the next Publish.
+package amqp
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net/url"
+	"sync"
+	"time"
+
+	wmamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/posthorn/posthorn/core"
+)
+
+// ErrClosed is returned by Publish after Close.
+var ErrClosed = errors.New("amqp sink closed")
+
+// ErrUnroutable is the retryable error of a record no queue took.
+var ErrUnroutable = errors.New("record returned by the broker: no queue is bound to its exchange")
+
+// MaxPayloadBytesDefault is RabbitMQ's default max_message_size (128 MiB).
+const MaxPayloadBytesDefault = 128 << 20
+
+// Config configures the RabbitMQ sink; only URL is required.
+type Config struct {
+	// URL is amqp:// or amqps://, credentials and vhost may be in it.
+	URL string
+	// Username and Password, when set, replace the URL's credentials.
+	Username, Password string
+	// TLS, when set, is used for amqps:// connections.
+	TLS *tls.Config
+	// ExchangePrefix is prepended to every topic to name its exchange.
+	ExchangePrefix string
+	// Consumers are the consumers whose queues the sink declares and binds.
+	Consumers []string
+	// MaxPayloadBytes rejects larger payloads permanently; default
+	// MaxPayloadBytesDefault. Set it to the broker's max_message_size.
+	MaxPayloadBytes int
+	// ConnectTimeout bounds dialling; default 2 s.
+	ConnectTimeout time.Duration
+}
+
+// Topology names the exchanges and queues of Config.
+type Topology struct{ ExchangePrefix string }
+
+// Exchange is topic's exchange.
+func (tp Topology) Exchange(topic string) string { return tp.ExchangePrefix + topic }
+
+// Queue is consumer's queue on topic.
+func (tp Topology) Queue(topic, consumer string) string {
+	return tp.Exchange(topic) + "_" + consumer
+}
+
+// DialURL is the URL with Username and Password applied.
+func (cfg Config) DialURL() (string, error) {
+	u, err := url.Parse(cfg.URL)
+	if err != nil || (u.Scheme != "amqp" && u.Scheme != "amqps") {
+		return "", fmt.Errorf("amqp sink: URL must be amqp:// or amqps://")
+	}
+	if cfg.Username != "" || cfg.Password != "" {
+		u.User = url.UserPassword(cfg.Username, cfg.Password)
+	}
+	return u.String(), nil
+}
+
+// AMQPConfig is the amqp091 client configuration of cfg (TLS, timeouts).
+func (cfg Config) AMQPConfig() amqp.Config {
+	timeout := cfg.ConnectTimeout
+	if timeout == 0 {
+		timeout = 2 * time.Second
+	}
+	return amqp.Config{
+		Heartbeat:       10 * time.Second,
+		TLSClientConfig: cfg.TLS,
+		Locale:          "en_US",
+		Dial:            amqp.DefaultDial(timeout),
+		Properties:      amqp.Table{"connection_name": "posthorn"},
+	}
+}
+
+// Sink publishes batches to RabbitMQ.
+type Sink struct {
+	cfg       Config
+	url       string
+	tp        Topology
+	marshaler wmamqp.DefaultMarshaler
+
+	mu       sync.Mutex // one Publish at a time: confirms are per channel
+	closed   bool
+	conn     *amqp.Connection
+	ch       *amqp.Channel
+	returns  chan amqp.Return
+	declared map[string]bool
+}
+
+var _ core.Sink = (*Sink)(nil)
+
+// New checks cfg; it connects on the first Publish, so a broker that is down
+// at start is retried like any outage instead of failing the relay.
+func New(cfg Config) (*Sink, error) {
+	u, err := cfg.DialURL()
+	if err != nil {
+		return nil, err
+	}
+	if cfg.MaxPayloadBytes == 0 {
+		cfg.MaxPayloadBytes = MaxPayloadBytesDefault
+	}
+	return &Sink{cfg: cfg, url: u, tp: Topology{cfg.ExchangePrefix}}, nil
+}
+
+func (s *Sink) connect() error {
+	if s.ch != nil && !s.ch.IsClosed() && !s.conn.IsClosed() {
+		return nil
+	}
+	s.drop()
+	conn, err := amqp.DialConfig(s.url, s.cfg.AMQPConfig())
+	if err != nil {
+		return fmt.Errorf("amqp sink: connect: %w", err)
+	}
+	ch, err := conn.Channel()
+	if err == nil {
+		err = ch.Confirm(false)
+	}
+	if err != nil {
+		_ = conn.Close()
+		return fmt.Errorf("amqp sink: confirm-mode channel: %w", err)
+	}
+	s.conn, s.ch, s.declared = conn, ch, map[string]bool{}
+	s.returns = ch.NotifyReturn(make(chan amqp.Return, 1024))
+	return nil
+}
+
+func (s *Sink) drop() {
+	if s.conn != nil {
+		_ = s.conn.Close()
+	}
+	s.conn, s.ch = nil, nil
+}
+
+// declare declares topic's exchange and the configured consumers' queues,
+// with the arguments watermill-amqp's durable pub/sub subscriber uses, so
+// either side may declare first.
+func (s *Sink) declare(topic string) error {
+	if s.declared[topic] {
+		return nil
+	}
+	ex := s.tp.Exchange(topic)
+	if err := s.ch.ExchangeDeclare(ex, "fanout", true, false, false, false, nil); err != nil {
+		return fmt.Errorf("amqp sink: declare exchange %s: %w", ex, err)
+	}
+	for _, c := range s.cfg.Consumers {
+		q := s.tp.Queue(topic, c)
+		if _, err := s.ch.QueueDeclare(q, true, false, false, false, nil); err != nil {
+			return fmt.Errorf("amqp sink: declare queue %s: %w", q, err)
+		}
+		if err := s.ch.QueueBind(q, "", ex, false, nil); err != nil {
+			return fmt.Errorf("amqp sink: bind queue %s: %w", q, err)
+		}
+	}
+	s.declared[topic] = true
+	return nil
+}
+
+// Publish sends the batch and returns nil once RabbitMQ has confirmed every
+// record. If ctx ends first, Publish returns ctx's error and drops the
+// connection; records already sent may or may not be stored (the relay
+// resends them with the same event IDs).
+func (s *Sink) Publish(ctx context.Context, batch []core.Envelope) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return ErrClosed
+	}
+	if len(batch) == 0 {
+		return nil
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := s.connect(); err != nil {
+		return err
+	}
+	failed := map[int]error{}
+	blocked := map[string]bool{}
+	confirms := make([]*amqp.DeferredConfirmation, len(batch))
+	byID := map[string]int{}
+	aggOf := func(e core.Envelope) string { return e.AggregateType + "\x00" + e.AggregateID }
+	for i, e := range batch {
+		agg := aggOf(e)
+		if blocked[agg] {
+			failed[i] = fmt.Errorf("amqp sink: not sent: an earlier record of %s %s in the batch failed", e.AggregateType, e.AggregateID)
+			continue
+		}
+		if len(e.Payload) > s.cfg.MaxPayloadBytes {
+			failed[i] = core.Permanent(fmt.Errorf("amqp sink: payload of %d bytes over max_payload_bytes %d", len(e.Payload), s.cfg.MaxPayloadBytes))
+			blocked[agg] = true
+			continue
+		}
+		if err := s.declare(e.Topic); err != nil {
+			s.drop()
+			return err
+		}
+		p, err := s.marshaler.Marshal(e.ToMessage())
+		if err != nil {
+			failed[i] = core.Permanent(err)
+			blocked[agg] = true
+			continue
+		}
+		p.MessageId = e.EventID
+		dc, err := s.ch.PublishWithDeferredConfirmWithContext(ctx, s.tp.Exchange(e.Topic), "", true, false, p)
+		if err != nil {
+			// The channel is gone: nothing after this can be sent either.
+			s.drop()
+			return fmt.Errorf("amqp sink: publish: %w", err)
+		}
+		confirms[i] = dc
+		byID[e.EventID] = i
+	}
+	returned := func(r amqp.Return) {
+		if i, ok := byID[r.MessageId]; ok {
+			failed[i] = fmt.Errorf("amqp sink: %w (exchange %s: %s)", ErrUnroutable, r.Exchange, r.ReplyText)
+		}
+	}
+	for i, dc := range confirms {
+		if dc == nil {
+			continue
+		}
+	wait:
+		for {
+			select {
+			case <-dc.Done():
+				break wait
+			case r := <-s.returns: // a return precedes its record's ack
+				returned(r)
+			case <-ctx.Done():
+				s.drop()
+				return ctx.Err()
+			}
+		}
+		if !dc.Acked() && failed[i] == nil {
+			failed[i] = errors.New("amqp sink: broker nacked the record")
+			if s.ch.IsClosed() {
+				failed[i] = errors.New("amqp sink: channel closed before the record was confirmed")
+			}
+		}
+	}
+	for drained := false; !drained; {
+		select {
+		case r := <-s.returns:
+			returned(r)
+		default:
+			drained = true
+		}
+	}
+	// A record whose predecessor of the same aggregate failed after sending
+	// is not reported ACKed: its marker must not come before its
+	// predecessor's.
+	failedAgg := map[string]bool{}
+	for i, e := range batch {
+		agg := aggOf(e)
+		if failedAgg[agg] && failed[i] == nil {
+			failed[i] = fmt.Errorf("amqp sink: an earlier record of %s %s in the batch failed", e.AggregateType, e.AggregateID)
+		}
+		if failed[i] != nil {
+			failedAgg[agg] = true
+		}
+	}
+	if s.ch.IsClosed() {
+		s.drop()
+	}
+	if len(failed) > 0 {
+		return &core.BatchError{Failed: failed}
+	}
+	return nil
+}
+
+// Close waits for a Publish in progress and closes the connection; a second
+// Close returns nil.
+func (s *Sink) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	s.drop()
+	return nil
+}

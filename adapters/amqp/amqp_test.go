@@ -1,0 +1,97 @@
+package amqp_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	wmamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.uber.org/goleak"
+
+	phamqp "github.com/posthorn/posthorn/adapters/amqp"
+	"github.com/posthorn/posthorn/adapters/amqp/amqptest"
+	"github.com/posthorn/posthorn/adapters/sinktest"
+	"github.com/posthorn/posthorn/core"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var topics = []string{core.TopicEvents, "commands.payouts"}
+
+const reader = "sinktest"
+
+// TestConformance runs the suite against the machine's RabbitMQ; the
+// outage withdraws the test vhost's permissions and closes its connections.
+func TestConformance(t *testing.T) {
+	sinktest.Run(t, func(t *testing.T) sinktest.Harness {
+		url := amqptest.SharedURL()
+		var outage func(*testing.T) func()
+		if !testing.Short() && t.Name() == "TestConformance/OutageIsRetryable" {
+			url = amqptest.OutageURL(t)
+			outage = func(t *testing.T) func() { return amqptest.Outage(t) }
+		}
+		cfg := phamqp.Config{URL: url, Consumers: []string{reader}, MaxPayloadBytes: 1 << 20}
+		cfg.ExchangePrefix = amqptest.Prefix(t, url, topics, cfg.Consumers)
+		s, err := phamqp.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = s.Close() })
+		return sinktest.Harness{
+			Sink:     s,
+			Read:     readFunc(cfg),
+			TooLarge: make([]byte, 2<<20),
+			Outage:   outage,
+		}
+	})
+}
+
+// readFunc reads the reader's queue without acknowledging, so the records
+// stay for the next read in their order, decoding with watermill-amqp's
+// unmarshaler.
+func readFunc(cfg phamqp.Config) func(ctx context.Context, topic string, n int) ([]sinktest.Record, error) {
+	return func(ctx context.Context, topic string, n int) ([]sinktest.Record, error) {
+		u, _ := cfg.DialURL()
+		conn, err := amqp.DialConfig(u, cfg.AMQPConfig())
+		if err != nil {
+			return nil, err
+		}
+		defer conn.Close()
+		ch, err := conn.Channel()
+		if err != nil {
+			return nil, err
+		}
+		q := phamqp.Topology{ExchangePrefix: cfg.ExchangePrefix}.Queue(topic, reader)
+		deliveries, err := ch.ConsumeWithContext(ctx, q, "", false, false, false, false, nil)
+		if err != nil {
+			return nil, err
+		}
+		var out []sinktest.Record
+		for {
+			quiet := time.After(300 * time.Millisecond)
+			if len(out) < n {
+				quiet = nil
+			}
+			select {
+			case d := <-deliveries:
+				msg, err := wmamqp.DefaultMarshaler{}.Unmarshal(d)
+				if err != nil {
+					return out, err
+				}
+				h := map[string]string{}
+				for k, v := range msg.Metadata {
+					h[k] = v
+				}
+				if h["event_id"] != msg.UUID || d.MessageId != msg.UUID || d.DeliveryMode != amqp.Persistent {
+					h["event_id"] = "uuid " + msg.UUID + " message id " + d.MessageId + " != header " + h["event_id"]
+				}
+				out = append(out, sinktest.Record{Topic: topic, Headers: h, Payload: msg.Payload})
+			case <-quiet:
+				return out, nil
+			case <-ctx.Done():
+				return out, ctx.Err()
+			}
+		}
+	}
+}

@@ -1,0 +1,121 @@
+package nats_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	wmnats "github.com/ThreeDotsLabs/watermill-nats/v2/pkg/nats"
+	"github.com/nats-io/nats.go"
+	"go.uber.org/goleak"
+
+	phnats "github.com/posthorn/posthorn/adapters/nats"
+	"github.com/posthorn/posthorn/adapters/nats/natstest"
+	"github.com/posthorn/posthorn/adapters/sinktest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// TestConformance runs the suite against the machine's NATS server, each
+// subtest in its own subject namespace. The shared server cannot be taken
+// down, so the outage check runs in TestConformanceDedicatedServer.
+func TestConformance(t *testing.T) {
+	sinktest.Run(t, func(t *testing.T) sinktest.Harness {
+		return harness(t, natstest.SharedURL(), nil)
+	})
+}
+
+// TestConformanceDedicatedServer runs the suite against a nats-server of
+// its own, whose outage is a crash (SIGKILL) and a restart on the same port
+// and JetStream store.
+func TestConformanceDedicatedServer(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts and kills nats-server processes")
+	}
+	sinktest.Run(t, func(t *testing.T) sinktest.Harness {
+		srv := natstest.Start(t)
+		return harness(t, srv.URL, func(t *testing.T) func() {
+			srv.Kill()
+			return srv.StartAgain
+		})
+	})
+}
+
+func harness(t *testing.T, url string, outage func(*testing.T) func()) sinktest.Harness {
+	cfg := phnats.Config{URL: url, SubjectPrefix: natstest.Prefix(t, url), ConnectTimeout: time.Second}
+	s, err := phnats.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return sinktest.Harness{
+		Sink:     s,
+		Read:     readFunc(cfg),
+		TooLarge: make([]byte, 2<<20), // over the server's default max_payload of 1 MiB
+		Outage:   outage,
+	}
+}
+
+// readFunc reads a topic's stream from its first message with an ordered
+// consumer of its own, decoding with watermill-nats' unmarshaler.
+func readFunc(cfg phnats.Config) func(ctx context.Context, topic string, n int) ([]sinktest.Record, error) {
+	return func(ctx context.Context, topic string, n int) ([]sinktest.Record, error) {
+		nc, err := nats.Connect(cfg.URL, cfg.Options()...)
+		if err != nil {
+			return nil, err
+		}
+		defer nc.Close()
+		js, err := nc.JetStream()
+		if err != nil {
+			return nil, err
+		}
+		var out []sinktest.Record
+		// The stream may not exist yet if nothing was published to topic.
+		var sub *nats.Subscription
+		for sub == nil {
+			sub, err = js.SubscribeSync(cfg.Subject(topic), nats.OrderedConsumer(), nats.DeliverAll())
+			if err != nil {
+				select {
+				case <-ctx.Done():
+					return nil, err
+				case <-time.After(50 * time.Millisecond):
+				}
+			}
+		}
+		defer func() { _ = sub.Unsubscribe() }()
+		// Read until n arrived and then until the stream is quiet, so a
+		// duplicate would be seen.
+		for {
+			wait := 200 * time.Millisecond
+			if len(out) < n {
+				wait = time.Until(deadline(ctx))
+			}
+			m, err := sub.NextMsg(wait)
+			if err != nil {
+				if len(out) >= n {
+					return out, nil
+				}
+				return out, err
+			}
+			msg, err := (&wmnats.NATSMarshaler{}).Unmarshal(m)
+			if err != nil {
+				return out, err
+			}
+			h := map[string]string{}
+			for k, v := range msg.Metadata {
+				h[k] = v
+			}
+			if h["event_id"] != msg.UUID {
+				h["event_id"] = "uuid " + msg.UUID + " != header " + h["event_id"]
+			}
+			out = append(out, sinktest.Record{Topic: topic, Headers: h, Payload: msg.Payload})
+		}
+	}
+}
+
+func deadline(ctx context.Context) time.Time {
+	if d, ok := ctx.Deadline(); ok {
+		return d
+	}
+	return time.Now().Add(20 * time.Second)
+}

@@ -1,0 +1,77 @@
+package redisstream_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	wmredis "github.com/ThreeDotsLabs/watermill-redisstream/pkg/redisstream"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+
+	"github.com/posthorn/posthorn/adapters/redisstream"
+	"github.com/posthorn/posthorn/adapters/redisstream/redistest"
+	"github.com/posthorn/posthorn/adapters/sinktest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// TestConformance runs the suite against the machine's Redis, except the
+// outage check, which needs a server it may crash: a dedicated durable
+// redis-server, killed (SIGKILL) and started again on its AOF.
+func TestConformance(t *testing.T) {
+	sinktest.Run(t, func(t *testing.T) sinktest.Harness {
+		addr := redistest.SharedAddr()
+		var outage func(*testing.T) func()
+		if !testing.Short() && t.Name() == "TestConformance/OutageIsRetryable" {
+			srv := redistest.Start(t)
+			addr = srv.Addr
+			outage = func(*testing.T) func() { srv.Kill(); return srv.StartAgain }
+		}
+		cfg := redisstream.Config{Addr: addr, StreamPrefix: redistest.Prefix(t, addr), MaxPayloadBytes: 1 << 20, DialTimeout: 500 * time.Millisecond}
+		s, err := redisstream.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = s.Close() })
+		return sinktest.Harness{Sink: s, Read: readFunc(cfg), TooLarge: make([]byte, 2<<20), Outage: outage}
+	})
+}
+
+// readFunc reads a topic's stream from its first entry with XRANGE,
+// decoding with watermill-redisstream's unmarshaller.
+func readFunc(cfg redisstream.Config) func(ctx context.Context, topic string, n int) ([]sinktest.Record, error) {
+	return func(ctx context.Context, topic string, n int) ([]sinktest.Record, error) {
+		c := cfg.Client()
+		defer c.Close()
+		for {
+			xs, err := c.XRange(ctx, cfg.Stream(topic), "-", "+").Result()
+			if err != nil && err != redis.Nil {
+				return nil, err
+			}
+			if len(xs) >= n {
+				var out []sinktest.Record
+				for _, x := range xs {
+					msg, err := wmredis.DefaultMarshallerUnmarshaller{}.Unmarshal(x.Values)
+					if err != nil {
+						return out, err
+					}
+					h := map[string]string{}
+					for k, v := range msg.Metadata {
+						h[k] = v
+					}
+					if h["event_id"] != msg.UUID {
+						h["event_id"] = "uuid " + msg.UUID + " != header " + h["event_id"]
+					}
+					out = append(out, sinktest.Record{Topic: topic, Headers: h, Payload: msg.Payload})
+				}
+				return out, nil
+			}
+			select {
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}
+}

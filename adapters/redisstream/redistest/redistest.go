@@ -1,0 +1,106 @@
+// Package redistest gives tests a Redis: the shared one on this machine
+// (127.0.0.1:6379) with a fresh key prefix per test, removed at cleanup, or
+// a dedicated redis-server on a free port in a temp dir with appendonly yes
+// and appendfsync always (the durable setup: a reply comes after the AOF
+// is fsynced), which a test may kill and start again. The machine's shared
+// Redis keeps nothing on disk (--save "" --appendonly no), so a restart of
+// it loses every stream by configuration; restart tests use a dedicated one.
+package redistest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// SharedAddr is the machine's Redis unless POSTHORN_TEST_REDIS_ADDR says otherwise.
+func SharedAddr() string {
+	if a := os.Getenv("POSTHORN_TEST_REDIS_ADDR"); a != "" {
+		return a
+	}
+	return "127.0.0.1:6379"
+}
+
+// Prefix returns a fresh key prefix ("t<hex>."); the keys under it are
+// deleted from addr at cleanup.
+func Prefix(t testing.TB, addr string) string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	p := "t" + hex.EncodeToString(b[:]) + "."
+	t.Cleanup(func() {
+		c := redis.NewClient(&redis.Options{Addr: addr, DialTimeout: time.Second, MaxRetries: -1})
+		defer c.Close()
+		ctx := context.Background()
+		it := c.Scan(ctx, 0, p+"*", 1000).Iterator()
+		for it.Next(ctx) {
+			c.Del(ctx, it.Val())
+		}
+	})
+	return p
+}
+
+// Server is a dedicated, durable redis-server.
+type Server struct {
+	Addr string
+	t    testing.TB
+	port int
+	dir  string
+	cmd  *exec.Cmd
+}
+
+// Start starts a dedicated server; it is killed at cleanup.
+func Start(t testing.TB) *Server {
+	t.Helper()
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		t.Fatalf("redistest: redis-server not installed (apt-get install redis-server): %v", err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	_ = l.Close()
+	s := &Server{t: t, port: port, dir: t.TempDir(), Addr: fmt.Sprintf("127.0.0.1:%d", port)}
+	s.StartAgain()
+	t.Cleanup(s.Kill)
+	return s
+}
+
+// StartAgain starts the server on its port and directory (after Kill); it
+// loads the AOF written before.
+func (s *Server) StartAgain() {
+	s.t.Helper()
+	s.cmd = exec.Command("redis-server", "--bind", "127.0.0.1", "--port", strconv.Itoa(s.port),
+		"--dir", s.dir, "--save", "", "--appendonly", "yes", "--appendfsync", "always",
+		"--logfile", "redis.log", "--daemonize", "no")
+	if err := s.cmd.Start(); err != nil {
+		s.t.Fatalf("redistest: start redis-server: %v", err)
+	}
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, DialTimeout: 100 * time.Millisecond, MaxRetries: -1})
+	defer c.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for c.Ping(context.Background()).Err() != nil { // also waits out LOADING
+		if time.Now().After(deadline) {
+			s.t.Fatalf("redistest: redis-server on %s did not answer", s.Addr)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Kill ends the server with SIGKILL, as a crash would.
+func (s *Server) Kill() {
+	if s.cmd == nil || s.cmd.Process == nil || s.cmd.ProcessState != nil {
+		return
+	}
+	_ = s.cmd.Process.Kill()
+	_ = s.cmd.Wait()
+}
