@@ -1,0 +1,121 @@
+package cdc
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/posthorn/posthorn/adapters/postgres"
+)
+
+// walStatuses are the values of pg_replication_slots.wal_status, plus
+// "missing" for a slot that does not exist.
+var walStatuses = []string{"reserved", "extended", "unreserved", "lost", "missing"}
+
+// metrics are the CDC-only series; the relay's common ones (published,
+// latency, backlog, takeovers, …) come from bridge.Metrics.
+type metrics struct {
+	retained     prometheus.Gauge
+	safe         prometheus.Gauge
+	unconfirmed  prometheus.Gauge
+	status       *prometheus.GaugeVec
+	lag          prometheus.Gauge
+	recoveries   *prometheus.CounterVec
+	heartbeats   prometheus.Counter
+	reader       prometheus.Gauge
+	caughtUp     prometheus.Counter
+	skippedMarks prometheus.Counter
+	slot         string
+}
+
+func newMetrics(reg prometheus.Registerer, slot string) (*metrics, error) {
+	labels := prometheus.Labels{"slot": slot}
+	m := &metrics{
+		slot: slot,
+		retained: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name:        "posthorn_wal_slot_retained_bytes",
+			Help:        "WAL the replication slot keeps on disk: pg_current_wal_lsn() - restart_lsn.",
+			ConstLabels: labels,
+		}),
+		safe: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name:        "posthorn_wal_slot_safe_wal_size_bytes",
+			Help:        "WAL that can still be written before the slot is in danger of being lost (pg_replication_slots.safe_wal_size); -1 when max_slot_wal_keep_size is unlimited.",
+			ConstLabels: labels,
+		}),
+		unconfirmed: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name:        "posthorn_wal_slot_unconfirmed_bytes",
+			Help:        "WAL written since the slot's confirmed position: pg_current_wal_lsn() - confirmed_flush_lsn.",
+			ConstLabels: labels,
+		}),
+		status: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name:        "posthorn_wal_slot_status",
+			Help:        "1 for the slot's current wal_status (reserved, extended, unreserved, lost) or missing.",
+			ConstLabels: labels,
+		}, []string{"status"}),
+		lag: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name:        "posthorn_cdc_lag_seconds",
+			Help:        "Age (from its commit) of the oldest transaction received from the slot and not yet confirmed; 0 when caught up.",
+			ConstLabels: labels,
+		}),
+		recoveries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name:        "posthorn_cdc_slot_recoveries_total",
+			Help:        "Times the slot was found missing or invalidated and coverage was restored from the outbox.",
+			ConstLabels: labels,
+		}, []string{"reason"}),
+		heartbeats: prometheus.NewCounter(prometheus.CounterOpts{
+			Name:        "posthorn_cdc_heartbeats_total",
+			Help:        "Heartbeat messages emitted on an idle database so the slot can advance.",
+			ConstLabels: labels,
+		}),
+		reader: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name:        "posthorn_cdc_reader",
+			Help:        "1 while this relay holds the slot's lease and streams it, 0 while it stands by.",
+			ConstLabels: labels,
+		}),
+		caughtUp: prometheus.NewCounter(prometheus.CounterOpts{
+			Name:        "posthorn_cdc_catchup_events_total",
+			Help:        "Events sent from the outbox (not the stream) at start, after a slot loss or a release.",
+			ConstLabels: labels,
+		}),
+		skippedMarks: prometheus.NewCounter(prometheus.CounterOpts{
+			Name:        "posthorn_cdc_skipped_marked_total",
+			Help:        "Streamed rows not sent again because the outbox catch-up had already sent and marked them.",
+			ConstLabels: labels,
+		}),
+	}
+	for _, r := range []string{"missing", "lost"} {
+		m.recoveries.WithLabelValues(r)
+	}
+	if reg == nil {
+		return m, nil
+	}
+	for _, c := range []prometheus.Collector{m.retained, m.safe, m.unconfirmed, m.status, m.lag,
+		m.recoveries, m.heartbeats, m.reader, m.caughtUp, m.skippedMarks} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+func (m *metrics) setSlot(st postgres.SlotStatus) {
+	cur := "missing"
+	if st.Exists {
+		cur = st.WALStatus
+	}
+	for _, s := range walStatuses {
+		v := 0.0
+		if s == cur {
+			v = 1
+		}
+		m.status.WithLabelValues(s).Set(v)
+	}
+	if !st.Exists {
+		return
+	}
+	m.retained.Set(float64(st.RetainedBytes))
+	m.unconfirmed.Set(float64(st.UnconfirmedBytes))
+	if st.SafeWALSize != nil {
+		m.safe.Set(float64(*st.SafeWALSize))
+	} else {
+		m.safe.Set(-1)
+	}
+}

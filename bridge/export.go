@@ -1,0 +1,137 @@
+package bridge
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/core"
+)
+
+// The pieces below are shared with the CDC relay (bridge/cdc), so that both
+// relay modes publish, classify sink failures and report the same metric
+// series in the same way.
+
+// Metrics are the relay's Prometheus series (names fixed by contract.md),
+// for another relay mode to report through.
+type Metrics struct{ m *metrics }
+
+// NewMetrics registers the relay's series on reg (nil: none) with the sink
+// label sink.
+func NewMetrics(reg prometheus.Registerer, sink string) (*Metrics, error) {
+	m, err := newMetrics(reg, sink)
+	if err != nil {
+		return nil, err
+	}
+	return &Metrics{m: m}, nil
+}
+
+// Published observes one published batch: its size, the time to the sink's
+// ACK and how many records the sink took.
+func (m *Metrics) Published(size, acked int, took time.Duration) {
+	m.m.publishSeconds.Observe(took.Seconds())
+	m.m.batchSize.Observe(float64(size))
+	m.m.published.Add(float64(acked))
+}
+
+// Retried counts a batch retried after a retryable sink failure.
+func (m *Metrics) Retried() { m.m.retries.Inc() }
+
+// TookOver counts a lease taken over from a relay that stopped renewing.
+func (m *Metrics) TookOver() { m.m.takeovers.Inc() }
+
+// Fenced counts markers refused because the lease was superseded.
+func (m *Metrics) Fenced(n int) { m.m.fenced.Add(float64(n)) }
+
+// Abandoned counts a batch not published because the lease would expire.
+func (m *Metrics) Abandoned() { m.m.abandoned.Inc() }
+
+// NewlyParked counts an aggregate parked now.
+func (m *Metrics) NewlyParked() { m.m.parked.Inc() }
+
+// SetStatus sets the backlog, oldest-age and parked gauges from st.
+func (m *Metrics) SetStatus(st postgres.OutboxStatus) {
+	m.m.backlog.Set(float64(st.Backlog))
+	m.m.oldestAge.Set(st.OldestUnrelayedAge)
+	m.m.parked.Set(float64(len(st.Parked)))
+}
+
+// SetHeldByOpenTransaction sets the open-transaction gauge.
+func (m *Metrics) SetHeldByOpenTransaction(d time.Duration) { m.m.heldByOpenTx.Set(d.Seconds()) }
+
+// PublishBatch hands batch to sink. When the sink refuses the batch as a
+// whole for good without saying which record, it sends one record at a
+// time to find it (later records of a failed aggregate are not sent).
+func PublishBatch(ctx context.Context, sink core.Sink, batch []core.Envelope) error {
+	err := sink.Publish(ctx, batch)
+	if err != nil && !isBatchError(err) && core.IsPermanent(err) && len(batch) > 1 {
+		err = (&Relay{sink: sink}).publishEach(ctx, batch)
+	}
+	return err
+}
+
+// Settlement is what to do with a published batch given the sink's answer.
+type Settlement struct {
+	// Acked counts the records the sink took.
+	Acked int
+	// Mark holds the indexes of records to mark: ACKed, with no failed
+	// predecessor of the same aggregate in the batch (a later revision is
+	// never marked while an earlier one is still to be sent).
+	Mark []int
+	// Parks are the aggregates to park: a record of theirs failed for good.
+	// Their later records in the batch are neither marked nor retried.
+	Parks []postgres.ParkedAggregate
+	// Retry holds the indexes of records to send again, in batch order: the
+	// records that failed retryably and the later records of their
+	// aggregates.
+	Retry []int
+	// Retryable is the first retryable failure, nil if none.
+	Retryable error
+}
+
+// Settle classifies the sink's answer err to batch by core.IsPermanent and
+// *core.BatchError, as the polling relay does.
+func Settle(batch []core.Envelope, err error) Settlement {
+	failed := map[int]error{}
+	var be *core.BatchError
+	switch {
+	case err == nil:
+	case errors.As(err, &be):
+		failed = be.Failed
+	default:
+		for i := range batch {
+			failed[i] = err
+		}
+	}
+	var s Settlement
+	parked := map[aggKey]bool{}
+	retrying := map[aggKey]bool{}
+	for i, e := range batch {
+		k := aggKey{e.AggregateType, e.AggregateID}
+		ferr, isFailed := failed[i]
+		if !isFailed {
+			s.Acked++
+		}
+		switch {
+		case parked[k]:
+		case retrying[k]:
+			s.Retry = append(s.Retry, i)
+		case isFailed && core.IsPermanent(ferr):
+			parked[k] = true
+			s.Parks = append(s.Parks, postgres.ParkedAggregate{AggregateType: e.AggregateType,
+				AggregateID: e.AggregateID, EventID: e.EventID, Reason: ferr.Error()})
+		case isFailed:
+			retrying[k] = true
+			s.Retry = append(s.Retry, i)
+			if s.Retryable == nil {
+				s.Retryable = ferr
+			}
+		default:
+			s.Mark = append(s.Mark, i)
+		}
+	}
+	return s
+}
