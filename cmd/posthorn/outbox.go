@@ -16,11 +16,13 @@ import (
 
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/ops"
 )
 
 func init() {
 	register(command{name: "outbox status", summary: "backlog, oldest unrelayed age, leases, parked aggregates (--json)", run: runOutboxStatus})
 	register(command{name: "outbox release", summary: "let the relay send a parked account again (--account ID)", run: runOutboxRelease})
+	register(command{name: "outbox resend", summary: "send rows again with the same event IDs (--event-id ID …, or --from-id/--to-id); marker after the ACK", run: runOutboxResend})
 }
 
 // connectRelayPool opens the ledger pool under the relay's application
@@ -45,6 +47,11 @@ func connectRelayPool(ctx context.Context, dsn string) (*pgxpool.Pool, error) {
 // rows, …) are added as fields and as sections of printStatus.
 type outboxStatus struct {
 	postgres.OutboxStatus
+	// UncertainCount counts the uncertain rows (postgres.OpsStore.Uncertain:
+	// unrelayed rows of a shard whose lease expired while owned, created
+	// before it expired); Uncertain lists the first of them.
+	UncertainCount int64                   `json:"uncertain_count"`
+	Uncertain      []postgres.UncertainRow `json:"uncertain"`
 }
 
 func runOutboxStatus(ctx context.Context, args []string) error {
@@ -68,6 +75,9 @@ func runOutboxStatus(ctx context.Context, args []string) error {
 		return err
 	}
 	report := outboxStatus{OutboxStatus: st}
+	if report.Uncertain, report.UncertainCount, err = postgres.NewOpsStore(pool).Uncertain(ctx, 20); err != nil {
+		return err
+	}
 	if *asJSON {
 		enc := json.NewEncoder(os.Stdout)
 		enc.SetIndent("", "  ")
@@ -105,6 +115,7 @@ func printStatus(w io.Writer, st outboxStatus) {
 		tw.Flush()
 		fmt.Fprintln(w, "  release one with: posthorn outbox release --account ID")
 	}
+	printUncertain(w, st)
 }
 
 func runOutboxRelease(ctx context.Context, args []string) error {
@@ -130,5 +141,66 @@ func runOutboxRelease(ctx context.Context, args []string) error {
 		return err
 	}
 	fmt.Printf("account %s released; the relay sends its events again from the one that was rejected\n", *account)
+	return nil
+}
+
+// printUncertain is the uncertain section of outbox status.
+func printUncertain(w io.Writer, st outboxStatus) {
+	fmt.Fprintf(w, "\nuncertain rows (unrelayed, in a shard whose lease expired while owned): %d\n", st.UncertainCount)
+	if len(st.Uncertain) == 0 {
+		return
+	}
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "  ID\tEVENT\tSHARD\tACCOUNT\tREVISION\tLEASE OWNER\tLEASE EXPIRED")
+	for _, u := range st.Uncertain {
+		fmt.Fprintf(tw, "  %d\t%s\t%d\t%s\t%d\t%s\t%s\n", u.ID, u.EventID, u.Shard, u.Account, u.Revision, u.LeaseOwner, u.LeaseExpiry.UTC().Format(time.RFC3339))
+	}
+	tw.Flush()
+	if st.UncertainCount > int64(len(st.Uncertain)) {
+		fmt.Fprintf(w, "  (first %d shown)\n", len(st.Uncertain))
+	}
+	fmt.Fprintln(w, "  a relay taking the shard sends them again; or: posthorn outbox resend --from-id ID --to-id ID")
+}
+
+// runOutboxResend sends outbox rows again through the configured sink with
+// their original event IDs (ops.Resend).
+func runOutboxResend(ctx context.Context, args []string) error {
+	fs, path := flagSet("outbox resend")
+	ids := fs.StringArray("event-id", nil, "event ID to resend (repeatable)")
+	from := fs.Int64("from-id", 0, "first outbox id of a range to resend (inclusive)")
+	to := fs.Int64("to-id", 0, "last outbox id of the range (inclusive)")
+	asJSON := fs.Bool("json", false, "print one JSON object")
+	keyFlags(fs, "database.url", "sink.kind", "sink.kafka.brokers")
+	cfg, err := loadConfig(fs, path, args)
+	if err != nil {
+		return err
+	}
+	switch {
+	case len(*ids) > 0 && (*from != 0 || *to != 0):
+		return errors.New("--event-id excludes --from-id/--to-id")
+	case len(*ids) == 0 && (*from < 1 || *to < *from):
+		return errors.New("give --event-id (repeatable), or --from-id and --to-id with 1 <= from <= to")
+	}
+	if err := cfg.RequireDatabase(); err != nil {
+		return err
+	}
+	pool, err := postgres.Connect(ctx, cfg.Database.URL, 2)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	sink, err := openSink(cfg.Sink)
+	if err != nil {
+		return err
+	}
+	defer sink.Close()
+	res, err := ops.Resend(ctx, ops.ResendConfig{Ledger: postgres.NewOpsStore(pool), Sink: sink, EventIDs: *ids, FromID: *from, ToID: *to})
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return json.NewEncoder(os.Stdout).Encode(res)
+	}
+	fmt.Printf("resent %d rows with their original event IDs through sink %s; %d unrelayed rows got their marker after the ACK\n", res.Sent, cfg.Sink.Kind, res.Marked)
 	return nil
 }

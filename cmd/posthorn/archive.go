@@ -1,0 +1,76 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+
+	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/ops"
+)
+
+func init() {
+	register(command{name: "archive", summary: "write covered outbox rows to archive segments with a manifest (--verify re-reads and checks them)", run: runArchive})
+}
+
+func runArchive(ctx context.Context, args []string) error {
+	fs, path := flagSet("archive")
+	verify := fs.Bool("verify", false, "re-read every segment and check checksums, counts, ranges and the ledger's record; write nothing")
+	asJSON := fs.Bool("json", false, "print one JSON object")
+	keyFlags(fs, "database.url", "archive.dir")
+	cfg, err := loadConfig(fs, path, args)
+	if err != nil {
+		return err
+	}
+	if err := cfg.RequireDatabase(); err != nil {
+		return err
+	}
+	if err := cfg.RequireArchiveDir(); err != nil {
+		return err
+	}
+	store, err := openArchive(cfg)
+	if err != nil {
+		return err
+	}
+	pool, err := postgres.Connect(ctx, cfg.Database.URL, 2)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	ledger := postgres.NewOpsStore(pool)
+	if *verify {
+		res, err := ops.VerifyArchive(ctx, ledger, store)
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			_ = json.NewEncoder(os.Stdout).Encode(res)
+		} else {
+			fmt.Printf("archive %s: %d segments, %d rows, ids through %d\n", cfg.Archive.Dir, res.Segments, res.Rows, res.Through)
+			for _, p := range res.Problems {
+				fmt.Printf("  PROBLEM: %s\n", p)
+			}
+		}
+		if len(res.Problems) > 0 {
+			return fmt.Errorf("%w: %d problem(s)", ops.ErrArchiveCorrupt, len(res.Problems))
+		}
+		if !*asJSON {
+			fmt.Println("verified: every checksum, count and range matches")
+		}
+		return nil
+	}
+	res, err := ops.Archive(ctx, ops.ArchiveConfig{Ledger: ledger, Store: store, Required: requiredConsumers(cfg), SegmentRows: cfg.Archive.SegmentRows})
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return json.NewEncoder(os.Stdout).Encode(res)
+	}
+	for _, s := range res.Segments {
+		fmt.Printf("segment %s: ids %d..%d, %d rows, sha256 %s\n", s.Name, s.FirstID, s.LastID, s.Rows, s.SHA256)
+	}
+	fmt.Printf("archive coverage: outbox ids through %d (target %d: the lowest verified consumer coverage, below the first unrelayed row); %d rows archived now\n",
+		res.Through, res.Target, res.Rows)
+	return nil
+}

@@ -1,0 +1,238 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/posthorn/posthorn/adapters/fsarchive"
+	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/configs"
+	"github.com/posthorn/posthorn/consumers/auditlog"
+	"github.com/posthorn/posthorn/consumers/projection"
+	"github.com/posthorn/posthorn/ops"
+)
+
+func init() {
+	register(command{name: "reconcile", summary: "match journals, outbox and consumer dispositions up to a cut (--cut N, --json); exit 0 clean, 1 discrepancies, 2 could not run", run: runReconcile})
+}
+
+// couldNotRun is exit code 2: the command did not get to a verdict.
+func couldNotRun(err error) error {
+	if err == nil {
+		return nil
+	}
+	var ee *exitError
+	if errors.As(err, &ee) {
+		return err
+	}
+	return &exitError{code: 2, err: err}
+}
+
+// reconcileConsumers are the consumers reconciliation reads: the
+// configured ones, or the two example consumers on consumer.database.url.
+func reconcileConsumers(cfg configs.Config) ([]configs.ReconcileConsumer, error) {
+	if len(cfg.Reconcile.Consumers) > 0 {
+		return cfg.Reconcile.Consumers, nil
+	}
+	if err := cfg.RequireConsumerDatabase(); err != nil {
+		return nil, fmt.Errorf("%w (or set reconcile.consumers)", err)
+	}
+	return []configs.ReconcileConsumer{
+		{Name: projection.Name, DatabaseURL: cfg.Consumer.Database.URL},
+		{Name: auditlog.Name, DatabaseURL: cfg.Consumer.Database.URL},
+	}, nil
+}
+
+// requiredConsumers are the consumers archive and cleanup require coverage of.
+func requiredConsumers(cfg configs.Config) []string {
+	if len(cfg.Cleanup.RequiredConsumers) > 0 {
+		return cfg.Cleanup.RequiredConsumers
+	}
+	if len(cfg.Reconcile.Consumers) > 0 {
+		names := make([]string, len(cfg.Reconcile.Consumers))
+		for i, c := range cfg.Reconcile.Consumers {
+			names[i] = c.Name
+		}
+		return names
+	}
+	return []string{projection.Name, auditlog.Name}
+}
+
+// connectReadOnly opens a pool whose sessions are read-only whatever the
+// role may do: reconciliation never writes to a consumer's database.
+func connectReadOnly(ctx context.Context, dsn string) (*pgxpool.Pool, error) {
+	pc, err := postgres.ParseConfig(dsn)
+	if err != nil {
+		return nil, err
+	}
+	pc.ConnConfig.RuntimeParams["default_transaction_read_only"] = "on"
+	pc.MaxConns = 4
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return nil, fmt.Errorf("connect to %s:%d/%s: %w", pc.ConnConfig.Host, pc.ConnConfig.Port, pc.ConnConfig.Database, err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("connect to %s:%d/%s: %w", pc.ConnConfig.Host, pc.ConnConfig.Port, pc.ConnConfig.Database, err)
+	}
+	return pool, nil
+}
+
+// openArchive returns the configured archive store, or nil when archive.dir is unset.
+func openArchive(cfg configs.Config) (ops.ArchiveStore, error) {
+	if cfg.Archive.Dir == "" {
+		return nil, nil
+	}
+	st, err := fsarchive.Open(cfg.Archive.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("config key archive.dir: %w", err)
+	}
+	return st, nil
+}
+
+func runReconcile(ctx context.Context, args []string) error {
+	fs, path := flagSet("reconcile")
+	cutSeq := fs.Int64("cut", 0, "cut at this journal sequence (default: the last committed one)")
+	cutTime := fs.String("cut-time", "", "cut at the last journal posted at or before this RFC 3339 time")
+	asJSON := fs.Bool("json", false, "print one JSON object")
+	limit := fs.Int("cap", 20, "most IDs listed per discrepancy class (counts are always complete)")
+	settle := fs.Duration("settle", 10*time.Second, "how long to wait for in-flight ledger transactions before the cut counts as not provable")
+	noRecord := fs.Bool("no-record", false, "do not record the verified coverage boundary when clean")
+	keyFlags(fs, "database.url", "consumer.database.url", "archive.dir")
+	cfg, err := loadConfig(fs, path, args)
+	if err != nil {
+		return couldNotRun(err)
+	}
+	req := postgres.CutRequest{Sequence: *cutSeq, Settle: *settle}
+	switch {
+	case *cutSeq < 0:
+		return couldNotRun(fmt.Errorf("--cut must be a positive journal sequence, is %d", *cutSeq))
+	case *cutSeq > 0 && *cutTime != "":
+		return couldNotRun(errors.New("--cut and --cut-time exclude each other"))
+	case *cutTime != "":
+		t, err := time.Parse(time.RFC3339Nano, *cutTime)
+		if err != nil {
+			return couldNotRun(fmt.Errorf("--cut-time %q: want RFC 3339, e.g. 2026-11-29T20:00:00Z", *cutTime))
+		}
+		req.Time = t
+	}
+	if *limit < 1 {
+		return couldNotRun(fmt.Errorf("--cap must be at least 1, is %d", *limit))
+	}
+	if err := cfg.RequireDatabase(); err != nil {
+		return couldNotRun(err)
+	}
+	list, err := reconcileConsumers(cfg)
+	if err != nil {
+		return couldNotRun(err)
+	}
+	ledger, err := postgres.Connect(ctx, cfg.Database.URL, 4)
+	if err != nil {
+		return couldNotRun(err)
+	}
+	defer ledger.Close()
+	pools := map[string]*pgxpool.Pool{}
+	defer func() {
+		for _, p := range pools {
+			p.Close()
+		}
+	}()
+	var sources []ops.ConsumerSource
+	for _, c := range list {
+		pool, ok := pools[c.DatabaseURL]
+		if !ok {
+			if pool, err = connectReadOnly(ctx, c.DatabaseURL); err != nil {
+				return couldNotRun(fmt.Errorf("consumer %s: %w", c.Name, err))
+			}
+			pools[c.DatabaseURL] = pool
+		}
+		sources = append(sources, ops.ConsumerSource{Name: c.Name, Reader: ops.InboxReader{Inbox: postgres.NewInbox(pool), Consumer: c.Name}})
+	}
+	archive, err := openArchive(cfg)
+	if err != nil {
+		return couldNotRun(err)
+	}
+	rep, err := ops.Reconcile(ctx, ops.ReconcileConfig{
+		Ledger: postgres.NewOpsStore(ledger), Consumers: sources, Archive: archive, Cut: req, Cap: *limit, Record: !*noRecord,
+	})
+	if err != nil {
+		return couldNotRun(err)
+	}
+	if *asJSON {
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(rep); err != nil {
+			return couldNotRun(err)
+		}
+	} else {
+		printReconcile(os.Stdout, rep)
+	}
+	if !rep.Clean {
+		return &exitError{code: 1}
+	}
+	return nil
+}
+
+func printReconcile(w io.Writer, rep ops.Report) {
+	c := rep.Cut
+	fmt.Fprintf(w, "cut: journal sequence %d (last committed %d, reconciled above floor %d), covered outbox id %d, snapshot %s\n\n",
+		c.Sequence, c.LastCommitted, c.Floor, c.CoveredOutboxID, c.TakenAt.UTC().Format(time.RFC3339))
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "CONSUMER\tEXPECTED\tRELAYED\tAPPLIED\tDUPLICATES ABSORBED\tPARKED\tREJECTED\tDISCREPANCIES")
+	for _, r := range rep.Consumers {
+		d := r.Discrepancies
+		n := d.JournalWithoutEvents.Count + d.Unrelayed.Count + d.Unproven.Count + d.Unknown.Count + d.MultipleApplied.Count
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n", r.Name, r.Expected, r.Relayed, r.Applied, r.DuplicatesAbsorbed, r.Parked, r.Rejected, n)
+	}
+	tw.Flush()
+	for _, r := range rep.Consumers {
+		if r.Clean {
+			continue
+		}
+		fmt.Fprintf(w, "\ndiscrepancies of %s:\n", r.Name)
+		d := r.Discrepancies
+		for _, cl := range []struct {
+			name, what string
+			c          ops.Class
+		}{
+			{"journal without its events", "journal lines; journals", d.JournalWithoutEvents},
+			{"unrelayed (backlog)", "events", d.Unrelayed},
+			{"relayed without disposition (unproven)", "events", d.Unproven},
+			{"disposition for an unknown event ID", "event IDs", d.Unknown},
+			{"more than one applied disposition", "events", d.MultipleApplied},
+		} {
+			if cl.c.Count == 0 {
+				continue
+			}
+			extra := ""
+			if cl.c.OldestAgeSeconds > 0 {
+				extra = fmt.Sprintf(", oldest %s", time.Duration(cl.c.OldestAgeSeconds*float64(time.Second)).Round(time.Millisecond))
+			}
+			more := ""
+			if int64(len(cl.c.IDs)) < cl.c.Count {
+				more = fmt.Sprintf(" (first %d shown)", len(cl.c.IDs))
+			}
+			fmt.Fprintf(w, "  %s: %d %s%s%s\n    %s\n", cl.name, cl.c.Count, cl.what, extra, more, strings.Join(cl.c.IDs, "\n    "))
+		}
+	}
+	fmt.Fprintln(w)
+	for _, r := range rep.Consumers {
+		if r.Coverage != nil {
+			fmt.Fprintf(w, "coverage recorded: %s up to journal sequence %d, outbox id %d\n", r.Name, r.Coverage.CutSequence, r.Coverage.CoveredOutboxID)
+		}
+	}
+	if rep.Clean {
+		fmt.Fprintln(w, "result: clean")
+	} else {
+		fmt.Fprintln(w, "result: DISCREPANCIES (exit 1)")
+	}
+}

@@ -1,0 +1,44 @@
+// Package ops is the operators' side of Posthorn: reconciliation by cut,
+// resend, historical replay, archive and cleanup. It proves before it
+// deletes.
+//
+// # Cut
+//
+// A cut N is "every journal with sequence <= N that is visible". The
+// sequence is taken by a posting's last statement, close to but not exactly
+// in commit order, so a cut is only used once it is provable: OpenCut (in
+// adapters/postgres) waits until no transaction that may still commit a
+// sequence <= N is in flight, then takes one REPEATABLE READ read-only
+// snapshot; everything about the ledger in a reconciliation is read from it.
+//
+// # Coverage
+//
+// A consumer is covered up to cut N when every event (kind event) of every
+// journal <= N has a disposition in its inbox, nothing of the cut is
+// unrelayed, no journal line lacks its event, the consumer knows no event
+// ID the ledger does not, and no aggregate revision was applied twice.
+// Only then does Reconcile record (consumer, N, X) in ops_coverage, where X
+// is the largest outbox id below which every row is final and belongs to a
+// journal <= N. Coverage only ever advances.
+//
+// # Archive and cleanup
+//
+// Archive writes rows (archive coverage, T] to segments, where T is the
+// lowest X of the required consumers, capped below the first unrelayed row.
+// A segment is recorded in the ledger only after it and the manifest were
+// written durably and read back with a matching SHA-256. Cleanup deletes a
+// row only if it is relayed, at or below every required consumer's X and
+// the archive coverage, older than the replay window, and of a journal at
+// or below the cleanup's journal floor (so a journal's rows go together and
+// reconciliation can start above the floor). Deletes run in short batches
+// by id, each its own transaction.
+//
+// # Replay and resend
+//
+// Both send stored rows with their original event IDs, in outbox id order
+// (per account, revision order). Replay sets the replay header, sends only
+// relayed rows, skips commands unless asked, reads rows already cleaned up
+// from the archive, and saves its position after every ACKed batch so it
+// can resume. Resend writes the marker of unrelayed rows only after the
+// sink's ACK and refuses to overtake an unrelayed predecessor.
+package ops

@@ -1,0 +1,140 @@
+package ops
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/core"
+)
+
+// Errors of Resend.
+var (
+	// ErrUnknownEventIDs: an event ID to resend is not in the outbox.
+	ErrUnknownEventIDs = errors.New("event IDs not in the outbox")
+	// ErrNothingToResend: the id range holds no row.
+	ErrNothingToResend = errors.New("no outbox rows to resend")
+	// ErrWouldOvertake: a row would be sent ahead of an unrelayed
+	// predecessor of its aggregate.
+	ErrWouldOvertake = errors.New("resend would overtake an unrelayed predecessor")
+)
+
+// ResendConfig configures Resend: either EventIDs or FromID..ToID.
+type ResendConfig struct {
+	Ledger   *postgres.OpsStore
+	Sink     core.Sink
+	EventIDs []string
+	// FromID and ToID select outbox ids, inclusive.
+	FromID, ToID int64
+	// Batch is the most rows per publish (default 500).
+	Batch int
+}
+
+// ResendResult says what Resend did.
+type ResendResult struct {
+	Sent     int      `json:"sent"`
+	Marked   int      `json:"marked"`
+	EventIDs []string `json:"event_ids"`
+}
+
+// Resend sends outbox rows again through the sink, exactly as stored: the
+// same event IDs, no replay header (it is a retry of the original send).
+// Unrelayed rows get their marker only after the sink ACKed them. It
+// refuses unknown event IDs, an empty range, and an unrelayed row whose
+// aggregate has an earlier unrelayed row not in the resend (sending it
+// first would break per-account order). Rows go in id order.
+func Resend(ctx context.Context, cfg ResendConfig) (ResendResult, error) {
+	var res ResendResult
+	if cfg.Batch <= 0 {
+		cfg.Batch = 500
+	}
+	var f postgres.RowFilter
+	switch {
+	case len(cfg.EventIDs) > 0 && (cfg.FromID != 0 || cfg.ToID != 0):
+		return res, errors.New("give event IDs or an id range, not both")
+	case len(cfg.EventIDs) > 0:
+		f.EventIDs = cfg.EventIDs
+	case cfg.FromID > 0 && cfg.ToID >= cfg.FromID:
+		f.AfterID, f.ThroughID = cfg.FromID-1, cfg.ToID
+	default:
+		return res, errors.New("give event IDs, or an id range with 0 < from <= to")
+	}
+	var rows []postgres.StoredRow
+	for {
+		batch, err := cfg.Ledger.ReadRows(ctx, f, 10000)
+		if err != nil {
+			return res, err
+		}
+		if len(batch) == 0 {
+			break
+		}
+		rows = append(rows, batch...)
+		f.AfterID = batch[len(batch)-1].ID
+	}
+	if len(cfg.EventIDs) > 0 {
+		have := make(map[string]bool, len(rows))
+		for _, r := range rows {
+			have[r.Envelope.EventID] = true
+		}
+		var missing []string
+		for _, id := range cfg.EventIDs {
+			if !have[strings.ToLower(id)] {
+				missing = append(missing, id)
+			}
+		}
+		if len(missing) > 0 {
+			return res, fmt.Errorf("%w: %s (cleaned-up rows are resent by posthorn replay from the archive)", ErrUnknownEventIDs, strings.Join(missing, ", "))
+		}
+	}
+	if len(rows) == 0 {
+		return res, fmt.Errorf("%w: ids %d..%d", ErrNothingToResend, cfg.FromID, cfg.ToID)
+	}
+	inSet := make(map[int64]bool, len(rows))
+	for _, r := range rows {
+		inSet[r.ID] = true
+	}
+	checked := map[string]bool{}
+	for _, r := range rows {
+		key := r.Envelope.AggregateType + "\x00" + r.Envelope.AggregateID
+		if r.RelayedAt != nil || checked[key] {
+			continue
+		}
+		checked[key] = true // rows are in id order: the first unrelayed one of each aggregate decides
+		p, err := cfg.Ledger.FirstUnrelayedBefore(ctx, r.Envelope.AggregateType, r.Envelope.AggregateID, r.ID)
+		if err != nil {
+			return res, err
+		}
+		if p != nil && !inSet[p.ID] {
+			return res, fmt.Errorf("%w: event %s (%s %s revision %d) follows unrelayed event %s (revision %d); include it or let the relay send it",
+				ErrWouldOvertake, r.Envelope.EventID, r.Envelope.AggregateType, r.Envelope.AggregateID, r.Envelope.Revision, p.EventID, p.Revision)
+		}
+	}
+	for start := 0; start < len(rows); start += cfg.Batch {
+		chunk := rows[start:min(start+cfg.Batch, len(rows))]
+		batch := make([]core.Envelope, len(chunk))
+		var unmarked []int64
+		for i, r := range chunk {
+			batch[i] = r.Envelope
+			if r.RelayedAt == nil {
+				unmarked = append(unmarked, r.ID)
+			}
+		}
+		if err := cfg.Sink.Publish(ctx, batch); err != nil {
+			return res, fmt.Errorf("resend (ids %d..%d): %w", chunk[0].ID, chunk[len(chunk)-1].ID, err)
+		}
+		res.Sent += len(chunk)
+		for _, r := range chunk {
+			res.EventIDs = append(res.EventIDs, r.Envelope.EventID)
+		}
+		if len(unmarked) > 0 {
+			n, err := cfg.Ledger.MarkResent(ctx, unmarked)
+			if err != nil {
+				return res, err
+			}
+			res.Marked += n
+		}
+	}
+	return res, nil
+}
