@@ -513,10 +513,10 @@ func (c *CDCStream) decode(data []byte) error {
 // same values ReadBatch reads.
 func (c *CDCStream) decodeRow(rel *pglogrepl.RelationMessage, tuple *pglogrepl.TupleData) (OutboxRow, error) {
 	var (
-		r         OutboxRow
-		e         = &r.Envelope
-		kind      string
-		headers   string
+		r       OutboxRow
+		e       = &r.Envelope
+		kind    string
+		headers string
 	)
 	if tuple == nil || len(tuple.Columns) != len(rel.Columns) {
 		return r, errors.New("replication stream: outbox tuple does not match its relation")
