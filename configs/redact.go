@@ -17,6 +17,10 @@ func (c Config) Redacted() Config {
 	r.Sink.NATS.URL = RedactURL(c.Sink.NATS.URL)
 	r.Sink.AMQP.URL = RedactURL(c.Sink.AMQP.URL)
 	r.Sink.Postgres.URL = RedactURL(c.Sink.Postgres.URL)
+	r.Sink.NATS.Password = redactSecret(c.Sink.NATS.Password)
+	r.Sink.NATS.Token = redactSecret(c.Sink.NATS.Token)
+	r.Sink.AMQP.Password = redactSecret(c.Sink.AMQP.Password)
+	r.Sink.Redis.Password = redactSecret(c.Sink.Redis.Password)
 	r.Reconcile.Consumers = make([]ReconcileConsumer, len(c.Reconcile.Consumers))
 	for i, rc := range c.Reconcile.Consumers {
 		r.Reconcile.Consumers[i] = ReconcileConsumer{Name: rc.Name, DatabaseURL: RedactURL(rc.DatabaseURL)}
@@ -25,6 +29,14 @@ func (c Config) Redacted() Config {
 }
 
 const redacted = "REDACTED"
+
+// redactSecret hides a set secret and keeps an empty one visible as empty.
+func redactSecret(s string) string {
+	if s == "" {
+		return s
+	}
+	return redacted
+}
 
 var dsnPassword = regexp.MustCompile(`(?i)(password\s*=\s*)('[^']*'|\S+)`)
 

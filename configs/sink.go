@@ -1,6 +1,14 @@
 package configs
 
-import "fmt"
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"strings"
+)
 
 // Sink selects and configures the broker the relay publishes to and the
 // consumers read from.
@@ -24,30 +32,111 @@ type KafkaSink struct {
 // NATSSink configures the NATS JetStream sink.
 type NATSSink struct {
 	URL string `koanf:"url"`
+	// Username and Password, or Token, authenticate (or put them in the URL).
+	Username string `koanf:"username"`
+	Password string `koanf:"password"`
+	Token    string `koanf:"token"`
+	// SubjectPrefix is prepended to each topic to form its subject; each
+	// subject has its own stream (the subject with '.' as '_').
+	SubjectPrefix string  `koanf:"subject_prefix"`
+	TLS           SinkTLS `koanf:"tls"`
 }
 
 // AMQPSink configures the RabbitMQ sink.
 type AMQPSink struct {
+	// URL is amqp:// or amqps://, with the vhost as its path.
 	URL string `koanf:"url"`
+	// Username and Password replace the URL's credentials when set.
+	Username string `koanf:"username"`
+	Password string `koanf:"password"`
+	// ExchangePrefix is prepended to each topic to name its fanout exchange.
+	ExchangePrefix string `koanf:"exchange_prefix"`
+	// Consumers are the consumers whose durable queues the relay declares,
+	// so that what is published before a consumer first starts waits for it.
+	Consumers []string `koanf:"consumers"`
+	// MaxPayloadBytes is the broker's max_message_size; 0 means 128 MiB.
+	MaxPayloadBytes int     `koanf:"max_payload_bytes"`
+	TLS             SinkTLS `koanf:"tls"`
 }
 
 // RedisSink configures the Redis Streams sink.
 type RedisSink struct {
-	Addr string `koanf:"addr"`
+	Addr     string `koanf:"addr"`
+	Username string `koanf:"username"`
+	Password string `koanf:"password"`
+	DB       int    `koanf:"db"`
+	// StreamPrefix is prepended to each topic to form its stream key.
+	StreamPrefix    string  `koanf:"stream_prefix"`
+	MaxPayloadBytes int     `koanf:"max_payload_bytes"`
+	TLS             SinkTLS `koanf:"tls"`
 }
 
 // PostgresSink configures the sink that writes into another Postgres database.
 type PostgresSink struct {
-	URL string `koanf:"url"`
+	// URL is the target database; TLS through sslmode, sslrootcert, … in it.
+	URL             string `koanf:"url"`
+	MaxPayloadBytes int    `koanf:"max_payload_bytes"`
+}
+
+// SinkTLS is the TLS of a broker connection; all empty means the client's
+// default (plain, unless the URL's scheme asks for TLS).
+type SinkTLS struct {
+	// CAFile is a PEM bundle of the CAs to trust instead of the system's.
+	CAFile string `koanf:"ca_file"`
+	// CertFile and KeyFile are a client certificate and key (mutual TLS).
+	CertFile string `koanf:"cert_file"`
+	KeyFile  string `koanf:"key_file"`
+	// InsecureSkipVerify turns certificate checks off (tests only).
+	InsecureSkipVerify bool `koanf:"insecure_skip_verify"`
+}
+
+// Enabled reports whether any TLS setting is given.
+func (t SinkTLS) Enabled() bool {
+	return t.CAFile != "" || t.CertFile != "" || t.KeyFile != "" || t.InsecureSkipVerify
+}
+
+// Load builds the tls.Config (nil when nothing is set). key is the
+// configuration key of t, for errors (e.g. sink.nats.tls).
+func (t SinkTLS) Load(key string) (*tls.Config, error) {
+	if !t.Enabled() {
+		return nil, nil
+	}
+	c := &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: t.InsecureSkipVerify}
+	if t.CAFile != "" {
+		pem, err := os.ReadFile(t.CAFile)
+		if err != nil {
+			return nil, fieldErr(key+".ca_file", "cannot be read: %v", errors.Unwrap(err))
+		}
+		c.RootCAs = x509.NewCertPool()
+		if !c.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fieldErr(key+".ca_file", "holds no PEM certificate")
+		}
+	}
+	if (t.CertFile == "") != (t.KeyFile == "") {
+		return nil, fieldErr(key+".cert_file", "and %s.key_file must be set together", key)
+	}
+	if t.CertFile != "" {
+		cert, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
+		if err != nil {
+			return nil, fieldErr(key+".cert_file", "with its key_file: %v", err)
+		}
+		c.Certificates = []tls.Certificate{cert}
+	}
+	return c, nil
 }
 
 // SinkKinds are the accepted values of sink.kind.
-var SinkKinds = []string{"kafka", "memory"}
+var SinkKinds = []string{"kafka", "memory", "nats", "amqp", "redis", "postgres"}
 
 func defaultSink() Sink {
 	return Sink{
-		Kind:               "kafka",
-		Kafka:              KafkaSink{Brokers: []string{"127.0.0.1:9092"}},
+		Kind:  "kafka",
+		Kafka: KafkaSink{Brokers: []string{"127.0.0.1:9092"}},
+		// The brokers' own local defaults, so `--sink nats` (amqp, redis)
+		// works against a local server with nothing else set.
+		NATS:               NATSSink{URL: "nats://127.0.0.1:4222"},
+		AMQP:               AMQPSink{URL: "amqp://guest:guest@127.0.0.1:5672/", Consumers: []string{"balance-projection", "audit-log"}},
+		Redis:              RedisSink{Addr: "127.0.0.1:6379"},
 		CommandTopicPrefix: "commands.",
 	}
 }
@@ -71,5 +160,79 @@ func (s Sink) validate() error {
 	if s.CommandTopicPrefix == "" {
 		return fieldErr("sink.command_topic_prefix", "is required")
 	}
+	return s.validateBrokers()
+}
+
+// validateBrokers checks the settings of the broker sink.kind names (the
+// others may hold anything: they are not used). Errors name the key and
+// never quote a URL, which may hold a password.
+func (s Sink) validateBrokers() error {
+	switch s.Kind {
+	case "nats":
+		for _, u := range strings.Split(s.NATS.URL, ",") { // a server list is allowed
+			if err := validateBrokerURL("sink.nats.url", strings.TrimSpace(u), "nats", "tls", "ws", "wss"); err != nil {
+				return err
+			}
+		}
+		if s.NATS.Token != "" && (s.NATS.Username != "" || s.NATS.Password != "") {
+			return fieldErr("sink.nats.token", "and sink.nats.username/password are exclusive")
+		}
+		if strings.ContainsAny(s.NATS.SubjectPrefix, " \t*>") {
+			return fieldErr("sink.nats.subject_prefix", "may not contain spaces, '*' or '>'")
+		}
+		_, err := s.NATS.TLS.Load("sink.nats.tls")
+		return err
+	case "amqp":
+		if err := validateBrokerURL("sink.amqp.url", s.AMQP.URL, "amqp", "amqps"); err != nil {
+			return err
+		}
+		for i, c := range s.AMQP.Consumers {
+			if c == "" {
+				return fieldErr(fmt.Sprintf("sink.amqp.consumers[%d]", i), "is empty")
+			}
+		}
+		if s.AMQP.MaxPayloadBytes < 0 {
+			return fieldErr("sink.amqp.max_payload_bytes", "is negative")
+		}
+		_, err := s.AMQP.TLS.Load("sink.amqp.tls")
+		return err
+	case "redis":
+		if err := validateAddr("sink.redis.addr", s.Redis.Addr, false); err != nil {
+			return err
+		}
+		if s.Redis.DB < 0 {
+			return fieldErr("sink.redis.db", "is negative")
+		}
+		if s.Redis.MaxPayloadBytes < 0 {
+			return fieldErr("sink.redis.max_payload_bytes", "is negative")
+		}
+		_, err := s.Redis.TLS.Load("sink.redis.tls")
+		return err
+	case "postgres":
+		if s.Postgres.URL == "" {
+			return fieldErr("sink.postgres.url", "is required when sink.kind is postgres")
+		}
+		if s.Postgres.MaxPayloadBytes < 0 {
+			return fieldErr("sink.postgres.max_payload_bytes", "is negative")
+		}
+		return validateURL("sink.postgres.url", s.Postgres.URL)
+	}
 	return nil
+}
+
+// validateBrokerURL requires a URL with one of schemes and a host.
+func validateBrokerURL(key, v string, schemes ...string) error {
+	if v == "" {
+		return fieldErr(key, "is required when sink.kind is %s", strings.Split(key, ".")[1])
+	}
+	u, err := url.Parse(v)
+	if err != nil || u.Host == "" {
+		return fieldErr(key, "is not a valid URL (want %s://host:port)", schemes[0])
+	}
+	for _, sc := range schemes {
+		if u.Scheme == sc {
+			return nil
+		}
+	}
+	return fieldErr(key, "has scheme %q, want one of %v", u.Scheme, schemes)
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/configs"
+	"github.com/posthorn/posthorn/consumers/subscribers"
 	"github.com/posthorn/posthorn/core"
 )
 
@@ -31,6 +32,12 @@ var sinkOpeners = map[string]func(configs.Sink) (core.Sink, error){
 	// An in-process broker: useful in the demo and tests, where consumers
 	// share the process; a standalone relay with it only drains the outbox.
 	"memory": func(configs.Sink) (core.Sink, error) { return memory.New(memory.Config{}), nil },
+	// The broker sinks: subscribers builds them from the same settings as
+	// the consumers' subscribers.
+	"nats":     subscribers.OpenSink,
+	"amqp":     subscribers.OpenSink,
+	"redis":    subscribers.OpenSink,
+	"postgres": subscribers.OpenSink,
 }
 
 // openSink returns the sink configured by sink.kind.

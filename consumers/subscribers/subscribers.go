@@ -44,8 +44,12 @@ type constructor func(configs.Sink, Options) (consumers.SubscriberFactory, error
 
 // kinds maps sink.kind to its subscriber constructor.
 var kinds = map[string]constructor{
-	"kafka":  kafkaSubscribers,
-	"memory": memorySubscribers,
+	"kafka":    kafkaSubscribers,
+	"memory":   memorySubscribers,
+	"nats":     natsSubscribers,
+	"amqp":     amqpSubscribers,
+	"redis":    redisSubscribers,
+	"postgres": postgresSubscribers,
 }
 
 // ErrUnknownKind is returned for a sink.kind without a subscriber.

@@ -1,0 +1,273 @@
+package subscribers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	wmamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
+	wmnats "github.com/ThreeDotsLabs/watermill-nats/v2/pkg/nats"
+	wmredis "github.com/ThreeDotsLabs/watermill-redisstream/pkg/redisstream"
+	wmsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+
+	phamqp "github.com/posthorn/posthorn/adapters/amqp"
+	phnats "github.com/posthorn/posthorn/adapters/nats"
+	"github.com/posthorn/posthorn/adapters/redisstream"
+	"github.com/posthorn/posthorn/adapters/sqlsink"
+	"github.com/posthorn/posthorn/configs"
+	"github.com/posthorn/posthorn/consumers"
+	"github.com/posthorn/posthorn/core"
+)
+
+// The broker sinks and their subscribers are built here from one
+// configs.Sink, so the relay (OpenSink) and the consumers (New) can never
+// disagree on a subject, exchange, queue, stream or table name.
+
+// NATSConfig is the NATS sink's configuration of sink.nats.
+func NATSConfig(s configs.Sink) (phnats.Config, error) {
+	t, err := s.NATS.TLS.Load("sink.nats.tls")
+	return phnats.Config{URL: s.NATS.URL, Username: s.NATS.Username, Password: s.NATS.Password,
+		Token: s.NATS.Token, TLS: t, SubjectPrefix: s.NATS.SubjectPrefix}, err
+}
+
+// AMQPConfig is the RabbitMQ sink's configuration of sink.amqp.
+func AMQPConfig(s configs.Sink) (phamqp.Config, error) {
+	t, err := s.AMQP.TLS.Load("sink.amqp.tls")
+	return phamqp.Config{URL: s.AMQP.URL, Username: s.AMQP.Username, Password: s.AMQP.Password, TLS: t,
+		ExchangePrefix: s.AMQP.ExchangePrefix, Consumers: s.AMQP.Consumers, MaxPayloadBytes: s.AMQP.MaxPayloadBytes}, err
+}
+
+// RedisConfig is the Redis Streams sink's configuration of sink.redis.
+func RedisConfig(s configs.Sink) (redisstream.Config, error) {
+	t, err := s.Redis.TLS.Load("sink.redis.tls")
+	return redisstream.Config{Addr: s.Redis.Addr, Username: s.Redis.Username, Password: s.Redis.Password,
+		DB: s.Redis.DB, TLS: t, StreamPrefix: s.Redis.StreamPrefix, MaxPayloadBytes: s.Redis.MaxPayloadBytes}, err
+}
+
+// PostgresConfig is the Postgres sink's configuration of sink.postgres.
+func PostgresConfig(s configs.Sink) sqlsink.Config {
+	return sqlsink.Config{URL: s.Postgres.URL, MaxPayloadBytes: s.Postgres.MaxPayloadBytes}
+}
+
+// OpenSink builds the relay's sink for sink.kind nats, amqp, redis or
+// postgres. Errors name the configuration key and never quote a URL.
+func OpenSink(s configs.Sink) (core.Sink, error) {
+	switch s.Kind {
+	case "nats":
+		c, err := NATSConfig(s)
+		if err != nil {
+			return nil, err
+		}
+		sink, err := phnats.New(c)
+		return sinkOrErr(sink, err, "sink.nats.url")
+	case "amqp":
+		c, err := AMQPConfig(s)
+		if err != nil {
+			return nil, err
+		}
+		sink, err := phamqp.New(c)
+		return sinkOrErr(sink, err, "sink.amqp.url")
+	case "redis":
+		c, err := RedisConfig(s)
+		if err != nil {
+			return nil, err
+		}
+		sink, err := redisstream.New(c)
+		return sinkOrErr(sink, err, "sink.redis.addr")
+	case "postgres":
+		sink, err := sqlsink.New(PostgresConfig(s))
+		return sinkOrErr(sink, err, "sink.postgres.url")
+	}
+	return nil, fmt.Errorf("sink.kind %q: %w (have %v)", s.Kind, ErrUnknownKind, Kinds())
+}
+
+func sinkOrErr[S core.Sink](s S, err error, key string) (core.Sink, error) {
+	if err != nil {
+		return nil, fmt.Errorf("config key %s: %w", key, err)
+	}
+	return s, nil
+}
+
+// natsDurable is a consumer's durable JetStream consumer on a subject;
+// durable names may not contain '.'.
+func natsDurable(consumer, subject string) string {
+	return strings.NewReplacer(".", "_", "*", "_", ">", "_", " ", "_").Replace(consumer + "_" + subject)
+}
+
+// NATSSubscriber returns a watermill-nats JetStream subscriber for one
+// consumer: a durable push consumer per subject (consumer_subject) that
+// starts from the stream's first message, explicit acks, one message at a
+// time, the unmarshaler matching the sink's marshaler. Subscribe creates
+// the topic's stream first if the relay has not.
+func NATSSubscriber(cfg phnats.Config, consumer string, opts Options) (message.Subscriber, error) {
+	ackWait := 10 * time.Second
+	sub, err := wmnats.NewSubscriber(wmnats.SubscriberConfig{
+		URL:              cfg.URL,
+		NatsOptions:      append(cfg.Options(), nats.Name("posthorn-"+consumer)),
+		Unmarshaler:      &wmnats.NATSMarshaler{},
+		SubscribersCount: 1,
+		AckWaitTimeout:   ackWait,
+		CloseTimeout:     10 * time.Second,
+		SubjectCalculator: func(_, topic string) *wmnats.SubjectDetail {
+			subject := cfg.Subject(topic)
+			return &wmnats.SubjectDetail{Primary: subject, QueueGroup: natsDurable(consumer, subject)}
+		},
+		JetStream: wmnats.JetStreamConfig{
+			DurablePrefix:     consumer,
+			DurableCalculator: natsDurable,
+			SubscribeOptions:  []nats.SubOpt{nats.DeliverAll(), nats.AckExplicit(), nats.AckWait(ackWait)},
+		},
+	}, opts.Logger)
+	if err != nil {
+		return nil, fmt.Errorf("nats subscriber %s: %w", consumer, err)
+	}
+	return &natsEnsuring{Subscriber: sub, cfg: cfg}, nil
+}
+
+// natsEnsuring creates a topic's stream before subscribing to it, with the
+// sink's stream settings: watermill-nats' own provisioning names a stream
+// after the topic, and stream names may not contain '.'.
+type natsEnsuring struct {
+	*wmnats.Subscriber
+	cfg phnats.Config
+}
+
+func (s *natsEnsuring) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	nc, err := nats.Connect(s.cfg.URL, s.cfg.Options()...)
+	if err != nil {
+		return nil, err
+	}
+	defer nc.Close()
+	js, err := nc.JetStream()
+	if err == nil {
+		err = phnats.EnsureStream(ctx, js, s.cfg, topic)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return s.Subscriber.Subscribe(ctx, topic)
+}
+
+func natsSubscribers(sink configs.Sink, opts Options) (consumers.SubscriberFactory, error) {
+	cfg, err := NATSConfig(sink)
+	if err != nil {
+		return nil, err
+	}
+	return func(consumer string) (message.Subscriber, error) { return NATSSubscriber(cfg, consumer, opts) }, nil
+}
+
+// AMQPSubscriber returns a watermill-amqp subscriber for one consumer: the
+// durable pub/sub topology the sink declares (a fanout exchange per topic,
+// the consumer's durable queue bound to it), prefetch 1 so the queue's FIFO
+// order is the handling order, and the default reconnect backoff.
+func AMQPSubscriber(cfg phamqp.Config, consumer string, opts Options) (message.Subscriber, error) {
+	u, err := cfg.DialURL()
+	if err != nil {
+		return nil, err
+	}
+	tp := phamqp.Topology{ExchangePrefix: cfg.ExchangePrefix}
+	c := wmamqp.NewDurablePubSubConfig(u, func(topic string) string { return tp.Queue(topic, consumer) })
+	c.Exchange.GenerateName = tp.Exchange
+	ac := cfg.AMQPConfig()
+	c.Connection.AmqpConfig = &ac
+	c.Connection.TLSConfig = cfg.TLS
+	sub, err := wmamqp.NewSubscriber(c, opts.Logger)
+	if err != nil {
+		return nil, fmt.Errorf("amqp subscriber %s: %w", consumer, err)
+	}
+	return sub, nil
+}
+
+func amqpSubscribers(sink configs.Sink, opts Options) (consumers.SubscriberFactory, error) {
+	cfg, err := AMQPConfig(sink)
+	if err != nil {
+		return nil, err
+	}
+	return func(consumer string) (message.Subscriber, error) { return AMQPSubscriber(cfg, consumer, opts) }, nil
+}
+
+// RedisSubscriber returns a watermill-redisstream subscriber for one
+// consumer: consumer group = the consumer's name, created at the stream's
+// first entry, one consumer per process (name consumer@host), and entries
+// left pending by a crashed process claimed after 10 s.
+func RedisSubscriber(cfg redisstream.Config, consumer string, opts Options) (message.Subscriber, error) {
+	host, _ := os.Hostname()
+	sub, err := wmredis.NewSubscriber(wmredis.SubscriberConfig{
+		Client:        cfg.Client(),
+		ConsumerGroup: consumer,
+		Consumer:      fmt.Sprintf("%s@%s-%d", consumer, host, os.Getpid()),
+		OldestId:      "0",
+		ClaimInterval: 2 * time.Second,
+		MaxIdleTime:   10 * time.Second,
+	}, opts.Logger)
+	if err != nil {
+		return nil, fmt.Errorf("redis subscriber %s: %w", consumer, err)
+	}
+	return &prefixed{Subscriber: sub, prefix: cfg.StreamPrefix}, nil
+}
+
+// prefixed maps a topic to its stream key.
+type prefixed struct {
+	message.Subscriber
+	prefix string
+}
+
+func (p *prefixed) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	return p.Subscriber.Subscribe(ctx, p.prefix+topic)
+}
+
+func redisSubscribers(sink configs.Sink, opts Options) (consumers.SubscriberFactory, error) {
+	cfg, err := RedisConfig(sink)
+	if err != nil {
+		return nil, err
+	}
+	return func(consumer string) (message.Subscriber, error) { return RedisSubscriber(cfg, consumer, opts) }, nil
+}
+
+// PostgresSubscriber returns a watermill-sql subscriber for one consumer on
+// the sink's target database: consumer group = the consumer's name, the
+// sink's table layout, offsets in watermill-sql's offsets table. Closing
+// it closes its pool.
+func PostgresSubscriber(cfg sqlsink.Config, consumer string, opts Options) (message.Subscriber, error) {
+	pool, err := pgxpool.New(context.Background(), cfg.URL)
+	if err != nil {
+		return nil, errors.New("config key sink.postgres.url: not a valid Postgres URL or DSN")
+	}
+	sub, err := wmsql.NewSubscriber(wmsql.BeginnerFromPgx(pool), wmsql.SubscriberConfig{
+		ConsumerGroup:    consumer,
+		SchemaAdapter:    sqlsink.Schema(),
+		OffsetsAdapter:   wmsql.DefaultPostgreSQLOffsetsAdapter{},
+		InitializeSchema: true,
+		PollInterval:     100 * time.Millisecond,
+	}, opts.Logger)
+	if err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("postgres subscriber %s: %w", consumer, err)
+	}
+	return &poolClosing{Subscriber: sub, pool: pool}, nil
+}
+
+type poolClosing struct {
+	message.Subscriber
+	pool *pgxpool.Pool
+}
+
+func (p *poolClosing) Close() error {
+	err := p.Subscriber.Close()
+	p.pool.Close()
+	return err
+}
+
+func postgresSubscribers(sink configs.Sink, opts Options) (consumers.SubscriberFactory, error) {
+	cfg := PostgresConfig(sink)
+	if cfg.URL == "" {
+		return nil, errors.New("sink.postgres.url is required when sink.kind is postgres")
+	}
+	return func(consumer string) (message.Subscriber, error) { return PostgresSubscriber(cfg, consumer, opts) }, nil
+}
