@@ -1,0 +1,156 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+
+	"github.com/google/uuid"
+
+	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/consumers/auditlog"
+	"github.com/posthorn/posthorn/consumers/projection"
+	"github.com/posthorn/posthorn/ops"
+)
+
+// A clean run records the boundary; then every discrepancy class is
+// produced on purpose by tampering with rows and reported with its IDs,
+// and the boundary does not move.
+func TestOpsReconcileCleanThenEveryDiscrepancyClass(t *testing.T) {
+	t.Parallel()
+
+	r := newOpsRig(t)
+	events := r.post(t, 30)
+	r.relay(t, nil)
+	r.waitApplied(t, events)
+
+	rep := r.reconcile(t, nil)
+	if !rep.Clean {
+		t.Fatalf("untouched run not clean: %+v", rep)
+	}
+	lastSeq := r.posted[len(r.posted)-1].Sequence
+	if rep.Cut.Sequence != lastSeq {
+		t.Fatalf("cut %d, want the last committed sequence %d", rep.Cut.Sequence, lastSeq)
+	}
+	for _, c := range rep.Consumers {
+		if c.Expected != int64(events) || c.Relayed != int64(events) || c.Applied != int64(events) || c.Coverage == nil {
+			t.Fatalf("%s: %+v, want %d expected, relayed and applied, and coverage recorded", c.Name, c, events)
+		}
+		if c.Coverage.CutSequence != lastSeq || c.Coverage.CoveredOutboxID != rep.Cut.CoveredOutboxID {
+			t.Fatalf("%s coverage %+v, want cut %d covered id %d", c.Name, c.Coverage, lastSeq, rep.Cut.CoveredOutboxID)
+		}
+	}
+	maxID := r.count(t, `SELECT max(id) FROM outbox`)
+	if rep.Cut.CoveredOutboxID != maxID {
+		t.Fatalf("covered outbox id %d, want %d (every row belongs to the cut)", rep.Cut.CoveredOutboxID, maxID)
+	}
+	covered := coverageRows(t, r)
+
+	// The tampering: one change per class.
+	first, second, third := r.posted[3], r.posted[7], r.posted[11]
+	// Journal without its events: the outbox row of one line is gone.
+	missing := first.Events[0].EventID
+	mustExec(t, r.ledger, `DELETE FROM outbox WHERE event_id = $1`, missing)
+	// Unrelayed: a marker is gone.
+	unrelayed := second.Events[1].EventID
+	mustExec(t, r.ledger, `UPDATE outbox SET relayed_at = NULL, relay_token = NULL WHERE event_id = $1`, unrelayed)
+	// Unproven: the projection has no disposition for an event.
+	unproven := third.Events[0].EventID
+	mustExec(t, r.consumer, `DELETE FROM consumer_inbox WHERE consumer = $1 AND event_id = $2`, projection.Name, unproven)
+	// Unknown: the audit log recorded an event ID the ledger never had.
+	stranger := uuid.Must(uuid.NewV7()).String()
+	mustExec(t, r.consumer, `INSERT INTO consumer_inbox (consumer, event_id, disposition) VALUES ($1, $2, 'rejected')`, auditlog.Name, stranger)
+	// More than one applied: the audit log applied an account revision a
+	// second time under another event ID.
+	twice := r.posted[15].Events[1]
+	forged := uuid.Must(uuid.NewV7()).String()
+	mustExec(t, r.consumer, `
+INSERT INTO consumer_inbox (consumer, event_id, kind, type, aggregate_type, aggregate_id, revision, disposition)
+SELECT consumer, $3, kind, type, aggregate_type, aggregate_id, revision, 'applied' FROM consumer_inbox
+WHERE consumer = $1 AND event_id = $2`, auditlog.Name, twice.EventID, forged)
+
+	rep = r.reconcile(t, nil)
+	if rep.Clean {
+		t.Fatal("tampered run reported clean")
+	}
+	proj, audit := consumerReport(t, rep, projection.Name), consumerReport(t, rep, auditlog.Name)
+	for _, c := range []ops.ConsumerReport{proj, audit} {
+		if c.Clean || c.Coverage != nil {
+			t.Fatalf("%s: clean %v, coverage %+v; want neither", c.Name, c.Clean, c.Coverage)
+		}
+		assertClass(t, c.Name+" journal without events", c.Discrepancies.JournalWithoutEvents, first.JournalID)
+		assertClass(t, c.Name+" unrelayed", c.Discrepancies.Unrelayed, unrelayed)
+		if c.Discrepancies.Unrelayed.OldestAgeSeconds <= 0 {
+			t.Errorf("%s unrelayed has no age", c.Name)
+		}
+	}
+	assertClass(t, "projection unproven", proj.Discrepancies.Unproven, unproven)
+	assertClass(t, "audit unproven", audit.Discrepancies.Unproven)
+	// The deleted outbox row's event is known to both consumers but not to
+	// the ledger any more: unknown, like the stranger.
+	assertClass(t, "projection unknown", proj.Discrepancies.Unknown, missing)
+	assertClass(t, "audit unknown", audit.Discrepancies.Unknown, missing, stranger, forged)
+	assertClass(t, "projection multiple applied", proj.Discrepancies.MultipleApplied)
+	assertClass(t, "audit multiple applied", audit.Discrepancies.MultipleApplied, twice.EventID)
+	if after := coverageRows(t, r); !equalCoverage(after, covered) {
+		t.Fatalf("coverage moved on a run with discrepancies: %v → %v", covered, after)
+	}
+
+}
+
+// A cut beyond the last committed sequence cannot be proven: reconcile
+// refuses to run rather than report a partial truth.
+func TestOpsReconcileRefusesCutBeyondCommitted(t *testing.T) {
+	t.Parallel()
+	r := newOpsRig(t)
+	r.post(t, 2)
+	_, err := ops.Reconcile(context.Background(), ops.ReconcileConfig{Ledger: r.ops, Consumers: r.sources(),
+		Cut: postgres.CutRequest{Sequence: r.posted[1].Sequence + 5}})
+	if err == nil || !errors.Is(err, postgres.ErrCutNotProvable) {
+		t.Fatalf("err %v, want ErrCutNotProvable", err)
+	}
+}
+
+func consumerReport(t *testing.T, rep ops.Report, name string) ops.ConsumerReport {
+	t.Helper()
+	for _, c := range rep.Consumers {
+		if c.Name == name {
+			return c
+		}
+	}
+	t.Fatalf("no report for %s", name)
+	return ops.ConsumerReport{}
+}
+
+func assertClass(t *testing.T, what string, c ops.Class, want ...string) {
+	t.Helper()
+	got := slices.Clone(c.IDs)
+	slices.Sort(got)
+	want = slices.Clone(want)
+	slices.Sort(want)
+	if c.Count < int64(len(want)) || !slices.Equal(got, want) {
+		t.Errorf("%s: count %d ids %v, want ids %v", what, c.Count, got, want)
+	}
+}
+
+func coverageRows(t *testing.T, r *opsRig) map[string]postgres.Coverage {
+	t.Helper()
+	c, err := r.ops.Coverages(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func equalCoverage(a, b map[string]postgres.Coverage) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if w := b[k]; !v.VerifiedAt.Equal(w.VerifiedAt) || v.CutSequence != w.CutSequence || v.CoveredOutboxID != w.CoveredOutboxID {
+			return false
+		}
+	}
+	return true
+}
