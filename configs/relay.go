@@ -16,6 +16,8 @@ type Relay struct {
 	LeaseTTL time.Duration `koanf:"lease_ttl"`
 	// Owner names this relay in leases; default host name and process ID.
 	Owner string `koanf:"owner"`
+	// CDC configures relay.mode cdc (configs/cdc.go).
+	CDC CDC `koanf:"cdc"`
 }
 
 func defaultRelay() Relay {
@@ -24,6 +26,7 @@ func defaultRelay() Relay {
 		BatchSize:    5000,
 		PollInterval: 500 * time.Millisecond,
 		LeaseTTL:     10 * time.Second,
+		CDC:          defaultCDC(),
 	}
 }
 
@@ -38,6 +41,9 @@ func (r Relay) validate() error {
 		return err
 	}
 	if err := positive("relay.lease_ttl", r.LeaseTTL); err != nil {
+		return err
+	}
+	if err := r.CDC.validate(); err != nil {
 		return err
 	}
 	return nil
