@@ -4,7 +4,6 @@ import (
 	"context"
 	"math/rand/v2"
 	"os"
-	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -12,6 +11,7 @@ import (
 	"time"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
@@ -19,85 +19,88 @@ import (
 )
 
 // BenchmarkLedgerWrite measures ledger transactions per second with 8
-// concurrent writers in three outbox modes on the same write path
-// (LedgerStore.Post): (a) the journal alone, (b) journal plus our outbox,
-// (c) journal plus Watermill's stock Postgres schema. Modes (a) and (c)
-// exist for this measurement only. A fourth mode, (b) without the relay's
-// outbox_notify trigger, shows what the relay's LISTEN/NOTIFY wake-up
-// costs the writers (NOTIFY serialises the commits of notifying
-// transactions on one lock).
+// concurrent writers on the same write path (LedgerStore.Post) in these
+// outbox modes, side by side in one run:
 //
-// It runs a fixed workload and ignores b.N, so `-benchtime 1x` (make bench)
-// gives the figures in one pass: POSTHORN_BENCH_ROUNDS rounds (default 3)
-// of the modes back to back, each mode on a fresh database with
-// POSTHORN_BENCH_POSTINGS postings (default 3000) over 1,000 accounts
-// after a warm-up that creates every account; reported are the median
-// rates and the median per-round ratios against (a).
+//	journal         (a) the journal alone, no outbox rows
+//	ours            (b) journal + our outbox (OutboxSchema), as deployed
+//	stock           (c) journal + Watermill's stock DefaultPostgreSQLSchema
+//	ours_no_notify  (b) without the relay's outbox_notify trigger
+//	                (migration 00002): what the relay's LISTEN/NOTIFY
+//	                wake-up costs the writers
+//
+// Modes (a), (c) and ours_no_notify exist for this measurement only.
+//
+// Each mode has its own fresh database (pool of 16, so 8 writers never
+// queue) and is warmed up (every one of the 1,000 accounts created, every
+// statement prepared). The timed part then alternates the modes in chunks
+// of POSTHORN_BENCH_CHUNK postings (default 400), POSTHORN_BENCH_CHUNKS
+// times (default 12), rotating which mode goes first: on a shared machine
+// the load drifts over seconds, and fine interleaving makes every mode see
+// the same drift. A mode's rate is its postings over its summed time.
+//
+// The workload is fixed and b.N ignored, so `-benchtime 1x` (make bench)
+// yields the figures in one pass of about 30 s.
 func BenchmarkLedgerWrite(b *testing.B) {
-	postings := envInt(b, "POSTHORN_BENCH_POSTINGS", 3000)
-	rounds := envInt(b, "POSTHORN_BENCH_ROUNDS", 3)
+	chunk := envInt(b, "POSTHORN_BENCH_CHUNK", 400)
+	chunks := envInt(b, "POSTHORN_BENCH_CHUNKS", 12)
 	const writers = 8
-	modes := []struct {
-		name     string
-		mode     postgres.OutboxMode
-		noNotify bool
-	}{
-		{"journal", postgres.OutboxNone, false},
-		{"ours", postgres.OutboxPosthorn, false},
-		{"ours_no_notify", postgres.OutboxPosthorn, true},
-		{"stock", postgres.OutboxWatermillStock, false},
+	modes := []*benchMode{
+		{name: "journal", mode: postgres.OutboxNone},
+		{name: "ours", mode: postgres.OutboxPosthorn},
+		{name: "stock", mode: postgres.OutboxWatermillStock},
+		{name: "ours_no_notify", mode: postgres.OutboxPosthorn, noNotify: true},
 	}
-	// Ratios are taken within a round (the modes run back to back), and
-	// the median round is reported: on a shared machine the load drifts
-	// more between rounds than within one.
-	rates := make(map[string][]float64)
-	ratios := make(map[string][]float64)
-	for round := 0; round < rounds; round++ {
-		for _, m := range modes {
-			rates[m.name] = append(rates[m.name], benchMode(b, m.mode, m.noNotify, postings, writers))
-		}
-		for _, m := range modes[1:] {
-			ratios[m.name] = append(ratios[m.name], rates[m.name][round]/rates["journal"][round])
+	for _, m := range modes {
+		m.setup(b, writers)
+	}
+	b.ResetTimer()
+	for c := 0; c < chunks; c++ {
+		for i := range modes {
+			m := modes[(c+i)%len(modes)]
+			m.elapsed += m.run(b, "bench-"+strconv.Itoa(c)+"-", chunk, writers, randomTransfer)
 		}
 	}
 	b.StopTimer()
-	median := func(xs []float64) float64 {
-		s := slices.Clone(xs)
-		slices.Sort(s)
-		return s[len(s)/2]
-	}
+	rate := make(map[string]float64)
 	for _, m := range modes {
-		b.ReportMetric(median(rates[m.name]), m.name+"_tx/s")
+		rate[m.name] = float64(chunk*chunks) / m.elapsed.Seconds()
+		b.ReportMetric(rate[m.name], m.name+"_tx/s")
 	}
 	b.ReportMetric(0, "ns/op") // the workload is fixed; ns/op means nothing here
-	ours, noNotify, stock := median(ratios["ours"]), median(ratios["ours_no_notify"]), median(ratios["stock"])
+	ours, stock, noNotify := rate["ours"]/rate["journal"], rate["stock"]/rate["journal"], rate["ours_no_notify"]/rate["journal"]
 	b.ReportMetric(ours, "ours/journal")
 	b.ReportMetric(stock, "stock/journal")
-	for _, m := range modes {
-		b.Logf("%-15s tx/s per round %v", m.name, round0(rates[m.name]))
-	}
+	b.Logf("%d postings per mode, 8 writers: journal %.0f tx/s, ours %.0f, stock %.0f, ours without NOTIFY trigger %.0f",
+		chunk*chunks, rate["journal"], rate["ours"], rate["stock"], rate["ours_no_notify"])
 	b.Logf("ledger write overhead vs journal alone: ours %.1f%% (ratio %.3f), stock %.1f%% (ratio %.3f)", (1-ours)*100, ours, (1-stock)*100, stock)
-	b.Logf("ours without the relay's outbox_notify trigger (migration 00002): %.1f%% (ratio %.3f)", (1-noNotify)*100, noNotify)
+	b.Logf("ours without the relay's outbox_notify trigger: %.1f%% (ratio %.3f)", (1-noNotify)*100, noNotify)
 }
 
-func round0(xs []float64) []int {
-	out := make([]int, len(xs))
-	for i, x := range xs {
-		out[i] = int(x + 0.5)
-	}
-	return out
+type benchMode struct {
+	name     string
+	mode     postgres.OutboxMode
+	noNotify bool
+	pool     *pgxpool.Pool
+	store    *postgres.LedgerStore
+	elapsed  time.Duration
 }
 
-// benchMode writes postings with writers goroutines on a fresh database and
-// returns committed postings per second.
-func benchMode(b *testing.B, mode postgres.OutboxMode, noNotify bool, postings, writers int) float64 {
+const benchAccounts = 1000
+
+func benchAccount(i int) string { return "acc-" + strconv.Itoa(i) }
+
+func randomTransfer(r *rand.Rand) core.Posting {
+	from := r.IntN(benchAccounts)
+	to := (from + 1 + r.IntN(benchAccounts-1)) % benchAccounts
+	return transfer(benchAccount(from), benchAccount(to), 1+r.Int64N(10000), "EUR")
+}
+
+func (m *benchMode) setup(b *testing.B, writers int) {
 	b.Helper()
-	_, pool := pgtest.Ledger(b) // 16 connections: 8 writers never queue
-	// Give the connections back now, not at the end of the benchmark:
-	// a dozen idle pools would crowd the shared server.
-	defer pool.Close()
+	_, m.pool = pgtest.Ledger(b)
 	ctx := context.Background()
-	if mode == postgres.OutboxWatermillStock {
+	if m.mode == postgres.OutboxWatermillStock {
 		// The stock publisher may not create its table inside a
 		// transaction: create it here, as a migration would.
 		qs, err := wsql.DefaultPostgreSQLSchema{}.SchemaInitializingQueries(wsql.SchemaInitializingQueriesParams{Topic: core.TopicEvents})
@@ -105,62 +108,55 @@ func benchMode(b *testing.B, mode postgres.OutboxMode, noNotify bool, postings, 
 			b.Fatal(err)
 		}
 		for _, q := range qs {
-			if _, err := pool.Exec(ctx, q.Query, q.Args...); err != nil {
+			if _, err := m.pool.Exec(ctx, q.Query, q.Args...); err != nil {
 				b.Fatal(err)
 			}
 		}
 	}
-	if noNotify {
-		// Measurement only: what the relay's wake-up costs the writers.
-		if _, err := pool.Exec(ctx, `DROP TRIGGER outbox_notify ON outbox`); err != nil {
+	if m.noNotify {
+		if _, err := m.pool.Exec(ctx, `DROP TRIGGER outbox_notify ON outbox`); err != nil {
 			b.Fatal(err)
 		}
 	}
-	store := postgres.NewLedgerStore(pool, postgres.LedgerConfig{Outbox: mode})
-	const accounts = 1000
-	account := func(i int) string { return "acc-" + strconv.Itoa(i) }
-	transfer := func(from, to int, amount int64) core.Posting {
-		return core.Posting{Entries: []core.Entry{
-			{Account: account(from), Direction: core.Debit, Amount: amount, Currency: "EUR"},
-			{Account: account(to), Direction: core.Credit, Amount: amount, Currency: "EUR"},
-		}}
-	}
-	// Warm-up: create every account and prepare every statement on every
-	// connection, so the timed part measures steady-state postings.
-	run := func(prefix string, n int, make func(i int, r *rand.Rand) core.Posting) time.Duration {
-		var next atomic.Int64
-		var wg sync.WaitGroup
-		start := time.Now()
-		for w := 0; w < writers; w++ {
-			wg.Add(1)
-			go func(w int) {
-				defer wg.Done()
-				r := rand.New(rand.NewPCG(uint64(w), 42))
-				for {
-					i := int(next.Add(1)) - 1
-					if i >= n {
-						return
-					}
-					if _, _, err := store.Post(ctx, prefix+strconv.Itoa(i), make(i, r)); err != nil {
-						b.Error(err)
-						return
-					}
-				}
-			}(w)
-		}
-		wg.Wait()
-		if b.Failed() {
-			b.FailNow()
-		}
-		return time.Since(start)
-	}
-	run("warm-", accounts/2, func(i int, _ *rand.Rand) core.Posting { return transfer(2*i, 2*i+1, 1) })
-	elapsed := run("bench-", postings, func(_ int, r *rand.Rand) core.Posting {
-		from := r.IntN(accounts)
-		to := (from + 1 + r.IntN(accounts-1)) % accounts
-		return transfer(from, to, 1+r.Int64N(10000))
+	m.store = postgres.NewLedgerStore(m.pool, postgres.LedgerConfig{Outbox: m.mode})
+	// Warm-up: create every account (pairs 2i, 2i+1) and prepare every
+	// statement on every writer's connection.
+	var n atomic.Int64
+	m.run(b, "warm-", benchAccounts/2, writers, func(*rand.Rand) core.Posting {
+		i := int(n.Add(1)) - 1
+		return transfer(benchAccount(2*i), benchAccount(2*i+1), 1, "EUR")
 	})
-	return float64(postings) / elapsed.Seconds()
+}
+
+// run posts n postings with writers goroutines and returns the wall time.
+func (m *benchMode) run(b *testing.B, keyPrefix string, n, writers int, next func(*rand.Rand) core.Posting) time.Duration {
+	ctx := context.Background()
+	var claimed atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	for w := 0; w < writers; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(uint64(w), uint64(len(keyPrefix))))
+			for {
+				i := claimed.Add(1) - 1
+				if i >= int64(n) {
+					return
+				}
+				if _, _, err := m.store.Post(ctx, keyPrefix+strconv.FormatInt(i, 10), next(r)); err != nil {
+					b.Errorf("%s: %v", m.name, err)
+					return
+				}
+			}
+		}(w)
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	if b.Failed() {
+		b.FailNow()
+	}
+	return elapsed
 }
 
 func envInt(b *testing.B, name string, def int) int {
