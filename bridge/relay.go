@@ -172,17 +172,28 @@ func (r *Relay) run(ctx context.Context) {
 	if r.cfg.Hooks != nil && r.cfg.Hooks.UnsafeOrderByXID {
 		order = postgres.OrderByXIDUnsafe
 	}
+	// At most one marker is written in the background while the next batch
+	// is read and published (see markJob); inflight is that marker.
+	var inflight *markJob
+	settle := func() {
+		r.awaitMark(inflight)
+		inflight = nil
+	}
+	defer settle()
 	for !r.stopping() && ctx.Err() == nil {
 		if !time.Now().Before(r.nextMaintain) {
+			settle()
 			r.maintainLeases(ctx)
 		}
 		if len(r.leases) == 0 {
+			settle()
 			r.wait(ctx, r.cfg.PollInterval)
 			continue
 		}
 		perShard := (r.cfg.BatchSize + len(r.leases) - 1) / len(r.leases)
-		rows, err := r.store.ReadBatch(ctx, leaseShards(r.leases), perShard, order)
+		rows, err := r.store.ReadBatchSkipping(ctx, leaseShards(r.leases), perShard, inflight.rowIDs(), order)
 		if err != nil {
+			settle()
 			if ctx.Err() != nil {
 				break
 			}
@@ -191,17 +202,28 @@ func (r *Relay) run(ctx context.Context) {
 			continue
 		}
 		if len(rows) == 0 {
+			if inflight != nil {
+				settle() // its rows may be all there is: look again once marked
+				continue
+			}
 			r.wait(ctx, poll)
 			poll = min(2*poll, r.cfg.PollInterval)
 			continue
 		}
 		poll = r.cfg.MinPollInterval
-		if err := r.relayBatch(ctx, rows); errors.Is(err, errCrash) {
+		job, err := r.relayBatch(ctx, rows)
+		if errors.Is(err, errCrash) {
+			settle()
 			r.crashed.Store(true)
 			r.log.Warn("relay crashed by test hook: no marker written, leases kept")
 			return
 		}
+		settle()
+		if job != nil {
+			inflight = r.startMark(ctx, job)
+		}
 	}
+	settle()
 	// Soft stop (or hard cancel): give the leases back so another relay
 	// takes over at once instead of after the TTL.
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
@@ -246,9 +268,59 @@ func (r *Relay) backoff(ctx context.Context) {
 
 type aggKey struct{ typ, id string }
 
-// relayBatch publishes rows, then marks what was ACKed and parks what was
-// rejected for good. It returns errCrash only when the crash hook fired.
-func (r *Relay) relayBatch(ctx context.Context, rows []postgres.OutboxRow) error {
+// markJob is the marker of a fully ACKed batch, written in the background
+// while the loop reads and publishes the next batch. The next read skips
+// the job's rows, so nothing is read twice, and since that batch is only
+// published after this one's ACK, per-aggregate order is unchanged. If the
+// marker fails, its rows stay unrelayed and are sent again (same IDs).
+type markJob struct {
+	ids    []int64
+	leases []postgres.Lease
+	done   chan struct{}
+	marked int
+	refuse int
+	err    error
+}
+
+func (j *markJob) rowIDs() []int64 {
+	if j == nil {
+		return nil
+	}
+	return j.ids
+}
+
+func (r *Relay) startMark(ctx context.Context, j *markJob) *markJob {
+	j.done = make(chan struct{})
+	go func() {
+		defer close(j.done)
+		j.marked, j.refuse, j.err = r.store.MarkRelayed(ctx, j.ids, j.leases)
+	}()
+	return j
+}
+
+// awaitMark waits for j's marker and accounts for its outcome.
+func (r *Relay) awaitMark(j *markJob) {
+	if j == nil {
+		return
+	}
+	<-j.done
+	switch {
+	case j.err != nil:
+		// The records are out; without a marker they will be sent again with
+		// the same event IDs. That is the safe side.
+		r.log.Error("write relay markers", "rows", len(j.ids), "err", j.err)
+	case j.refuse > 0:
+		r.m.fenced.Add(float64(j.refuse))
+		r.log.Warn("markers refused: a lease was taken over; its new owner resends", "refused", j.refuse, "marked", j.marked)
+		r.nextMaintain = time.Time{}
+	}
+}
+
+// relayBatch publishes rows. When the whole batch was ACKed it returns the
+// marker job for the caller to run; otherwise it marks what may be marked,
+// parks what was rejected for good and backs off on retryable failures
+// itself. It returns errCrash only when the crash hook fired.
+func (r *Relay) relayBatch(ctx context.Context, rows []postgres.OutboxRow) (*markJob, error) {
 	batch := make([]core.Envelope, len(rows))
 	for i, row := range rows {
 		batch[i] = row.Envelope
@@ -264,7 +336,7 @@ func (r *Relay) relayBatch(ctx context.Context, rows []postgres.OutboxRow) error
 		r.log.Warn("abandoning batch: leases expire before it could be published", "rows", len(rows),
 			"lease_deadline_in", time.Until(r.deadline).String())
 		r.nextMaintain = time.Time{}
-		return nil
+		return nil, nil
 	}
 	pubCtx, cancel := context.WithDeadline(ctx, r.deadline)
 	start := time.Now()
@@ -278,7 +350,7 @@ func (r *Relay) relayBatch(ctx context.Context, rows []postgres.OutboxRow) error
 	r.m.publishSeconds.Observe(time.Since(start).Seconds())
 	r.m.batchSize.Observe(float64(len(batch)))
 	if ctx.Err() != nil {
-		return nil // hard stop: nothing is marked, everything will be resent
+		return nil, nil // hard stop: nothing is marked, everything will be resent
 	}
 
 	failed := map[int]error{}
@@ -330,25 +402,23 @@ func (r *Relay) relayBatch(ctx context.Context, rows []postgres.OutboxRow) error
 	if acked > 0 {
 		if h := r.cfg.Hooks; h != nil && h.AfterAck != nil {
 			if herr := h.AfterAck(batch); herr != nil {
-				return errCrash
+				return nil, errCrash
 			}
 		}
 	}
+	var job *markJob
 	if len(ids) > 0 {
 		if h := r.cfg.Hooks; h != nil && h.BeforeMarker != nil {
 			h.BeforeMarker()
 		}
-		marked, refused, merr := r.store.MarkRelayed(ctx, ids, r.leases)
-		switch {
-		case merr != nil:
-			// The records are out; without a marker they will be sent again
-			// with the same event IDs. That is the safe side.
-			r.log.Error("write relay markers", "rows", len(ids), "err", merr)
-		case refused > 0:
-			r.m.fenced.Add(float64(refused))
-			r.log.Warn("markers refused: a lease was taken over; its new owner resends", "refused", refused, "marked", marked)
-			r.nextMaintain = time.Time{}
-		}
+		job = &markJob{ids: ids, leases: slices.Clone(r.leases)}
+	}
+	if len(failed) == 0 {
+		r.retry.Reset()
+		return job, nil
+	}
+	if job != nil {
+		r.awaitMark(r.startMark(ctx, job))
 	}
 	for _, p := range parks {
 		isNew, perr := r.store.Park(ctx, p)
@@ -366,10 +436,10 @@ func (r *Relay) relayBatch(ctx context.Context, rows []postgres.OutboxRow) error
 		r.m.retries.Inc()
 		r.log.Warn("sink failed; retrying with backoff", "failed", len(failed), "batch", len(batch), "err", retryable)
 		r.backoff(ctx)
-		return nil
+		return nil, nil
 	}
 	r.retry.Reset()
-	return nil
+	return nil, nil
 }
 
 func isBatchError(err error) bool {

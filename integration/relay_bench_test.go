@@ -1,0 +1,305 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wmkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	wmsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/components/forwarder"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/posthorn/posthorn/adapters/kafka"
+	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
+	"github.com/posthorn/posthorn/bridge"
+	"github.com/posthorn/posthorn/bridge/bridgetest"
+	"github.com/posthorn/posthorn/core"
+)
+
+const (
+	drainEvents = 200_000
+	// The stock path drains ~2,000 events/s from a 200k backlog here (its
+	// select sorts the whole unconsumed backlog per 100-row batch), so
+	// draining all of it would take minutes: it gets the same 200k backlog
+	// and is timed over its first 20k events. Its rate only rises as its
+	// backlog shrinks, so timing the start is not in our favour.
+	stockDrainEvents = 20_000
+)
+
+func benchKfake(b *testing.B, partitions int32) []string {
+	b.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, core.TopicEvents), kfake.AllowAutoTopicCreation())
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(c.Close)
+	return c.ListenAddrs()
+}
+
+// BenchmarkRelayDrainVsStockForwarder drains a 200,000-event outbox backlog
+// to kfake with our relay, and a backlog of the same events with Watermill's
+// stock path (watermill-sql subscriber on DefaultPostgreSQLSchema →
+// components/forwarder → watermill-kafka publisher), and prints both rates
+// and their ratio.
+func BenchmarkRelayDrainVsStockForwarder(b *testing.B) {
+	ctx := context.Background()
+	relayRate := benchRelayDrain(b, ctx)
+	stockRate := benchStockDrain(b, ctx)
+	fmt.Printf("relay drain: %d events in backlog, %.0f events/s (kafka sink, batches of %d)\n", drainEvents, relayRate, bridge.BatchSizeDefault)
+	fmt.Printf("stock forwarder drain: %d events in backlog, first %d forwarded, %.0f events/s\n", drainEvents, stockDrainEvents, stockRate)
+	fmt.Printf("relay drain speedup vs stock forwarder: %.1fx\n", relayRate/stockRate)
+	b.ReportMetric(relayRate, "relay-events/s")
+	b.ReportMetric(stockRate, "stock-events/s")
+}
+
+func benchRelayDrain(b *testing.B, ctx context.Context) float64 {
+	_, pool := pgtest.Ledger(b)
+	brokers := benchKfake(b, 16)
+	if err := bridgetest.Fill(ctx, pool, "drain", 2000, drainEvents/2000); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `VACUUM ANALYZE outbox`); err != nil {
+		b.Fatal(err)
+	}
+	sink, err := kafka.New(kafka.Config{Brokers: brokers})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer sink.Close()
+	reg := prometheus.NewRegistry()
+	r, err := bridge.New(postgres.NewRelayStore(pool), sink, bridge.Config{
+		Owner: "bench", SinkName: "kafka", Logger: relayQuietLog, Registerer: reg, StatsInterval: time.Minute,
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	start := time.Now()
+	if err := r.Start(ctx); err != nil {
+		b.Fatal(err)
+	}
+	defer r.Stop(ctx)
+	bridgetest.WaitFor(b, 3*time.Minute, "the relay to drain the backlog", func() bool {
+		var n int
+		_ = pool.QueryRow(ctx, `SELECT count(*) FROM (SELECT 1 FROM outbox WHERE relayed_at IS NULL LIMIT 1) x`).Scan(&n)
+		return n == 0
+	})
+	return drainEvents / time.Since(start).Seconds()
+}
+
+// countingPublisher counts what the forwarder published.
+type countingPublisher struct {
+	message.Publisher
+	n atomic.Int64
+}
+
+func (p *countingPublisher) Publish(topic string, msgs ...*message.Message) error {
+	if err := p.Publisher.Publish(topic, msgs...); err != nil {
+		return err
+	}
+	p.n.Add(int64(len(msgs)))
+	return nil
+}
+
+func benchStockDrain(b *testing.B, ctx context.Context) float64 {
+	_, pool := pgtest.Ledger(b)
+	brokers := benchKfake(b, 16)
+	logger := watermill.NopLogger{}
+	sub, err := wmsql.NewSubscriber(wmsql.BeginnerFromPgx(pool), wmsql.SubscriberConfig{
+		SchemaAdapter:    wmsql.DefaultPostgreSQLSchema{},
+		OffsetsAdapter:   wmsql.DefaultPostgreSQLOffsetsAdapter{},
+		InitializeSchema: true,
+	}, logger)
+	if err != nil {
+		b.Fatal(err)
+	}
+	const fwdTopic = "forwarder"
+	if err := sub.SubscribeInitialize(fwdTopic); err != nil {
+		b.Fatal(err)
+	}
+	// The same events as forwarder envelopes, one writing transaction.
+	if _, err := pool.Exec(ctx, `
+INSERT INTO "watermill_forwarder" (uuid, payload, metadata, transaction_id)
+SELECT '00000000-0000-4000-8000-' || lpad(i::text, 12, '0'),
+       json_build_object(
+           'destination_topic', $2::text,
+           'uuid', '00000000-0000-4000-8000-' || lpad(i::text, 12, '0'),
+           'payload', encode(convert_to(format('{"account":"acc-drain-%s","revision":%s,"currency":"EUR","delta":"1"}', i % 2000, i / 2000 + 1), 'UTF8'), 'base64'),
+           'metadata', json_build_object('event_id', '00000000-0000-4000-8000-' || lpad(i::text, 12, '0'),
+               'kind', 'event', 'type', 'ledger.account.posted', 'aggregate_type', 'account',
+               'aggregate_id', 'acc-drain-' || (i % 2000), 'revision', (i / 2000 + 1)::text)),
+       '{}'::json, pg_current_xact_id()
+FROM generate_series(0, $1::int - 1) AS i`, drainEvents, core.TopicEvents); err != nil {
+		b.Fatal(err)
+	}
+	kpub, err := wmkafka.NewPublisher(wmkafka.PublisherConfig{
+		Brokers: brokers,
+		Marshaler: wmkafka.NewWithPartitioningMarshaler(func(_ string, m *message.Message) (string, error) {
+			return m.Metadata.Get(core.HeaderAggregateID), nil
+		}),
+	}, logger)
+	if err != nil {
+		b.Fatal(err)
+	}
+	pub := &countingPublisher{Publisher: kpub}
+	fwd, err := forwarder.NewForwarder(sub, pub, logger, forwarder.Config{ForwarderTopic: fwdTopic})
+	if err != nil {
+		b.Fatal(err)
+	}
+	start := time.Now()
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = fwd.Run(runCtx) }()
+	bridgetest.WaitFor(b, 3*time.Minute, "the stock forwarder to drain", func() bool { return pub.n.Load() >= stockDrainEvents })
+	rate := stockDrainEvents / time.Since(start).Seconds()
+	cancel()
+	_ = fwd.Close()
+	<-done
+	_ = pub.Close()
+	_ = sub.Close()
+	return rate
+}
+
+// timingSink records when each event ID was ACKed by the inner sink.
+type timingSink struct {
+	core.Sink
+	mu    sync.Mutex
+	acked map[string]time.Time
+}
+
+func (s *timingSink) Publish(ctx context.Context, batch []core.Envelope) error {
+	err := s.Sink.Publish(ctx, batch)
+	now := time.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err == nil {
+		for _, e := range batch {
+			if _, ok := s.acked[e.EventID]; !ok {
+				s.acked[e.EventID] = now
+			}
+		}
+	}
+	return err
+}
+
+// BenchmarkRelayCommitToAckLatency posts 1,000 balanced two-line postings
+// per second for ten seconds (8 writers, 1,000 accounts) while the relay
+// runs with its defaults (LISTEN/NOTIFY wake-ups, a 500 ms fallback poll)
+// over the Kafka sink to kfake, and reports the time from a posting's
+// commit returning to the sink's ACK of its events.
+func BenchmarkRelayCommitToAckLatency(b *testing.B) {
+	const (
+		rate     = 1000
+		duration = 10 * time.Second
+		writers  = 8
+		accounts = 1000
+	)
+	ctx := context.Background()
+	_, pool := pgtest.Ledger(b)
+	brokers := benchKfake(b, 16)
+	ks, err := kafka.New(kafka.Config{Brokers: brokers})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ks.Close()
+	sink := &timingSink{Sink: ks, acked: map[string]time.Time{}}
+	r, err := bridge.New(postgres.NewRelayStore(pool), sink, bridge.Config{Owner: "bench", SinkName: "kafka", Logger: relayQuietLog})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := r.Start(ctx); err != nil {
+		b.Fatal(err)
+	}
+	defer r.Stop(ctx)
+	bridgetest.MustPost(b, pool, "acc-warmup")
+
+	var (
+		mu        sync.Mutex
+		committed = map[string]time.Time{}
+		jobs      = make(chan struct{}, rate)
+		wg        sync.WaitGroup
+		failures  atomic.Int64
+	)
+	for range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range jobs {
+				a := fmt.Sprintf("acc-lat-%d", rand.IntN(accounts))
+				c := fmt.Sprintf("acc-lat-%d", rand.IntN(accounts))
+				if a == c {
+					continue
+				}
+				var ps []bridgetest.Posted
+				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+					var err error
+					ps, err = bridgetest.Post(ctx, tx, a, c)
+					return err
+				})
+				now := time.Now()
+				if err != nil {
+					failures.Add(1)
+					continue
+				}
+				mu.Lock()
+				for _, p := range ps {
+					committed[p.EventID] = now
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	start := time.Now()
+	tick := time.NewTicker(time.Second / rate)
+	for sent := 0; time.Since(start) < duration; {
+		<-tick.C
+		select {
+		case jobs <- struct{}{}:
+			sent++
+		default: // writers behind: the achieved rate is reported below
+		}
+	}
+	tick.Stop()
+	close(jobs)
+	wg.Wait()
+	elapsed := time.Since(start)
+	bridgetest.WaitFor(b, time.Minute, "every event ACKed", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		sink.mu.Lock()
+		defer sink.mu.Unlock()
+		for id := range committed {
+			if _, ok := sink.acked[id]; !ok {
+				return false
+			}
+		}
+		return true
+	})
+	lat := make([]time.Duration, 0, len(committed))
+	sink.mu.Lock()
+	for id, c := range committed {
+		lat = append(lat, max(sink.acked[id].Sub(c), 0))
+	}
+	sink.mu.Unlock()
+	slices.Sort(lat)
+	p50, p99 := lat[len(lat)*50/100], lat[len(lat)*99/100]
+	postings := len(committed) / 2
+	fmt.Printf("relay commit-to-sink-ACK latency at %.0f postings/s (%d postings, %d events, %d failed): p50 %.1f ms, p99 %.1f ms, max %.1f ms\n",
+		float64(postings)/elapsed.Seconds(), postings, len(committed), failures.Load(),
+		ms(p50), ms(p99), ms(lat[len(lat)-1]))
+	b.ReportMetric(ms(p50), "p50-ms")
+	b.ReportMetric(ms(p99), "p99-ms")
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
