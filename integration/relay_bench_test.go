@@ -302,4 +302,3 @@ func BenchmarkRelayCommitToAckLatency(b *testing.B) {
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
-
