@@ -306,4 +306,3 @@ func leaseValid(t *testing.T, r *opsRig) bool {
 func refusedWith(err error, reason string) bool {
 	return errors.Is(err, ops.ErrCleanupRefused) && strings.Contains(err.Error(), reason)
 }
-
