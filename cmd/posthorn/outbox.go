@@ -52,6 +52,8 @@ type outboxStatus struct {
 	// before it expired); Uncertain lists the first of them.
 	UncertainCount int64                   `json:"uncertain_count"`
 	Uncertain      []postgres.UncertainRow `json:"uncertain"`
+	// CDC is the replication slot of relay.cdc.slot, when it exists.
+	CDC *postgres.SlotStatus `json:"cdc,omitempty"`
 }
 
 func runOutboxStatus(ctx context.Context, args []string) error {
@@ -75,6 +77,9 @@ func runOutboxStatus(ctx context.Context, args []string) error {
 		return err
 	}
 	report := outboxStatus{OutboxStatus: st}
+	if report.CDC, err = cdcSlotStatus(ctx, pool, cfg.Relay.CDC.Slot); err != nil {
+		return err
+	}
 	if report.Uncertain, report.UncertainCount, err = postgres.NewOpsStore(pool).Uncertain(ctx, 20); err != nil {
 		return err
 	}
@@ -116,6 +121,7 @@ func printStatus(w io.Writer, st outboxStatus) {
 		fmt.Fprintln(w, "  release one with: posthorn outbox release --account ID")
 	}
 	printUncertain(w, st)
+	printCDCStatus(w, st.CDC)
 }
 
 func runOutboxRelease(ctx context.Context, args []string) error {

@@ -59,8 +59,8 @@ func runRelay(ctx context.Context, args []string) error {
 	if err := cfg.RequireDatabase(); err != nil {
 		return err
 	}
-	if cfg.Relay.Mode != "polling" {
-		return fmt.Errorf("config key relay.mode: %q is not available yet; use polling", cfg.Relay.Mode)
+	if cfg.Relay.Mode == "cdc" {
+		return runCDCRelay(ctx, cfg) // relay_cdc.go
 	}
 	log := newLogger(cfg.Log, os.Stderr)
 	pool, err := connectRelayPool(ctx, cfg.Database.URL)

@@ -1,0 +1,135 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/posthorn/posthorn/adapters/metricshttp"
+	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/bridge/cdc"
+	"github.com/posthorn/posthorn/configs"
+)
+
+// runCDCRelay runs `posthorn relay` with relay.mode cdc: the outbox is
+// streamed from a logical replication slot (bridge/cdc). The server is
+// checked first: wal_level must be logical and the role needs REPLICATION.
+func runCDCRelay(ctx context.Context, cfg configs.Config) error {
+	log := newLogger(cfg.Log, os.Stderr)
+	pool, err := connectRelayPool(ctx, cfg.Database.URL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	sink, err := openSink(cfg.Sink)
+	if err != nil {
+		return err
+	}
+	defer sink.Close()
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	relay, err := cdc.New(postgres.NewRelayStore(pool), sink, cdc.Config{
+		Owner:             cfg.Relay.Owner,
+		SinkName:          cfg.Sink.Kind,
+		Slot:              cfg.Relay.CDC.Slot,
+		Publication:       cfg.Relay.CDC.Publication,
+		BatchSize:         cfg.Relay.BatchSize,
+		LeaseTTL:          cfg.Relay.LeaseTTL,
+		StatusInterval:    cfg.Relay.CDC.StatusInterval,
+		HeartbeatInterval: cfg.Relay.CDC.HeartbeatInterval,
+		Logger:            log,
+		Registerer:        reg,
+	})
+	if err != nil {
+		return err
+	}
+	if err := relay.Check(ctx); err != nil {
+		return fmt.Errorf("config key relay.mode: cdc: %w", err)
+	}
+	if cfg.Metrics.Listen != "" {
+		srv, err := metricshttp.Start(cfg.Metrics.Listen, reg, relay.Ready)
+		if err != nil {
+			return fmt.Errorf("config key metrics.listen: %w", err)
+		}
+		defer srv.Close()
+		log.Info("metrics listening", "addr", srv.Addr())
+	}
+	if err := relay.Start(context.WithoutCancel(ctx)); err != nil {
+		return err
+	}
+	log.Info("relay started", "mode", "cdc", "owner", relay.Owner(), "sink", cfg.Sink.Kind, "slot", cfg.Relay.CDC.Slot)
+	select {
+	case <-ctx.Done():
+	case <-relay.Stopped():
+		return errors.New("relay stopped unexpectedly")
+	}
+	log.Info("stopping relay: finishing the in-flight batch, confirming its position, releasing the slot lease")
+	stopCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := relay.Stop(stopCtx); err != nil {
+		log.Warn("relay stop cut short; unconfirmed records will be sent again", "err", err)
+	}
+	log.Info("relay stopped", "owner", relay.Owner())
+	return nil
+}
+
+// cdcSlotStatus reads the CDC slot for `outbox status`; nil when there is
+// no such slot (polling mode, or CDC never started).
+func cdcSlotStatus(ctx context.Context, pool *pgxpool.Pool, slot string) (*postgres.SlotStatus, error) {
+	st, err := postgres.NewCDCStore(pool).SlotStatus(ctx, slot)
+	if err != nil {
+		return nil, err
+	}
+	if !st.Exists {
+		return nil, nil
+	}
+	return &st, nil
+}
+
+// printCDCStatus prints the CDC section of `outbox status`: the WAL the
+// slot holds back and how close it is to being invalidated.
+func printCDCStatus(w io.Writer, st *postgres.SlotStatus) {
+	if st == nil {
+		return
+	}
+	fmt.Fprintf(w, "\nCDC slot %s:\n", st.Slot)
+	active := "no reader"
+	if st.Active {
+		active = fmt.Sprintf("streamed by WAL sender pid %d", st.ActivePID)
+	}
+	fmt.Fprintf(w, "  state: %s, wal_status %s\n", active, st.WALStatus)
+	fmt.Fprintf(w, "  retained WAL: %s (pg_current_wal_lsn - restart_lsn); unconfirmed: %s\n",
+		byteSize(st.RetainedBytes), byteSize(st.UnconfirmedBytes))
+	safe := "unlimited (max_slot_wal_keep_size = -1: a stuck slot can fill the disk; set it)"
+	if st.SafeWALSize != nil {
+		safe = fmt.Sprintf("%s more WAL before the slot is lost (max_slot_wal_keep_size = %s)", byteSize(*st.SafeWALSize), st.MaxSlotWALKeepSize)
+	}
+	fmt.Fprintf(w, "  safe WAL size: %s\n", safe)
+	if st.FlushLagSeconds != nil {
+		fmt.Fprintf(w, "  flush lag: %s\n", time.Duration(*st.FlushLagSeconds*float64(time.Second)).Round(time.Millisecond))
+	}
+	fmt.Fprintf(w, "  confirmed position: %s\n", st.ConfirmedFlushLSN)
+	if st.WALStatus == "lost" {
+		fmt.Fprintln(w, "  LOST: the server removed WAL this slot needed; the CDC relay recovers through the outbox on its next start")
+	}
+}
+
+func byteSize(n int64) string {
+	switch {
+	case n >= 1<<30 || n <= -1<<30:
+		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+	case n >= 1<<20 || n <= -1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10 || n <= -1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
+}

@@ -1,0 +1,91 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/pgcluster"
+	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
+	"github.com/posthorn/posthorn/bridge/bridgetest"
+)
+
+// relay.mode cdc on a server with wal_level=replica (the shared one) stops
+// at start with an error naming the key and the setting to change.
+func TestRelayCDCRefusesWithoutLogicalWAL(t *testing.T) {
+	t.Parallel()
+	url, _ := pgtest.Ledger(t)
+	code, _, stderr := runCLI(t, []string{"POSTHORN_RELAY__MODE=cdc", "POSTHORN_SINK__KIND=memory"}, "relay", "--database.url", url)
+	if code == 0 || !strings.Contains(stderr, "relay.mode") || !strings.Contains(stderr, "wal_level") {
+		t.Fatalf("exit %d, stderr %q; want non-zero naming relay.mode and wal_level", code, stderr)
+	}
+}
+
+// `posthorn relay` in CDC mode on a logical cluster relays what is posted,
+// `outbox status` shows the slot's WAL pressure, and SIGTERM stops it with
+// exit 0.
+func TestRelayCDCRunsAndStatusShowsTheSlot(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, err := pgcluster.Start(ctx, pgcluster.Options{Logical: true, MaxSlotWALKeepSize: "256MB"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Stop() })
+	admin, err := pgx.Connect(ctx, c.URL("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	if _, err := admin.Exec(ctx, "CREATE DATABASE ledger"); err != nil {
+		t.Fatal(err)
+	}
+	url := c.URL("ledger")
+	if err := postgres.Migrate(ctx, url, postgres.LedgerSchema); err != nil {
+		t.Fatal(err)
+	}
+	pool, err := postgres.Connect(ctx, url, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+
+	env := append(os.Environ(), "POSTHORN_RELAY__MODE=cdc", "POSTHORN_SINK__KIND=memory", "POSTHORN_DATABASE__URL="+url)
+	cmd := exec.Command(binPath, "relay")
+	cmd.Env = env
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	bridgetest.MustPost(t, pool, "acc-a", "acc-b")
+	bridgetest.WaitFor(t, 30*time.Second, "the CDC relay to relay the posting", func() bool {
+		return bridgetest.Unrelayed(t, pool) == 0
+	})
+
+	code, stdout, serr := runCLI(t, []string{"POSTHORN_DATABASE__URL=" + url}, "outbox", "status")
+	if code != 0 {
+		t.Fatalf("outbox status: exit %d: %s", code, serr)
+	}
+	for _, want := range []string{"CDC slot posthorn_outbox", "wal_status reserved", "retained WAL", "max_slot_wal_keep_size = 256MB"} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("outbox status lacks %q:\n%s", want, stdout)
+		}
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("relay after SIGTERM: %v, want exit 0\n%s", err, stderr.String())
+	}
+}
