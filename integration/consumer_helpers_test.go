@@ -139,6 +139,8 @@ type consumerRig struct {
 	reg  *consumers.Registry
 	pool *pgxpool.Pool
 	prom *prometheus.Registry
+	// stop stops the instance as SIGTERM would (idempotent; cleanup calls it).
+	stop func()
 }
 
 type rigOptions struct {
@@ -197,12 +199,16 @@ func startConsumer(t *testing.T, tr consumerTransport, pool *pgxpool.Pool, o rig
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- reg.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("consumer run: %v", err)
-		}
-	})
+	var stopOnce sync.Once
+	stop := func() {
+		stopOnce.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("consumer run: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
 	select {
 	case <-reg.Running():
 	case err := <-done:
@@ -210,7 +216,7 @@ func startConsumer(t *testing.T, tr consumerTransport, pool *pgxpool.Pool, o rig
 	case <-time.After(30 * time.Second):
 		t.Fatal("consumer router did not start")
 	}
-	return &consumerRig{reg: reg, pool: pool, prom: prom}
+	return &consumerRig{reg: reg, pool: pool, prom: prom, stop: stop}
 }
 
 var probeOnce sync.Map

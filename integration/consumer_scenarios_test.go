@@ -320,3 +320,43 @@ func TestConsumerTwoInstancesWithoutInboxDoubleEffect(t *testing.T) {
 		})
 	})
 }
+
+// A consumer stopped mid-stream (SIGTERM) and started again resumes from
+// the broker's committed position; whatever is delivered again is absorbed
+// by the inbox, so every event has one effect.
+func TestConsumerRestartMidStreamAppliesOnce(t *testing.T) {
+	t.Parallel()
+	tr := kfakeTransport(t)
+	pool := smallConsumerPool(t)
+	first := startConsumer(t, tr, pool, rigOptions{audit: true})
+	const accounts, revisions = 4, 30
+	var msgs []*message.Message
+	want := map[string]int64{}
+	for rev := int64(1); rev <= revisions; rev++ {
+		for a := range accounts {
+			acc := fmt.Sprintf("restart-%d", a)
+			want[acc] += rev * 3
+			msgs = append(msgs, posted("restart", acc, rev, "EUR", rev*3))
+		}
+	}
+	tr.publish(t, msgs...)
+	total := int64(accounts * revisions)
+	waitFor(t, "some events applied before the stop", waitLong, func() (bool, string) {
+		n := counts(t, pool, projection.Name).Events[postgres.DispositionApplied]
+		return n >= 10, fmt.Sprint(n)
+	})
+	first.stop()
+	stoppedAt := counts(t, pool, projection.Name).Events[postgres.DispositionApplied]
+	startConsumer(t, tr, pool, rigOptions{audit: true})
+	waitFor(t, "every event applied after the restart", waitLong, func() (bool, string) {
+		p, a := counts(t, pool, projection.Name), counts(t, pool, auditlog.Name)
+		return p.Events[postgres.DispositionApplied] == total && a.Events[postgres.DispositionApplied] == total,
+			fmt.Sprintf("projection %+v, audit %+v", p, a)
+	})
+	t.Logf("stopped after %d of %d; duplicates absorbed after restart: %d", stoppedAt, total, counts(t, pool, projection.Name).DuplicatesAbsorbed)
+	for acc, sum := range want {
+		if got := balance(t, pool, acc, "EUR"); got != sum {
+			t.Errorf("%s balance %d, want %d", acc, got, sum)
+		}
+	}
+}
