@@ -108,7 +108,10 @@ var errKeyTaken = errors.New("idempotency key taken")
 // When the key exists with the same request (core.PostingHash) it returns
 // the stored result and replayed=true, writing nothing; with another
 // request, ErrIdempotencyConflict. A balance leaving the int64 range is a
-// *core.InputError naming the entry. Any error means nothing was written.
+// *core.InputError naming the entry. An error means nothing was written,
+// except when the connection fails during COMMIT, where the outcome is
+// unknown: a retry with the same key then returns the committed result or
+// writes the posting once.
 func (s *LedgerStore) Post(ctx context.Context, key string, p core.Posting) (core.PostingResult, bool, error) {
 	hash := core.PostingHash(p)
 	res, err := s.post(ctx, key, hash, p)
@@ -131,9 +134,10 @@ func (s *LedgerStore) Post(ctx context.Context, key string, p core.Posting) (cor
 		return core.PostingResult{}, false, s.explainOverflow(ctx, p)
 	}
 	if errors.Is(err, errKeyTaken) {
-		// The key's holder rolled back between our insert and the lookup:
-		// rare and harmless, but not ours to retry silently.
-		return core.PostingResult{}, false, fmt.Errorf("idempotency key was released concurrently; retry: %w", err)
+		// The insert found the key committed, yet the lookup did not: it
+		// was deleted in between (an operator's cleanup). Nothing was
+		// written; the caller may retry.
+		return core.PostingResult{}, false, fmt.Errorf("idempotency key disappeared during the request; retry: %w", err)
 	}
 	return core.PostingResult{}, false, err
 }
@@ -416,6 +420,7 @@ func (s *LedgerStore) writeOutbox(ctx context.Context, tx pgx.Tx, res core.Posti
 	if err != nil {
 		return fmt.Errorf("outbox publisher: %w", err)
 	}
+	defer func() { _ = pub.Close() }() // only marks it closed; the tx stays open
 	events := make([]*message.Message, len(lines))
 	for i, l := range lines {
 		payload, err := json.Marshal(core.AccountPosted{
