@@ -70,6 +70,10 @@ type Hooks struct {
 	// UnsafeOrderByXID reads rows in transaction-ID order: the negative
 	// control of the ordering test. Never set it outside tests.
 	UnsafeOrderByXID bool
+	// UnsafeMarkBeforeAck writes the marker before publishing: the negative
+	// control of the fault suite (a crash or a failed publish after the
+	// marker loses the batch). Never set it outside tests.
+	UnsafeMarkBeforeAck bool
 }
 
 func (c *Config) setDefaults() {

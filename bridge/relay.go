@@ -338,6 +338,9 @@ func (r *Relay) relayBatch(ctx context.Context, rows []postgres.OutboxRow) (*mar
 		r.nextMaintain = time.Time{}
 		return nil, nil
 	}
+	if h := r.cfg.Hooks; h != nil && h.UnsafeMarkBeforeAck {
+		return nil, r.unsafeMarkThenPublish(ctx, rows, batch)
+	}
 	pubCtx, cancel := context.WithDeadline(ctx, r.deadline)
 	start := time.Now()
 	err := r.sink.Publish(pubCtx, batch)

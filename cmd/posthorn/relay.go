@@ -52,6 +52,9 @@ func openSink(c configs.Sink) (core.Sink, error) {
 func runRelay(ctx context.Context, args []string) error {
 	fs, path := flagSet("relay")
 	keyFlags(fs, "database.url", "metrics.listen", "sink.kind", "sink.kafka.brokers", "relay.owner")
+	// Test-only: the fault suite's negative control (marker before ACK).
+	unsafeMark := fs.Bool("unsafe-mark-before-ack", false, "UNSAFE, tests only: write the marker before the broker ACK")
+	_ = fs.MarkHidden("unsafe-mark-before-ack")
 	cfg, err := loadConfig(fs, path, args)
 	if err != nil {
 		return err
@@ -84,6 +87,7 @@ func runRelay(ctx context.Context, args []string) error {
 		LeaseTTL:     cfg.Relay.LeaseTTL,
 		Logger:       log,
 		Registerer:   reg,
+		Hooks:        unsafeRelayHooks(*unsafeMark, log),
 	})
 	if err != nil {
 		return err
@@ -114,4 +118,14 @@ func runRelay(ctx context.Context, args []string) error {
 	}
 	log.Info("relay stopped", slog.String("owner", relay.Owner()))
 	return nil
+}
+
+// unsafeRelayHooks returns the hooks of --unsafe-mark-before-ack (nil
+// without it), which only the fault suite's negative control sets.
+func unsafeRelayHooks(markBeforeAck bool, log *slog.Logger) *bridge.Hooks {
+	if !markBeforeAck {
+		return nil
+	}
+	log.Warn("UNSAFE --unsafe-mark-before-ack: markers are written before the broker ACK, so a crash loses events; for negative-control tests only")
+	return &bridge.Hooks{UnsafeMarkBeforeAck: true}
 }

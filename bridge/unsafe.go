@@ -1,0 +1,31 @@
+package bridge
+
+import (
+	"context"
+
+	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/core"
+)
+
+// unsafeMarkThenPublish is Hooks.UnsafeMarkBeforeAck: the marker first,
+// then the send. It exists only so the fault suite can show that this
+// order loses events when the relay dies, or the sink fails, between the
+// two; the relay never uses it otherwise.
+func (r *Relay) unsafeMarkThenPublish(ctx context.Context, rows []postgres.OutboxRow, batch []core.Envelope) error {
+	ids := make([]int64, len(rows))
+	for i, row := range rows {
+		ids[i] = row.ID
+	}
+	if _, _, err := r.store.MarkRelayed(ctx, ids, r.leases); err != nil {
+		r.log.Error("UNSAFE mark-before-ACK: write relay markers", "rows", len(ids), "err", err)
+		return nil
+	}
+	pubCtx, cancel := context.WithDeadline(ctx, r.deadline)
+	defer cancel()
+	if err := r.sink.Publish(pubCtx, batch); err != nil {
+		r.log.Error("UNSAFE mark-before-ACK: publish failed after the marker; these records are lost", "rows", len(batch), "err", err)
+		return nil
+	}
+	r.m.published.Add(float64(len(batch)))
+	return nil
+}
