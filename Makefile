@@ -29,5 +29,20 @@ lint:
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 10m $(PKGS)
 
+# The demo on embedded defaults: a throwaway PostgreSQL (needs the server
+# binaries, e.g. apt-get install postgresql), an in-process Kafka-protocol
+# broker, the API, the relay and the example consumers in one process.
+# Pass flags with DEMO_FLAGS, e.g. make demo DEMO_FLAGS='--postings 10000 --json'.
+demo: build
+	$(BIN) demo $(DEMO_FLAGS)
+
+# The long fault suite: SOAK_DURATION of load (default 30m), SOAK_POSTINGS
+# postings, hundreds of SIGKILLs; figures go to soak-YYYYMMDD-HHMM.txt.
+SOAK_DURATION ?= 30m
+SOAK_POSTINGS ?= 200000
+soak:
+	POSTHORN_SOAK=1 POSTHORN_SOAK_DURATION=$(SOAK_DURATION) POSTHORN_SOAK_POSTINGS=$(SOAK_POSTINGS) \
+		$(GO) test -count=1 -v -run '^TestFaultSuite$$' -timeout 3h ./integration/
+
 clean:
 	rm -rf bin
