@@ -289,11 +289,40 @@ func (j *markJob) rowIDs() []int64 {
 	return j.ids
 }
 
+// markParallelism splits a large marker into this many statements on
+// separate connections: the marker's cost is per row (a non-HOT update
+// that adds an entry to each of the outbox's indexes), and one statement
+// runs on one core.
+const markParallelism = 2
+
 func (r *Relay) startMark(ctx context.Context, j *markJob) *markJob {
 	j.done = make(chan struct{})
+	parts := 1
+	if len(j.ids) >= 1000 {
+		parts = markParallelism
+	}
+	chunk := (len(j.ids) + parts - 1) / parts
+	var (
+		wg sync.WaitGroup
+		mu sync.Mutex
+	)
+	for ids := range slices.Chunk(j.ids, chunk) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			marked, refused, err := r.store.MarkRelayed(ctx, ids, j.leases)
+			mu.Lock()
+			defer mu.Unlock()
+			j.marked += marked
+			j.refuse += refused
+			if err != nil {
+				j.err = err
+			}
+		}()
+	}
 	go func() {
-		defer close(j.done)
-		j.marked, j.refuse, j.err = r.store.MarkRelayed(ctx, j.ids, j.leases)
+		wg.Wait()
+		close(j.done)
 	}()
 	return j
 }
