@@ -3,8 +3,6 @@ package sqlsink_test
 import (
 	"context"
 	"encoding/json"
-	"net/url"
-	"strings"
 	"testing"
 	"time"
 
@@ -14,6 +12,7 @@ import (
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/adapters/sinktest"
 	"github.com/posthorn/posthorn/adapters/sqlsink"
+	"github.com/posthorn/posthorn/adapters/sqlsink/sqltest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -34,34 +33,9 @@ func TestConformance(t *testing.T) {
 			Sink:     s,
 			Read:     readFunc(target),
 			TooLarge: make([]byte, 2<<20),
-			Outage:   func(t *testing.T) func() { return Outage(t, target) },
+			Outage:   func(t *testing.T) func() { return sqltest.Outage(t, target) },
 		}
 	})
-}
-
-// Outage makes the database of target refuse connections and ends its
-// sessions; the returned function lets connections in again.
-func Outage(t testing.TB, target string) (restore func()) {
-	t.Helper()
-	u, err := url.Parse(target)
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := strings.TrimPrefix(u.Path, "/")
-	admin := func(sql string) {
-		t.Helper()
-		c, err := pgx.Connect(context.Background(), pgtest.ServerURL())
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close(context.Background())
-		if _, err := c.Exec(context.Background(), sql); err != nil {
-			t.Fatal(err)
-		}
-	}
-	admin(`ALTER DATABASE ` + db + ` ALLOW_CONNECTIONS false`)
-	admin(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '` + db + `' AND pid <> pg_backend_pid()`)
-	return func() { admin(`ALTER DATABASE ` + db + ` ALLOW_CONNECTIONS true`) }
 }
 
 // readFunc reads a topic's table in offset order, the order watermill-sql's

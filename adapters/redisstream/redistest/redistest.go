@@ -48,17 +48,25 @@ func Prefix(t testing.TB, addr string) string {
 	return p
 }
 
-// Server is a dedicated, durable redis-server.
+// Server is a dedicated redis-server.
 type Server struct {
-	Addr string
-	t    testing.TB
-	port int
-	dir  string
-	cmd  *exec.Cmd
+	Addr     string
+	t        testing.TB
+	port     int
+	dir      string
+	volatile bool
+	cmd      *exec.Cmd
 }
 
-// Start starts a dedicated server; it is killed at cleanup.
-func Start(t testing.TB) *Server {
+// Start starts a dedicated durable server (appendonly yes, appendfsync
+// always); it is killed at cleanup.
+func Start(t testing.TB) *Server { return start(t, false) }
+
+// StartVolatile starts a dedicated server that keeps nothing on disk, like
+// the machine's shared one: the negative control of durability tests.
+func StartVolatile(t testing.TB) *Server { return start(t, true) }
+
+func start(t testing.TB, volatile bool) *Server {
 	t.Helper()
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		t.Fatalf("redistest: redis-server not installed (apt-get install redis-server): %v", err)
@@ -69,7 +77,7 @@ func Start(t testing.TB) *Server {
 	}
 	port := l.Addr().(*net.TCPAddr).Port
 	_ = l.Close()
-	s := &Server{t: t, port: port, dir: t.TempDir(), Addr: fmt.Sprintf("127.0.0.1:%d", port)}
+	s := &Server{t: t, port: port, dir: t.TempDir(), volatile: volatile, Addr: fmt.Sprintf("127.0.0.1:%d", port)}
 	s.StartAgain()
 	t.Cleanup(s.Kill)
 	return s
@@ -79,9 +87,12 @@ func Start(t testing.TB) *Server {
 // loads the AOF written before.
 func (s *Server) StartAgain() {
 	s.t.Helper()
-	s.cmd = exec.Command("redis-server", "--bind", "127.0.0.1", "--port", strconv.Itoa(s.port),
-		"--dir", s.dir, "--save", "", "--appendonly", "yes", "--appendfsync", "always",
-		"--logfile", "redis.log", "--daemonize", "no")
+	aof := []string{"--appendonly", "yes", "--appendfsync", "always"}
+	if s.volatile {
+		aof = []string{"--appendonly", "no"}
+	}
+	s.cmd = exec.Command("redis-server", append([]string{"--bind", "127.0.0.1", "--port", strconv.Itoa(s.port),
+		"--dir", s.dir, "--save", "", "--logfile", "redis.log", "--daemonize", "no"}, aof...)...)
 	if err := s.cmd.Start(); err != nil {
 		s.t.Fatalf("redistest: start redis-server: %v", err)
 	}
