@@ -153,6 +153,9 @@ func TestOpsReplayArchiveCleanupLifecycle(t *testing.T) {
 
 	// Reconciliation after cleanup starts above the floor and stays clean
 	// (the cleaned events are found in the archive, not reported unknown).
+	if _, err := ops.Reconcile(ctx, ops.ReconcileConfig{Ledger: r.ops, Consumers: r.sources()}); !errors.Is(err, ops.ErrArchiveRequired) {
+		t.Fatalf("reconcile after cleanup without the archive: %v, want ErrArchiveRequired", err)
+	}
 	if rep := r.reconcile(t, archive); !rep.Clean || rep.Cut.Floor != cut {
 		t.Fatalf("reconcile after cleanup: floor %d (want %d), %+v", rep.Cut.Floor, cut, rep)
 	}

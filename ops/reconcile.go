@@ -2,6 +2,7 @@ package ops
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -97,6 +98,15 @@ type Class struct {
 	OldestAgeSeconds float64 `json:"oldest_age_seconds,omitempty"`
 }
 
+// MarshalJSON lists no IDs as [] rather than null.
+func (c Class) MarshalJSON() ([]byte, error) {
+	type plain Class
+	if c.IDs == nil {
+		c.IDs = []string{}
+	}
+	return json.Marshal(plain(c))
+}
+
 func (c *Class) add(cap int, ids ...string) {
 	for _, id := range ids {
 		c.Count++
@@ -179,6 +189,12 @@ func Reconcile(ctx context.Context, cfg ReconcileConfig) (Report, error) {
 		return Report{}, err
 	}
 	defer cut.Close()
+	if cut.Floor > 0 && cfg.Archive == nil {
+		// The consumers hold event IDs whose outbox rows are gone: without
+		// the archive they would all look unknown.
+		return Report{}, fmt.Errorf("%w: cleanup removed outbox rows up to journal sequence %d; the archive is needed to tell cleaned events from unknown ones (archive.dir)",
+			ErrArchiveRequired, cut.Floor)
+	}
 	rep := Report{Cut: CutInfo{Sequence: cut.Sequence, LastCommitted: cut.LastCommitted, Floor: cut.Floor,
 		TakenAt: cut.TakenAt, WaitedSeconds: cut.Waited.Seconds()}}
 	if rep.Cut.CoveredOutboxID, err = cut.CoveredOutboxID(ctx); err != nil {
