@@ -113,6 +113,21 @@ func New(cfg Config, store Store) (*Server, error) {
 		_, _ = io.WriteString(w, "ok\n")
 	})
 	s.mux.HandleFunc("GET /readyz", s.handleReady)
+	// Other methods on known paths: 405 as problem+json (ServeMux's own
+	// 405 is plain text).
+	for path, allow := range map[string]string{
+		"/v1/postings":              "POST",
+		"/v1/postings/{journal_id}": "GET, HEAD",
+		"/v1/accounts/{account}":    "GET, HEAD",
+		"/healthz":                  "GET, HEAD",
+		"/readyz":                   "GET, HEAD",
+	} {
+		s.mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Allow", allow)
+			s.problem(w, r, http.StatusMethodNotAllowed, "method-not-allowed", "Method Not Allowed", "method",
+				fmt.Sprintf("method %.20q is not allowed here; use %s", r.Method, allow))
+		})
+	}
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		s.problem(w, r, http.StatusNotFound, "not-found", "Not Found", "path", fmt.Sprintf("no resource at %.120q", r.URL.Path))
 	})

@@ -209,6 +209,8 @@ func TestBadRequestsAreRefusedWithoutTrace(t *testing.T) {
 		{"GET posting with a bad id", request{method: http.MethodGet, path: "/v1/postings/not-a-uuid"}, 400, "journal_id"},
 		{"GET bad account", request{method: http.MethodGet, path: "/v1/accounts/-x"}, 400, "account"},
 		{"GET unknown account", request{method: http.MethodGet, path: "/v1/accounts/nobody"}, 404, "account"},
+		{"DELETE a posting", request{method: http.MethodDelete, path: "/v1/postings/01900000-0000-7000-8000-000000000000"}, 405, "method"},
+		{"GET the postings collection", request{method: http.MethodGet, path: "/v1/postings"}, 405, "method"},
 	}
 	for i, tt := range tests {
 		r := tt.req
