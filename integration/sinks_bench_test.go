@@ -1,0 +1,115 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/posthorn/posthorn/adapters/amqp/amqptest"
+	"github.com/posthorn/posthorn/adapters/kafka"
+	"github.com/posthorn/posthorn/adapters/nats/natstest"
+	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
+	"github.com/posthorn/posthorn/adapters/redisstream/redistest"
+	"github.com/posthorn/posthorn/bridge"
+	"github.com/posthorn/posthorn/bridge/bridgetest"
+	"github.com/posthorn/posthorn/configs"
+	"github.com/posthorn/posthorn/consumers/subscribers"
+	"github.com/posthorn/posthorn/core"
+)
+
+const sinkDrainEvents = 100_000
+
+// BenchmarkSinksDrain drains a 100,000-event outbox backlog (1,000
+// accounts × 100 revisions, written by INSERT … SELECT generate_series) with
+// the relay's defaults through every sink, one after the other in one run,
+// and prints events/s side by side: Kafka on kfake (in-process, real
+// sockets), then NATS JetStream, RabbitMQ, Redis Streams and Postgres on
+// this machine's servers. The clock runs from the relay's start to the
+// last marker, so it includes every broker ACK.
+func BenchmarkSinksDrain(b *testing.B) {
+	kinds := []string{"kafka", "nats", "amqp", "redis", "postgres"}
+	rates := map[string]float64{}
+	loadBefore := loadAvg()
+	for _, kind := range kinds {
+		rates[kind] = benchSinkDrain(b, kind)
+	}
+	// The machine is shared: a busy one slows every sink, so say how busy.
+	fmt.Printf("relay drain of a %d-event backlog, batches of %d, one run (load average %s before, %s after):\n",
+		sinkDrainEvents, bridge.BatchSizeDefault, loadBefore, loadAvg())
+	for _, kind := range kinds {
+		fmt.Printf("  %-8s %8.0f events/s\n", kind, rates[kind])
+		b.ReportMetric(rates[kind], kind+"-events/s")
+	}
+}
+
+// loadAvg is the one-minute load average, or "?" where /proc is missing.
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	return strings.Fields(string(b))[0]
+}
+
+func benchSinkDrain(b *testing.B, kind string) float64 {
+	ctx := context.Background()
+	_, pool := pgtest.Ledger(b)
+	if err := bridgetest.Fill(ctx, pool, "drain", 1000, sinkDrainEvents/1000); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `VACUUM ANALYZE outbox`); err != nil {
+		b.Fatal(err)
+	}
+	var (
+		sink core.Sink
+		err  error
+	)
+	sc := configs.Default().Sink
+	sc.Kind = kind
+	switch kind {
+	case "kafka":
+		sink, err = kafka.New(kafka.Config{Brokers: benchKfake(b, 16)})
+	case "nats":
+		sc.NATS.URL = natstest.SharedURL()
+		sc.NATS.SubjectPrefix = natstest.Prefix(b, sc.NATS.URL)
+	case "amqp":
+		sc.AMQP.URL = amqptest.SharedURL()
+		sc.AMQP.Consumers = []string{"bench"}
+		sc.AMQP.ExchangePrefix = amqptest.Prefix(b, sc.AMQP.URL, []string{core.TopicEvents}, sc.AMQP.Consumers)
+	case "redis":
+		sc.Redis.Addr = redistest.SharedAddr()
+		sc.Redis.StreamPrefix = redistest.Prefix(b, sc.Redis.Addr)
+	case "postgres":
+		sc.Postgres.URL = pgtest.NewDatabase(b)
+	}
+	if sink == nil && err == nil {
+		sink, err = subscribers.OpenSink(sc)
+	}
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer sink.Close()
+	r, err := bridge.New(postgres.NewRelayStore(pool), sink, bridge.Config{
+		Owner: "bench-" + kind, SinkName: kind, Logger: relayQuietLog, Registerer: prometheus.NewRegistry(), StatsInterval: time.Minute,
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	start := time.Now()
+	if err := r.Start(ctx); err != nil {
+		b.Fatal(err)
+	}
+	defer r.Stop(ctx)
+	bridgetest.WaitFor(b, 3*time.Minute, kind+": the relay to drain the backlog", func() bool {
+		var n int
+		_ = pool.QueryRow(ctx, `SELECT count(*) FROM (SELECT 1 FROM outbox WHERE relayed_at IS NULL LIMIT 1) x`).Scan(&n)
+		return n == 0
+	})
+	return sinkDrainEvents / time.Since(start).Seconds()
+}
