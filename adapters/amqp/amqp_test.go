@@ -2,6 +2,7 @@ package amqp_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -93,5 +94,36 @@ func readFunc(cfg phamqp.Config) func(ctx context.Context, topic string, n int) 
 				return out, ctx.Err()
 			}
 		}
+	}
+}
+
+// TestUnroutableIsNotAnAck: RabbitMQ confirms a record that no queue took
+// (a fanout exchange with nothing bound drops it). Published mandatory, the
+// broker returns it first, and the sink reports it as a retryable failure.
+// Control: the same record with the consumer's queue declared is ACKed.
+func TestUnroutableIsNotAnAck(t *testing.T) {
+	url := amqptest.SharedURL()
+	prefix := amqptest.Prefix(t, url, topics, []string{reader})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+
+	bare, err := phamqp.New(phamqp.Config{URL: url, ExchangePrefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bare.Close()
+	err = bare.Publish(ctx, []core.Envelope{sinktest.Envelope(core.TopicEvents, "acc-x", 1)})
+	var be *core.BatchError
+	if !errors.As(err, &be) || !errors.Is(be.Failed[0], phamqp.ErrUnroutable) || core.IsPermanent(be.Failed[0]) {
+		t.Fatalf("publish to an exchange without queues: %v, want a retryable ErrUnroutable for record 0", err)
+	}
+
+	withQueue, err := phamqp.New(phamqp.Config{URL: url, ExchangePrefix: prefix, Consumers: []string{reader}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer withQueue.Close()
+	if err := withQueue.Publish(ctx, []core.Envelope{sinktest.Envelope(core.TopicEvents, "acc-x", 1)}); err != nil {
+		t.Fatalf("control: publish with the consumer's queue declared: %v", err)
 	}
 }
