@@ -105,6 +105,15 @@ func runReplay(ctx context.Context, args []string) error {
 		_ = bar.Finish()
 		fmt.Println()
 	}
+	if err != nil && ctx.Err() != nil {
+		// Stopped by SIGINT/SIGTERM: every ACKed batch is saved; a soft stop.
+		if *resume == "" {
+			fmt.Printf("interrupted after %d events (through outbox id %d); this replay had no --resume name and starts over if run again\n", res.Sent, res.LastID)
+		} else {
+			fmt.Printf("interrupted after %d events (through outbox id %d); run again with --resume %s to continue\n", res.Sent, res.LastID, *resume)
+		}
+		return nil
+	}
 	if err != nil {
 		if *resume != "" && res.Sent > 0 {
 			return fmt.Errorf("%w (resume with --resume %s: it continues after outbox id %d)", err, *resume, res.LastID)
