@@ -12,6 +12,7 @@ import (
 	phnats "github.com/posthorn/posthorn/adapters/nats"
 	"github.com/posthorn/posthorn/adapters/nats/natstest"
 	"github.com/posthorn/posthorn/adapters/sinktest"
+	"github.com/posthorn/posthorn/core"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -118,4 +119,37 @@ func deadline(ctx context.Context) time.Time {
 		return d
 	}
 	return time.Now().Add(20 * time.Second)
+}
+
+// TestResendWithinDuplicateWindowIsDropped: the event ID is the
+// Nats-Msg-Id, so JetStream keeps one copy of a record the relay resends
+// within the stream's duplicate window (a lost PubAck), and still ACKs the
+// resend. Control: a record with another event ID is stored.
+func TestResendWithinDuplicateWindowIsDropped(t *testing.T) {
+	url := natstest.SharedURL()
+	cfg := phnats.Config{URL: url, SubjectPrefix: natstest.Prefix(t, url)}
+	s, err := phnats.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	e := sinktest.Envelope(core.TopicEvents, "acc-dup", 1)
+	for range 2 {
+		if err := s.Publish(ctx, []core.Envelope{e}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	other := sinktest.Envelope(core.TopicEvents, "acc-dup", 2)
+	if err := s.Publish(ctx, []core.Envelope{other}); err != nil {
+		t.Fatal(err)
+	}
+	recs, err := readFunc(cfg)(ctx, core.TopicEvents, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != 2 || recs[0].Headers[core.HeaderEventID] != e.EventID || recs[1].Headers[core.HeaderEventID] != other.EventID {
+		t.Fatalf("stream holds %d records %v, want %s once then %s", len(recs), recs, e.EventID, other.EventID)
+	}
 }
