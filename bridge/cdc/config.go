@@ -18,7 +18,7 @@ import (
 const (
 	SlotDefault              = "posthorn_outbox"
 	PublicationDefault       = "posthorn_outbox"
-	BatchLingerDefault       = 5 * time.Millisecond
+	BatchLingerDefault       = 2 * time.Millisecond
 	StatusIntervalDefault    = 10 * time.Second
 	HeartbeatIntervalDefault = 10 * time.Second
 )

@@ -767,6 +767,11 @@ func (r *Relay) deliverBatch(ctx context.Context, rows []postgres.OutboxRow) err
 		}
 		if s.Retryable == nil {
 			r.retry.Reset()
+			if r.stream != nil && time.Since(r.lastStatus) >= r.cfg.StatusInterval {
+				// A long delivery (a huge transaction) must not let the WAL
+				// sender time out waiting for a reply.
+				return r.sendStatus(ctx)
+			}
 			return nil
 		}
 		r.bm.Retried()
