@@ -17,5 +17,21 @@ CREATE TABLE relay_cdc_leases (
     slot_created_lsn pg_lsn
 );
 
+-- The CDC relay's default publication (relay.cdc.publication): inserts into
+-- the outbox only. Created here, by the schema's owner, so the relay's role
+-- needs no ownership of the outbox; a relay configured with another name
+-- creates that one itself (which does need ownership). On a server with
+-- wal_level below logical this only warns.
+-- +goose StatementBegin
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = 'posthorn_outbox') THEN
+        CREATE PUBLICATION posthorn_outbox FOR TABLE outbox WITH (publish = 'insert');
+    END IF;
+END
+$$;
+-- +goose StatementEnd
+
 -- +goose Down
+DROP PUBLICATION IF EXISTS posthorn_outbox;
 DROP TABLE relay_cdc_leases;
