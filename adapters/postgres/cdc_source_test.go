@@ -1,0 +1,122 @@
+package postgres_test
+
+import (
+	"context"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/pgcluster"
+	"github.com/posthorn/posthorn/core"
+)
+
+// A row streamed from the slot decodes to exactly what the polling read
+// path reads for it (every envelope field, headers and the replay flag
+// included); a dropped slot is reported as gone.
+func TestStreamedRowMatchesReadBatch(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, err := pgcluster.Start(ctx, pgcluster.Options{Logical: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Stop() })
+	admin, err := pgx.Connect(ctx, c.URL("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	if _, err := admin.Exec(ctx, "CREATE DATABASE ledger"); err != nil {
+		t.Fatal(err)
+	}
+	url := c.URL("ledger")
+	if err := postgres.Migrate(ctx, url, postgres.LedgerSchema); err != nil {
+		t.Fatal(err)
+	}
+	pool, err := postgres.Connect(ctx, url, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	cdc := postgres.NewCDCStore(pool)
+	if err := cdc.CheckServer(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cdc.CreateSlot(ctx, "s1"); err != nil {
+		t.Fatal(err)
+	}
+	_, err = pool.Exec(ctx, `
+INSERT INTO outbox (event_id, kind, type, topic, aggregate_type, aggregate_id, revision, shard, journal_id, headers, payload, occurred_at)
+VALUES ('0190a000-0000-7000-8000-000000000001', 'command', 'payouts.payout.execute', 'commands.payouts', 'account', 'acc-x', 3, $1,
+        '0190a000-0000-7000-8000-00000000beef', '{"replay":"true","trace":"a b"}', '\x00ff7b7d', '2026-11-29 10:11:12.123456+01')`,
+		core.ShardOf("acc-x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := postgres.NewRelayStore(pool).ReadBatch(ctx, []int{core.ShardOf("acc-x")}, 10, postgres.OrderByID)
+	if err != nil || len(want) != 1 {
+		t.Fatalf("read batch: %v %v", want, err)
+	}
+	st, err := postgres.OpenStream(ctx, pool, "s1", "posthorn_outbox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close(context.Background())
+	var got *postgres.OutboxRow
+	var commit postgres.LSN
+	for commit == 0 {
+		ev, err := st.Next(ctx, time.Now().Add(10*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch ev.Kind {
+		case postgres.EventNone:
+			t.Fatal("no row streamed within 10s")
+		case postgres.EventRow:
+			got = &ev.Row
+		case postgres.EventCommit:
+			commit = ev.LSN
+		}
+	}
+	if got == nil {
+		t.Fatal("commit without the row")
+	}
+	w, g := want[0], *got
+	if !w.Envelope.OccurredAt.Equal(g.Envelope.OccurredAt) {
+		t.Errorf("occurred_at: streamed %v, read %v", g.Envelope.OccurredAt, w.Envelope.OccurredAt)
+	}
+	w.Envelope.OccurredAt, g.Envelope.OccurredAt = time.Time{}, time.Time{}
+	if w.ID != g.ID || w.Shard != g.Shard || !reflect.DeepEqual(w.Envelope, g.Envelope) {
+		t.Fatalf("streamed row\n%+v\nread row\n%+v", g, w)
+	}
+	if !g.Envelope.Replay || g.Envelope.Kind != core.KindCommand {
+		t.Errorf("replay flag or kind lost: %+v", g.Envelope)
+	}
+	if err := st.Confirm(ctx, commit); err != nil {
+		t.Fatal(err)
+	}
+
+	// Dropping the slot under the stream: starting it again says it is gone.
+	if _, err := pool.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = 's1'`); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if err := cdc.DropSlot(ctx, "s1"); err == nil {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond) // the WAL sender exits asynchronously
+	}
+	if _, err := postgres.OpenStream(ctx, pool, "s1", "posthorn_outbox"); !postgres.IsSlotGone(err) {
+		t.Fatalf("stream of a dropped slot: %v, want IsSlotGone", err)
+	}
+	if ss, err := cdc.SlotStatus(ctx, "s1"); err != nil || ss.Exists {
+		t.Fatalf("status of a dropped slot: %+v %v", ss, err)
+	}
+}
