@@ -84,6 +84,13 @@ func Kinds() []string {
 func KafkaSaramaConfig() *sarama.Config {
 	c := kafka.DefaultSaramaSubscriberConfig()
 	c.Consumer.Offsets.Initial = sarama.OffsetOldest
+	// A JoinGroup may block for the whole rebalance timeout while the
+	// coordinator waits for a member that died (SIGKILL), but sarama
+	// bounds it by Net.ReadTimeout (30 s): with the default 60 s timeout
+	// the survivors time out, rejoin and wait again, and the group stalls
+	// for minutes (seen in the fault suite over kfake). Keep the rebalance
+	// timeout well under the read timeout.
+	c.Consumer.Group.Rebalance.Timeout = 10 * time.Second
 	return c
 }
 
