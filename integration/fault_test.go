@@ -1,0 +1,230 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
+	"github.com/posthorn/posthorn/demo"
+	"github.com/posthorn/posthorn/integration/faultkit"
+)
+
+// The fault suite runs Posthorn as separate processes — the dev broker,
+// the API, two relays and two consumer instances — under a steady HTTP
+// load and kills, freezes and cuts them off at random moments, then checks
+// the end-to-end invariants with SQL over both databases (demo.Verify).
+// Each protection it relies on has a negative control below that switches
+// the protection off and shows that the same faults then break the check.
+//
+// POSTHORN_SOAK=1 turns the main test into the long soak (make soak):
+// POSTHORN_SOAK_DURATION (default 30m) of load, POSTHORN_SOAK_POSTINGS
+// (default 200000), hundreds of kills; the figures go to
+// POSTHORN_SOAK_OUT (default soak-YYYYMMDD-HHMM.txt in the repository root).
+
+var (
+	faultBinOnce sync.Once
+	faultBin     string
+	faultBinErr  error
+)
+
+// posthornBin builds the child binary once per test process (without the
+// race detector: only the test process runs under -race).
+func posthornBin(t *testing.T) string {
+	t.Helper()
+	faultBinOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "posthorn-fault-bin")
+		if err != nil {
+			faultBinErr = err
+			return
+		}
+		faultBin, faultBinErr = faultkit.Build(context.Background(), dir)
+	})
+	if faultBinErr != nil {
+		t.Fatal(faultBinErr)
+	}
+	return faultBin
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if faultBin != "" {
+		os.RemoveAll(filepath.Dir(faultBin))
+	}
+	os.Exit(code)
+}
+
+// startFaultSystem gives a test fresh ledger and consumer databases and the
+// processes over them; everything stops at cleanup, before the databases
+// are dropped.
+func startFaultSystem(t *testing.T, cfg faultkit.SystemConfig) *faultkit.System {
+	t.Helper()
+	cfg.Bin = posthornBin(t)
+	cfg.LedgerURL, _ = pgtest.Ledger(t)
+	cfg.ConsumerURL, _ = pgtest.Consumer(t)
+	cfg.Dir = t.TempDir()
+	s, err := faultkit.StartSystem(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	return s
+}
+
+func dumpLogs(t *testing.T, s *faultkit.System) {
+	t.Helper()
+	for _, p := range s.Procs() {
+		t.Logf("---- %s (%d starts) %s:\n%s", p.Name, p.Starts(), p.LogPath(), faultkit.Tail(p.LogPath(), 25))
+	}
+}
+
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
+// TestFaultSuite: at least 20,000 postings through the API while relays and
+// consumers are SIGKILLed and restarted (≥ 20), a relay is frozen past its
+// lease, relay and consumer sessions are terminated, the broker goes down
+// and comes back on the same data directory, transactions that wrote outbox
+// rows are held open for tens of seconds (one committed, one rolled back),
+// and postings roll back throughout. Every committed event must end up
+// applied exactly once per consumer, in revision order per account, no
+// rolled-back event anywhere, balances equal.
+func TestFaultSuite(t *testing.T) {
+	if testing.Short() {
+		t.Skip("fault suite: real processes for minutes")
+	}
+	soak := os.Getenv("POSTHORN_SOAK") == "1"
+	rc := faultkit.RunConfig{
+		Postings: 20000, Rate: 250, Workers: 16,
+		KillRelays: 12, KillConsumers: 12,
+		Freezes: 1, Terminations: 3, BrokerOutages: 1, Holds: 2, HoldFor: 20 * time.Second,
+		RollbackEvery: 500 * time.Millisecond,
+		Settle:        faultkit.SettleDelivered, DrainTimeout: 4 * time.Minute,
+		Logf: t.Logf,
+	}
+	if soak {
+		d, err := time.ParseDuration(os.Getenv("POSTHORN_SOAK_DURATION"))
+		if err != nil || d <= 0 {
+			d = 30 * time.Minute
+		}
+		rc.Postings = envInt("POSTHORN_SOAK_POSTINGS", 200000)
+		rc.Rate = float64(rc.Postings) / d.Seconds()
+		kills := int(d / (4 * time.Second)) // one every 4 s
+		rc.KillRelays, rc.KillConsumers = kills/2, kills-kills/2
+		rc.Freezes = max(1, int(d/time.Minute))
+		rc.Terminations = max(3, int(d/(20*time.Second)))
+		rc.BrokerOutages = max(1, int(d/(3*time.Minute)))
+		rc.Holds = max(2, int(d/(90*time.Second)))
+		rc.HoldFor = 30 * time.Second
+		rc.DrainTimeout = 10 * time.Minute
+	}
+	s := startFaultSystem(t, faultkit.SystemConfig{})
+	fig, err := faultkit.Run(context.Background(), s, rc)
+	report := fig.String()
+	t.Logf("fault suite figures:\n%s", report)
+	if soak {
+		out := os.Getenv("POSTHORN_SOAK_OUT")
+		if out == "" {
+			out = filepath.Join("..", "soak-"+time.Now().UTC().Format("20060102-1504")+".txt")
+		}
+		header := fmt.Sprintf("posthorn soak %s UTC: %d postings planned over %s at %.0f/s; err=%v\n",
+			time.Now().UTC().Format(time.RFC3339), rc.Postings, time.Duration(float64(rc.Postings)/rc.Rate*float64(time.Second)).Round(time.Second), rc.Rate, err)
+		if werr := os.WriteFile(out, []byte(header+report), 0o644); werr != nil {
+			t.Errorf("write soak figures: %v", werr)
+		} else {
+			t.Logf("soak figures written to %s", out)
+		}
+	}
+	if err != nil {
+		dumpLogs(t, s)
+		t.Fatal(err)
+	}
+	if fig.Postings < rc.Postings {
+		t.Errorf("posted %d of %d", fig.Postings, rc.Postings)
+	}
+	if fig.Kills() < 20 || fig.Faults[faultkit.FaultKillRelay] == 0 || fig.Faults[faultkit.FaultKillConsumer] == 0 {
+		t.Errorf("only %d SIGKILLs (%v); the suite needs at least 20 over relays and consumers", fig.Kills(), fig.Faults)
+	}
+	for _, k := range []string{faultkit.FaultFreezeRelay, faultkit.FaultTerminate, faultkit.FaultBroker, faultkit.FaultHeldCommit, faultkit.FaultHeldRollback, faultkit.FaultRollback} {
+		if fig.Faults[k] == 0 {
+			t.Errorf("fault %q was not injected", k)
+		}
+	}
+	for _, took := range fig.Takeovers {
+		if took < 0 {
+			t.Errorf("a frozen relay kept live leases for its whole freeze: no takeover")
+		}
+	}
+	if !fig.Report.Clean() {
+		dumpLogs(t, s)
+		t.Fatalf("invariants broken under faults:\n%s", report)
+	}
+}
+
+// TestFaultControlWithoutInbox is the negative control of the inbox: the
+// consumers apply without it (--unsafe-no-inbox) while they and the relays
+// are killed, so redeliveries become second effects and the balance check
+// must fail.
+func TestFaultControlWithoutInbox(t *testing.T) {
+	if testing.Short() {
+		t.Skip("fault suite: real processes")
+	}
+	s := startFaultSystem(t, faultkit.SystemConfig{UnsafeNoInbox: true})
+	fig, err := faultkit.Run(context.Background(), s, faultkit.RunConfig{
+		Postings: 4000, Rate: 200, KillRelays: 3, KillConsumers: 6,
+		Settle: faultkit.SettleAllSeen, DrainTimeout: 3 * time.Minute, Logf: t.Logf,
+	})
+	t.Logf("control without inbox:\n%s", fig)
+	if err != nil {
+		dumpLogs(t, s)
+		t.Fatal(err)
+	}
+	// Every event reached the consumers at least once (SettleAllSeen), so
+	// a balance that differs was changed twice by one event.
+	if fig.Report.Clean() || !fig.Report.Has(demo.CheckBalances) {
+		t.Fatalf("without the inbox the same faults must double effects and fail the balance check; violations: %v", fig.Report.Violations)
+	}
+}
+
+// TestFaultControlMarkBeforeAck is the negative control of ACK-then-marker:
+// the relays write the marker before the broker ACK
+// (--unsafe-mark-before-ack) while they are killed and the broker goes
+// down, so marked records are never delivered and the applied-once check
+// must fail.
+func TestFaultControlMarkBeforeAck(t *testing.T) {
+	if testing.Short() {
+		t.Skip("fault suite: real processes")
+	}
+	s := startFaultSystem(t, faultkit.SystemConfig{UnsafeMarkBeforeAck: true})
+	fig, err := faultkit.Run(context.Background(), s, faultkit.RunConfig{
+		Postings: 4000, Rate: 200, KillRelays: 6, BrokerOutages: 1,
+		Settle: faultkit.SettleQuiet, DrainTimeout: 2 * time.Minute, Logf: t.Logf,
+	})
+	t.Logf("control with the marker before the ACK:\n%s", fig)
+	if err != nil {
+		dumpLogs(t, s)
+		t.Fatal(err)
+	}
+	if fig.Report.Clean() || !fig.Report.Has(demo.CheckApplied) {
+		t.Fatalf("with the marker before the ACK the same faults must lose events and fail the applied-once check; violations: %v", fig.Report.Violations)
+	}
+	// The failure is loss, not a slow consumer: marked events that the
+	// broker never received.
+	lost, err := s.RelayedNotOnBroker(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("events marked relayed that the broker never received: %d", len(lost))
+	if len(lost) == 0 {
+		t.Fatalf("the check failed but no marked event is missing from the broker: %v", fig.Report.Violations)
+	}
+}

@@ -1,0 +1,356 @@
+package faultkit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/core"
+)
+
+// Application names the suite gives its own sessions and the consumers'
+// (the relay sets postgres.RelayApplicationName itself).
+const (
+	consumerAppName = "posthorn-consume"
+	faultAppName    = "posthorn-fault"
+)
+
+// SystemConfig describes the processes of one run.
+type SystemConfig struct {
+	// Bin is the posthorn binary (Build).
+	Bin string
+	// LedgerURL and ConsumerURL are migrated databases.
+	LedgerURL, ConsumerURL string
+	// Dir holds the logs and the broker's data directory.
+	Dir string
+	// Relays and Consumers are the instance counts (default 2 each).
+	Relays, Consumers int
+	// LeaseTTL of the relays (default 2 s), so a frozen relay loses its
+	// shards quickly.
+	LeaseTTL time.Duration
+	// UnsafeNoInbox and UnsafeMarkBeforeAck switch a protection off for a
+	// negative control.
+	UnsafeNoInbox, UnsafeMarkBeforeAck bool
+}
+
+// System is the running set of processes plus the suite's own pools.
+type System struct {
+	cfg        SystemConfig
+	Broker     *Proc
+	API        *Proc
+	Relays     []*Proc
+	Consumers  []*Proc
+	BrokerAddr string
+	APIURL     string
+	// Ledger and Consumer are the suite's pools (application name
+	// posthorn-fault, never terminated by the faults).
+	Ledger, Consumer *pgxpool.Pool
+	store            *postgres.LedgerStore
+}
+
+// faultHooks is installed on the ledger database of a fault run only. An
+// AFTER INSERT trigger on journals runs inside the posting transaction,
+// after the write path has locked the accounts and inserted the outbox
+// rows, so it can hold that transaction open (metadata fault_hold_seconds)
+// or roll it back (metadata fault_rollback), naming the outbox event IDs
+// the transaction wrote in the error. The suite posts such postings through
+// postgres.LedgerStore — the very write path of the API — so the
+// lock-then-insert invariant holds as in production.
+const faultHooks = `
+CREATE OR REPLACE FUNCTION posthorn_fault_hook() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.metadata ? 'fault_hold_seconds' THEN
+        PERFORM pg_sleep((NEW.metadata->>'fault_hold_seconds')::float8);
+    END IF;
+    IF NEW.metadata ? 'fault_rollback' THEN
+        RAISE EXCEPTION 'posthorn-fault-rollback events=%',
+            (SELECT string_agg(event_id::text, ',') FROM outbox WHERE journal_id = NEW.id);
+    END IF;
+    RETURN NEW;
+END $$;
+DROP TRIGGER IF EXISTS posthorn_fault_hook ON journals;
+CREATE TRIGGER posthorn_fault_hook AFTER INSERT ON journals FOR EACH ROW EXECUTE FUNCTION posthorn_fault_hook();
+`
+
+// StartSystem starts the broker, the API, the relays and the consumers and
+// returns once each is up. Close stops them.
+func StartSystem(ctx context.Context, cfg SystemConfig) (*System, error) {
+	if cfg.Relays == 0 {
+		cfg.Relays = 2
+	}
+	if cfg.Consumers == 0 {
+		cfg.Consumers = 2
+	}
+	if cfg.LeaseTTL == 0 {
+		cfg.LeaseTTL = 2 * time.Second
+	}
+	s := &System{cfg: cfg}
+	ok := false
+	defer func() {
+		if !ok {
+			s.Close()
+		}
+	}()
+	var err error
+	if s.Ledger, err = postgres.Connect(ctx, withAppName(cfg.LedgerURL, faultAppName), 8); err != nil {
+		return nil, err
+	}
+	if s.Consumer, err = postgres.Connect(ctx, withAppName(cfg.ConsumerURL, faultAppName), 4); err != nil {
+		return nil, err
+	}
+	if _, err := s.Ledger.Exec(ctx, faultHooks); err != nil {
+		return nil, fmt.Errorf("install fault hooks: %w", err)
+	}
+	s.store = postgres.NewLedgerStore(s.Ledger, postgres.LedgerConfig{})
+
+	brokerPort, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	apiPort, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	s.BrokerAddr = fmt.Sprintf("127.0.0.1:%d", brokerPort)
+	s.APIURL = fmt.Sprintf("http://127.0.0.1:%d", apiPort)
+
+	s.Broker = NewProc(ProcConfig{Name: "broker", Bin: cfg.Bin, LogDir: cfg.Dir,
+		Args:      []string{"dev", "kafka", "--listen", s.BrokerAddr, "--data-dir", filepath.Join(cfg.Dir, "broker-data")},
+		ReadyLine: "kafka-protocol broker listening on"})
+	if err := s.Broker.Start(ctx); err != nil {
+		return nil, err
+	}
+	s.API = NewProc(ProcConfig{Name: "api", Bin: cfg.Bin, LogDir: cfg.Dir,
+		Args: []string{"api", "--api.listen", fmt.Sprintf("127.0.0.1:%d", apiPort)},
+		Env:  []string{"POSTHORN_DATABASE__URL=" + cfg.LedgerURL, "POSTHORN_LOG__LEVEL=warn"},
+		Ready: func(ctx context.Context) error {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, s.APIURL+"/readyz", nil)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				return err
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				return errors.New(resp.Status)
+			}
+			return nil
+		}})
+	if err := s.API.Start(ctx); err != nil {
+		return nil, err
+	}
+	sinkEnv := []string{"POSTHORN_SINK__KIND=kafka", "POSTHORN_SINK__KAFKA__BROKERS=" + s.BrokerAddr}
+	for i := 0; i < cfg.Relays; i++ {
+		args := []string{"relay"}
+		if cfg.UnsafeMarkBeforeAck {
+			args = append(args, "--unsafe-mark-before-ack")
+		}
+		p := NewProc(ProcConfig{Name: fmt.Sprintf("relay-%c", 'A'+i), Bin: cfg.Bin, LogDir: cfg.Dir, Args: args,
+			Env: append([]string{"POSTHORN_DATABASE__URL=" + cfg.LedgerURL,
+				fmt.Sprintf("POSTHORN_RELAY__OWNER=relay-%c", 'A'+i),
+				"POSTHORN_RELAY__LEASE_TTL=" + cfg.LeaseTTL.String(),
+				"POSTHORN_RELAY__POLL_INTERVAL=200ms"}, sinkEnv...)})
+		if err := p.Start(ctx); err != nil {
+			return nil, err
+		}
+		s.Relays = append(s.Relays, p)
+	}
+	for i := 0; i < cfg.Consumers; i++ {
+		args := []string{"consume"}
+		if cfg.UnsafeNoInbox {
+			args = append(args, "--unsafe-no-inbox")
+		}
+		p := NewProc(ProcConfig{Name: fmt.Sprintf("consumer-%d", i+1), Bin: cfg.Bin, LogDir: cfg.Dir, Args: args,
+			Env: append([]string{"POSTHORN_CONSUMER__DATABASE__URL=" + withAppName(cfg.ConsumerURL, fmt.Sprintf("%s-%d", consumerAppName, i+1))},
+				sinkEnv...)})
+		if err := p.Start(ctx); err != nil {
+			return nil, err
+		}
+		s.Consumers = append(s.Consumers, p)
+	}
+	ok = true
+	return s, nil
+}
+
+// Procs lists every process, broker first.
+func (s *System) Procs() []*Proc {
+	var out []*Proc
+	for _, p := range append([]*Proc{s.Broker, s.API}, append(append([]*Proc{}, s.Relays...), s.Consumers...)...) {
+		if p != nil {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// Supervise restarts processes that exit on their own until ctx ends.
+func (s *System) Supervise(ctx context.Context, logf func(string, ...any)) {
+	for _, p := range s.Procs() {
+		go p.Supervise(ctx, logf)
+	}
+}
+
+// StopWorkers stops relays and consumers softly (SIGTERM), so that the
+// final checks read databases nobody writes to.
+func (s *System) StopWorkers() {
+	for _, p := range append(append([]*Proc{}, s.Relays...), s.Consumers...) {
+		p.Close()
+	}
+}
+
+// Close stops every process and closes the pools.
+func (s *System) Close() {
+	procs := s.Procs()
+	for i := len(procs) - 1; i >= 0; i-- {
+		procs[i].Close()
+	}
+	if s.Ledger != nil {
+		s.Ledger.Close()
+	}
+	if s.Consumer != nil {
+		s.Consumer.Close()
+	}
+}
+
+// Crashes sums the processes' unexpected exits.
+func (s *System) Crashes() int {
+	n := 0
+	for _, p := range s.Procs() {
+		n += p.Crashes()
+	}
+	return n
+}
+
+// KillAndRestart SIGKILLs p, waits pause, and starts it again.
+func (s *System) KillAndRestart(ctx context.Context, p *Proc, pause time.Duration) error {
+	p.Kill()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(pause):
+	}
+	return p.Start(ctx)
+}
+
+// FreezeRelay SIGSTOPs relay i for d (longer than its lease) and then
+// SIGCONTs it. It returns how long it took until none of the relay's
+// leases was live any more (another relay may take them over), or -1 if
+// that did not happen while it was frozen.
+func (s *System) FreezeRelay(ctx context.Context, i int, d time.Duration) (time.Duration, error) {
+	p := s.Relays[i]
+	owner := fmt.Sprintf("relay-%c", 'A'+i)
+	if err := p.Signal(syscall.SIGSTOP); err != nil {
+		return -1, err
+	}
+	defer func() { _ = p.Signal(syscall.SIGCONT) }()
+	start := time.Now()
+	takeover := time.Duration(-1)
+	for time.Since(start) < d {
+		if takeover < 0 {
+			var live int
+			if err := s.Ledger.QueryRow(ctx, `SELECT count(*) FROM relay_leases WHERE owner = $1 AND expires_at > now()`, owner).Scan(&live); err == nil && live == 0 {
+				takeover = time.Since(start)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return takeover, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	return takeover, nil
+}
+
+// TerminateSessions runs pg_terminate_backend on the relays' sessions in
+// the ledger database and the consumers' in the consumer database, and
+// returns how many it ended.
+func (s *System) TerminateSessions(ctx context.Context) (int, error) {
+	var a, b int
+	if err := s.Ledger.QueryRow(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
+		WHERE datname = current_database() AND application_name = $1`, postgres.RelayApplicationName).Scan(&a); err != nil {
+		return 0, fmt.Errorf("terminate relay sessions: %w", err)
+	}
+	if err := s.Consumer.QueryRow(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
+		WHERE datname = current_database() AND application_name LIKE $1`, consumerAppName+"-%").Scan(&b); err != nil {
+		return a, fmt.Errorf("terminate consumer sessions: %w", err)
+	}
+	return a + b, nil
+}
+
+// BrokerOutage kills the broker, keeps it down for d and restarts it on
+// the same port and data directory.
+func (s *System) BrokerOutage(ctx context.Context, d time.Duration) error {
+	return s.KillAndRestart(ctx, s.Broker, d)
+}
+
+// FaultPosting posts a balanced transfer between accounts through the
+// ledger's write path inside a transaction the fault hook holds open for
+// hold and then commits, or rolls back when rollback is set. It returns
+// the event IDs the transaction wrote: committed ones, or (rollback) the
+// ones that must never reach a consumer.
+func (s *System) FaultPosting(ctx context.Context, key string, accounts [2]string, hold time.Duration, rollback bool) ([]string, error) {
+	md := map[string]string{"source": "posthorn-fault"}
+	if hold > 0 {
+		md["fault_hold_seconds"] = fmt.Sprintf("%.3f", hold.Seconds())
+	}
+	if rollback {
+		md["fault_rollback"] = "true"
+	}
+	p := core.Posting{
+		Entries: []core.Entry{
+			{Account: accounts[0], Direction: core.Debit, Amount: 700, Currency: "EUR"},
+			{Account: accounts[1], Direction: core.Credit, Amount: 700, Currency: "EUR"},
+		},
+		Metadata: md,
+	}
+	res, _, err := s.store.Post(ctx, key, p)
+	if !rollback {
+		if err != nil {
+			return nil, err
+		}
+		ids := make([]string, len(res.Events))
+		for i, e := range res.Events {
+			ids[i] = e.EventID
+		}
+		return ids, nil
+	}
+	var pgErr *pgconn.PgError
+	if err == nil || !errors.As(err, &pgErr) || !strings.HasPrefix(pgErr.Message, "posthorn-fault-rollback events=") {
+		return nil, fmt.Errorf("rollback posting did not roll back as the hook does: %v", err)
+	}
+	ids := strings.Split(strings.TrimPrefix(pgErr.Message, "posthorn-fault-rollback events="), ",")
+	if len(ids) != 2 {
+		return nil, fmt.Errorf("rollback posting wrote %d outbox rows, want 2: %q", len(ids), pgErr.Message)
+	}
+	return ids, nil
+}
+
+func withAppName(dsn, name string) string {
+	u, err := url.Parse(dsn)
+	if err != nil {
+		return dsn
+	}
+	q := u.Query()
+	q.Set("application_name", name)
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
