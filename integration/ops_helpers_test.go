@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"maps"
 	"math/big"
 	"testing"
 	"time"
@@ -42,7 +41,9 @@ type opsRig struct {
 // the real middleware) on the memory sink until the test ends. The
 // consumer scenario helpers are built for gochannel and kfake; the memory
 // sink's subscriber plugs straight into the registry.
-func startOpsConsumers(t *testing.T, sink *memory.Sink, pool *pgxpool.Pool) {
+//
+// opts apply to both consumers (WithoutInbox for negative controls).
+func startOpsConsumers(t *testing.T, sink *memory.Sink, pool *pgxpool.Pool, opts ...consumers.Option) {
 	t.Helper()
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
 	if err != nil {
@@ -55,10 +56,10 @@ func startOpsConsumers(t *testing.T, sink *memory.Sink, pool *pgxpool.Pool) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := projection.Register(reg, core.TopicEvents); err != nil {
+	if err := projection.Register(reg, core.TopicEvents, opts...); err != nil {
 		t.Fatal(err)
 	}
-	if err := auditlog.Register(reg, core.TopicEvents); err != nil {
+	if err := auditlog.Register(reg, core.TopicEvents, opts...); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -240,13 +241,7 @@ func (r *opsRig) projected(t *testing.T) map[string]map[string]*big.Int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for acc, curs := range bs {
-		maps.DeleteFunc(curs, func(_ string, v *big.Int) bool { return v.Sign() == 0 })
-		if len(curs) == 0 {
-			delete(bs, acc)
-		}
-	}
-	return bs
+	return nonZero(bs)
 }
 
 // assertBalancesMatch checks that the projection equals the ledger.

@@ -3,6 +3,8 @@ package integration
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math/big"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +13,7 @@ import (
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
+	"github.com/posthorn/posthorn/consumers"
 	"github.com/posthorn/posthorn/consumers/auditlog"
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
@@ -308,4 +311,59 @@ func leaseValid(t *testing.T, r *opsRig) bool {
 
 func refusedWith(err error, reason string) bool {
 	return errors.Is(err, ops.ErrCleanupRefused) && strings.Contains(err.Error(), reason)
+}
+
+// Negative control of the replay guarantee: the same replay, read by the
+// projection without its inbox, applies every event a second time and the
+// balances drift from the ledger's, while the inbox-backed projection
+// absorbs it.
+func TestOpsReplayWithoutInboxDoublesBalances(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	r := newOpsRig(t)
+	bare := opsConsumerPool(t)
+	startOpsConsumers(t, r.sink, bare, consumers.WithoutInbox())
+	events := r.post(t, 10)
+	r.relay(t, nil)
+	r.waitApplied(t, events)
+	ledger := r.ledgerBalances(t)
+	bareBalances := func() map[string]map[string]*big.Int {
+		bs, err := projection.Balances(ctx, bare)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return bs
+	}
+	bridgetest.WaitFor(t, opsWait, "the bare projection to match the ledger once", func() bool {
+		return fmt.Sprint(nonZero(bareBalances())) == fmt.Sprint(ledger)
+	})
+	if _, err := ops.Replay(ctx, ops.ReplayConfig{Ledger: r.ops, Sink: r.sink}); err != nil {
+		t.Fatal(err)
+	}
+	doubled := map[string]map[string]*big.Int{}
+	for acc, curs := range ledger {
+		doubled[acc] = map[string]*big.Int{}
+		for cur, v := range curs {
+			doubled[acc][cur] = new(big.Int).Mul(v, big.NewInt(2))
+		}
+	}
+	bridgetest.WaitFor(t, opsWait, "the bare projection to apply the replay again", func() bool {
+		return fmt.Sprint(nonZero(bareBalances())) == fmt.Sprint(doubled)
+	})
+	r.waitDuplicates(t, int64(events))
+	r.assertBalancesMatch(t)
+}
+
+func nonZero(bs map[string]map[string]*big.Int) map[string]map[string]*big.Int {
+	for acc, curs := range bs {
+		for cur, v := range curs {
+			if v.Sign() == 0 {
+				delete(curs, cur)
+			}
+		}
+		if len(curs) == 0 {
+			delete(bs, acc)
+		}
+	}
+	return bs
 }
