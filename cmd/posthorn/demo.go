@@ -28,6 +28,7 @@ import (
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/demo"
+	"github.com/posthorn/posthorn/ops"
 )
 
 func init() {
@@ -103,8 +104,8 @@ func runDemo(ctx context.Context, args []string) error {
 	} else {
 		d.printSummary(os.Stdout, sum)
 	}
-	if !d.report.Clean() {
-		return &exitError{code: 1, err: errors.New("the demo's checks found discrepancies (see above)")}
+	if !d.clean() {
+		return &exitError{code: 1, err: errors.New("the demo's checks or reconciliation found discrepancies (see above)")}
 	}
 	return nil
 }
@@ -132,6 +133,7 @@ type demoRun struct {
 	restarts  []string
 	load      demo.LoadResult
 	report    demo.Report
+	reconcile ops.Report
 	started   time.Time
 }
 
@@ -271,11 +273,24 @@ func (d *demoRun) run(ctx context.Context, postings int) (demoSummary, error) {
 		Reconcile:            "clean",
 		ElapsedS:             float64(time.Since(d.started).Round(100*time.Millisecond)) / float64(time.Second),
 	}
-	if !d.report.Clean() {
+	// Reconciliation by cut (what `posthorn reconcile` runs) over the same
+	// databases: its verdict is the summary's "reconcile".
+	var sources []ops.ConsumerSource
+	for _, c := range demoConsumers {
+		sources = append(sources, ops.ConsumerSource{Name: c, Reader: ops.InboxReader{Inbox: postgres.NewInbox(d.consumer), Consumer: c}})
+	}
+	d.reconcile, err = ops.Reconcile(ctx, ops.ReconcileConfig{Ledger: postgres.NewOpsStore(d.ledger), Consumers: sources})
+	if err != nil {
+		return sum, fmt.Errorf("reconcile: %w", err)
+	}
+	if !d.reconcile.Clean {
 		sum.Reconcile = "discrepancies"
 	}
 	return sum, nil
 }
+
+// clean reports whether the demo's checks and reconciliation found nothing.
+func (d *demoRun) clean() bool { return d.report.Clean() && d.reconcile.Clean }
 
 // databases sets up the ledger and consumer databases: the configured ones,
 // or a throwaway cluster with one database of each. cleanup is always
@@ -497,13 +512,19 @@ func (d *demoRun) printSummary(w io.Writer, s demoSummary) {
 		fmt.Fprintf(w, "  mid-run: %s\n", r)
 	}
 	fmt.Fprintf(w, "  balances of %d accounts: projection equals ledger: %v\n", d.report.Accounts, s.BalancesMatch)
-	if d.report.Clean() {
+	fmt.Fprintf(w, "  reconciliation by cut at journal sequence %d: %s\n", d.reconcile.Cut.Sequence, s.Reconcile)
+	if d.clean() {
 		fmt.Fprintln(w, "  every event applied exactly once per consumer, in revision order per account: clean")
 		return
 	}
 	fmt.Fprintln(w, "  DISCREPANCIES:")
 	for _, v := range d.report.Violations {
 		fmt.Fprintf(w, "    %s\n", v)
+	}
+	for _, c := range d.reconcile.Consumers {
+		if !c.Clean {
+			fmt.Fprintf(w, "    reconcile %s: %+v\n", c.Name, c.Discrepancies)
+		}
 	}
 }
 
