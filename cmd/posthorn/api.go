@@ -32,6 +32,7 @@ func runAPI(ctx context.Context, args []string) error {
 		return err
 	}
 	defer pool.Close()
+	postgres.WarnIfSuperuser(ctx, pool, logger, "api", postgres.RoleAPI)
 	store := postgres.NewLedgerStore(pool, postgres.LedgerConfig{CommandTopicPrefix: cfg.Sink.CommandTopicPrefix})
 	srv, err := api.New(api.Config{Listen: cfg.API.Listen, Tokens: cfg.API.Tokens, Logger: logger}, store)
 	if err != nil {

@@ -98,6 +98,7 @@ func runConsumers(ctx context.Context, cfg configs.Config, o consumeOptions) err
 		return err
 	}
 	defer pool.Close()
+	postgres.WarnIfSuperuser(ctx, pool, log, "consume", postgres.RoleConsumer)
 	wlog := watermill.NewSlogLogger(log)
 	reg := o.reg
 	if reg == nil {

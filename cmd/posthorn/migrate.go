@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
+	"strings"
 
 	"github.com/posthorn/posthorn/adapters/postgres"
 )
@@ -14,6 +16,8 @@ func init() {
 func runMigrate(ctx context.Context, args []string) error {
 	fs, path := flagSet("migrate")
 	consumer := fs.Bool("consumer", false, "migrate the example consumers' schema on consumer.database.url")
+	roles := fs.Bool("roles", false, "also create the per-component group roles and grant their privileges on this schema (idempotent; see README, Security)")
+	logins := fs.Bool("create-logins", false, "with --roles: also create a LOGIN role per component (posthorn_<component>_login), password from POSTHORN_ROLE_PASSWORD_<COMPONENT> when set")
 	keyFlags(fs, "database.url", "consumer.database.url")
 	cfg, err := loadConfig(fs, path, args)
 	if err != nil {
@@ -27,7 +31,7 @@ func runMigrate(ctx context.Context, args []string) error {
 			return err
 		}
 		fmt.Println("consumer schema is up to date")
-		return nil
+		return migrateRoles(ctx, *roles, *logins, cfg.Consumer.Database.URL, postgres.ConsumerSchema)
 	}
 	if err := cfg.RequireDatabase(); err != nil {
 		return err
@@ -36,5 +40,48 @@ func runMigrate(ctx context.Context, args []string) error {
 		return err
 	}
 	fmt.Println("ledger schema is up to date")
+	return migrateRoles(ctx, *roles, *logins, cfg.Database.URL, postgres.LedgerSchema)
+}
+
+// migrateRoles applies the per-component roles to schema (--roles) and,
+// with --create-logins, a LOGIN role per component of that schema. The
+// passwords come from the environment only, never from flags (which show
+// in ps); they reach the server as SCRAM verifiers.
+func migrateRoles(ctx context.Context, roles, logins bool, dsn string, schema postgres.Schema) error {
+	if !roles {
+		if logins {
+			return fmt.Errorf("--create-logins needs --roles")
+		}
+		return nil
+	}
+	if err := postgres.ApplyRoles(ctx, dsn, schema); err != nil {
+		return err
+	}
+	fmt.Printf("roles and grants on the %s schema are up to date\n", schema)
+	if !logins {
+		return nil
+	}
+	groups := []postgres.Role{postgres.RoleAPI, postgres.RoleRelay, postgres.RoleRelayCDC, postgres.RoleReconciler, postgres.RoleMaintainer}
+	if schema == postgres.ConsumerSchema {
+		groups = []postgres.Role{postgres.RoleConsumer}
+	}
+	pool, err := postgres.Connect(ctx, dsn, 1)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	for _, g := range groups {
+		component := strings.TrimPrefix(string(g), "posthorn_")
+		env := "POSTHORN_ROLE_PASSWORD_" + strings.ToUpper(component)
+		login := string(g) + "_login"
+		if err := postgres.CreateLogin(ctx, pool, login, os.Getenv(env), g); err != nil {
+			return err
+		}
+		how := "with the password from " + env
+		if os.Getenv(env) == "" {
+			how = "without a password (" + env + " unset: trust, peer or cert authentication only)"
+		}
+		fmt.Printf("login role %s (member of %s) %s\n", login, g, how)
+	}
 	return nil
 }

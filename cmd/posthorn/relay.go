@@ -71,6 +71,7 @@ func runRelay(ctx context.Context, args []string) error {
 		return err
 	}
 	defer pool.Close()
+	postgres.WarnIfSuperuser(ctx, pool, log, "relay", postgres.RoleRelay)
 	sink, err := openSink(cfg.Sink)
 	if err != nil {
 		return err

@@ -1,0 +1,463 @@
+package postgres_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"fmt"
+	"log/slog"
+	neturl "net/url"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
+	"github.com/posthorn/posthorn/adapters/postgres/roles/roletest"
+	"github.com/posthorn/posthorn/core"
+)
+
+// refusal is a statement a role must be refused. Each is also run as the
+// tables' owner inside a rolled-back transaction: it must succeed there, so
+// the refusal is the role's doing, not a broken statement (the negative
+// control of every case).
+type refusal struct {
+	what string
+	sql  string
+}
+
+func assertRefused(t *testing.T, owner, role *pgxpool.Pool, cases []refusal) {
+	t.Helper()
+	ctx := context.Background()
+	for _, c := range cases {
+		_, err := role.Exec(ctx, c.sql)
+		if !roletest.Denied(err) {
+			t.Errorf("%s: want permission denied (42501), got %v", c.what, err)
+		}
+		tx, err := owner.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, c.sql); err != nil {
+			t.Errorf("%s: control: the owner's run fails too (%v), so the refusal proves nothing", c.what, err)
+		}
+		_ = tx.Rollback(ctx)
+	}
+}
+
+func samplePosting() core.Posting {
+	return core.Posting{
+		Entries: []core.Entry{
+			{Account: "acc-alice", Direction: core.Debit, Amount: 1250, Currency: "EUR"},
+			{Account: "acc-bob", Direction: core.Credit, Amount: 1250, Currency: "EUR"},
+		},
+		Metadata: map[string]string{"reference": "inv-1"},
+		Commands: []core.CommandSpec{{Type: "payouts.payout.execute", Payload: []byte(`{"beneficiary":"acc-bob"}`)}},
+	}
+}
+
+func TestRolesAPIWritesPostingsButCannotDeleteOrMark(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url, owner := pgtest.Ledger(t)
+	roletest.Apply(t, url, postgres.LedgerSchema)
+	api := roletest.Pool(t, roletest.Login(t, url, postgres.RoleAPI, ""))
+
+	store := postgres.NewLedgerStore(api, postgres.LedgerConfig{})
+	res, replayed, err := store.Post(ctx, "k-1", samplePosting())
+	if err != nil || replayed {
+		t.Fatalf("post as posthorn_api: %v (replayed %v)", err, replayed)
+	}
+	if _, replayed, err := store.Post(ctx, "k-1", samplePosting()); err != nil || !replayed {
+		t.Fatalf("repeat as posthorn_api: %v (replayed %v)", err, replayed)
+	}
+	if _, err := store.Posting(ctx, res.JournalID); err != nil {
+		t.Fatalf("read posting as posthorn_api: %v", err)
+	}
+	if acc, err := store.Account(ctx, "acc-bob"); err != nil || acc.Balances["EUR"] != 1250 {
+		t.Fatalf("read account as posthorn_api: %+v %v", acc, err)
+	}
+
+	assertRefused(t, owner, api, []refusal{
+		{"mark an outbox row relayed", `UPDATE outbox SET relayed_at = now()`},
+		{"write a relay token", `UPDATE outbox SET relay_token = 1`},
+		{"rewrite an outbox payload", `UPDATE outbox SET payload = '\x00'`},
+		{"delete outbox rows", `DELETE FROM outbox`},
+		{"truncate the outbox", `TRUNCATE outbox CASCADE`},
+		{"insert a pre-marked outbox row", `INSERT INTO outbox (event_id, kind, type, topic, aggregate_type, aggregate_id, revision, shard, payload, occurred_at, relayed_at)
+VALUES (gen_random_uuid(), 'event', 't', 't', 'account', 'x', 99, 0, '', now(), now())`},
+		{"delete a journal", `DELETE FROM journals WHERE false`}, // the privilege is checked before any row
+		{"delete journal lines", `DELETE FROM journal_lines`},
+		{"rewrite a journal line", `UPDATE journal_lines SET amount = 1`},
+		{"delete an idempotency key", `DELETE FROM idempotency_keys`},
+		{"delete a balance", `DELETE FROM account_balances`},
+		{"read the relay's leases", `SELECT * FROM relay_leases`},
+		{"take a relay lease", `UPDATE relay_leases SET owner = 'api'`},
+		{"write coverage", `INSERT INTO ops_coverage (consumer, cut_sequence, covered_outbox_id) VALUES ('x', 1, 1)`},
+	})
+}
+
+func TestRolesRelayReadsOutboxButNotJournalLinesOrBalances(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url, owner := pgtest.Ledger(t)
+	roletest.Apply(t, url, postgres.LedgerSchema)
+	if _, _, err := postgres.NewLedgerStore(owner, postgres.LedgerConfig{}).Post(ctx, "k-1", samplePosting()); err != nil {
+		t.Fatal(err)
+	}
+	relay := roletest.Pool(t, roletest.Login(t, url, postgres.RoleRelay, ""))
+	s := postgres.NewRelayStore(relay)
+
+	// Everything the relay does, under its role.
+	if _, err := s.Heartbeat(ctx, "r1", time.Minute); err != nil {
+		t.Fatalf("heartbeat: %v", err)
+	}
+	leases, err := s.AcquireLeases(ctx, "r1", core.Shards, nil, time.Minute)
+	if err != nil || len(leases) != core.Shards {
+		t.Fatalf("acquire leases: %d %v", len(leases), err)
+	}
+	if leases, err = s.RenewLeases(ctx, "r1", leases, time.Minute); err != nil {
+		t.Fatalf("renew leases: %v", err)
+	}
+	shards := make([]int, len(leases))
+	for i, l := range leases {
+		shards[i] = l.Shard
+	}
+	rows, err := s.ReadBatch(ctx, shards, 100, postgres.OrderByID)
+	if err != nil || len(rows) != 3 {
+		t.Fatalf("read batch: %d rows, %v", len(rows), err)
+	}
+	ids := []int64{rows[0].ID, rows[1].ID}
+	if marked, _, err := s.MarkRelayed(ctx, ids, leases); err != nil || marked != 2 {
+		t.Fatalf("mark: %d %v", marked, err)
+	}
+	if _, err := s.Park(ctx, postgres.ParkedAggregate{AggregateType: "account", AggregateID: "acc-x", EventID: rows[2].Envelope.EventID, Reason: "test"}); err != nil {
+		t.Fatalf("park: %v", err)
+	}
+	if err := s.Release(ctx, "account", "acc-x"); err != nil {
+		t.Fatalf("release: %v", err)
+	}
+	if _, err := s.Status(ctx); err != nil {
+		t.Fatalf("status: %v", err)
+	}
+	if _, err := s.OldestOpenTransactionAge(ctx); err != nil {
+		t.Fatalf("open transaction age: %v", err)
+	}
+	if err := s.ReleaseLeases(ctx, "r1", leases); err != nil {
+		t.Fatalf("release leases: %v", err)
+	}
+	if err := s.Leave(ctx, "r1"); err != nil {
+		t.Fatalf("leave: %v", err)
+	}
+
+	assertRefused(t, owner, relay, []refusal{
+		{"read journal lines", `SELECT * FROM journal_lines`},
+		{"read balances", `SELECT * FROM account_balances`},
+		{"change a balance", `UPDATE account_balances SET balance = 0`},
+		{"read accounts", `SELECT * FROM accounts`},
+		{"read journal metadata", `SELECT metadata FROM journals`},
+		{"read idempotency responses", `SELECT * FROM idempotency_keys`},
+		{"rewrite an outbox payload", `UPDATE outbox SET payload = '\x00'`},
+		{"insert an outbox row", `INSERT INTO outbox (event_id, kind, type, topic, aggregate_type, aggregate_id, revision, shard, payload, occurred_at)
+VALUES (gen_random_uuid(), 'event', 't', 't', 'account', 'x', 99, 0, '', now())`},
+		{"delete outbox rows", `DELETE FROM outbox`},
+		{"write coverage", `INSERT INTO ops_coverage (consumer, cut_sequence, covered_outbox_id) VALUES ('x', 1, 1)`},
+	})
+}
+
+// The relay's held-by-open-transaction gauge reads other sessions'
+// xact_start in pg_stat_activity, which PostgreSQL hides from roles without
+// pg_read_all_stats (it would read zero while an API transaction holds the
+// relay back). The reconciler's in-flight check reads backend_xid, which
+// every role sees. Control: a role without the grant does not see
+// xact_start.
+func TestRolesSeeOtherRolesTransactions(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url, _ := pgtest.Ledger(t)
+	roletest.Apply(t, url, postgres.LedgerSchema)
+	api := roletest.Pool(t, roletest.Login(t, url, postgres.RoleAPI, ""))
+	tx, err := api.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, `INSERT INTO accounts (id) VALUES ('acc-open')`); err != nil {
+		t.Fatal(err)
+	}
+	var apiPID int32
+	if err := tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&apiPID); err != nil {
+		t.Fatal(err)
+	}
+	sees := func(pool *pgxpool.Pool, column string) bool {
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND `+column+` IS NOT NULL`, apiPID).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == 1
+	}
+	relay := roletest.Pool(t, roletest.Login(t, url, postgres.RoleRelay, ""))
+	if !sees(relay, "xact_start") {
+		t.Error("posthorn_relay does not see the start of the API's open transaction")
+	}
+	if age, err := postgres.NewRelayStore(relay).OldestOpenTransactionAge(ctx); err != nil || age <= 0 {
+		t.Errorf("posthorn_relay: open transaction age %v, %v; want > 0", age, err)
+	}
+	if !sees(roletest.Pool(t, roletest.Login(t, url, postgres.RoleReconciler, "")), "backend_xid") {
+		t.Error("posthorn_reconciler does not see the API's transaction ID")
+	}
+	if sees(roletest.Pool(t, roletest.Login(t, url, postgres.RoleConsumer, "")), "xact_start") {
+		t.Error("control: a role without pg_read_all_stats sees another role's xact_start; the grant would prove nothing")
+	}
+}
+
+func TestRolesReconcilerReadsAndRecordsCoverageOnly(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url, owner := pgtest.Ledger(t)
+	roletest.Apply(t, url, postgres.LedgerSchema)
+	if _, _, err := postgres.NewLedgerStore(owner, postgres.LedgerConfig{}).Post(ctx, "k-1", samplePosting()); err != nil {
+		t.Fatal(err)
+	}
+	rec := roletest.Pool(t, roletest.Login(t, url, postgres.RoleReconciler, ""))
+	ops := postgres.NewOpsStore(rec)
+	cut, err := ops.OpenCut(ctx, postgres.CutRequest{Settle: 5 * time.Second})
+	if err != nil {
+		t.Fatalf("open cut as posthorn_reconciler: %v", err)
+	}
+	if _, _, err := cut.LinesWithoutEvents(ctx, 10); err != nil {
+		t.Fatalf("lines without events: %v", err)
+	}
+	if _, err := cut.ExpectedEvents(ctx, 0, 10); err != nil {
+		t.Fatalf("expected events: %v", err)
+	}
+	covered, err := cut.CoveredOutboxID(ctx)
+	if err != nil {
+		t.Fatalf("covered outbox id: %v", err)
+	}
+	cut.Close()
+	if _, err := ops.RecordCoverage(ctx, "balance-projection", cut.Sequence, covered); err != nil {
+		t.Fatalf("record coverage: %v", err)
+	}
+	assertRefused(t, owner, rec, []refusal{
+		{"change a balance", `UPDATE account_balances SET balance = 0`},
+		{"bump a revision", `UPDATE accounts SET revision = revision + 1`},
+		{"insert a journal", `INSERT INTO journals (id, sequence, posted_at) VALUES (gen_random_uuid(), 999, now())`},
+		{"mark outbox rows", `UPDATE outbox SET relayed_at = now()`},
+		{"delete outbox rows", `DELETE FROM outbox`},
+		{"move the cleanup floor", `INSERT INTO ops_cleanup (deleted_through_id) VALUES (1)`},
+		{"take a relay lease", `UPDATE relay_leases SET owner = 'rec'`},
+	})
+}
+
+func TestRolesConsumerOwnsItsInboxAndCannotTouchTheLedger(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	ledgerURL, ledgerOwner := pgtest.Ledger(t)
+	roletest.Apply(t, ledgerURL, postgres.LedgerSchema)
+	consumerURL, consumerOwner := pgtest.Consumer(t)
+	roletest.Apply(t, consumerURL, postgres.ConsumerSchema)
+	login := roletest.Login(t, consumerURL, postgres.RoleConsumer, "")
+	cons := roletest.Pool(t, login)
+
+	in := postgres.NewInbox(cons)
+	env := core.Envelope{EventID: "0190a000-0000-7000-8000-000000000001", Kind: core.KindEvent, Type: core.TypeAccountPosted,
+		AggregateType: core.AggregateAccount, AggregateID: "acc-alice", Revision: 1, OccurredAt: time.Now()}
+	out, err := in.Receive(ctx, "balance-projection", true, env, func(ctx context.Context, tx pgx.Tx, _ core.Envelope) error {
+		_, err := tx.Exec(ctx, `INSERT INTO projection_balances (account, currency, balance, revision) VALUES ('acc-alice', 'EUR', 5, 1)`)
+		return err
+	})
+	if err != nil || out.Disposition != postgres.DispositionApplied {
+		t.Fatalf("receive as posthorn_consumer: %+v %v", out, err)
+	}
+	if _, err := in.Count(ctx, "balance-projection"); err != nil {
+		t.Fatalf("count: %v", err)
+	}
+
+	// The same login on the ledger database: nothing.
+	onLedger := roletest.Pool(t, withDatabaseOf(t, login, ledgerURL))
+	assertRefused(t, ledgerOwner, onLedger, []refusal{
+		{"read accounts", `SELECT * FROM accounts`},
+		{"read journal lines", `SELECT * FROM journal_lines`},
+		{"read the outbox", `SELECT * FROM outbox`},
+		{"change a balance", `UPDATE account_balances SET balance = 0`},
+		{"insert a journal", `INSERT INTO journals (id, sequence, posted_at) VALUES (gen_random_uuid(), 999, now())`},
+		{"mark outbox rows", `UPDATE outbox SET relayed_at = now()`},
+	})
+	assertRefused(t, consumerOwner, cons, []refusal{
+		{"delete inbox rows", `DELETE FROM consumer_inbox`},
+		{"drop the projection", `TRUNCATE projection_balances`},
+	})
+}
+
+// withDatabaseOf returns u pointing at the database of other.
+func withDatabaseOf(t *testing.T, u, other string) string {
+	t.Helper()
+	a, err := neturl.Parse(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := neturl.Parse(other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Path = b.Path
+	return a.String()
+}
+
+// ApplyRoles is re-runnable and safe to run against several databases of
+// the cluster at once (roles are cluster-wide, advisory locks are not).
+func TestApplyRolesIdempotentAndConcurrent(t *testing.T) {
+	t.Parallel()
+	var urls []string
+	for range 3 {
+		u, _ := pgtest.Ledger(t)
+		urls = append(urls, u)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 2*len(urls))
+	for _, u := range urls {
+		for range 2 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				errs <- postgres.ApplyRoles(context.Background(), u, postgres.LedgerSchema)
+			}()
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// Every table and sequence the migrations create is named in the role SQL
+// of its schema, so a new migration cannot leave a table outside the
+// revoke-then-grant (and the roles with stale or missing privileges).
+func TestRolesSQLNamesEveryTable(t *testing.T) {
+	t.Parallel()
+	for _, schema := range []postgres.Schema{postgres.LedgerSchema, postgres.ConsumerSchema} {
+		var pool *pgxpool.Pool
+		if schema == postgres.LedgerSchema {
+			_, pool = pgtest.Ledger(t)
+		} else {
+			_, pool = pgtest.Consumer(t)
+		}
+		_, grants, err := postgres.RolesSQL(schema)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rows, err := pool.Query(context.Background(), `SELECT relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = 'public' AND c.relkind IN ('r', 'S', 'p')`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(names) < 4 {
+			t.Fatalf("%s: found only %v", schema, names)
+		}
+		for _, n := range names {
+			if strings.HasSuffix(n, "_migrations_id_seq") {
+				continue // goose's own; no role touches its table
+			}
+			if !regexp.MustCompile(`\b` + regexp.QuoteMeta(n) + `\b`).MatchString(grants) {
+				t.Errorf("%s schema: %s is not named in roles/%s.sql", schema, n, schema)
+			}
+		}
+	}
+}
+
+func TestWarnIfSuperuser(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url, owner := pgtest.Ledger(t)
+	roletest.Apply(t, url, postgres.LedgerSchema)
+	api := roletest.Pool(t, roletest.Login(t, url, postgres.RoleAPI, ""))
+	var buf bytes.Buffer
+	log := slog.New(slog.NewJSONHandler(&buf, nil))
+	postgres.WarnIfSuperuser(ctx, owner, log, "api", postgres.RoleAPI) // pgtest connects as the superuser postgres
+	if !strings.Contains(buf.String(), `"level":"WARN"`) || !strings.Contains(buf.String(), `"superuser":true`) {
+		t.Fatalf("no warning for a superuser DSN: %q", buf.String())
+	}
+	buf.Reset()
+	postgres.WarnIfSuperuser(ctx, api, log, "api", postgres.RoleAPI)
+	if buf.Len() != 0 {
+		t.Fatalf("warning for a posthorn_api login: %q", buf.String())
+	}
+}
+
+// The verifier CreateLogin sends equals the one PostgreSQL computes itself
+// for the same password, salt and iteration count.
+func TestSCRAMVerifierMatchesPostgres(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url, pool := pgtest.Ledger(t)
+	roletest.Apply(t, url, postgres.LedgerSchema)
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	name := fmt.Sprintf("posthorn_t_scram_%d", time.Now().UnixNano())
+	const password = "correct horse battery staple"
+	if _, err := conn.Exec(ctx, `SET password_encryption = 'scram-sha-256'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, "CREATE ROLE "+name+" PASSWORD '"+password+"'"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP ROLE IF EXISTS "+name) })
+	var theirs string
+	if err := conn.QueryRow(ctx, `SELECT rolpassword FROM pg_authid WHERE rolname = $1`, name).Scan(&theirs); err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`^SCRAM-SHA-256\$(\d+):([^$]+)\$`).FindStringSubmatch(theirs)
+	if m == nil {
+		t.Fatalf("unexpected verifier shape %q", theirs)
+	}
+	iter, _ := strconv.Atoi(m[1])
+	salt, err := base64.StdEncoding.DecodeString(m[2])
+	if err != nil {
+		t.Fatal(err)
+	}
+	ours, err := postgres.ScramVerifierForTest(password, salt, iter)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ours != theirs {
+		t.Fatalf("verifier differs:\nours   %s\ntheirs %s", ours, theirs)
+	}
+	if other, _ := postgres.ScramVerifierForTest(password+"x", salt, iter); other == theirs {
+		t.Fatal("control: another password gives the same verifier")
+	}
+	// CreateLogin stores a verifier of the password, never the password.
+	login := name + "_login"
+	if err := postgres.CreateLogin(ctx, conn.Conn(), login, password, postgres.RoleAPI); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP ROLE IF EXISTS "+login) })
+	var stored string
+	if err := conn.QueryRow(ctx, `SELECT rolpassword FROM pg_authid WHERE rolname = $1`, login).Scan(&stored); err != nil {
+		t.Fatal(err)
+	}
+	m = regexp.MustCompile(`^SCRAM-SHA-256\$(\d+):([^$]+)\$`).FindStringSubmatch(stored)
+	if m == nil || strings.Contains(stored, password) {
+		t.Fatalf("stored %q", stored)
+	}
+	salt, _ = base64.StdEncoding.DecodeString(m[2])
+	if again, _ := postgres.ScramVerifierForTest(password, salt, iter); again != stored {
+		t.Fatal("the stored verifier is not the password's")
+	}
+}

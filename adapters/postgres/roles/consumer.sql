@@ -1,0 +1,14 @@
+-- Privileges on the CONSUMER database (run in it after the consumer
+-- migrations; re-runnable, revoke-then-grant like ledger.sql).
+--   posthorn_consumer    its inbox, positions and the example projections;
+--                        nothing in the ledger database.
+--   posthorn_reconciler  reads the dispositions (consumer_inbox).
+
+REVOKE ALL ON TABLE consumer_inbox, consumer_positions, projection_balances, audit_log,
+    posthorn_consumer_migrations
+    FROM posthorn_api, posthorn_relay, posthorn_relay_cdc, posthorn_reconciler, posthorn_maintainer, posthorn_consumer;
+
+GRANT USAGE ON SCHEMA public TO posthorn_consumer, posthorn_reconciler;
+
+GRANT SELECT, INSERT, UPDATE ON consumer_inbox, consumer_positions, projection_balances, audit_log TO posthorn_consumer;
+GRANT SELECT ON consumer_inbox TO posthorn_reconciler;

@@ -1,0 +1,78 @@
+-- Privileges of Posthorn's components on the LEDGER database (run in it
+-- after the ledger migrations; re-runnable). Each run first revokes
+-- everything the component roles hold on the ledger's tables and sequences
+-- and then grants exactly what follows, so the result does not depend on
+-- what an earlier version granted. Only the tables named here are touched:
+-- the consumer schema may live in the same database.
+--
+-- Rules (tested in privileges_test.go by running each component under its
+-- role, and by what each role is refused):
+--   posthorn_api         writes the ledger and the outbox; deletes nothing,
+--                        never writes the relay's marker (relayed_at,
+--                        relay_token) and cannot read the relay's tables.
+--   posthorn_relay       reads the outbox, writes only its marker columns,
+--                        its leases, members and parked aggregates; cannot
+--                        read journal lines, balances or journal metadata.
+--   posthorn_relay_cdc   posthorn_relay plus the slot lease (the LOGIN role
+--                        needs REPLICATION itself; see cluster.sql).
+--   posthorn_reconciler  reads the ledger and the outbox; writes only the
+--                        verified coverage (ops_coverage).
+--   posthorn_maintainer  archive and cleanup: the only role that may DELETE
+--                        outbox rows, behind the verified boundary.
+
+REVOKE ALL ON TABLE accounts, account_balances, journals, journal_lines, idempotency_keys, outbox,
+    relay_leases, relay_members, relay_parked, relay_cdc_leases,
+    ops_coverage, ops_archive_segments, ops_cleanup, ops_replay_progress,
+    posthorn_ledger_migrations
+    FROM posthorn_api, posthorn_relay, posthorn_relay_cdc, posthorn_reconciler, posthorn_maintainer, posthorn_consumer;
+REVOKE ALL ON SEQUENCE journal_sequence, outbox_id_seq, relay_fencing_token
+    FROM posthorn_api, posthorn_relay, posthorn_relay_cdc, posthorn_reconciler, posthorn_maintainer, posthorn_consumer;
+
+GRANT USAGE ON SCHEMA public TO posthorn_api, posthorn_relay, posthorn_relay_cdc, posthorn_reconciler, posthorn_maintainer;
+
+-- posthorn_api: the write path (LedgerStore.Post) and the reads of the API.
+-- SELECT … FOR UPDATE on accounts needs an UPDATE privilege: the column one
+-- on revision is enough.
+GRANT SELECT, INSERT ON accounts TO posthorn_api;
+GRANT UPDATE (revision) ON accounts TO posthorn_api;
+GRANT SELECT, INSERT ON account_balances TO posthorn_api;
+GRANT UPDATE (balance) ON account_balances TO posthorn_api;
+GRANT SELECT, INSERT ON journals, journal_lines, idempotency_keys TO posthorn_api;
+GRANT USAGE ON SEQUENCE journal_sequence, outbox_id_seq TO posthorn_api;
+-- The outbox: insert the row (never its marker), read it back for
+-- GET /v1/postings. No UPDATE and no DELETE at all.
+GRANT SELECT ON outbox TO posthorn_api;
+GRANT INSERT (event_id, kind, type, topic, aggregate_type, aggregate_id, revision, shard,
+              journal_id, headers, payload, occurred_at) ON outbox TO posthorn_api;
+
+-- posthorn_relay: relay, outbox status/release/resend, replay.
+GRANT SELECT ON outbox TO posthorn_relay;
+GRANT UPDATE (relayed_at, relay_token) ON outbox TO posthorn_relay;
+GRANT SELECT ON relay_leases TO posthorn_relay;
+GRANT UPDATE (owner, token, expires_at) ON relay_leases TO posthorn_relay;
+GRANT USAGE ON SEQUENCE relay_fencing_token TO posthorn_relay;
+GRANT SELECT, INSERT, UPDATE, DELETE ON relay_members TO posthorn_relay;
+GRANT SELECT, INSERT, DELETE ON relay_parked TO posthorn_relay;
+-- Replay selects by journal sequence and time; never the journal metadata.
+GRANT SELECT (id, sequence, posted_at) ON journals TO posthorn_relay;
+GRANT SELECT ON ops_archive_segments, ops_cleanup TO posthorn_relay;
+GRANT SELECT, INSERT, UPDATE ON ops_replay_progress TO posthorn_relay;
+
+-- posthorn_relay_cdc: the slot lease on top of posthorn_relay.
+GRANT SELECT, INSERT, UPDATE ON relay_cdc_leases TO posthorn_relay_cdc;
+GRANT SELECT ON relay_cdc_leases TO posthorn_relay;
+
+-- posthorn_reconciler: read-only, plus the coverage it proves. The cut reads
+-- outbox_id_seq's last_value (SELECT on the sequence, not USAGE).
+GRANT SELECT ON accounts, account_balances, journals, journal_lines, outbox,
+    relay_leases, relay_parked, ops_coverage, ops_archive_segments, ops_cleanup TO posthorn_reconciler;
+GRANT SELECT ON SEQUENCE outbox_id_seq, journal_sequence TO posthorn_reconciler;
+GRANT INSERT, UPDATE ON ops_coverage TO posthorn_reconciler;
+
+-- posthorn_maintainer: archive (writes verified segments) and cleanup
+-- (deletes outbox rows behind the boundary, records the floor).
+GRANT SELECT (id, sequence, posted_at) ON journals TO posthorn_maintainer;
+GRANT SELECT, DELETE ON outbox TO posthorn_maintainer;
+GRANT SELECT ON SEQUENCE outbox_id_seq TO posthorn_maintainer;
+GRANT SELECT ON ops_coverage, relay_leases TO posthorn_maintainer;
+GRANT SELECT, INSERT, UPDATE ON ops_archive_segments, ops_cleanup TO posthorn_maintainer;

@@ -1,0 +1,91 @@
+// Package roletest runs test code under Posthorn's per-component database
+// roles: it applies the grants to a pgtest database and hands out the URL
+// of a fresh LOGIN role that is a member of one group role, dropped when
+// the test ends.
+package roletest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"net/url"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
+)
+
+// Apply grants the group roles' privileges on schema in the database at dbURL.
+func Apply(t testing.TB, dbURL string, schema postgres.Schema) {
+	t.Helper()
+	if err := postgres.ApplyRoles(context.Background(), dbURL, schema); err != nil {
+		t.Fatalf("roletest: %v", err)
+	}
+}
+
+// Login creates a LOGIN role in group (with password, when not empty) and
+// returns dbURL connecting as it. Register it before opening pools on the
+// URL, so the role is dropped after they are closed.
+func Login(t testing.TB, dbURL string, group postgres.Role, password string) string {
+	t.Helper()
+	ctx := context.Background()
+	var b [5]byte
+	_, _ = rand.Read(b[:])
+	name := "posthorn_t_" + hex.EncodeToString(b[:])
+	admin, err := pgx.Connect(ctx, pgtest.ServerURL())
+	if err != nil {
+		t.Fatalf("roletest: %v", err)
+	}
+	defer admin.Close(ctx)
+	if err := postgres.CreateLogin(ctx, admin, name, password, group); err != nil {
+		t.Fatalf("roletest: %v", err)
+	}
+	t.Cleanup(func() {
+		c, err := pgx.Connect(context.Background(), pgtest.ServerURL())
+		if err != nil {
+			t.Errorf("roletest: drop role %s: %v", name, err)
+			return
+		}
+		defer c.Close(context.Background())
+		if _, err := c.Exec(context.Background(), "DROP ROLE IF EXISTS "+pgx.Identifier{name}.Sanitize()); err != nil {
+			t.Errorf("roletest: drop role %s: %v", name, err)
+		}
+	})
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		t.Fatalf("roletest: database URL: %v", err)
+	}
+	if password != "" {
+		u.User = url.UserPassword(name, password)
+	} else {
+		u.User = url.User(name)
+	}
+	return u.String()
+}
+
+// Pool opens a small pool on u, closed when the test ends.
+func Pool(t testing.TB, u string) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := postgres.ParseConfig(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 4
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("roletest: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// Denied reports whether err is PostgreSQL's insufficient_privilege (42501).
+func Denied(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "42501"
+}
