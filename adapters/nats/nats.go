@@ -106,6 +106,11 @@ func (cfg Config) StreamName(topic string) string {
 	}, cfg.Subject(topic))
 }
 
+// maxPending bounds the records awaiting a PubAck; Publish waits for each
+// batch's ACKs before the next batch, so this is the largest batch sent
+// without stalling.
+const maxPending = 1 << 16
+
 // Sink publishes batches to JetStream.
 type Sink struct {
 	cfg       Config
@@ -135,7 +140,10 @@ func New(cfg Config) (*Sink, error) {
 	if err != nil {
 		return nil, fmt.Errorf("nats sink: connect: %w", err)
 	}
-	js, err := nc.JetStream()
+	// A whole relay batch is in flight at once. Past the default cap (4,000)
+	// nats.go stalls the publisher and fails a publish once a stall lasts
+	// 200 ms, which a slow PubAck on a busy server can cause.
+	js, err := nc.JetStream(nats.PublishAsyncMaxPending(maxPending))
 	if err != nil {
 		nc.Close()
 		return nil, fmt.Errorf("nats sink: jetstream: %w", err)

@@ -2,6 +2,7 @@ package nats_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -151,5 +152,27 @@ func TestResendWithinDuplicateWindowIsDropped(t *testing.T) {
 	}
 	if len(recs) != 2 || recs[0].Headers[core.HeaderEventID] != e.EventID || recs[1].Headers[core.HeaderEventID] != other.EventID {
 		t.Fatalf("stream holds %d records %v, want %s once then %s", len(recs), recs, e.EventID, other.EventID)
+	}
+}
+
+// TestRelaySizedBatch: a batch larger than the relay's default size (5,000)
+// and than nats.go's default cap on pending async publishes (4,000) is
+// ACKed whole.
+func TestRelaySizedBatch(t *testing.T) {
+	url := natstest.SharedURL()
+	cfg := phnats.Config{URL: url, SubjectPrefix: natstest.Prefix(t, url)}
+	s, err := phnats.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var batch []core.Envelope
+	for i := 1; i <= 6000; i++ {
+		batch = append(batch, sinktest.Envelope(core.TopicEvents, fmt.Sprintf("acc-%d", i%100), int64(i/100+1)))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := s.Publish(ctx, batch); err != nil {
+		t.Fatalf("publish of %d records: %v", len(batch), err)
 	}
 }
