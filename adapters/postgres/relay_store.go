@@ -67,20 +67,24 @@ const readColumns = `o.id, o.shard, o.event_id::text, o.kind, o.type, o.topic, o
 // cursor: a row whose transaction commits late has a smaller id than rows
 // already relayed, and a cursor would step over it for good.
 //
-// Two planner details matter for speed, not correctness: the shard is
-// compared with >= and <= (not =) and ordered by (shard, id), so only the
-// partial index can deliver the order (with =, the planner may walk the
-// primary key and filter out the other shards' and the relayed rows, which
-// grows with the table); and parked aggregates, like the ids to skip ($3:
-// rows of a published batch whose marker is still being written), are
-// excluded with NOT IN, a hashed subplan built once per query instead of a
-// probe or an array scan per row.
+// The plan must stay that range scan whatever the statistics say, or a
+// read costs the whole backlog: with "shard = x ORDER BY id" the planner may
+// walk the primary key and filter out other shards' and relayed rows (a
+// cost that grows with the table), and with a poor row estimate it may read
+// the shard's whole backlog through a bitmap scan and sort it. So the shard
+// is matched with = ANY (ARRAY[x]), which keeps it out of the sort key's
+// constants, the order asked for is (shard, id), which only the partial
+// index delivers without a sort, and the read runs with enable_sort off,
+// which prices every plan that needs a sort out except the final merge by
+// id. Parked aggregates, like the ids to skip ($3: rows of a published batch
+// whose marker is still being written), are excluded with NOT IN, a hashed
+// subplan built once per query.
 const readByID = `
 SELECT ` + readColumns + `
 FROM unnest($1::int[]) AS s(shard)
 CROSS JOIN LATERAL (
     SELECT * FROM outbox o
-    WHERE o.shard >= s.shard AND o.shard <= s.shard AND o.relayed_at IS NULL
+    WHERE o.shard = ANY (ARRAY[s.shard]) AND o.relayed_at IS NULL
       AND (o.aggregate_type, o.aggregate_id) NOT IN (SELECT aggregate_type, aggregate_id FROM relay_parked)
       AND o.id NOT IN (SELECT unnest($3::bigint[]))
     ORDER BY o.shard, o.id
@@ -115,10 +119,25 @@ func (s *RelayStore) ReadBatchSkipping(ctx context.Context, shards []int, perSha
 	if skip == nil {
 		skip = []int64{}
 	}
-	rows, err := s.pool.Query(ctx, q, toInt32(shards), perShard, skip)
+	var out []OutboxRow
+	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SET LOCAL enable_sort = off`); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, q, toInt32(shards), perShard, skip)
+		if err != nil {
+			return err
+		}
+		out, err = scanOutboxRows(rows)
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("read outbox batch: %w", err)
 	}
+	return out, nil
+}
+
+func scanOutboxRows(rows pgx.Rows) ([]OutboxRow, error) {
 	defer rows.Close()
 	var out []OutboxRow
 	for rows.Next() {
@@ -131,7 +150,7 @@ func (s *RelayStore) ReadBatchSkipping(ctx context.Context, shards []int, perSha
 		)
 		if err := rows.Scan(&r.ID, &r.Shard, &e.EventID, &kind, &e.Type, &e.Topic, &e.AggregateType,
 			&e.AggregateID, &e.Revision, &journalID, &headers, &e.Payload, &e.OccurredAt); err != nil {
-			return nil, fmt.Errorf("read outbox batch: %w", err)
+			return nil, err
 		}
 		e.Kind = core.Kind(kind)
 		e.JournalID = journalID.String
@@ -145,10 +164,7 @@ func (s *RelayStore) ReadBatchSkipping(ctx context.Context, shards []int, perSha
 		}
 		out = append(out, r)
 	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read outbox batch: %w", err)
-	}
-	return out, nil
+	return out, rows.Err()
 }
 
 // Lease is a held shard lease. Token is the fencing token of this grant.
