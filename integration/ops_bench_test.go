@@ -19,12 +19,12 @@ import (
 	"github.com/posthorn/posthorn/ops"
 )
 
-// BenchmarkOps measures the operator's passes over one ledger of 10,000
-// postings (20,000 events) with both example consumers' inboxes filled:
+// BenchmarkOps measures the operator's passes over one ledger of 6,000
+// postings (12,000 events) with both example consumers' inboxes filled:
 // reconcile, replay from the outbox, archive, cleanup, replay from the
 // archive. Designed for -benchtime 1x; each figure is printed.
 func BenchmarkOps(b *testing.B) {
-	const postings, writers = 10000, 8
+	const postings, writers = 6000, 8
 	ctx := context.Background()
 	_, ledger := pgtest.Ledger(b)
 	_, consumer := pgtest.Consumer(b)
