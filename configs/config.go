@@ -42,6 +42,7 @@ type Config struct {
 	Log       Log       `koanf:"log"`
 	Archive   Archive   `koanf:"archive"`
 	Cleanup   Cleanup   `koanf:"cleanup"`
+	Outbox    Outbox    `koanf:"outbox"`
 }
 
 // Database is a Postgres connection.
@@ -86,6 +87,7 @@ func Default() Config {
 		Log:       Log{Level: "info", Format: "json"},
 		Archive:   defaultArchive(),
 		Cleanup:   defaultCleanup(),
+		Outbox:    defaultOutbox(),
 	}
 }
 
@@ -211,6 +213,7 @@ func (c Config) Validate() error {
 		c.Reconcile.validate(),
 		c.Archive.validate(),
 		c.Cleanup.validate(),
+		c.Outbox.validate(),
 	} {
 		if err != nil {
 			return err

@@ -50,6 +50,49 @@ type LedgerConfig struct {
 	Outbox OutboxMode
 	// Logger receives Watermill's publisher logs; default none.
 	Logger watermill.LoggerAdapter
+	// MetadataAllowlist names the posting metadata keys that travel with
+	// each of the posting's events, as extra headers MetadataHeaderPrefix +
+	// key (never a contract header). Default none: metadata is kept in the
+	// journal only. Commands never carry metadata.
+	MetadataAllowlist []string
+	// MetadataMaxBytes bounds the allow-listed metadata of one posting
+	// (keys plus values); above it Post returns a *core.InputError naming
+	// "metadata" and writes nothing. Default DefaultMetadataMaxBytes.
+	MetadataMaxBytes int
+}
+
+// MetadataHeaderPrefix prefixes the header of an allow-listed metadata key
+// on the wire, so metadata can never pose as a contract header.
+const MetadataHeaderPrefix = "meta_"
+
+// DefaultMetadataMaxBytes is LedgerConfig.MetadataMaxBytes's default.
+const DefaultMetadataMaxBytes = 1024
+
+// wireMetadata returns the headers of p's allow-listed metadata (nil when
+// none), or an input error when they exceed the size limit.
+func (s *LedgerStore) wireMetadata(md map[string]string) (map[string]string, error) {
+	if len(s.cfg.MetadataAllowlist) == 0 || len(md) == 0 {
+		return nil, nil
+	}
+	var h map[string]string
+	size := 0
+	for _, k := range s.cfg.MetadataAllowlist {
+		v, ok := md[k]
+		if !ok {
+			continue
+		}
+		if h == nil {
+			h = make(map[string]string)
+		}
+		h[MetadataHeaderPrefix+k] = v
+		size += len(k) + len(v)
+	}
+	if size > s.cfg.MetadataMaxBytes {
+		return nil, &core.InputError{Field: "metadata", Detail: fmt.Sprintf(
+			"the metadata published with the events (keys %v) is %d bytes long, at most %d are allowed",
+			s.cfg.MetadataAllowlist, size, s.cfg.MetadataMaxBytes)}
+	}
+	return h, nil
 }
 
 // LedgerStore writes postings and reads them back. It is safe for
@@ -68,6 +111,9 @@ func NewLedgerStore(pool *pgxpool.Pool, cfg LedgerConfig) *LedgerStore {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = watermill.NopLogger{}
+	}
+	if cfg.MetadataMaxBytes <= 0 {
+		cfg.MetadataMaxBytes = DefaultMetadataMaxBytes
 	}
 	s := &LedgerStore{pool: pool, cfg: cfg}
 	switch cfg.Outbox {
@@ -172,6 +218,10 @@ type line struct {
 }
 
 func (s *LedgerStore) post(ctx context.Context, key string, hash [32]byte, p core.Posting) (core.PostingResult, error) {
+	wireMD, err := s.wireMetadata(p.Metadata)
+	if err != nil {
+		return core.PostingResult{}, err
+	}
 	journalID, err := uuid.NewV7()
 	if err != nil {
 		return core.PostingResult{}, err
@@ -324,7 +374,7 @@ ON CONFLICT (account_id, currency) DO UPDATE SET balance = b.balance + EXCLUDED.
 	// round trip with step 3, in this order, and an error in any of them
 	// aborts the transaction before the journal is written.
 	final := &pgx.Batch{}
-	if err := s.writeOutbox(ctx, &pipelinedTx{Tx: tx, batch: final}, res, lines, p.Commands); err != nil {
+	if err := s.writeOutbox(ctx, &pipelinedTx{Tx: tx, batch: final}, res, lines, p.Commands, wireMD); err != nil {
 		return core.PostingResult{}, err
 	}
 	outboxStatements := final.Len()
@@ -411,8 +461,9 @@ func (t *pipelinedTx) Exec(_ context.Context, sql string, args ...any) (pgconn.C
 
 // writeOutbox publishes the posting's events and commands through
 // Watermill's SQL publisher on tx. Events go in one Publish (one INSERT);
-// commands in one Publish per topic, in request order within it.
-func (s *LedgerStore) writeOutbox(ctx context.Context, tx pgx.Tx, res core.PostingResult, lines []line, cmds []core.CommandSpec) error {
+// commands in one Publish per topic, in request order within it. Events
+// carry the allow-listed metadata headers md; commands carry none.
+func (s *LedgerStore) writeOutbox(ctx context.Context, tx pgx.Tx, res core.PostingResult, lines []line, cmds []core.CommandSpec, md map[string]string) error {
 	if s.schema == nil {
 		return nil // OutboxNone: measurement only
 	}
@@ -445,6 +496,7 @@ func (s *LedgerStore) writeOutbox(ctx context.Context, tx pgx.Tx, res core.Posti
 			Revision:      l.revision,
 			JournalID:     res.JournalID,
 			OccurredAt:    res.PostedAt,
+			Headers:       md,
 			Payload:       payload,
 		}
 		events[i] = env.ToMessage()

@@ -33,7 +33,8 @@ func runAPI(ctx context.Context, args []string) error {
 	}
 	defer pool.Close()
 	postgres.WarnIfSuperuser(ctx, pool, logger, "api", postgres.RoleAPI)
-	store := postgres.NewLedgerStore(pool, postgres.LedgerConfig{CommandTopicPrefix: cfg.Sink.CommandTopicPrefix})
+	store := postgres.NewLedgerStore(pool, postgres.LedgerConfig{CommandTopicPrefix: cfg.Sink.CommandTopicPrefix,
+		MetadataAllowlist: cfg.Outbox.MetadataAllowlist, MetadataMaxBytes: cfg.Outbox.MetadataMaxBytes})
 	srv, err := api.New(api.Config{Listen: cfg.API.Listen, Tokens: cfg.API.Tokens, Logger: logger}, store)
 	if err != nil {
 		return err

@@ -167,7 +167,8 @@ func (d *demoRun) run(ctx context.Context, postings int) (demoSummary, error) {
 	}
 	defer apiPool.Close()
 	srv, err := api.New(api.Config{Tokens: d.cfg.API.Tokens, Logger: d.log},
-		postgres.NewLedgerStore(apiPool, postgres.LedgerConfig{CommandTopicPrefix: d.cfg.Sink.CommandTopicPrefix}))
+		postgres.NewLedgerStore(apiPool, postgres.LedgerConfig{CommandTopicPrefix: d.cfg.Sink.CommandTopicPrefix,
+			MetadataAllowlist: d.cfg.Outbox.MetadataAllowlist, MetadataMaxBytes: d.cfg.Outbox.MetadataMaxBytes}))
 	if err != nil {
 		return sum, err
 	}
