@@ -12,7 +12,11 @@
 //   - Every error is application/problem+json (RFC 9457) whose detail names
 //     the offending field, header or parameter, also given in "field".
 //   - Bearer tokens are compared in constant time and never logged. With no
-//     tokens configured authentication is off, and New logs so loudly.
+//     tokens configured authentication is off, and New logs so loudly. A
+//     configured token may be its SHA-256 ("sha256:<hex>"): every token is
+//     kept and compared as the SHA-256 of the token, so a hash in the
+//     configuration accepts the token it was made from.
+//   - With Config.TLS the API serves HTTPS only.
 //
 // The package takes plain structs (Config) and a small Store port; koanf
 // stays in cmd/ and configs/.
@@ -20,7 +24,10 @@ package api
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/subtle"
+	"crypto/tls"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -50,6 +57,9 @@ const (
 	DefaultShutdownTimeout = 10 * time.Second
 )
 
+// TokenHashPrefix marks a configured token given as its SHA-256 in hex.
+const TokenHashPrefix = "sha256:"
+
 // Store is what the API needs from the ledger; *postgres.LedgerStore
 // implements it.
 type Store interface {
@@ -66,7 +76,11 @@ type Config struct {
 	// Listen is the address ListenAndServe binds, host:port.
 	Listen string
 	// Tokens are the accepted bearer tokens; empty turns authentication off.
+	// An entry "sha256:<64 hex digits>" is the SHA-256 of an accepted token.
 	Tokens []string
+	// TLS, when set, makes Serve speak HTTPS (with at least its
+	// certificates set).
+	TLS *tls.Config
 	// ShutdownTimeout bounds the graceful shutdown; default DefaultShutdownTimeout.
 	ShutdownTimeout time.Duration
 	// Logger receives structured logs; default slog.Default().
@@ -78,7 +92,7 @@ type Server struct {
 	cfg    Config
 	store  Store
 	log    *slog.Logger
-	tokens [][]byte
+	tokens [][sha256.Size]byte // SHA-256 of each accepted token
 	mux    *http.ServeMux
 }
 
@@ -98,7 +112,15 @@ func New(cfg Config, store Store) (*Server, error) {
 		if t == "" {
 			return nil, fmt.Errorf("api: token %d is empty", i)
 		}
-		s.tokens = append(s.tokens, []byte(t))
+		if h, ok := strings.CutPrefix(t, TokenHashPrefix); ok {
+			var d [sha256.Size]byte
+			if n, err := hex.Decode(d[:], []byte(h)); err != nil || n != sha256.Size || len(h) != 2*sha256.Size {
+				return nil, fmt.Errorf("api: token %d starts with %q but is not followed by 64 hex digits", i, TokenHashPrefix)
+			}
+			s.tokens = append(s.tokens, d)
+			continue
+		}
+		s.tokens = append(s.tokens, sha256.Sum256([]byte(t)))
 	}
 	if len(s.tokens) == 0 {
 		s.log.Warn("Posting API AUTHENTICATION IS OFF: api.tokens is empty, so anyone who can reach the listener can post to the ledger; set api.tokens (POSTHORN_API__TOKENS) outside local development")
@@ -160,7 +182,10 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 	}
-	s.log.Info("Posting API listening", "addr", ln.Addr().String())
+	if s.cfg.TLS != nil {
+		ln = tls.NewListener(ln, s.cfg.TLS)
+	}
+	s.log.Info("Posting API listening", "addr", ln.Addr().String(), "tls", s.cfg.TLS != nil)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {
@@ -197,9 +222,12 @@ func (s *Server) auth(next http.HandlerFunc) http.HandlerFunc {
 			s.problem(w, r, http.StatusUnauthorized, "unauthorized", "Unauthorized", "Authorization", "the Authorization header must be \"Bearer <token>\"")
 			return
 		}
+		// Hashing first makes every comparison the same length, whatever
+		// the presented token's length.
+		presented := sha256.Sum256([]byte(token))
 		match := 0
 		for _, t := range s.tokens {
-			match |= subtle.ConstantTimeCompare([]byte(token), t)
+			match |= subtle.ConstantTimeCompare(presented[:], t[:])
 		}
 		if match != 1 {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="posthorn", error="invalid_token"`)

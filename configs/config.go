@@ -61,8 +61,11 @@ type Consumer struct {
 type API struct {
 	Listen string `koanf:"listen"`
 	// Tokens are the accepted bearer tokens; empty means authentication is
-	// off, which the API logs loudly at start.
+	// off, which the API logs loudly at start. An entry may be the token's
+	// SHA-256 ("sha256:<hex>") or "file:/path" (secrets.go).
 	Tokens []string `koanf:"tokens"`
+	// TLS serves the API over HTTPS (secrets.go).
+	TLS APITLS `koanf:"tls"`
 }
 
 // Metrics configures the /metrics, /healthz and /readyz listener of the
@@ -171,6 +174,9 @@ func Load(path string, environ []string, fs *pflag.FlagSet) (Config, error) {
 	if err != nil {
 		return Config{}, decodeError(err)
 	}
+	if err := cfg.resolveSecrets(); err != nil { // "file:" values (secrets.go)
+		return Config{}, err
+	}
 	if err := cfg.Validate(); err != nil {
 		return Config{}, err
 	}
@@ -207,6 +213,7 @@ func (c Config) Validate() error {
 		validateAddr("api.listen", c.API.Listen, false),
 		validateAddr("metrics.listen", c.Metrics.Listen, true),
 		c.API.validate(),
+		c.API.validateTokenHashes(),
 		c.Log.validate(),
 		c.Sink.validate(),
 		c.Relay.validate(),

@@ -21,6 +21,7 @@ func (c Config) Redacted() Config {
 	r.Sink.NATS.Token = redactSecret(c.Sink.NATS.Token)
 	r.Sink.AMQP.Password = redactSecret(c.Sink.AMQP.Password)
 	r.Sink.Redis.Password = redactSecret(c.Sink.Redis.Password)
+	r.Sink.Kafka.SASL.Password = redactSecret(c.Sink.Kafka.SASL.Password)
 	r.Reconcile.Consumers = make([]ReconcileConsumer, len(c.Reconcile.Consumers))
 	for i, rc := range c.Reconcile.Consumers {
 		r.Reconcile.Consumers[i] = ReconcileConsumer{Name: rc.Name, DatabaseURL: RedactURL(rc.DatabaseURL)}

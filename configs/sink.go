@@ -27,6 +27,47 @@ type Sink struct {
 // KafkaSink configures the Kafka sink.
 type KafkaSink struct {
 	Brokers []string `koanf:"brokers"`
+	// TLS encrypts the broker connections (and authenticates the client
+	// with cert_file/key_file).
+	TLS SinkTLS `koanf:"tls"`
+	// SASL authenticates the client (over TLS, please).
+	SASL KafkaSASL `koanf:"sasl"`
+}
+
+// KafkaSASL is the Kafka client's SASL authentication; an empty Mechanism
+// means none.
+type KafkaSASL struct {
+	// Mechanism is PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512.
+	Mechanism string `koanf:"mechanism"`
+	Username  string `koanf:"username"`
+	// Password is a secret: redacted, and may be "file:/path".
+	Password string `koanf:"password"`
+}
+
+// KafkaSASLMechanisms are the accepted values of sink.kafka.sasl.mechanism.
+var KafkaSASLMechanisms = []string{"PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"}
+
+func (s KafkaSASL) validate() error {
+	if s.Mechanism == "" {
+		if s.Username != "" || s.Password != "" {
+			return fieldErr("sink.kafka.sasl.mechanism", "is required when sink.kafka.sasl.username or password is set (one of %v)", KafkaSASLMechanisms)
+		}
+		return nil
+	}
+	known := false
+	for _, m := range KafkaSASLMechanisms {
+		known = known || s.Mechanism == m
+	}
+	if !known {
+		return fieldErr("sink.kafka.sasl.mechanism", "is %q, want one of %v", s.Mechanism, KafkaSASLMechanisms)
+	}
+	if s.Username == "" {
+		return fieldErr("sink.kafka.sasl.username", "is required with sink.kafka.sasl.mechanism %s", s.Mechanism)
+	}
+	if s.Password == "" {
+		return fieldErr("sink.kafka.sasl.password", "is required with sink.kafka.sasl.mechanism %s", s.Mechanism)
+	}
+	return nil
 }
 
 // NATSSink configures the NATS JetStream sink.
@@ -154,6 +195,14 @@ func (s Sink) validate() error {
 	}
 	for i, b := range s.Kafka.Brokers {
 		if err := validateAddr(fmt.Sprintf("sink.kafka.brokers[%d]", i), b, false); err != nil {
+			return err
+		}
+	}
+	if s.Kind == "kafka" {
+		if err := s.Kafka.SASL.validate(); err != nil {
+			return err
+		}
+		if _, err := s.Kafka.TLS.Load("sink.kafka.tls"); err != nil {
 			return err
 		}
 	}

@@ -26,6 +26,10 @@ func runAPI(ctx context.Context, args []string) error {
 	if err := cfg.RequireDatabase(); err != nil {
 		return err
 	}
+	tlsCfg, err := cfg.API.TLS.Load() // nil without api.tls.cert_file
+	if err != nil {
+		return err
+	}
 	logger := newLogger(cfg.Log, os.Stderr)
 	pool, err := postgres.Connect(ctx, cfg.Database.URL, apiConns)
 	if err != nil {
@@ -35,7 +39,7 @@ func runAPI(ctx context.Context, args []string) error {
 	postgres.WarnIfSuperuser(ctx, pool, logger, "api", postgres.RoleAPI)
 	store := postgres.NewLedgerStore(pool, postgres.LedgerConfig{CommandTopicPrefix: cfg.Sink.CommandTopicPrefix,
 		MetadataAllowlist: cfg.Outbox.MetadataAllowlist, MetadataMaxBytes: cfg.Outbox.MetadataMaxBytes})
-	srv, err := api.New(api.Config{Listen: cfg.API.Listen, Tokens: cfg.API.Tokens, Logger: logger}, store)
+	srv, err := api.New(api.Config{Listen: cfg.API.Listen, Tokens: cfg.API.Tokens, TLS: tlsCfg, Logger: logger}, store)
 	if err != nil {
 		return err
 	}
