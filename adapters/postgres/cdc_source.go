@@ -308,6 +308,18 @@ func (s *CDCStore) EmitHeartbeat(ctx context.Context) (LSN, error) {
 	return lsn, nil
 }
 
+// OutboxMaxID is the largest id of a visible outbox row (0 when empty). Read
+// after a slot is created, it bounds what the catch-up must cover: a row
+// with a larger id was inserted, hence committed, after the slot's
+// consistent point, so the stream carries it.
+func (s *CDCStore) OutboxMaxID(ctx context.Context) (int64, error) {
+	var id int64
+	if err := s.pool.QueryRow(ctx, `SELECT coalesce(max(id), 0) FROM outbox`).Scan(&id); err != nil {
+		return 0, fmt.Errorf("outbox max id: %w", err)
+	}
+	return id, nil
+}
+
 // CurrentWALLSN is pg_current_wal_lsn().
 func (s *CDCStore) CurrentWALLSN(ctx context.Context) (LSN, error) {
 	var lsn LSN

@@ -152,8 +152,14 @@ func newFixture(t *testing.T, c *pgcluster.Cluster) *fixture {
 	pool := ledgerDB(t, c)
 	s := memory.New(memory.Config{})
 	t.Cleanup(func() { _ = s.Close() })
-	return &fixture{t: t, cluster: c, pool: pool, store: postgres.NewRelayStore(pool), sink: s,
+	f := &fixture{t: t, cluster: c, pool: pool, store: postgres.NewRelayStore(pool), sink: s,
 		slot: randName("slot_"), logs: &logBuffer{}}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("relay logs:\n%s", f.logs)
+		}
+	})
+	return f
 }
 
 type relayHandle struct {
@@ -169,7 +175,7 @@ func (f *fixture) start(owner string, mod func(*cdc.Config)) relayHandle {
 		SinkName:          "memory",
 		Slot:              f.slot,
 		BatchSize:         500,
-		LeaseTTL:          time.Second,
+		LeaseTTL:          2 * time.Second,
 		RetryInitial:      10 * time.Millisecond,
 		RetryMax:          100 * time.Millisecond,
 		StatusInterval:    200 * time.Millisecond,

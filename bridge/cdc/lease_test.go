@@ -47,8 +47,8 @@ func TestStalledReaderIsReplacedByStandby(t *testing.T) {
 	posted := w.finish(t)
 	got := f.waitAllDelivered(posted, 60*time.Second)
 	checkOrder(t, got, true)
-	if n := metric(t, b.reg, "posthorn_relay_lease_takeovers_total"); n != 1 {
-		t.Errorf("takeovers by b = %v, want 1", n)
+	if n := metric(t, b.reg, "posthorn_relay_lease_takeovers_total"); n < 1 {
+		t.Errorf("takeovers by b = %v, want at least 1", n)
 	}
 	if !strings.Contains(f.logs.String(), "ending its WAL sender") && !strings.Contains(f.logs.String(), "abandoning batch") {
 		t.Errorf("logs say nothing of the takeover:\n%s", f.logs)

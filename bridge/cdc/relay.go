@@ -318,6 +318,13 @@ func (r *Relay) closeStream(ctx context.Context) {
 // catches up from the outbox, then streams until an error, a stop or the
 // loss of the lease.
 func (r *Relay) session(ctx context.Context) error {
+	// Make sure the lease is still ours before touching the slot: a relay
+	// whose stream just ended may have lost it, and ending the WAL sender of
+	// the slot's new reader would make the two take turns for ever.
+	r.nextMaintain = time.Time{}
+	if _, err := r.maintain(ctx); err != nil {
+		return err
+	}
 	if err := r.store.CheckServer(ctx); err != nil {
 		return err
 	}
@@ -339,7 +346,12 @@ func (r *Relay) session(ctx context.Context) error {
 	st, err := postgres.OpenStream(ctx, r.pool, r.cfg.Slot, r.cfg.Publication)
 	if err != nil {
 		if postgres.IsSlotInUse(err) {
-			// A stalled previous holder still streams: it lost the lease, end it.
+			// A stalled previous holder still streams: it lost the lease, end
+			// it (after checking that the lease is still this relay's).
+			r.nextMaintain = time.Time{}
+			if _, lerr := r.maintain(ctx); lerr != nil {
+				return lerr
+			}
 			_ = r.store.TerminateReader(ctx, r.cfg.Slot)
 		}
 		return err
@@ -366,6 +378,7 @@ func (r *Relay) prepareSlot(ctx context.Context) error {
 	switch {
 	case st.Exists && st.WALStatus != "lost":
 		if st.Active {
+			// (session renewed the lease just before: it is this relay's.)
 			// The WAL sender of a previous holder that stalled (it lost the
 			// lease, so it cannot mark or confirm; end its stream).
 			r.log.Warn("slot still streamed by a previous reader; ending its WAL sender", "pid", st.ActivePID)
@@ -418,21 +431,31 @@ func (r *Relay) waitInactive(ctx context.Context) error {
 		if r.stopping() || ctx.Err() != nil {
 			return errStopping
 		}
+		if _, err := r.maintain(ctx); err != nil {
+			return err
+		}
 	}
 	return errors.New("the previous reader's WAL sender did not end")
 }
 
-// catchUp sends every unrelayed outbox row (parked aggregates excepted) in
-// id order, through the polling relay's read path, until one read saw all
-// of them. Rows the stream later repeats are skipped when already marked.
+// catchUp sends the unrelayed outbox rows (parked aggregates excepted) in
+// id order, through the polling relay's read path, up to the largest id
+// visible now: every row committed before the slot's consistent point is
+// below that bound, and every row above it committed later and is in the
+// stream. The bound makes the catch-up finish under any write load. Rows the
+// stream later repeats are skipped when already marked.
 func (r *Relay) catchUp(ctx context.Context) error {
+	bound, err := r.store.OutboxMaxID(ctx)
+	if err != nil {
+		return err
+	}
 	perShard := (r.cfg.BatchSize + core.Shards - 1) / core.Shards
 	shards := make([]int, core.Shards)
 	for i := range shards {
 		shards[i] = i
 	}
 	total := 0
-	for {
+	for len(shards) > 0 {
 		if _, err := r.maintain(ctx); err != nil {
 			return err
 		}
@@ -440,20 +463,25 @@ func (r *Relay) catchUp(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		full := false
-		per := map[int]int{}
+		// Per shard, rows come in id order: a shard is done when its read was
+		// not full (nothing more unrelayed) or reached past the bound.
+		count, last := map[int]int{}, map[int]int64{}
 		for _, row := range rows {
-			per[row.Shard]++
-			full = full || per[row.Shard] >= perShard
+			count[row.Shard]++
+			last[row.Shard] = max(last[row.Shard], row.ID)
 		}
 		if err := r.deliver(ctx, rows); err != nil {
 			return err
 		}
 		total += len(rows)
 		r.m.caughtUp.Add(float64(len(rows)))
-		if !full {
-			break
+		more := shards[:0]
+		for _, s := range shards {
+			if count[s] >= perShard && last[s] <= bound {
+				more = append(more, s)
+			}
 		}
+		shards = more
 	}
 	lsn, err := r.store.CurrentWALLSN(ctx)
 	if err != nil {
@@ -461,7 +489,7 @@ func (r *Relay) catchUp(ctx context.Context) error {
 	}
 	r.filterUntil = lsn
 	if total > 0 {
-		r.log.Info("caught up from the outbox", "events", total, "skip_marked_until", lsn.String())
+		r.log.Info("caught up from the outbox", "events", total, "up_to_id", bound, "skip_marked_until", lsn.String())
 	}
 	return nil
 }

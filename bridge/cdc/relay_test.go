@@ -188,8 +188,8 @@ func TestCrashBetweenAckAndConfirmRepeatsNothingLost(t *testing.T) {
 			posted := w.finish(t)
 			got := f.waitAllDelivered(posted, 60*time.Second)
 			checkOrder(t, got, true)
-			if n := metric(t, b.reg, "posthorn_relay_lease_takeovers_total"); n != 1 {
-				t.Errorf("takeovers by b = %v, want 1", n)
+			if n := metric(t, b.reg, "posthorn_relay_lease_takeovers_total"); n < 1 {
+				t.Errorf("takeovers by b = %v, want at least 1", n)
 			}
 			count := map[string]int{}
 			for _, e := range got {
