@@ -43,6 +43,9 @@ type Config struct {
 	// The settings that delivery depends on (acks, idempotence, one request in
 	// flight, hash partitioner, returned successes) are forced either way.
 	Sarama *sarama.Config
+	// Security is the connections' TLS and SASL (security.go); applied
+	// over Sarama.
+	Security Security
 }
 
 // DefaultSaramaConfig is the producer configuration the sink starts from.
@@ -88,6 +91,9 @@ func New(cfg Config) (*Sink, error) {
 		return nil, errors.New("kafka sink: no brokers")
 	}
 	sc := cfg.producerConfig()
+	if err := cfg.Security.Apply(sc); err != nil {
+		return nil, fmt.Errorf("kafka sink: %w", err)
+	}
 	if err := sc.Validate(); err != nil {
 		return nil, fmt.Errorf("kafka sink: %w", err)
 	}

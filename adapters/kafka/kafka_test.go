@@ -75,10 +75,11 @@ func splitPort(addr string) (string, int, error) {
 
 // ReadFunc reads a topic from its first offset with franz-go, which exposes
 // the record key that a Watermill subscriber hides.
-func ReadFunc(brokers []string) func(ctx context.Context, topic string, n int) ([]sinktest.Record, error) {
+// opts are added to the client's (e.g. TLS and SASL).
+func ReadFunc(brokers []string, opts ...kgo.Opt) func(ctx context.Context, topic string, n int) ([]sinktest.Record, error) {
 	return func(ctx context.Context, topic string, n int) ([]sinktest.Record, error) {
-		cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic),
-			kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond))
+		cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic),
+			kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100 * time.Millisecond)}, opts...)...)
 		if err != nil {
 			return nil, err
 		}

@@ -28,7 +28,13 @@ func init() {
 // sinkOpeners builds the sink of each sink.kind. Adding a kind is one entry
 // here (and its name in configs.SinkKinds).
 var sinkOpeners = map[string]func(configs.Sink) (core.Sink, error){
-	"kafka": func(c configs.Sink) (core.Sink, error) { return kafka.New(kafka.Config{Brokers: c.Kafka.Brokers}) },
+	"kafka": func(c configs.Sink) (core.Sink, error) {
+		sec, err := subscribers.KafkaSecurity(c) // sink.kafka.{tls,sasl}
+		if err != nil {
+			return nil, err
+		}
+		return kafka.New(kafka.Config{Brokers: c.Kafka.Brokers, Security: sec})
+	},
 	// An in-process broker: useful in the demo and tests, where consumers
 	// share the process; a standalone relay with it only drains the outbox.
 	"memory": func(configs.Sink) (core.Sink, error) { return memory.New(memory.Config{}), nil },

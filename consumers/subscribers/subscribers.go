@@ -20,6 +20,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/prometheus/client_golang/prometheus"
 
+	phkafka "github.com/posthorn/posthorn/adapters/kafka"
 	"github.com/posthorn/posthorn/configs"
 	"github.com/posthorn/posthorn/consumers"
 )
@@ -98,13 +99,31 @@ func KafkaSaramaConfig() *sarama.Config {
 // consumer group = the consumer's name, oldest offset first, and the
 // DefaultMarshaler the relay's Kafka sink writes with (message UUID = event
 // ID, metadata = the wire headers).
-func KafkaSubscriber(brokers []string, consumer string, logger watermill.LoggerAdapter) (*kafka.Subscriber, error) {
+// sec, when given, sets the connections' TLS and SASL (KafkaSecurity).
+func KafkaSubscriber(brokers []string, consumer string, logger watermill.LoggerAdapter, sec ...phkafka.Security) (*kafka.Subscriber, error) {
+	sc := KafkaSaramaConfig()
+	for _, s := range sec {
+		if err := s.Apply(sc); err != nil {
+			return nil, err
+		}
+	}
 	return kafka.NewSubscriber(kafka.SubscriberConfig{
 		Brokers:               brokers,
 		Unmarshaler:           kafka.DefaultMarshaler{},
-		OverwriteSaramaConfig: KafkaSaramaConfig(),
+		OverwriteSaramaConfig: sc,
 		ConsumerGroup:         consumer,
 	}, logger)
+}
+
+// KafkaSecurity is the TLS and SASL of sink.kafka.{tls,sasl}, for the
+// relay's sink and the consumers' subscribers alike.
+func KafkaSecurity(s configs.Sink) (phkafka.Security, error) {
+	t, err := s.Kafka.TLS.Load("sink.kafka.tls")
+	if err != nil {
+		return phkafka.Security{}, err
+	}
+	return phkafka.Security{TLS: t, SASLMechanism: s.Kafka.SASL.Mechanism,
+		SASLUser: s.Kafka.SASL.Username, SASLPassword: s.Kafka.SASL.Password}, nil
 }
 
 func kafkaSubscribers(sink configs.Sink, opts Options) (consumers.SubscriberFactory, error) {
@@ -112,8 +131,12 @@ func kafkaSubscribers(sink configs.Sink, opts Options) (consumers.SubscriberFact
 		return nil, errors.New("sink.kafka.brokers is required when sink.kind is kafka")
 	}
 	brokers := append([]string(nil), sink.Kafka.Brokers...)
+	sec, err := KafkaSecurity(sink)
+	if err != nil {
+		return nil, err
+	}
 	return func(consumer string) (message.Subscriber, error) {
-		sub, err := KafkaSubscriber(brokers, consumer, opts.Logger)
+		sub, err := KafkaSubscriber(brokers, consumer, opts.Logger, sec)
 		if err != nil || opts.Registerer == nil {
 			return sub, err
 		}
