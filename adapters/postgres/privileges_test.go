@@ -461,3 +461,23 @@ func TestSCRAMVerifierMatchesPostgres(t *testing.T) {
 		t.Fatal("the stored verifier is not the password's")
 	}
 }
+
+func TestRolesMaintainerDeletesOutboxRowsOnly(t *testing.T) {
+	t.Parallel()
+	url, owner := pgtest.Ledger(t)
+	roletest.Apply(t, url, postgres.LedgerSchema)
+	if _, _, err := postgres.NewLedgerStore(owner, postgres.LedgerConfig{}).Post(context.Background(), "k-1", samplePosting()); err != nil {
+		t.Fatal(err)
+	}
+	m := roletest.Pool(t, roletest.Login(t, url, postgres.RoleMaintainer, ""))
+	assertRefused(t, owner, m, []refusal{
+		{"read journal lines", `SELECT * FROM journal_lines`},
+		{"read balances", `SELECT * FROM account_balances`},
+		{"read journal metadata", `SELECT metadata FROM journals`},
+		{"delete a journal", `DELETE FROM journals WHERE false`},
+		{"mark outbox rows", `UPDATE outbox SET relayed_at = now()`},
+		{"insert an outbox row", `INSERT INTO outbox (event_id, kind, type, topic, aggregate_type, aggregate_id, revision, shard, payload, occurred_at)
+VALUES (gen_random_uuid(), 'event', 't', 't', 'account', 'x', 99, 0, '', now())`},
+		{"write coverage", `INSERT INTO ops_coverage (consumer, cut_sequence, covered_outbox_id) VALUES ('x', 1, 1)`},
+	})
+}

@@ -1,0 +1,154 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/posthorn/posthorn/adapters/fsarchive"
+	"github.com/posthorn/posthorn/adapters/memory"
+	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
+	"github.com/posthorn/posthorn/adapters/postgres/roles/roletest"
+	"github.com/posthorn/posthorn/bridge"
+	"github.com/posthorn/posthorn/bridge/bridgetest"
+	"github.com/posthorn/posthorn/consumers/auditlog"
+	"github.com/posthorn/posthorn/consumers/projection"
+	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/ops"
+)
+
+// TestSecurityEveryComponentUnderItsRole runs the whole life of a posting
+// with each component connected as a LOGIN role of its group only: the
+// write path as posthorn_api, the relay, outbox status, resend and replay as
+// posthorn_relay, the example consumers as posthorn_consumer, reconcile as
+// posthorn_reconciler (ledger and consumer database), archive and cleanup
+// as posthorn_maintainer. Every step must succeed under those grants and
+// end where the same steps end under the owner (the other ops tests): all
+// events applied once, repeats absorbed, reconcile clean, covered rows
+// archived and deleted. What each role is refused is shown in
+// adapters/postgres/privileges_test.go.
+func TestSecurityEveryComponentUnderItsRole(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	ledgerURL, ledgerOwner := pgtest.Ledger(t)
+	consumerURL, consumerOwner := pgtest.Consumer(t)
+	roletest.Apply(t, ledgerURL, postgres.LedgerSchema)
+	roletest.Apply(t, consumerURL, postgres.ConsumerSchema)
+	as := func(url string, r postgres.Role) *postgres.OpsStore {
+		return postgres.NewOpsStore(roletest.Pool(t, roletest.Login(t, url, r, "")))
+	}
+	apiPool := roletest.Pool(t, roletest.Login(t, ledgerURL, postgres.RoleAPI, ""))
+	relayPool := roletest.Pool(t, roletest.Login(t, ledgerURL, postgres.RoleRelay, ""))
+	consPool := roletest.Pool(t, roletest.Login(t, consumerURL, postgres.RoleConsumer, ""))
+	reconciler := as(ledgerURL, postgres.RoleReconciler)
+	recInbox := postgres.NewInbox(roletest.Pool(t, roletest.Login(t, consumerURL, postgres.RoleReconciler, "")))
+	maintainer := as(ledgerURL, postgres.RoleMaintainer)
+	relayOps := postgres.NewOpsStore(relayPool)
+
+	sink := memory.New(memory.Config{})
+	t.Cleanup(func() { _ = sink.Close() })
+	startOpsConsumers(t, sink, consPool)
+
+	// Write path as posthorn_api.
+	store := postgres.NewLedgerStore(apiPool, postgres.LedgerConfig{})
+	events := 0
+	var last core.PostingResult
+	for i := range 30 {
+		p := core.Posting{Entries: []core.Entry{
+			{Account: fmt.Sprintf("acc-%d", i%5), Direction: core.Debit, Amount: int64(10 + i), Currency: "EUR"},
+			{Account: fmt.Sprintf("acc-%d", 5+i%3), Direction: core.Credit, Amount: int64(10 + i), Currency: "EUR"},
+		}}
+		if i%7 == 0 {
+			p.Commands = []core.CommandSpec{{Type: "payouts.payout.execute", Payload: []byte(`{}`)}}
+		}
+		res, _, err := store.Post(ctx, fmt.Sprintf("roles-%d", i), p)
+		if err != nil {
+			t.Fatalf("post as posthorn_api: %v", err)
+		}
+		events += len(res.Events)
+		last = res
+	}
+
+	// Relay as posthorn_relay.
+	rel, err := bridge.New(postgres.NewRelayStore(relayPool), sink, bridge.Config{
+		Owner: "roles-relay", PollInterval: 50 * time.Millisecond, LeaseTTL: 5 * time.Second,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rel.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	bridgetest.WaitFor(t, opsWait, "outbox relayed by posthorn_relay", func() bool { return bridgetest.Unrelayed(t, ledgerOwner) == 0 })
+	stopCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := rel.Stop(stopCtx); err != nil {
+		t.Fatal(err)
+	}
+	waitAppliedOn(t, consumerOwner, events)
+
+	// outbox status, resend and replay as posthorn_relay.
+	if st, err := postgres.NewRelayStore(relayPool).Status(ctx); err != nil || st.Backlog != 0 {
+		t.Fatalf("outbox status as posthorn_relay: %+v %v", st, err)
+	}
+	if _, _, err := relayOps.Uncertain(ctx, 10); err != nil {
+		t.Fatalf("uncertain rows as posthorn_relay: %v", err)
+	}
+	if res, err := ops.Resend(ctx, ops.ResendConfig{Ledger: relayOps, Sink: sink, EventIDs: []string{last.Events[0].EventID}}); err != nil || res.Sent != 1 {
+		t.Fatalf("resend as posthorn_relay: %+v %v", res, err)
+	}
+	if res, err := ops.Replay(ctx, ops.ReplayConfig{Ledger: relayOps, Sink: sink, Name: "roles"}); err != nil || res.Sent != int64(events) {
+		t.Fatalf("replay as posthorn_relay: %+v %v (want %d events)", res, err, events)
+	}
+	bridgetest.WaitFor(t, opsWait, "repeats absorbed", func() bool {
+		p, a := inboxCountsOf(t, consumerOwner, projection.Name), inboxCountsOf(t, consumerOwner, auditlog.Name)
+		return p.DuplicatesAbsorbed == int64(events+1) && a.DuplicatesAbsorbed == int64(events+1)
+	})
+
+	// Reconcile as posthorn_reconciler, on both databases.
+	rep, err := ops.Reconcile(ctx, ops.ReconcileConfig{Ledger: reconciler, Record: true, Consumers: []ops.ConsumerSource{
+		{Name: projection.Name, Reader: ops.InboxReader{Inbox: recInbox, Consumer: projection.Name}},
+		{Name: auditlog.Name, Reader: ops.InboxReader{Inbox: recInbox, Consumer: auditlog.Name}},
+	}})
+	if err != nil || !rep.Clean {
+		t.Fatalf("reconcile as posthorn_reconciler: %+v %v", rep, err)
+	}
+
+	// Archive and cleanup as posthorn_maintainer.
+	archive, err := fsarchive.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	required := []string{projection.Name, auditlog.Name}
+	ares, err := ops.Archive(ctx, ops.ArchiveConfig{Ledger: maintainer, Store: archive, Required: required})
+	if err != nil || ares.Rows == 0 {
+		t.Fatalf("archive as posthorn_maintainer: %+v %v", ares, err)
+	}
+	if v, err := ops.VerifyArchive(ctx, maintainer, archive); err != nil || len(v.Problems) != 0 {
+		t.Fatalf("verify as posthorn_maintainer: %+v %v", v, err)
+	}
+	cres, err := ops.Cleanup(ctx, ops.CleanupConfig{Ledger: maintainer, Required: required, ReplayWindow: 0})
+	if err != nil || cres.Deleted != ares.Rows {
+		t.Fatalf("cleanup as posthorn_maintainer: %+v %v (archived %d)", cres, err, ares.Rows)
+	}
+	// Reconcile after cleanup still works for the reconciler (it reads the floor).
+	if rep, err := ops.Reconcile(ctx, ops.ReconcileConfig{Ledger: reconciler, Archive: archive, Consumers: []ops.ConsumerSource{
+		{Name: projection.Name, Reader: ops.InboxReader{Inbox: recInbox, Consumer: projection.Name}},
+	}}); err != nil || !rep.Clean {
+		t.Fatalf("reconcile after cleanup as posthorn_reconciler: %+v %v", rep, err)
+	}
+}
+
+func waitAppliedOn(t *testing.T, consumer *pgxpool.Pool, events int) {
+	t.Helper()
+	bridgetest.WaitFor(t, opsWait, fmt.Sprintf("both consumers applied %d events", events), func() bool {
+		p, a := inboxCountsOf(t, consumer, projection.Name), inboxCountsOf(t, consumer, auditlog.Name)
+		return p.Events[postgres.DispositionApplied] == int64(events) && a.Events[postgres.DispositionApplied] == int64(events)
+	})
+}
