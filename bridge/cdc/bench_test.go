@@ -64,7 +64,7 @@ type dbWork struct {
 }
 
 func (w dbWork) String() string {
-	return fmt.Sprintf("%7.1f stmt/s (%6.1f on outbox), %8.0f rows/s, exec %6.1f ms/s, backend CPU %6.1f ms/s",
+	return fmt.Sprintf("%7.1f stmt/s (%6.1f on outbox), %8.0f rows returned/s, exec %6.1f ms/s, backend CPU %6.1f ms/s",
 		w.stmtsPerSec, w.outboxStmtsPerSec, w.rowsPerSec, w.execMsPerSec, w.cpuMsPerSec)
 }
 
@@ -166,8 +166,12 @@ func benchMode(b *testing.B, c *pgcluster.Cluster, mode string) modeResult {
 		stop = func() { _ = r.Stop(ctx) }
 	case "cdc":
 		logs := &logBuffer{}
+		var out io.Writer = logs
+		if os.Getenv("POSTHORN_BENCH_LOG") != "" {
+			out = io.MultiWriter(logs, os.Stderr)
+		}
 		r, err := cdc.New(store, sink, cdc.Config{Owner: "bench", SinkName: "memory", Slot: randName("bench_"),
-			Logger: slog.New(slog.NewTextHandler(io.MultiWriter(logs), &slog.HandlerOptions{Level: slog.LevelInfo}))})
+			Logger: slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: slog.LevelInfo}))})
 		if err != nil {
 			b.Fatal(err)
 		}
