@@ -74,9 +74,9 @@ const readColumns = `o.id, o.shard, o.event_id::text, o.kind, o.type, o.topic, o
 // the shard's whole backlog through a bitmap scan and sort it. So the shard
 // is matched with = ANY (ARRAY[x]), which keeps it out of the sort key's
 // constants, the order asked for is (shard, id), which only the partial
-// index delivers without a sort, and the read runs with enable_sort off,
-// which prices every plan that needs a sort out except the final merge by
-// id. Parked aggregates, like the ids to skip ($3: rows of a published batch
+// index delivers without a sort, and the read runs with enable_sort off
+// (and jit off), which prices every plan that needs a sort out except the
+// final merge by id. Parked aggregates, like the ids to skip ($3: rows of a published batch
 // whose marker is still being written), are excluded with NOT IN, a hashed
 // subplan built once per query.
 const readByID = `
@@ -121,7 +121,10 @@ func (s *RelayStore) ReadBatchSkipping(ctx context.Context, shards []int, perSha
 	}
 	var out []OutboxRow
 	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SET LOCAL enable_sort = off`); err != nil {
+		// jit off as well: the price put on sorts would otherwise push the
+		// plan's cost over jit_above_cost, and compiling takes longer than
+		// the read.
+		if _, err := tx.Exec(ctx, `SELECT set_config('enable_sort', 'off', true), set_config('jit', 'off', true)`); err != nil {
 			return err
 		}
 		rows, err := tx.Query(ctx, q, toInt32(shards), perShard, skip)
