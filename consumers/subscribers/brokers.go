@@ -175,8 +175,9 @@ func AMQPSubscriber(cfg phamqp.Config, consumer string, opts Options) (message.S
 	c := wmamqp.NewDurablePubSubConfig(u, func(topic string) string { return tp.Queue(topic, consumer) })
 	c.Exchange.GenerateName = tp.Exchange
 	ac := cfg.AMQPConfig()
+	// ac carries the TLS config; watermill-amqp refuses it set twice
+	// (Connection.TLSConfig too), so amqps:// subscribers could not start.
 	c.Connection.AmqpConfig = &ac
-	c.Connection.TLSConfig = cfg.TLS
 	sub, err := wmamqp.NewSubscriber(c, opts.Logger)
 	if err != nil {
 		return nil, fmt.Errorf("amqp subscriber %s: %w", consumer, err)
