@@ -39,7 +39,11 @@
 // relay_token) is written. A crash between the two only repeats records,
 // with the same event IDs, which the consumers' inbox absorbs; the reverse
 // order would lose a record when the crash falls between marker and send.
-// Hooks.AfterAck is the injected crash point the tests use.
+// Hooks.AfterAck is the injected crash point the tests use. To keep the
+// sink busy, the marker of a fully ACKed batch is written while the next
+// batch is read and published; that read skips the rows whose marker is
+// pending, and that batch is published only after this one's ACK, so
+// neither order nor "marker after ACK" changes.
 //
 // # Leases and fencing
 //
