@@ -11,8 +11,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"regexp"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -263,4 +265,46 @@ func WarnIfSuperuser(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger, 
 	log.Warn("DATABASE ROLE HAS MORE PRIVILEGES THAN THIS COMPONENT NEEDS: it can change or delete anything in the database; run it as a LOGIN role that is a member of its group role (posthorn migrate --roles)",
 		"component", component, "role", p.Role, "superuser", p.Superuser, "bypassrls", p.BypassRLS,
 		"createrole", p.CreateRole, "want_member_of", string(want))
+}
+
+// ComponentLogins applies the roles to the ledger database at ledgerURL and
+// the consumer database at consumerURL, creates passwordless LOGIN roles
+// <prefix>_api, <prefix>_relay and <prefix>_consumer in their groups, and
+// returns the URLs that connect as them. It is for clusters that trust
+// local connections and are thrown away (the demo); production logins get
+// passwords (posthorn migrate --roles --create-logins) or certificates.
+// Both URLs must be postgres:// URLs of the tables' owner.
+func ComponentLogins(ctx context.Context, ledgerURL, consumerURL, prefix string) (api, relay, consumer string, err error) {
+	if err := ApplyRoles(ctx, ledgerURL, LedgerSchema); err != nil {
+		return "", "", "", err
+	}
+	if err := ApplyRoles(ctx, consumerURL, ConsumerSchema); err != nil {
+		return "", "", "", err
+	}
+	cfg, err := ParseConfig(ledgerURL)
+	if err != nil {
+		return "", "", "", err
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg.ConnConfig)
+	if err != nil {
+		return "", "", "", fmt.Errorf("roles: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	urls := make([]string, 3)
+	for i, c := range []struct {
+		base  string
+		group Role
+	}{{ledgerURL, RoleAPI}, {ledgerURL, RoleRelay}, {consumerURL, RoleConsumer}} {
+		name := prefix + "_" + strings.TrimPrefix(string(c.group), "posthorn_")
+		if err := CreateLogin(ctx, conn, name, "", c.group); err != nil {
+			return "", "", "", err
+		}
+		u, err := url.Parse(c.base)
+		if err != nil || u.Scheme == "" {
+			return "", "", "", ErrBadDSN
+		}
+		u.User = url.User(name)
+		urls[i] = u.String()
+	}
+	return urls[0], urls[1], urls[2], nil
 }

@@ -130,6 +130,10 @@ type demoRun struct {
 	ledger, consumer       *pgxpool.Pool
 	mem                    *memory.Sink
 
+	// apiURL and relayURL connect the API and the relay as their own
+	// database roles (the throwaway cluster only; else the configured URL).
+	apiURL, relayURL string
+
 	relay     *bridge.Relay
 	relaySink core.Sink
 	relayN    int
@@ -166,7 +170,7 @@ func (d *demoRun) run(ctx context.Context, postings int) (demoSummary, error) {
 	}
 
 	// The Posting API on a free port.
-	apiPool, err := postgres.Connect(ctx, d.ledgerURL, apiConns)
+	apiPool, err := postgres.Connect(ctx, d.apiURL, apiConns)
 	if err != nil {
 		return sum, err
 	}
@@ -186,7 +190,7 @@ func (d *demoRun) run(ctx context.Context, postings int) (demoSummary, error) {
 	go func() { apiDone <- srv.Serve(apiCtx, ln) }()
 	defer func() { stopAPI(); <-apiDone }()
 
-	relayPool, err := connectRelayPool(ctx, d.ledgerURL)
+	relayPool, err := connectRelayPool(ctx, d.relayURL)
 	if err != nil {
 		return sum, err
 	}
@@ -358,6 +362,14 @@ func (d *demoRun) databases(ctx context.Context) (cleanup func(), err error) {
 		return cleanup, err
 	}
 	d.cfg.Database.URL, d.cfg.Consumer.Database.URL = d.ledgerURL, d.consumerURL
+	d.apiURL, d.relayURL = d.ledgerURL, d.ledgerURL
+	if cluster != nil {
+		// The demo owns the cluster: the API, the relay and the consumers
+		// run under their own least-privilege roles, as in production.
+		if d.apiURL, d.relayURL, d.cfg.Consumer.Database.URL, err = postgres.ComponentLogins(ctx, d.ledgerURL, d.consumerURL, "posthorn_demo"); err != nil {
+			return cleanup, fmt.Errorf("per-component roles: %w", err)
+		}
+	}
 	return cleanup, nil
 }
 
