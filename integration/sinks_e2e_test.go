@@ -60,11 +60,12 @@ var sinkBrokers = map[string]func(t *testing.T) sinkBroker{
 		return sinkBroker{sink: sc, down: func(*testing.T) func() { srv.Kill(); return srv.StartAgain }}
 	},
 	"amqp": func(t *testing.T) sinkBroker {
+		v := amqptest.NewVhost(t)
 		sc := configs.Default().Sink
-		sc.Kind, sc.AMQP.URL = "amqp", amqptest.OutageURL(t)
+		sc.Kind, sc.AMQP.URL = "amqp", v.URL
 		sc.AMQP.Consumers = []string{projection.Name}
 		sc.AMQP.ExchangePrefix = amqptest.Prefix(t, sc.AMQP.URL, []string{core.TopicEvents}, sc.AMQP.Consumers)
-		return sinkBroker{sink: sc, down: func(t *testing.T) func() { return amqptest.Outage(t) }}
+		return sinkBroker{sink: sc, down: func(t *testing.T) func() { return v.Outage(t) }}
 	},
 	"postgres": func(t *testing.T) sinkBroker {
 		sc := configs.Default().Sink

@@ -29,8 +29,9 @@ func TestConformance(t *testing.T) {
 		url := amqptest.SharedURL()
 		var outage func(*testing.T) func()
 		if !testing.Short() && t.Name() == "TestConformance/OutageIsRetryable" {
-			url = amqptest.OutageURL(t)
-			outage = func(t *testing.T) func() { return amqptest.Outage(t) }
+			v := amqptest.NewVhost(t)
+			url = v.URL
+			outage = func(t *testing.T) func() { return v.Outage(t) }
 		}
 		cfg := phamqp.Config{URL: url, Consumers: []string{reader}, MaxPayloadBytes: 1 << 20}
 		cfg.ExchangePrefix = amqptest.Prefix(t, url, topics, cfg.Consumers)

@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -53,29 +52,35 @@ func Prefix(t testing.TB, url string, topics, consumers []string) string {
 	return p
 }
 
-// OutageVhost is the vhost whose connections Outage cuts.
-const OutageVhost = "posthorn-test-outage"
-
-var vhostOnce sync.Once
-
-// OutageURL returns the URL of OutageVhost on the machine's broker,
-// creating the vhost with guest's permissions once per process.
-func OutageURL(t testing.TB) string {
-	t.Helper()
-	vhostOnce.Do(func() {
-		_ = exec.Command("rabbitmqctl", "-q", "add_vhost", OutageVhost).Run()
-	})
-	ctl(t, "set_permissions", "-p", OutageVhost, "guest", ".*", ".*", ".*")
-	return "amqp://guest:guest@127.0.0.1:5672/" + OutageVhost
+// Vhost is a vhost of one test on the machine's broker, deleted at
+// cleanup; its own name keeps one test's outage from reaching another
+// test (of this or another package) running at the same time.
+type Vhost struct {
+	// URL reaches the vhost as guest.
+	URL  string
+	name string
 }
 
-// Outage withdraws guest's permissions on OutageVhost and closes its
-// connections; the returned function gives the permissions back.
-func Outage(t testing.TB) (restore func()) {
+// NewVhost creates a vhost with guest's permissions.
+func NewVhost(t testing.TB) *Vhost {
 	t.Helper()
-	ctl(t, "clear_permissions", "-p", OutageVhost, "guest")
-	ctl(t, "close_all_connections", "-p", OutageVhost, "posthorn test outage")
-	return func() { ctl(t, "set_permissions", "-p", OutageVhost, "guest", ".*", ".*", ".*") }
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	v := &Vhost{name: "posthorn-test-" + hex.EncodeToString(b[:])}
+	v.URL = "amqp://guest:guest@127.0.0.1:5672/" + v.name
+	ctl(t, "add_vhost", v.name)
+	t.Cleanup(func() { _ = exec.Command("rabbitmqctl", "-q", "delete_vhost", v.name).Run() })
+	ctl(t, "set_permissions", "-p", v.name, "guest", ".*", ".*", ".*")
+	return v
+}
+
+// Outage withdraws guest's permissions on the vhost and closes its
+// connections; the returned function gives the permissions back.
+func (v *Vhost) Outage(t testing.TB) (restore func()) {
+	t.Helper()
+	ctl(t, "clear_permissions", "-p", v.name, "guest")
+	ctl(t, "close_all_connections", "-p", v.name, "posthorn test outage")
+	return func() { ctl(t, "set_permissions", "-p", v.name, "guest", ".*", ".*", ".*") }
 }
 
 func ctl(t testing.TB, args ...string) {
