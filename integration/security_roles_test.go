@@ -5,9 +5,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/posthorn/posthorn/adapters/fsarchive"
 	"github.com/posthorn/posthorn/adapters/memory"
@@ -19,6 +23,7 @@ import (
 	"github.com/posthorn/posthorn/consumers/auditlog"
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/integration/faultkit"
 	"github.com/posthorn/posthorn/ops"
 )
 
@@ -151,4 +156,57 @@ func waitAppliedOn(t *testing.T, consumer *pgxpool.Pool, events int) {
 		p, a := inboxCountsOf(t, consumer, projection.Name), inboxCountsOf(t, consumer, auditlog.Name)
 		return p.Events[postgres.DispositionApplied] == int64(events) && a.Events[postgres.DispositionApplied] == int64(events)
 	})
+}
+
+// TestSecurityMigrateRolesCommand runs `posthorn migrate --roles
+// --create-logins` as operators do: twice (idempotent), with a password
+// from the environment that reaches the server only as a SCRAM verifier
+// and is never printed; then the consumer schema's grants.
+func TestSecurityMigrateRolesCommand(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	bin, err := faultkit.Build(ctx, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ledgerURL, consumerURL := pgtest.NewDatabase(t), pgtest.NewDatabase(t)
+	password := randomSecret("S3cret-login-")
+	run := func(env []string, args ...string) (string, error) {
+		cmd := exec.Command(bin, append([]string{"migrate"}, args...)...)
+		cmd.Env = append(os.Environ(), env...)
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	env := []string{"POSTHORN_DATABASE__URL=" + ledgerURL, "POSTHORN_ROLE_PASSWORD_API=" + password}
+	for i := range 2 {
+		out, err := run(env, "--roles", "--create-logins")
+		if err != nil || !strings.Contains(out, "roles and grants on the ledger schema are up to date") ||
+			!strings.Contains(out, "login role posthorn_api_login (member of posthorn_api) with the password from POSTHORN_ROLE_PASSWORD_API") {
+			t.Fatalf("run %d: %v\n%s", i+1, err, out)
+		}
+		if strings.Contains(out, password) {
+			t.Fatalf("the password is printed:\n%s", out)
+		}
+	}
+	admin, err := pgx.Connect(ctx, pgtest.ServerURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	var canLogin, member bool
+	var verifier string
+	if err := admin.QueryRow(ctx, `SELECT rolcanlogin, pg_has_role(oid, 'posthorn_api', 'MEMBER'), rolpassword FROM pg_authid WHERE rolname = 'posthorn_api_login'`).
+		Scan(&canLogin, &member, &verifier); err != nil {
+		t.Fatal(err)
+	}
+	if !canLogin || !member || !strings.HasPrefix(verifier, "SCRAM-SHA-256$4096:") || strings.Contains(verifier, password) {
+		t.Fatalf("posthorn_api_login: login %v, member %v, stored %q", canLogin, member, verifier)
+	}
+	if out, err := run([]string{"POSTHORN_CONSUMER__DATABASE__URL=" + consumerURL}, "--consumer", "--roles"); err != nil ||
+		!strings.Contains(out, "roles and grants on the consumer schema are up to date") {
+		t.Fatalf("consumer roles: %v\n%s", err, out)
+	}
+	if out, err := run(env, "--create-logins"); err == nil || !strings.Contains(out, "--create-logins needs --roles") {
+		t.Fatalf("--create-logins alone: %v\n%s", err, out)
+	}
 }
