@@ -275,11 +275,23 @@ func benchMode(b *testing.B, c *pgcluster.Cluster, mode string) modeResult {
 }
 
 func waitNoneUnrelayed(b *testing.B, pool *pgxpool.Pool, d time.Duration) {
-	bridgetest.WaitFor(b, d, "the relay to mark everything", func() bool {
+	ctx := context.Background()
+	deadline := time.Now().Add(d)
+	for {
 		var n int
-		_ = pool.QueryRow(context.Background(), `SELECT count(*) FROM (SELECT 1 FROM outbox WHERE relayed_at IS NULL LIMIT 1) x`).Scan(&n)
-		return n == 0
-	})
+		_ = pool.QueryRow(ctx, `SELECT count(*) FROM (SELECT 1 FROM outbox WHERE relayed_at IS NULL LIMIT 1) x`).Scan(&n)
+		if n == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			var left int
+			var slots string
+			_ = pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE relayed_at IS NULL`).Scan(&left)
+			_ = pool.QueryRow(ctx, `SELECT coalesce(string_agg(format('%s active=%s confirmed=%s current=%s', slot_name, active, confirmed_flush_lsn, pg_current_wal_lsn()), '; '), 'none') FROM pg_replication_slots`).Scan(&slots)
+			b.Fatalf("after %s, %d outbox rows are still unrelayed; slots: %s", d, left, slots)
+		}
+		time.Sleep(20 * time.Millisecond) // polling with a deadline
+	}
 }
 
 // measureWork runs during (or waits period when nil) and returns the
