@@ -86,7 +86,11 @@ type Figures struct {
 	Takeovers  []time.Duration
 	Terminated int
 	Crashes    int
-	RolledBack []string
+	// StallRestarts counts consumer restarts by the settle watchdog: the
+	// consumers made no progress for stallAfter while events were
+	// missing (a liveness failure the run reports; see settle).
+	StallRestarts int
+	RolledBack    []string
 	// Duplicates per consumer: deliveries the inbox absorbed.
 	Duplicates map[string]int64
 	LoadTime   time.Duration
@@ -129,15 +133,32 @@ func (r *runState) count(kind string) {
 	r.mu.Unlock()
 }
 
-// recoverAfter registers the fault that just ended: recovered once both
-// consumers have applied as many events as the ledger had committed when
-// it ended.
-func (r *runState) recoverAfter(kind string) {
-	var target int64
+// before is the progress seen when a fault starts, for recoverAfter.
+func (r *runState) before() demo.Progress {
 	if p := r.progress.Load(); p != nil {
-		target = p.Events
+		return *p
 	}
+	return demo.Progress{}
+}
+
+// backlogSlack is the unrelayed backlog under which the relay counts as
+// back to normal after a fault (a few hundred ms of load).
+const backlogSlack = 500
+
+// stallAfter is how long settle waits without any consumer progress before
+// its watchdog restarts the consumers.
+const stallAfter = 45 * time.Second
+
+// recoverAfter registers the fault that just ended with two figures:
+// consumers caught up (both have applied as many events as the ledger had
+// committed when it ended) and, for faults that hit the relay, relay
+// backlog back (unrelayed events back under what they were when the fault
+// began, or backlogSlack).
+func (r *runState) recoverAfter(kind string, before demo.Progress) {
+	target := r.before().Events
+	backlog := max(before.Unrelayed, backlogSlack)
 	r.mu.Lock()
+	defer r.mu.Unlock()
 	r.waiters = append(r.waiters, waiter{kind: kind, start: time.Now(), done: func(p demo.Progress) bool {
 		for _, a := range p.Applied {
 			if a < target {
@@ -146,8 +167,16 @@ func (r *runState) recoverAfter(kind string) {
 		}
 		return p.Events > 0
 	}})
-	r.mu.Unlock()
+	switch kind {
+	case FaultKillRelay, FaultFreezeRelay, FaultTerminate, FaultBroker:
+		r.waiters = append(r.waiters, waiter{kind: relayKey(kind), start: time.Now(), done: func(p demo.Progress) bool {
+			return p.Unrelayed <= backlog
+		}})
+	}
 }
+
+// relayKey is the Recovery key of the relay-backlog figure of a fault kind.
+func relayKey(kind string) string { return kind + " (relay backlog)" }
 
 // monitor polls delivery progress and settles the recovery waiters.
 func (r *runState) monitor(ctx context.Context) {
@@ -326,11 +355,12 @@ func Run(ctx context.Context, s *System, cfg RunConfig) (Figures, error) {
 				continue
 			}
 			pause := time.Duration(rng.Int64N(int64(cfg.KillPause)))
+			before := r.before()
 			err := s.KillAndRestart(runCtx, p, pause)
 			release(p)
 			fail(err)
 			r.count(f.kind)
-			r.recoverAfter(f.kind)
+			r.recoverAfter(f.kind, before)
 		case FaultFreezeRelay:
 			i := rng.IntN(len(s.Relays))
 			p := s.Relays[i]
@@ -341,22 +371,24 @@ func Run(ctx context.Context, s *System, cfg RunConfig) (Figures, error) {
 			go func() {
 				defer async.Done()
 				defer release(p)
+				before := r.before()
 				took, err := s.FreezeRelay(runCtx, i, cfg.FreezeFor)
 				fail(err)
 				r.mu.Lock()
 				r.fig.Takeovers = append(r.fig.Takeovers, took)
 				r.mu.Unlock()
 				r.count(f.kind)
-				r.recoverAfter(f.kind)
+				r.recoverAfter(f.kind, before)
 			}()
 		case FaultTerminate:
+			before := r.before()
 			n, err := s.TerminateSessions(runCtx)
 			fail(err)
 			r.mu.Lock()
 			r.fig.Terminated += n
 			r.mu.Unlock()
 			r.count(f.kind)
-			r.recoverAfter(f.kind)
+			r.recoverAfter(f.kind, before)
 		case FaultBroker:
 			if !tryBusy(s.Broker) {
 				continue
@@ -365,9 +397,10 @@ func Run(ctx context.Context, s *System, cfg RunConfig) (Figures, error) {
 			go func() {
 				defer async.Done()
 				defer release(s.Broker)
+				before := r.before()
 				fail(s.BrokerOutage(runCtx, cfg.BrokerDown))
 				r.count(f.kind)
-				r.recoverAfter(f.kind)
+				r.recoverAfter(f.kind, before)
 			}()
 		case FaultHeldCommit:
 			rollback := holds%2 == 1
@@ -461,6 +494,8 @@ func (r *runState) settle(ctx context.Context) error {
 	deadline := time.Now().Add(r.cfg.DrainTimeout)
 	var last string
 	var stableSince time.Time
+	var lastApplied int64 = -1
+	progressAt := time.Now()
 	for {
 		p, err := demo.ReadProgress(ctx, r.s.Ledger, r.s.Consumer, Consumers)
 		if err != nil {
@@ -470,6 +505,27 @@ func (r *runState) settle(ctx context.Context) error {
 		case SettleDelivered:
 			if p.Delivered() {
 				return nil
+			}
+			// Watchdog: a consumer instance can sit on claimed Kafka
+			// partitions without receiving messages (seen over kfake
+			// after a broker outage). An orchestrator's liveness probe
+			// would restart it; so does the run, and counts it, so the
+			// stall is reported rather than ending the run.
+			var applied int64
+			for _, a := range p.Applied {
+				applied += a
+			}
+			if applied != lastApplied {
+				lastApplied, progressAt = applied, time.Now()
+			} else if time.Since(progressAt) > stallAfter {
+				r.cfg.Logf("consumers made no progress for %s with %d events missing: restarting them (liveness failure, counted)", stallAfter, p.Lag())
+				for _, c := range r.s.Consumers {
+					if err := r.s.KillAndRestart(ctx, c, 0); err != nil {
+						return err
+					}
+				}
+				r.fig.StallRestarts++
+				progressAt = time.Now()
 			}
 		case SettleAllSeen, SettleQuiet:
 			// Without the inbox there are no applied rows to count: the
@@ -520,11 +576,17 @@ func (f Figures) String() string {
 	sort.Strings(kinds)
 	for _, k := range kinds {
 		fmt.Fprintf(&b, "  %-46s %5d", k, f.Faults[k])
-		if rec := f.Recovery[k]; len(rec) > 0 {
-			p50, p95, mx := quantiles(rec)
-			fmt.Fprintf(&b, "   recovery p50 %6s  p95 %6s  max %6s  (n=%d)", p50, p95, mx, len(rec))
-		}
 		b.WriteString("\n")
+		for _, key := range []string{relayKey(k), k} {
+			if rec := f.Recovery[key]; len(rec) > 0 {
+				what := "consumers caught up"
+				if key != k {
+					what = "relay backlog back"
+				}
+				p50, p95, mx := quantiles(rec)
+				fmt.Fprintf(&b, "      %-20s p50 %8s  p95 %8s  max %8s  (n=%d)\n", what, p50, p95, mx, len(rec))
+			}
+		}
 	}
 	if len(f.Takeovers) > 0 {
 		var parts []string
@@ -538,6 +600,9 @@ func (f Figures) String() string {
 		fmt.Fprintf(&b, "  frozen relay's leases gone after: %s\n", strings.Join(parts, ", "))
 	}
 	fmt.Fprintf(&b, "  backend sessions terminated: %d; processes that exited on their own (restarted): %d\n", f.Terminated, f.Crashes)
+	if f.StallRestarts > 0 {
+		fmt.Fprintf(&b, "  LIVENESS: consumers stalled (no progress for %s with events missing) and were restarted %d time(s) while settling\n", stallAfter, f.StallRestarts)
+	}
 	fmt.Fprintf(&b, "  rolled-back events checked absent: %d\n", len(f.RolledBack))
 	names := make([]string, 0, len(f.Duplicates))
 	for n := range f.Duplicates {
@@ -547,7 +612,7 @@ func (f Figures) String() string {
 	for _, n := range names {
 		fmt.Fprintf(&b, "duplicates that arrived and were suppressed by the inbox, %s: %d\n", n, f.Duplicates[n])
 	}
-	b.WriteString("recovery = time from the end of a fault until both consumers had applied as many events as the ledger held when it ended (held transactions: from commit until its events were applied by both)\n")
+	b.WriteString("consumers caught up = time from the end of a fault until both consumers had applied as many events as the ledger held when it ended (held transactions: from commit until both applied its events); relay backlog back = until the unrelayed backlog was back under its size when the fault began (or 500)\n")
 	if f.Report.Clean() {
 		fmt.Fprintf(&b, "invariants: clean (%d events, relayed %d, applied once per consumer %v, %d accounts, balances equal)\n",
 			f.Report.Events, f.Report.Relayed, f.Report.Applied, f.Report.Accounts)
