@@ -159,9 +159,15 @@ WHERE slot = $1 AND token = $2 AND owner = $3`, l.Slot, l.Token, owner)
 // statement, so a takeover either waits for the marker or the marker sees
 // the new token. fenced is true when the lease was lost and nothing was
 // marked. Rows already marked are left as they are.
-func (s *CDCStore) MarkRelayedCDC(ctx context.Context, ids []int64, l CDCLease) (marked int, fenced bool, err error) {
+//
+// invisible lists the ids this statement could not see at all. Logical
+// decoding may hand over a transaction as soon as its commit record is
+// flushed, a moment before the committing session leaves the proc array
+// and its rows become visible to other snapshots; the caller retries those
+// ids shortly instead of confirming past unmarked rows.
+func (s *CDCStore) MarkRelayedCDC(ctx context.Context, ids []int64, l CDCLease) (marked int, invisible []int64, fenced bool, err error) {
 	if len(ids) == 0 {
-		return 0, false, nil
+		return 0, nil, false, nil
 	}
 	var held int
 	err = s.pool.QueryRow(ctx, `
@@ -170,13 +176,22 @@ WITH held AS (
 ), upd AS (
     UPDATE outbox o SET relayed_at = now(), relay_token = held.token
     FROM held WHERE o.id = ANY($1::bigint[]) AND o.relayed_at IS NULL
-    RETURNING 1
+    RETURNING o.id
+), seen AS (
+    SELECT id FROM upd
+    UNION ALL
+    SELECT id FROM outbox WHERE id = ANY($1::bigint[]) AND relayed_at IS NOT NULL
 )
-SELECT (SELECT count(*) FROM held), (SELECT count(*) FROM upd)`, ids, l.Slot, l.Token).Scan(&held, &marked)
+SELECT (SELECT count(*) FROM held), (SELECT count(*) FROM upd),
+       ARRAY(SELECT x FROM unnest($1::bigint[]) AS x WHERE x NOT IN (SELECT id FROM seen))`,
+		ids, l.Slot, l.Token).Scan(&held, &marked, &invisible)
 	if err != nil {
-		return 0, false, fmt.Errorf("write relay markers: %w", err)
+		return 0, nil, false, fmt.Errorf("write relay markers: %w", err)
 	}
-	return marked, held == 0, nil
+	if held == 0 {
+		return 0, nil, true, nil
+	}
+	return marked, invisible, false, nil
 }
 
 // Marked returns which of ids already carry a marker.

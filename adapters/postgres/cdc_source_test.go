@@ -10,6 +10,8 @@ import (
 
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/pgcluster"
+	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
+	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/core"
 )
 
@@ -118,5 +120,63 @@ VALUES ('0190a000-0000-7000-8000-000000000001', 'command', 'payouts.payout.execu
 	}
 	if ss, err := cdc.SlotStatus(ctx, "s1"); err != nil || ss.Exists {
 		t.Fatalf("status of a dropped slot: %+v %v", ss, err)
+	}
+}
+
+// The CDC marker reports rows it cannot see yet (a transaction decoded from
+// the WAL may not be visible to other sessions for a moment) instead of
+// counting them as done, and marks them once they are visible; a lease
+// taken over fences it.
+func TestMarkRelayedCDCReportsInvisibleRows(t *testing.T) {
+	t.Parallel()
+	_, pool := pgtest.Ledger(t)
+	ctx := context.Background()
+	st := postgres.NewCDCStore(pool)
+	l, ok, err := st.AcquireCDCLease(ctx, "s", "relay-a", time.Minute)
+	if err != nil || !ok {
+		t.Fatalf("acquire: %v %v", ok, err)
+	}
+	visible := bridgetest.MustPost(t, pool, "acc-1")
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := bridgetest.Post(ctx, tx, "acc-2"); err != nil {
+		t.Fatal(err)
+	}
+	var openID int64
+	if err := tx.QueryRow(ctx, `SELECT max(id) FROM outbox`).Scan(&openID); err != nil {
+		t.Fatal(err)
+	}
+	var visibleID int64
+	if err := pool.QueryRow(ctx, `SELECT id FROM outbox WHERE event_id = $1`, visible[0].EventID).Scan(&visibleID); err != nil {
+		t.Fatal(err)
+	}
+	marked, invisible, fenced, err := st.MarkRelayedCDC(ctx, []int64{visibleID, openID}, l)
+	if err != nil || fenced || marked != 1 || len(invisible) != 1 || invisible[0] != openID {
+		t.Fatalf("mark with one row invisible: marked %d invisible %v fenced %v err %v; want 1, [%d]", marked, invisible, fenced, err, openID)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	marked, invisible, _, err = st.MarkRelayedCDC(ctx, []int64{visibleID, openID}, l)
+	if err != nil || marked != 1 || len(invisible) != 0 {
+		t.Fatalf("after commit: marked %d invisible %v err %v; want 1 marked (the other already was), none invisible", marked, invisible, err)
+	}
+	// A takeover fences the old grant.
+	if _, err := pool.Exec(ctx, `UPDATE relay_cdc_leases SET expires_at = now() - interval '1s'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, err := st.AcquireCDCLease(ctx, "s", "relay-b", time.Minute); err != nil || !ok {
+		t.Fatalf("takeover: %v %v", ok, err)
+	}
+	more := bridgetest.MustPost(t, pool, "acc-3")
+	var moreID int64
+	if err := pool.QueryRow(ctx, `SELECT id FROM outbox WHERE event_id = $1`, more[0].EventID).Scan(&moreID); err != nil {
+		t.Fatal(err)
+	}
+	if marked, _, fenced, err := st.MarkRelayedCDC(ctx, []int64{moreID}, l); err != nil || !fenced || marked != 0 {
+		t.Fatalf("stale grant: marked %d fenced %v err %v; want fenced", marked, fenced, err)
 	}
 }

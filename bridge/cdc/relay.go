@@ -272,11 +272,16 @@ func (r *Relay) maintain(ctx context.Context) (released bool, err error) {
 	r.setReady(nil)
 	r.deadline = sent.Add(r.cfg.LeaseTTL)
 	r.nextMaintain = sent.Add(r.cfg.LeaseTTL / 4)
-	before := len(r.parked)
+	before := r.parked
 	if err := r.loadParked(ctx); err != nil {
 		return false, err
 	}
-	return len(r.parked) < before, nil
+	for k := range before {
+		if !r.parked[k] {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 func (r *Relay) loadParked(ctx context.Context) error {
@@ -769,16 +774,8 @@ func (r *Relay) deliverBatch(ctx context.Context, rows []postgres.OutboxRow) err
 			for i, j := range s.Mark {
 				ids[i] = rows[j].ID
 			}
-			_, fenced, merr := r.store.MarkRelayedCDC(ctx, ids, *r.lease)
-			if merr != nil {
-				// The records are out; without a marker nothing is confirmed
-				// and they will be sent again with the same event IDs.
-				return merr
-			}
-			if fenced {
-				r.bm.Fenced(len(ids))
-				r.log.Warn("markers refused: the slot lease was taken over; its new reader resends", "refused", len(ids))
-				return errLeaseLost
+			if err := r.mark(ctx, ids); err != nil {
+				return err
 			}
 		}
 		for _, p := range s.Parks {
@@ -818,6 +815,43 @@ func (r *Relay) deliverBatch(ctx context.Context, rows []postgres.OutboxRow) err
 			if err := r.sendStatus(ctx); err != nil {
 				return err
 			}
+		}
+	}
+	return nil
+}
+
+// mark writes the markers of ids. Rows the marker statement cannot see yet
+// (their commit is decoded but not yet visible to other sessions) are
+// marked again shortly, until they are: the position is never confirmed
+// past an unmarked row.
+func (r *Relay) mark(ctx context.Context, ids []int64) error {
+	wait := time.Millisecond
+	for len(ids) > 0 {
+		_, invisible, fenced, err := r.store.MarkRelayedCDC(ctx, ids, *r.lease)
+		if err != nil {
+			// The records are out; without a marker nothing is confirmed and
+			// they will be sent again with the same event IDs.
+			return err
+		}
+		if fenced {
+			r.bm.Fenced(len(ids))
+			r.log.Warn("markers refused: the slot lease was taken over; its new reader resends", "refused", len(ids))
+			return errLeaseLost
+		}
+		ids = invisible
+		if len(ids) == 0 {
+			return nil
+		}
+		t := time.NewTimer(wait) // the committing session is about to make them visible
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		}
+		wait = min(2*wait, 100*time.Millisecond)
+		if _, err := r.maintain(ctx); err != nil {
+			return err
 		}
 	}
 	return nil
