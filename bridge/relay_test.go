@@ -163,7 +163,8 @@ func TestEveryCommittedEventNoneRolledBack(t *testing.T) {
 		}
 	}
 	r := f.start("relay-a", nil)
-	// Rows committed while the relay runs arrive through LISTEN/NOTIFY.
+	// Rows committed while the relay runs are found by its poll (bridgetest
+	// writes without LedgerStore, so no NOTIFY wakes the relay).
 	for i := range 40 {
 		committed = append(committed, bridgetest.MustPost(t, f.pool, fmt.Sprintf("acc-%d", i%13))...)
 	}

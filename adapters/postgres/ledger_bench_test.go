@@ -23,13 +23,11 @@ import (
 // outbox modes, side by side in one run:
 //
 //	journal         (a) the journal alone, no outbox rows
-//	ours            (b) journal + our outbox (OutboxSchema), as deployed
+//	ours            (b) journal + our outbox (OutboxSchema) and the relay's
+//	                coalesced wake-up NOTIFY after commit, as deployed
 //	stock           (c) journal + Watermill's stock DefaultPostgreSQLSchema
-//	ours_no_notify  (b) without the relay's outbox_notify trigger
-//	                (migration 00002): what the relay's LISTEN/NOTIFY
-//	                wake-up costs the writers
 //
-// Modes (a), (c) and ours_no_notify exist for this measurement only.
+// Modes (a) and (c) exist for this measurement only.
 //
 // Each mode has its own fresh database (pool of 16, so 8 writers never
 // queue) and is warmed up (every one of the 1,000 accounts created, every
@@ -49,7 +47,6 @@ func BenchmarkLedgerWrite(b *testing.B) {
 		{name: "journal", mode: postgres.OutboxNone},
 		{name: "ours", mode: postgres.OutboxPosthorn},
 		{name: "stock", mode: postgres.OutboxWatermillStock},
-		{name: "ours_no_notify", mode: postgres.OutboxPosthorn, noNotify: true},
 	}
 	for _, m := range modes {
 		m.setup(b, writers)
@@ -68,22 +65,20 @@ func BenchmarkLedgerWrite(b *testing.B) {
 		b.ReportMetric(rate[m.name], m.name+"_tx/s")
 	}
 	b.ReportMetric(0, "ns/op") // the workload is fixed; ns/op means nothing here
-	ours, stock, noNotify := rate["ours"]/rate["journal"], rate["stock"]/rate["journal"], rate["ours_no_notify"]/rate["journal"]
+	ours, stock := rate["ours"]/rate["journal"], rate["stock"]/rate["journal"]
 	b.ReportMetric(ours, "ours/journal")
 	b.ReportMetric(stock, "stock/journal")
-	b.Logf("%d postings per mode, 8 writers: journal %.0f tx/s, ours %.0f, stock %.0f, ours without NOTIFY trigger %.0f",
-		chunk*chunks, rate["journal"], rate["ours"], rate["stock"], rate["ours_no_notify"])
+	b.Logf("%d postings per mode, 8 writers: journal %.0f tx/s, ours %.0f, stock %.0f",
+		chunk*chunks, rate["journal"], rate["ours"], rate["stock"])
 	b.Logf("ledger write overhead vs journal alone: ours %.1f%% (ratio %.3f), stock %.1f%% (ratio %.3f)", (1-ours)*100, ours, (1-stock)*100, stock)
-	b.Logf("ours without the relay's outbox_notify trigger: %.1f%% (ratio %.3f)", (1-noNotify)*100, noNotify)
 }
 
 type benchMode struct {
-	name     string
-	mode     postgres.OutboxMode
-	noNotify bool
-	pool     *pgxpool.Pool
-	store    *postgres.LedgerStore
-	elapsed  time.Duration
+	name    string
+	mode    postgres.OutboxMode
+	pool    *pgxpool.Pool
+	store   *postgres.LedgerStore
+	elapsed time.Duration
 }
 
 const benchAccounts = 1000
@@ -111,11 +106,6 @@ func (m *benchMode) setup(b *testing.B, writers int) {
 			if _, err := m.pool.Exec(ctx, q.Query, q.Args...); err != nil {
 				b.Fatal(err)
 			}
-		}
-	}
-	if m.noNotify {
-		if _, err := m.pool.Exec(ctx, `DROP TRIGGER outbox_notify ON outbox`); err != nil {
-			b.Fatal(err)
 		}
 	}
 	m.store = postgres.NewLedgerStore(m.pool, postgres.LedgerConfig{Outbox: m.mode})

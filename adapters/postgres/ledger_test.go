@@ -12,9 +12,11 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/posthorn/posthorn/adapters/postgres"
@@ -394,5 +396,41 @@ func TestOutboxSchemaRefusesMessagesWithoutContractHeaders(t *testing.T) {
 	}
 	if _, err := (postgres.OutboxSchema{}).SchemaInitializingQueries(wsql.SchemaInitializingQueriesParams{}); err == nil {
 		t.Error("SchemaInitializingQueries must refuse: the outbox comes from migrations")
+	}
+}
+
+// A committed posting wakes listening relays with a NOTIFY sent after the
+// commit; without a posting nothing arrives (the control that shows the
+// wait can fail).
+func TestPostWakesListeningRelays(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url, pool := pgtest.Ledger(t)
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "LISTEN "+postgres.NotifyChannel); err != nil {
+		t.Fatal(err)
+	}
+	quiet, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	_, err = conn.WaitForNotification(quiet)
+	cancel()
+	if err == nil {
+		t.Fatal("a notification arrived before any posting")
+	}
+	store := postgres.NewLedgerStore(pool, postgres.LedgerConfig{})
+	if _, _, err := store.Post(ctx, "wake-1", transfer("acc-a", "acc-b", 5, "EUR")); err != nil {
+		t.Fatal(err)
+	}
+	wait, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	n, err := conn.WaitForNotification(wait)
+	if err != nil {
+		t.Fatalf("no wake-up after a committed posting: %v", err)
+	}
+	if n.Channel != postgres.NotifyChannel {
+		t.Fatalf("notification on %q", n.Channel)
 	}
 }

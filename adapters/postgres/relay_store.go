@@ -14,8 +14,8 @@ import (
 	"github.com/posthorn/posthorn/core"
 )
 
-// NotifyChannel is the LISTEN channel the outbox trigger notifies with the
-// shard number of inserted rows (migration 00002).
+// NotifyChannel is the LISTEN channel on which LedgerStore announces,
+// after commit, that new outbox rows exist (the payload is empty).
 const NotifyChannel = "posthorn_outbox"
 
 // RelayApplicationName is the application_name the relay's sessions should
