@@ -286,6 +286,34 @@ func (s *CDCStore) CreateSlot(ctx context.Context, slot string) (LSN, error) {
 	if err := s.pool.QueryRow(ctx, `SELECT lsn FROM pg_create_logical_replication_slot($1, 'pgoutput')`, slot).Scan(&lsn); err != nil {
 		return 0, fmt.Errorf("create replication slot %s: %w", slot, err)
 	}
+	// A transaction whose commit record precedes the consistent point is not
+	// streamed, and may still be leaving the proc array (committed, not yet
+	// visible to other snapshots) for a moment. Wait until every transaction
+	// that is committed but still in progress in a snapshot taken now is
+	// visible, so the caller's outbox read sees all of them.
+	var snap string
+	if err := s.pool.QueryRow(ctx, `SELECT pg_current_snapshot()::text`).Scan(&snap); err != nil {
+		return lsn, fmt.Errorf("create replication slot %s: %w", slot, err)
+	}
+	for wait := 100 * time.Microsecond; ; wait = min(2*wait, 10*time.Millisecond) {
+		var pending int
+		err := s.pool.QueryRow(ctx, `
+SELECT count(*) FROM pg_snapshot_xip($1::pg_snapshot) AS x
+WHERE pg_xact_status(x) = 'committed' AND NOT pg_visible_in_snapshot(x, pg_current_snapshot())`, snap).Scan(&pending)
+		if err != nil {
+			return lsn, fmt.Errorf("create replication slot %s: %w", slot, err)
+		}
+		if pending == 0 {
+			break
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return lsn, ctx.Err()
+		}
+	}
 	if _, err := s.pool.Exec(ctx, `UPDATE relay_cdc_leases SET slot_created_at = now(), slot_created_lsn = $2::text::pg_lsn WHERE slot = $1`, slot, lsn.String()); err != nil {
 		return lsn, fmt.Errorf("record slot %s: %w", slot, err)
 	}

@@ -19,6 +19,14 @@
 // are the injected crash points; Hooks.UnsafeConfirmOnReceipt is the
 // negative control.
 //
+// A decoded transaction can reach the relay a moment before its rows are
+// visible to other sessions (the commit record is flushed before the
+// committing session leaves the proc array). The marker statement reports
+// the ids it could not see and the relay marks them again until it can;
+// a slot is only used once every transaction committed before its
+// consistent point is visible. Confirming past an unmarked row, even
+// briefly, would lose it for the stream.
+//
 // # The marker is kept
 //
 // Backlog metrics, reconciliation, cleanup and `posthorn outbox status`
