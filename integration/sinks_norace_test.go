@@ -1,0 +1,6 @@
+//go:build !race
+
+package integration
+
+// sinksRaceDetector reports a build with -race.
+const sinksRaceDetector = false
