@@ -8,6 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/knadh/koanf/parsers/yaml"
+	"github.com/knadh/koanf/providers/file"
+	"github.com/knadh/koanf/providers/structs"
+	"github.com/knadh/koanf/v2"
 	"github.com/spf13/pflag"
 )
 
@@ -155,5 +159,23 @@ func TestSecretsNeverInErrorsOrRedactedConfig(t *testing.T) {
 	_, err = Load("", []string{"POSTHORN_DATABASE__URL=mysql://app:" + secret + "@db/x"}, nil)
 	if err == nil || strings.Contains(err.Error(), secret) {
 		t.Fatalf("error leaks or is missing: %v", err)
+	}
+}
+
+// The example file documents every key: a key added to the configuration
+// without its line in posthorn.example.yaml fails here.
+func TestExampleFileListsEveryKey(t *testing.T) {
+	defaults := koanf.New(".")
+	if err := defaults.Load(structs.Provider(Default(), "koanf"), nil); err != nil {
+		t.Fatal(err)
+	}
+	example := koanf.New(".")
+	if err := example.Load(file.Provider("posthorn.example.yaml"), yaml.Parser()); err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range defaults.Keys() {
+		if !example.Exists(key) {
+			t.Errorf("posthorn.example.yaml lacks %s", key)
+		}
 	}
 }
