@@ -109,6 +109,7 @@ func runConsumers(ctx context.Context, cfg configs.Config, o consumeOptions) err
 	if err != nil {
 		return fmt.Errorf("config key sink.kind: %w", err)
 	}
+	factory = retrySubscribe(factory, log)
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, wlog)
 	if err != nil {
 		return err
@@ -292,4 +293,58 @@ func runConsumeStatus(ctx context.Context, args []string) error {
 		}
 	}
 	return nil
+}
+
+// Start-up retry bounds for retrySubscribe.
+const (
+	subscribeRetryFirst = 500 * time.Millisecond
+	subscribeRetryMax   = 30 * time.Second
+)
+
+// retrySubscribe makes a broker that cannot be reached when `posthorn
+// consume` starts a wait, not an exit: every Subscribe is retried with
+// doubling backoff (subscribeRetryFirst up to subscribeRetryMax), each
+// failure logged at WARN, until it succeeds or the process is stopped. A
+// long-running consumer must outlive a broker restart that overlaps its
+// own (re)start; once subscribed, reconnecting is the subscriber's job
+// (watermill-kafka reconnects by itself). Configuration errors are caught
+// before this, by subscribers.New.
+func retrySubscribe(f consumers.SubscriberFactory, log *slog.Logger) consumers.SubscriberFactory {
+	return func(consumer string) (message.Subscriber, error) {
+		sub, err := f(consumer)
+		if err != nil {
+			return nil, err
+		}
+		return retryingSubscriber{Subscriber: sub, consumer: consumer, log: log}, nil
+	}
+}
+
+type retryingSubscriber struct {
+	message.Subscriber
+	consumer string
+	log      *slog.Logger
+}
+
+func (r retryingSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	wait := subscribeRetryFirst
+	for attempt := 1; ; attempt++ {
+		ch, err := r.Subscriber.Subscribe(ctx, topic)
+		if err == nil {
+			if attempt > 1 {
+				r.log.Info("subscribed after retrying", "consumer", r.consumer, "topic", topic, "attempts", attempt)
+			}
+			return ch, nil
+		}
+		if ctx.Err() != nil {
+			return nil, err
+		}
+		r.log.Warn("cannot subscribe; broker unreachable? retrying", "consumer", r.consumer, "topic", topic,
+			"attempt", attempt, "retry_in", wait.String(), "error", err)
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, subscribeRetryMax)
+	}
 }

@@ -1,0 +1,111 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/posthorn/posthorn/adapters/kfakebroker"
+	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
+	"github.com/posthorn/posthorn/integration/faultkit"
+)
+
+// lockedBuffer collects a child's stderr while the test reads it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestConsumeWaitsForBrokerAtStart: `posthorn consume` started while the
+// Kafka broker is down keeps retrying (logged at WARN) instead of exiting,
+// and subscribes once the broker comes up. Before the retry it exited with
+// status 1 ("cannot subscribe topic ... connection refused"), which the
+// fault suite saw as a consumer that "exited on its own".
+func TestConsumeWaitsForBrokerAtStart(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	bin, err := faultkit.Build(ctx, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	url, _ := pgtest.Consumer(t)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close() // nothing listens: the broker is down
+
+	var stderr lockedBuffer
+	cmd := exec.Command(bin, "consume")
+	cmd.Env = append(cmd.Environ(), "POSTHORN_CONSUMER__DATABASE__URL="+url,
+		"POSTHORN_SINK__KIND=kafka", "POSTHORN_SINK__KAFKA__BROKERS="+addr)
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	defer func() {
+		_ = cmd.Process.Kill()
+	}()
+
+	waitLog := func(what string, n int, d time.Duration) {
+		t.Helper()
+		deadline := time.Now().Add(d)
+		for strings.Count(stderr.String(), what) < n {
+			select {
+			case err := <-exited:
+				t.Fatalf("posthorn consume exited (%v) while waiting for %q:\n%s", err, what, stderr.String())
+			default:
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("no %q (x%d) within %s:\n%s", what, n, d, stderr.String())
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	// Three failed attempts span 0.5 s + 1 s of backoff: the process is
+	// still there after the moment it used to exit.
+	waitLog("cannot subscribe; broker unreachable? retrying", 3, 30*time.Second)
+
+	b, err := kfakebroker.Start(kfakebroker.Options{Listen: addr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	// The first consumer to retry subscribes once the broker is up; the
+	// router then starts both handlers.
+	waitLog("subscribed after retrying", 1, 60*time.Second)
+	waitLog(`"msg":"Starting handler"`, 2, 30*time.Second)
+
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Fatalf("exit after SIGTERM: %v\n%s", err, stderr.String())
+		}
+	case <-time.After(45 * time.Second):
+		t.Fatalf("no exit after SIGTERM:\n%s", stderr.String())
+	}
+}
