@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -102,10 +101,7 @@ type LedgerStore struct {
 	pool   *pgxpool.Pool
 	cfg    LedgerConfig
 	schema wsql.SchemaAdapter
-
-	// wakePending and wakeRunning coalesce the relay wake-ups (see wake).
-	wakePending atomic.Bool
-	wakeRunning atomic.Bool
+	waker  *RelayWaker
 }
 
 // NewLedgerStore returns a store on pool. The pool should hold at least as
@@ -120,7 +116,7 @@ func NewLedgerStore(pool *pgxpool.Pool, cfg LedgerConfig) *LedgerStore {
 	if cfg.MetadataMaxBytes <= 0 {
 		cfg.MetadataMaxBytes = DefaultMetadataMaxBytes
 	}
-	s := &LedgerStore{pool: pool, cfg: cfg}
+	s := &LedgerStore{pool: pool, cfg: cfg, waker: NewRelayWaker(pool)}
 	switch cfg.Outbox {
 	case OutboxPosthorn:
 		s.schema = OutboxSchema{}
@@ -445,47 +441,10 @@ RETURNING (response->>'sequence')::bigint`,
 		return core.PostingResult{}, fmt.Errorf("commit posting: %w", err)
 	}
 	if s.schema != nil {
-		s.wake()
+		s.waker.Wake()
 	}
 	res.Sequence = sequence
 	return res, nil
-}
-
-// wakePace is the shortest interval between two wake-up NOTIFYs.
-const wakePace = 2 * time.Millisecond
-
-// wake tells listening relays, after commit and outside the posting
-// transaction, that new outbox rows exist. A NOTIFY inside the posting
-// transaction would take PostgreSQL's database-wide notify lock at every
-// commit and serialise the writers (migration 00002 says more); here at
-// most one notifier runs at a time and each NOTIFY covers every commit
-// that happened before it was sent, at most one per wakePace. Invariant: every commit is followed by
-// a NOTIFY sent after it (pending is set before the notifier is looked
-// for, and the notifier re-checks pending after it stops), so a relay is
-// never left waiting for the fallback poll. A failed NOTIFY is not an
-// error of the posting: the relay's poll still finds the rows.
-func (s *LedgerStore) wake() {
-	s.wakePending.Store(true)
-	if !s.wakeRunning.CompareAndSwap(false, true) {
-		return
-	}
-	go func() {
-		for {
-			for s.wakePending.Swap(false) {
-				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				_, _ = s.pool.Exec(ctx, "SELECT pg_notify($1, '')", NotifyChannel)
-				cancel()
-				// Pace the notifier: under load one NOTIFY per wakePace
-				// covers many commits, and a busy relay loops without
-				// waiting for any.
-				time.Sleep(wakePace)
-			}
-			s.wakeRunning.Store(false)
-			if !s.wakePending.Load() || !s.wakeRunning.CompareAndSwap(false, true) {
-				return
-			}
-		}
-	}()
 }
 
 // pipelinedTx is the transaction handed to Watermill's SQL publisher: its

@@ -204,6 +204,7 @@ func benchMode(b *testing.B, c *pgcluster.Cluster, mode string) modeResult {
 		committed = map[string]time.Time{}
 		postings  int
 	)
+	waker := postgres.NewRelayWaker(writer)
 	load := func() {
 		tokens := make(chan struct{}, benchRate)
 		done := make(chan struct{})
@@ -229,6 +230,9 @@ func benchMode(b *testing.B, c *pgcluster.Cluster, mode string) modeResult {
 					if err != nil {
 						continue // a deadlock victim; the load generator moves on
 					}
+					// As LedgerStore does after commit: the polling relay
+					// listens for it (the CDC relay ignores it).
+					waker.Wake()
 					mu.Lock()
 					postings++
 					for _, p := range ps {
