@@ -28,6 +28,7 @@ func runCDCRelay(ctx context.Context, cfg configs.Config) error {
 		return err
 	}
 	defer pool.Close()
+	postgres.WarnIfSuperuser(ctx, pool, log, "relay", postgres.RoleRelayCDC)
 	sink, err := openSink(cfg.Sink)
 	if err != nil {
 		return err

@@ -88,4 +88,8 @@ func TestRelayCDCRunsAndStatusShowsTheSlot(t *testing.T) {
 	if err := cmd.Wait(); err != nil {
 		t.Fatalf("relay after SIGTERM: %v, want exit 0\n%s", err, stderr.String())
 	}
+	// The throwaway cluster's DSN is its superuser: the relay says so.
+	if !strings.Contains(stderr.String(), `"superuser":true`) {
+		t.Errorf("the CDC relay did not warn about its superuser role:\n%s", stderr.String())
+	}
 }
