@@ -47,7 +47,7 @@ func TestKafkaOutageHelper(t *testing.T) {
 		sc.Consumer.Group.Rebalance.Timeout, _ = time.ParseDuration(d)
 	}
 	sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{Brokers: []string{addr}, Unmarshaler: kafka.DefaultMarshaler{},
-		OverwriteSaramaConfig: sc, ConsumerGroup: "audit-log"}, watermill.NopLogger{})
+		OverwriteSaramaConfig: sc, ConsumerGroup: "audit-log"}, outageLogger())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -209,4 +209,14 @@ func TestKafkaConsumerSurvivesBrokerRestart(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	t.Logf("%d messages; all delivered %s after the load", len(all), time.Since(t0))
+}
+
+// outageLogger is the helper's Watermill logger: stderr with
+// POSTHORN_OUTAGE_LOG=1 (reconnects and group errors, for diagnosis),
+// otherwise silent.
+func outageLogger() watermill.LoggerAdapter {
+	if os.Getenv("POSTHORN_OUTAGE_LOG") == "1" {
+		return watermill.NewStdLogger(false, false)
+	}
+	return watermill.NopLogger{}
 }
