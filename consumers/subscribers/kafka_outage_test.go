@@ -92,7 +92,8 @@ func (s *seen) missing(want []string) []string {
 // restarted on the same port and data directory, then each instance is
 // SIGKILLed and replaced (a dead member stays in the group until its
 // session times out). Every message published must reach an instance
-// within 40 s of the end of the load.
+// within 60 s of the end of the load (a liveness bound with room for a loaded
+// CI machine: the current settings delivered everything in 6-31 s here).
 //
 // Negative control (manual, not deterministic):
 // POSTHORN_OUTAGE_REBALANCE_TIMEOUT=60s runs the instances with the
@@ -194,7 +195,7 @@ func TestKafkaConsumerSurvivesBrokerRestart(t *testing.T) {
 	all := append([]string(nil), ids...)
 	mu.Unlock()
 	t0 := time.Now()
-	deadline := t0.Add(40 * time.Second)
+	deadline := t0.Add(60 * time.Second)
 	for {
 		miss := got.missing(all)
 		if len(miss) == 0 {
