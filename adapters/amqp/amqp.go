@@ -211,20 +211,15 @@ func (s *Sink) Publish(ctx context.Context, batch []core.Envelope) error {
 	if err := s.connect(); err != nil {
 		return err
 	}
-	failed := map[int]error{}
-	blocked := map[string]bool{}
+	fails := core.BatchFailures{NotSent: "amqp sink: not sent", Sink: "amqp sink"}
 	confirms := make([]*amqp.DeferredConfirmation, len(batch))
 	byID := map[string]int{}
-	aggOf := func(e core.Envelope) string { return e.AggregateType + "\x00" + e.AggregateID }
 	for i, e := range batch {
-		agg := aggOf(e)
-		if blocked[agg] {
-			failed[i] = fmt.Errorf("amqp sink: not sent: an earlier record of %s %s in the batch failed", e.AggregateType, e.AggregateID)
+		if fails.Blocked(i, e) {
 			continue
 		}
 		if len(e.Payload) > s.cfg.MaxPayloadBytes {
-			failed[i] = core.Permanent(fmt.Errorf("amqp sink: payload of %d bytes over max_payload_bytes %d", len(e.Payload), s.cfg.MaxPayloadBytes))
-			blocked[agg] = true
+			fails.Fail(i, e, core.Permanent(fmt.Errorf("amqp sink: payload of %d bytes over max_payload_bytes %d", len(e.Payload), s.cfg.MaxPayloadBytes)))
 			continue
 		}
 		if err := s.declare(e.Topic); err != nil {
@@ -233,8 +228,7 @@ func (s *Sink) Publish(ctx context.Context, batch []core.Envelope) error {
 		}
 		p, err := s.marshaler.Marshal(e.ToMessage())
 		if err != nil {
-			failed[i] = core.Permanent(err)
-			blocked[agg] = true
+			fails.Fail(i, e, core.Permanent(err))
 			continue
 		}
 		p.MessageId = e.EventID
@@ -249,7 +243,7 @@ func (s *Sink) Publish(ctx context.Context, batch []core.Envelope) error {
 	}
 	returned := func(r amqp.Return) {
 		if i, ok := byID[r.MessageId]; ok {
-			failed[i] = fmt.Errorf("amqp sink: %w (exchange %s: %s)", ErrUnroutable, r.Exchange, r.ReplyText)
+			fails.Fail(i, batch[i], fmt.Errorf("amqp sink: %w (exchange %s: %s)", ErrUnroutable, r.Exchange, r.ReplyText))
 		}
 	}
 	for i, dc := range confirms {
@@ -268,11 +262,12 @@ func (s *Sink) Publish(ctx context.Context, batch []core.Envelope) error {
 				return ctx.Err()
 			}
 		}
-		if !dc.Acked() && failed[i] == nil {
-			failed[i] = errors.New("amqp sink: broker nacked the record")
+		if !dc.Acked() && fails.Failed(i) == nil {
+			err := errors.New("amqp sink: broker nacked the record")
 			if s.ch.IsClosed() {
-				failed[i] = errors.New("amqp sink: channel closed before the record was confirmed")
+				err = errors.New("amqp sink: channel closed before the record was confirmed")
 			}
+			fails.Fail(i, batch[i], err)
 		}
 	}
 	for drained := false; !drained; {
@@ -286,23 +281,11 @@ func (s *Sink) Publish(ctx context.Context, batch []core.Envelope) error {
 	// A record whose predecessor of the same aggregate failed after sending
 	// is not reported ACKed: its marker must not come before its
 	// predecessor's.
-	failedAgg := map[string]bool{}
-	for i, e := range batch {
-		agg := aggOf(e)
-		if failedAgg[agg] && failed[i] == nil {
-			failed[i] = fmt.Errorf("amqp sink: an earlier record of %s %s in the batch failed", e.AggregateType, e.AggregateID)
-		}
-		if failed[i] != nil {
-			failedAgg[agg] = true
-		}
-	}
+	fails.HoldBack(batch)
 	if s.ch.IsClosed() {
 		s.drop()
 	}
-	if len(failed) > 0 {
-		return &core.BatchError{Failed: failed}
-	}
-	return nil
+	return fails.Err()
 }
 
 // Close waits for a Publish in progress and closes the connection; a second

@@ -146,16 +146,13 @@ func (s *Sink) Publish(ctx context.Context, batch []core.Envelope) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	failed := map[int]error{}
+	// Never send a record after a predecessor of its aggregate that cannot
+	// be sent: the aggregate is parked with the first one.
+	fails := core.BatchFailures{NotSent: "kafka sink: not sent"}
 	msgs := make([]*sarama.ProducerMessage, 0, len(batch))
-	blocked := map[string]bool{}
 	maxBytes := s.sc.Producer.MaxMessageBytes
 	for i, e := range batch {
-		agg := e.AggregateType + "\x00" + e.AggregateID
-		if blocked[agg] {
-			// Never send a record after a predecessor of its aggregate that
-			// cannot be sent: the aggregate is parked with the first one.
-			failed[i] = fmt.Errorf("kafka sink: not sent: an earlier record of %s %s in the batch failed", e.AggregateType, e.AggregateID)
+		if fails.Blocked(i, e) {
 			continue
 		}
 		pm, err := s.marshaler.Marshal(e.Topic, e.ToMessage())
@@ -163,8 +160,7 @@ func (s *Sink) Publish(ctx context.Context, batch []core.Envelope) error {
 			err = fmt.Errorf("%w: record of about %d bytes, Producer.MaxMessageBytes %d", sarama.ErrMessageSizeTooLarge, recordSize(pm), maxBytes)
 		}
 		if err != nil {
-			failed[i] = core.Permanent(err)
-			blocked[agg] = true
+			fails.Fail(i, e, core.Permanent(err))
 			continue
 		}
 		pm.Metadata = i
@@ -194,8 +190,9 @@ func (s *Sink) Publish(ctx context.Context, batch []core.Envelope) error {
 		retryable := 0
 		for _, pe := range perrs {
 			i, _ := pe.Msg.Metadata.(int)
-			failed[i] = classify(pe.Err)
-			if !core.IsPermanent(failed[i]) {
+			ferr := classify(pe.Err)
+			fails.Fail(i, batch[i], ferr)
+			if !core.IsPermanent(ferr) {
 				retryable++
 			}
 		}
@@ -203,10 +200,7 @@ func (s *Sink) Publish(ctx context.Context, batch []core.Envelope) error {
 			s.dropProducer(p)
 		}
 	}
-	if len(failed) > 0 {
-		return &core.BatchError{Failed: failed}
-	}
-	return nil
+	return fails.Err()
 }
 
 // recordSize estimates a record's size as sarama's limit check sees it

@@ -79,32 +79,26 @@ func (s *Sink) Publish(ctx context.Context, batch []core.Envelope) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	failed := map[int]error{}
+	// Never deliver a record after a failed predecessor of its aggregate.
+	fails := core.BatchFailures{NotSent: "not delivered"}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
 		return ErrClosed
 	}
-	blocked := map[string]bool{}
 	for i, e := range batch {
-		if blocked[e.AggregateType+"\x00"+e.AggregateID] {
-			// Never deliver a record after a failed predecessor of its aggregate.
-			failed[i] = fmt.Errorf("not delivered: an earlier record of %s %s in the batch failed", e.AggregateType, e.AggregateID)
+		if fails.Blocked(i, e) {
 			continue
 		}
 		if s.cfg.MaxPayloadBytes > 0 && len(e.Payload) > s.cfg.MaxPayloadBytes {
-			failed[i] = core.Permanent(fmt.Errorf("%w: %d bytes, limit %d", ErrTooLarge, len(e.Payload), s.cfg.MaxPayloadBytes))
-			blocked[e.AggregateType+"\x00"+e.AggregateID] = true
+			fails.Fail(i, e, core.Permanent(fmt.Errorf("%w: %d bytes, limit %d", ErrTooLarge, len(e.Payload), s.cfg.MaxPayloadBytes)))
 			continue
 		}
 		s.logs[e.Topic] = append(s.logs[e.Topic], e.ToMessage())
 	}
 	close(s.changed)
 	s.changed = make(chan struct{})
-	if len(failed) > 0 {
-		return &core.BatchError{Failed: failed}
-	}
-	return nil
+	return fails.Err()
 }
 
 // Records returns a copy of everything published on topic so far, in order.

@@ -204,14 +204,10 @@ func (s *Sink) Publish(ctx context.Context, batch []core.Envelope) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	failed := map[int]error{}
-	blocked := map[string]bool{}
+	fails := core.BatchFailures{NotSent: "nats sink: not sent", Sink: "nats sink"}
 	futures := make([]nats.PubAckFuture, len(batch))
-	aggOf := func(e core.Envelope) string { return e.AggregateType + "\x00" + e.AggregateID }
 	for i, e := range batch {
-		agg := aggOf(e)
-		if blocked[agg] {
-			failed[i] = fmt.Errorf("nats sink: not sent: an earlier record of %s %s in the batch failed", e.AggregateType, e.AggregateID)
+		if fails.Blocked(i, e) {
 			continue
 		}
 		err := s.EnsureStream(ctx, e.Topic)
@@ -228,8 +224,7 @@ func (s *Sink) Publish(ctx context.Context, batch []core.Envelope) error {
 			}
 		}
 		if err != nil {
-			failed[i] = classify(err)
-			blocked[agg] = true
+			fails.Fail(i, e, classify(err))
 			continue
 		}
 		futures[i] = f
@@ -241,7 +236,7 @@ func (s *Sink) Publish(ctx context.Context, batch []core.Envelope) error {
 		select {
 		case <-f.Ok():
 		case err := <-f.Err():
-			failed[i] = classify(err)
+			fails.Fail(i, batch[i], classify(err))
 		case <-ctx.Done():
 			return ctx.Err()
 		}
@@ -249,20 +244,8 @@ func (s *Sink) Publish(ctx context.Context, batch []core.Envelope) error {
 	// A record whose predecessor of the same aggregate failed after sending
 	// may be stored, but is not reported ACKed: its marker must not come
 	// before its predecessor's.
-	failedAgg := map[string]bool{}
-	for i, e := range batch {
-		agg := aggOf(e)
-		if failedAgg[agg] && failed[i] == nil {
-			failed[i] = fmt.Errorf("nats sink: an earlier record of %s %s in the batch failed", e.AggregateType, e.AggregateID)
-		}
-		if failed[i] != nil {
-			failedAgg[agg] = true
-		}
-	}
-	if len(failed) > 0 {
-		return &core.BatchError{Failed: failed}
-	}
-	return nil
+	fails.HoldBack(batch)
+	return fails.Err()
 }
 
 func headerSize(h nats.Header) int {

@@ -128,15 +128,11 @@ func (s *Sink) Publish(ctx context.Context, batch []core.Envelope) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	failed := map[int]error{}
-	blocked := map[string]bool{}
-	aggOf := func(e core.Envelope) string { return e.AggregateType + "\x00" + e.AggregateID }
+	fails := core.BatchFailures{NotSent: "redis sink: not sent", Sink: "redis sink"}
 	pipe := s.client.Pipeline()
 	cmds := make([]*redis.StringCmd, len(batch))
 	for i, e := range batch {
-		agg := aggOf(e)
-		if blocked[agg] {
-			failed[i] = fmt.Errorf("redis sink: not sent: an earlier record of %s %s in the batch failed", e.AggregateType, e.AggregateID)
+		if fails.Blocked(i, e) {
 			continue
 		}
 		values, err := s.marshaler.Marshal(e.Topic, e.ToMessage())
@@ -144,8 +140,7 @@ func (s *Sink) Publish(ctx context.Context, batch []core.Envelope) error {
 			err = fmt.Errorf("redis sink: payload of %d bytes over max_payload_bytes %d", len(e.Payload), s.cfg.MaxPayloadBytes)
 		}
 		if err != nil {
-			failed[i] = core.Permanent(err)
-			blocked[agg] = true
+			fails.Fail(i, e, core.Permanent(err))
 			continue
 		}
 		cmds[i] = pipe.XAdd(ctx, &redis.XAddArgs{Stream: s.cfg.Stream(e.Topic), Values: values})
@@ -155,26 +150,16 @@ func (s *Sink) Publish(ctx context.Context, batch []core.Envelope) error {
 			return ctx.Err()
 		}
 	}
-	failedAgg := map[string]bool{}
 	for i, e := range batch {
-		agg := aggOf(e)
-		if failed[i] == nil && cmds[i] != nil {
+		if cmds[i] != nil {
 			if err := cmds[i].Err(); err != nil {
-				failed[i] = classify(err)
+				fails.Fail(i, e, classify(err))
 			}
 		}
-		// Not reported ACKed after a failed predecessor of its aggregate.
-		if failedAgg[agg] && failed[i] == nil {
-			failed[i] = fmt.Errorf("redis sink: an earlier record of %s %s in the batch failed", e.AggregateType, e.AggregateID)
-		}
-		if failed[i] != nil {
-			failedAgg[agg] = true
-		}
 	}
-	if len(failed) > 0 {
-		return &core.BatchError{Failed: failed}
-	}
-	return nil
+	// Not reported ACKed after a failed predecessor of its aggregate.
+	fails.HoldBack(batch)
+	return fails.Err()
 }
 
 // classify marks the errors a retry cannot fix as permanent.

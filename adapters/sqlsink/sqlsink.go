@@ -142,21 +142,17 @@ func (s *Sink) Publish(ctx context.Context, batch []core.Envelope) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	failed := map[int]error{}
-	blocked := map[string]bool{}
+	fails := core.BatchFailures{NotSent: "postgres sink: not sent"}
 	var (
 		order  []string
 		groups = map[string][]*message.Message{}
 	)
 	for i, e := range batch {
-		agg := e.AggregateType + "\x00" + e.AggregateID
-		if blocked[agg] {
-			failed[i] = fmt.Errorf("postgres sink: not sent: an earlier record of %s %s in the batch failed", e.AggregateType, e.AggregateID)
+		if fails.Blocked(i, e) {
 			continue
 		}
 		if len(e.Payload) > s.cfg.MaxPayloadBytes {
-			failed[i] = core.Permanent(fmt.Errorf("postgres sink: payload of %d bytes over max_payload_bytes %d", len(e.Payload), s.cfg.MaxPayloadBytes))
-			blocked[agg] = true
+			fails.Fail(i, e, core.Permanent(fmt.Errorf("postgres sink: payload of %d bytes over max_payload_bytes %d", len(e.Payload), s.cfg.MaxPayloadBytes)))
 			continue
 		}
 		if _, ok := groups[e.Topic]; !ok {
@@ -194,10 +190,7 @@ func (s *Sink) Publish(ctx context.Context, batch []core.Envelope) error {
 		}
 		return fmt.Errorf("postgres sink: batch transaction: %w", err)
 	}
-	if len(failed) > 0 {
-		return &core.BatchError{Failed: failed}
-	}
-	return nil
+	return fails.Err()
 }
 
 // Close waits for a Publish in progress and closes the pool; a second
