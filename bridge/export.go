@@ -95,6 +95,13 @@ type Settlement struct {
 // Settle classifies the sink's answer err to batch by core.IsPermanent and
 // *core.BatchError, as the polling relay does.
 func Settle(batch []core.Envelope, err error) Settlement {
+	s, _ := settle(batch, err)
+	return s
+}
+
+// settle is Settle that also returns how many records the answer names as
+// failed (a *core.BatchError's count, or all of batch for any other error).
+func settle(batch []core.Envelope, err error) (Settlement, int) {
 	failed := map[int]error{}
 	var be *core.BatchError
 	switch {
@@ -133,5 +140,5 @@ func Settle(batch []core.Envelope, err error) Settlement {
 			s.Mark = append(s.Mark, i)
 		}
 	}
-	return s
+	return s, len(failed)
 }

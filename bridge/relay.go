@@ -385,53 +385,17 @@ func (r *Relay) relayBatch(ctx context.Context, rows []postgres.OutboxRow) (*mar
 		return nil, nil // hard stop: nothing is marked, everything will be resent
 	}
 
-	failed := map[int]error{}
-	var be *core.BatchError
-	switch {
-	case err == nil:
-	case errors.As(err, &be):
-		failed = be.Failed
-	default:
-		for i := range batch {
-			failed[i] = err
-		}
-	}
-
 	// Mark only records with no failed predecessor of the same aggregate in
 	// this batch: a later revision must not be marked while an earlier one
 	// is still to be sent.
-	blocked := map[aggKey]bool{}
-	var (
-		ids       []int64
-		acked     int
-		parks     []postgres.ParkedAggregate
-		retryable error
-	)
-	for i, row := range rows {
-		e := row.Envelope
-		k := aggKey{e.AggregateType, e.AggregateID}
-		ferr, isFailed := failed[i]
-		if !isFailed {
-			acked++
-		}
-		if blocked[k] {
-			continue
-		}
-		if isFailed {
-			blocked[k] = true
-			if core.IsPermanent(ferr) {
-				parks = append(parks, postgres.ParkedAggregate{AggregateType: e.AggregateType,
-					AggregateID: e.AggregateID, EventID: e.EventID, Reason: ferr.Error()})
-			} else if retryable == nil {
-				retryable = ferr
-			}
-			continue
-		}
-		ids = append(ids, row.ID)
+	st, failed := settle(batch, err)
+	var ids []int64
+	for _, i := range st.Mark {
+		ids = append(ids, rows[i].ID)
 	}
-	r.m.published.Add(float64(acked))
+	r.m.published.Add(float64(st.Acked))
 
-	if acked > 0 {
+	if st.Acked > 0 {
 		if h := r.cfg.Hooks; h != nil && h.AfterAck != nil {
 			if herr := h.AfterAck(batch); herr != nil {
 				return nil, errCrash
@@ -445,14 +409,14 @@ func (r *Relay) relayBatch(ctx context.Context, rows []postgres.OutboxRow) (*mar
 		}
 		job = &markJob{ids: ids, leases: slices.Clone(r.leases)}
 	}
-	if len(failed) == 0 {
+	if failed == 0 {
 		r.retry.Reset()
 		return job, nil
 	}
 	if job != nil {
 		r.awaitMark(r.startMark(ctx, job))
 	}
-	for _, p := range parks {
+	for _, p := range st.Parks {
 		isNew, perr := r.store.Park(ctx, p)
 		if perr != nil {
 			r.log.Error("park aggregate", "aggregate_type", p.AggregateType, "aggregate_id", p.AggregateID, "err", perr)
@@ -464,9 +428,9 @@ func (r *Relay) relayBatch(ctx context.Context, rows []postgres.OutboxRow) (*mar
 		r.log.Error("aggregate parked: the sink rejected its record for good; other aggregates keep flowing; release with `posthorn outbox release`",
 			"aggregate_type", p.AggregateType, "aggregate_id", p.AggregateID, "event_id", p.EventID, "reason", p.Reason)
 	}
-	if retryable != nil {
+	if st.Retryable != nil {
 		r.m.retries.Inc()
-		r.log.Warn("sink failed; retrying with backoff", "failed", len(failed), "batch", len(batch), "err", retryable)
+		r.log.Warn("sink failed; retrying with backoff", "failed", failed, "batch", len(batch), "err", st.Retryable)
 		r.backoff(ctx)
 		return nil, nil
 	}
