@@ -70,6 +70,12 @@ type Hooks struct {
 	// UnsafeOrderByXID reads rows in transaction-ID order: the negative
 	// control of the ordering test. Never set it outside tests.
 	UnsafeOrderByXID bool
+	// UnsafeCursor makes the relay remember the largest id it has read and
+	// drop every row at or below it, as a "position > last" reader does:
+	// the negative control of the late-commit test (a row whose
+	// transaction commits late is stepped over for good). Never set it
+	// outside tests.
+	UnsafeCursor bool
 	// UnsafeMarkBeforeAck writes the marker before publishing: the negative
 	// control of the fault suite (a crash or a failed publish after the
 	// marker loses the batch). Never set it outside tests.

@@ -15,7 +15,9 @@
 //
 //   - A transaction that commits late is never skipped: there is no cursor
 //     to move past its row; the row is simply not visible yet, and the next
-//     read after the commit finds it (trap 1 of a polling relay).
+//     read after the commit finds it (trap 1 of a polling relay). The
+//     cursor reading exists only as the negative control of that test
+//     (Hooks.UnsafeCursor).
 //   - Order never inverts: a transaction that took its transaction ID early
 //     (on account B) and then waited for account A commits A's revision r+1
 //     with a smaller transaction ID than revision r; ordering by transaction

@@ -175,6 +175,7 @@ func (r *Relay) run(ctx context.Context) {
 	// At most one marker is written in the background while the next batch
 	// is read and published (see markJob); inflight is that marker.
 	var inflight *markJob
+	var cursor int64 // only with Hooks.UnsafeCursor
 	settle := func() {
 		r.awaitMark(inflight)
 		inflight = nil
@@ -200,6 +201,9 @@ func (r *Relay) run(ctx context.Context) {
 			r.log.Error("read outbox", "err", err)
 			r.backoff(ctx)
 			continue
+		}
+		if r.cfg.Hooks != nil && r.cfg.Hooks.UnsafeCursor {
+			rows = afterCursor(rows, &cursor)
 		}
 		if len(rows) == 0 {
 			if inflight != nil {
@@ -573,6 +577,21 @@ func (r *Relay) listenOnce(ctx context.Context) error {
 		}
 		r.poke()
 	}
+}
+
+// afterCursor keeps the rows above *cursor and moves it to the largest id
+// read: the unsafe "position > last" reading of Hooks.UnsafeCursor.
+func afterCursor(rows []postgres.OutboxRow, cursor *int64) []postgres.OutboxRow {
+	var kept []postgres.OutboxRow
+	last := *cursor
+	for _, row := range rows {
+		if row.ID > *cursor {
+			kept = append(kept, row)
+		}
+		last = max(last, row.ID)
+	}
+	*cursor = last
+	return kept
 }
 
 func (r *Relay) poke() {

@@ -317,6 +317,43 @@ func TestLateCommitIsRelayedNotSkipped(t *testing.T) {
 	})
 }
 
+// Negative control of TestLateCommitIsRelayedNotSkipped: a relay that reads
+// "id > the last id it saw" steps over the late row for good, while a row
+// committed after it still arrives.
+func TestLateCommitNegativeControlCursorSkipsIt(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, memory.Config{})
+	ctx := context.Background()
+	f.start("relay", func(c *bridge.Config) { c.Hooks = &bridge.Hooks{UnsafeCursor: true} })
+	late, err := f.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer late.Rollback(ctx)
+	lateRow, err := bridgetest.Post(ctx, late, "acc-late")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var others []bridgetest.Posted
+	for i := range 30 {
+		others = append(others, bridgetest.MustPost(t, f.pool, fmt.Sprintf("acc-%d", i))...)
+	}
+	f.waitDelivered(len(others))
+	if err := late.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	after := bridgetest.MustPost(t, f.pool, "acc-after")
+	got := f.waitDelivered(len(others) + 1)
+	if last := got[len(got)-1]; last.EventID != after[0].EventID {
+		t.Fatalf("last delivered %s, want the row committed after the late one", last.EventID)
+	}
+	for _, e := range got {
+		if e.EventID == lateRow[0].EventID {
+			t.Fatal("the cursor relay delivered the late row: this control no longer shows the skip")
+		}
+	}
+}
+
 var errCrash = errors.New("crash")
 
 func TestCrashAfterAckBeforeMarkerResends(t *testing.T) {
