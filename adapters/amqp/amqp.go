@@ -246,6 +246,10 @@ func (s *Sink) Publish(ctx context.Context, batch []core.Envelope) error {
 			fails.Fail(i, batch[i], fmt.Errorf("amqp sink: %w (exchange %s: %s)", ErrUnroutable, r.Exchange, r.ReplyText))
 		}
 	}
+	// returns is nil once the library closed it (the channel died with the
+	// broker): a receive on a closed channel never blocks, and the loops
+	// below would spin on it instead of waiting for the confirms.
+	returns := s.returns
 	for i, dc := range confirms {
 		if dc == nil {
 			continue
@@ -255,7 +259,11 @@ func (s *Sink) Publish(ctx context.Context, batch []core.Envelope) error {
 			select {
 			case <-dc.Done():
 				break wait
-			case r := <-s.returns: // a return precedes its record's ack
+			case r, ok := <-returns: // a return precedes its record's ack
+				if !ok {
+					returns = nil
+					continue
+				}
 				returned(r)
 			case <-ctx.Done():
 				s.drop()
@@ -270,9 +278,13 @@ func (s *Sink) Publish(ctx context.Context, batch []core.Envelope) error {
 			fails.Fail(i, batch[i], err)
 		}
 	}
-	for drained := false; !drained; {
+	for drained := returns == nil; !drained; {
 		select {
-		case r := <-s.returns:
+		case r, ok := <-returns:
+			if !ok {
+				drained = true
+				continue
+			}
 			returned(r)
 		default:
 			drained = true
