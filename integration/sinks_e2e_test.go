@@ -44,9 +44,11 @@ type sinkBroker struct {
 //     its port and JetStream store;
 //   - redis: a dedicated redis-server with appendonly yes, appendfsync
 //     always, killed and started again on its AOF;
-//   - amqp: the machine's RabbitMQ, in a vhost whose permissions are
-//     withdrawn and whose connections are closed (a node restart would
-//     break other packages' tests running at the same time on it);
+//   - amqp: a dedicated RabbitMQ node, killed (SIGKILL to its beam
+//     process group) and started again on its data directory; under the
+//     race detector (watermill issue 693) or where no node can be started,
+//     the machine's node in a vhost whose permissions are withdrawn and
+//     whose connections are closed, logged loudly as simulated;
 //   - postgres: a fresh target database on the machine's server that
 //     refuses connections and has its sessions terminated.
 var sinkBrokers = map[string]func(t *testing.T) sinkBroker{
@@ -63,12 +65,30 @@ var sinkBrokers = map[string]func(t *testing.T) sinkBroker{
 		return sinkBroker{sink: sc, down: func(*testing.T) func() { srv.Kill(); return srv.StartAgain }}
 	},
 	"amqp": func(t *testing.T) sinkBroker {
-		v := amqptest.NewVhost(t)
 		sc := configs.Default().Sink
-		sc.Kind, sc.AMQP.URL = "amqp", v.URL
+		sc.Kind = "amqp"
+		var down func(t *testing.T) func()
+		why := amqptest.NodeUnavailable()
+		if why == "" && sinksRaceDetector {
+			// Closing a watermill-amqp subscriber whose node really went
+			// away trips its known reconnect race (watermill issue 693)
+			// under -race; `make test` runs this test again without -race
+			// for the real restart.
+			why = "the race detector is on (watermill issue 693)"
+		}
+		if why != "" {
+			t.Logf("!!! AMQP OUTAGE IS SIMULATED (vhost permissions withdrawn), NOT A BROKER RESTART: %s", why)
+			v := amqptest.NewVhost(t)
+			sc.AMQP.URL = v.URL
+			down = func(t *testing.T) func() { return v.Outage(t) }
+		} else {
+			n := amqptest.StartNode(t)
+			sc.AMQP.URL = n.URL
+			down = func(*testing.T) func() { n.Kill(); return n.StartAgain }
+		}
 		sc.AMQP.Consumers = []string{projection.Name}
 		sc.AMQP.ExchangePrefix = amqptest.Prefix(t, sc.AMQP.URL, []string{core.TopicEvents}, sc.AMQP.Consumers)
-		return sinkBroker{sink: sc, down: func(t *testing.T) func() { return v.Outage(t) },
+		return sinkBroker{sink: sc, down: down,
 			// github.com/ThreeDotsLabs/watermill issue 693 (open): the
 			// subscriber's reconnect writes ConnectionWrapper.connected
 			// while IsConnected reads it. It does not lose messages (the run
