@@ -31,14 +31,10 @@ type Relay struct {
 	m     *metrics
 	log   *slog.Logger
 
-	started    atomic.Bool
-	stopOnce   sync.Once
-	softStop   chan struct{}
-	hardCancel context.CancelFunc
-	stopped    chan struct{}
-	wake       chan struct{}
-	readyErr   atomic.Pointer[error]
-	crashed    atomic.Bool
+	life     *Lifecycle
+	wake     chan struct{}
+	readyErr atomic.Pointer[error]
+	crashed  atomic.Bool
 
 	// Owned by the loop goroutine.
 	leases       []postgres.Lease
@@ -63,15 +59,14 @@ func New(store *postgres.RelayStore, sink core.Sink, cfg Config) (*Relay, error)
 	bo.MaxInterval = cfg.RetryMax
 	bo.RandomizationFactor = 0.5
 	r := &Relay{
-		cfg:      cfg,
-		store:    store,
-		sink:     sink,
-		m:        m,
-		log:      cfg.Logger.With("component", "relay", "owner", cfg.Owner),
-		softStop: make(chan struct{}),
-		stopped:  make(chan struct{}),
-		wake:     make(chan struct{}, 1),
-		retry:    bo,
+		cfg:   cfg,
+		store: store,
+		sink:  sink,
+		m:     m,
+		log:   cfg.Logger.With("component", "relay", "owner", cfg.Owner),
+		life:  NewLifecycle(),
+		wake:  make(chan struct{}, 1),
+		retry: bo,
 	}
 	notReady := errors.New("relay not started")
 	r.readyErr.Store(&notReady)
@@ -81,61 +76,24 @@ func New(store *postgres.RelayStore, sink core.Sink, cfg Config) (*Relay, error)
 // Start runs the relay in the background and returns at once. Cancelling
 // ctx stops the relay softly, like Stop.
 func (r *Relay) Start(ctx context.Context) error {
-	if !r.started.CompareAndSwap(false, true) {
-		return ErrAlreadyStarted
-	}
-	workCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	r.hardCancel = cancel
-	var helpers sync.WaitGroup
-	helpers.Add(2)
-	go func() { defer helpers.Done(); r.listen(workCtx) }()
-	go func() { defer helpers.Done(); r.refreshStats(workCtx) }()
-	go func() {
-		select {
-		case <-ctx.Done():
-			r.signalStop()
-		case <-r.stopped:
-		}
-	}()
-	go func() {
-		r.run(workCtx)
-		cancel()
-		helpers.Wait()
-		close(r.stopped)
-	}()
-	return nil
+	return r.life.Start(ctx, r.run, r.listen, r.refreshStats)
 }
-
-func (r *Relay) signalStop() { r.stopOnce.Do(func() { close(r.softStop) }) }
 
 // Stop stops the relay softly: the in-flight batch is finished or
 // abandoned, ACKed records get their markers, leases are released. If ctx
 // ends first, the batch is cut short (its records will be sent again) and
 // Stop returns ctx's error once the loop has exited. Stop on a relay that
 // was never started returns nil.
-func (r *Relay) Stop(ctx context.Context) error {
-	if !r.started.Load() {
-		return nil
-	}
-	r.signalStop()
-	select {
-	case <-r.stopped:
-		return nil
-	case <-ctx.Done():
-		r.hardCancel()
-		<-r.stopped
-		return ctx.Err()
-	}
-}
+func (r *Relay) Stop(ctx context.Context) error { return r.life.Stop(ctx) }
 
 // Stopped is closed when the relay has stopped.
-func (r *Relay) Stopped() <-chan struct{} { return r.stopped }
+func (r *Relay) Stopped() <-chan struct{} { return r.life.Stopped() }
 
 // Ready reports whether the relay is running and its last lease round trip
 // succeeded (for /readyz).
 func (r *Relay) Ready() error {
 	select {
-	case <-r.stopped:
+	case <-r.life.Stopped():
 		return errors.New("relay stopped")
 	default:
 	}
@@ -159,7 +117,7 @@ func leaseShards(ls []postgres.Lease) []int {
 
 func (r *Relay) stopping() bool {
 	select {
-	case <-r.softStop:
+	case <-r.life.SoftStop():
 		return true
 	default:
 		return false
@@ -253,7 +211,7 @@ func (r *Relay) wait(ctx context.Context, d time.Duration) {
 	select {
 	case <-t.C:
 	case <-r.wake:
-	case <-r.softStop:
+	case <-r.life.SoftStop():
 	case <-ctx.Done():
 	}
 }
@@ -265,7 +223,7 @@ func (r *Relay) backoff(ctx context.Context) {
 	defer t.Stop()
 	select {
 	case <-t.C:
-	case <-r.softStop:
+	case <-r.life.SoftStop():
 	case <-ctx.Done():
 	}
 }

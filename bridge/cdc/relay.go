@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -18,8 +17,9 @@ import (
 )
 
 var (
-	// ErrAlreadyStarted is returned by a second Start.
-	ErrAlreadyStarted = errors.New("CDC relay already started")
+	// ErrAlreadyStarted is returned by a second Start (the lifecycle is
+	// the polling relay's).
+	ErrAlreadyStarted = bridge.ErrAlreadyStarted
 	errCrash          = errors.New("CDC relay crashed (test hook)")
 	errLeaseLost      = errors.New("slot lease lost")
 	errStopping       = errors.New("stopping")
@@ -37,14 +37,10 @@ type Relay struct {
 	m     *metrics
 	log   *slog.Logger
 
-	started    atomic.Bool
-	stopOnce   sync.Once
-	softStop   chan struct{}
-	hardCancel context.CancelFunc
-	stopped    chan struct{}
-	readyErr   atomic.Pointer[error]
-	crashed    atomic.Bool
-	lagNanos   atomic.Int64 // commit time (unix ns) of the oldest unconfirmed transaction; 0 none
+	life     *bridge.Lifecycle
+	readyErr atomic.Pointer[error]
+	crashed  atomic.Bool
+	lagNanos atomic.Int64 // commit time (unix ns) of the oldest unconfirmed transaction; 0 none
 
 	// Owned by the loop goroutine.
 	lease        *postgres.CDCLease
@@ -81,17 +77,16 @@ func New(relayStore *postgres.RelayStore, sink core.Sink, cfg Config) (*Relay, e
 	bo.MaxInterval = cfg.RetryMax
 	bo.RandomizationFactor = 0.5
 	r := &Relay{
-		cfg:      cfg,
-		pool:     relayStore.Pool(),
-		store:    postgres.NewCDCStore(relayStore.Pool()),
-		outbx:    relayStore,
-		sink:     sink,
-		bm:       bm,
-		m:        m,
-		log:      cfg.Logger.With("component", "relay", "mode", "cdc", "owner", cfg.Owner, "slot", cfg.Slot),
-		softStop: make(chan struct{}),
-		stopped:  make(chan struct{}),
-		retry:    bo,
+		cfg:   cfg,
+		pool:  relayStore.Pool(),
+		store: postgres.NewCDCStore(relayStore.Pool()),
+		outbx: relayStore,
+		sink:  sink,
+		bm:    bm,
+		m:     m,
+		log:   cfg.Logger.With("component", "relay", "mode", "cdc", "owner", cfg.Owner, "slot", cfg.Slot),
+		life:  bridge.NewLifecycle(),
+		retry: bo,
 	}
 	notReady := errors.New("relay not started")
 	r.readyErr.Store(&notReady)
@@ -106,54 +101,18 @@ func (r *Relay) Check(ctx context.Context) error { return r.store.CheckServer(ct
 // Start runs the relay in the background and returns at once. Cancelling
 // ctx stops it softly, like Stop.
 func (r *Relay) Start(ctx context.Context) error {
-	if !r.started.CompareAndSwap(false, true) {
-		return ErrAlreadyStarted
-	}
-	workCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	r.hardCancel = cancel
-	var helpers sync.WaitGroup
-	helpers.Add(1)
-	go func() { defer helpers.Done(); r.refreshStats(workCtx) }()
-	go func() {
-		select {
-		case <-ctx.Done():
-			r.signalStop()
-		case <-r.stopped:
-		}
-	}()
-	go func() {
-		r.run(workCtx)
-		cancel()
-		helpers.Wait()
-		close(r.stopped)
-	}()
-	return nil
+	return r.life.Start(ctx, r.run, r.refreshStats)
 }
-
-func (r *Relay) signalStop() { r.stopOnce.Do(func() { close(r.softStop) }) }
 
 // Stop stops the relay softly: the batch in flight is published, marked
 // and confirmed (or, if that cannot finish, left to be sent again), the
 // stream is closed and the lease released so a standby takes over at
 // once. If ctx ends first the batch is cut short and Stop returns ctx's
 // error once the loop has exited.
-func (r *Relay) Stop(ctx context.Context) error {
-	if !r.started.Load() {
-		return nil
-	}
-	r.signalStop()
-	select {
-	case <-r.stopped:
-		return nil
-	case <-ctx.Done():
-		r.hardCancel()
-		<-r.stopped
-		return ctx.Err()
-	}
-}
+func (r *Relay) Stop(ctx context.Context) error { return r.life.Stop(ctx) }
 
 // Stopped is closed when the relay has stopped.
-func (r *Relay) Stopped() <-chan struct{} { return r.stopped }
+func (r *Relay) Stopped() <-chan struct{} { return r.life.Stopped() }
 
 // Crashed reports whether a test hook crashed the relay.
 func (r *Relay) Crashed() bool { return r.crashed.Load() }
@@ -162,7 +121,7 @@ func (r *Relay) Crashed() bool { return r.crashed.Load() }
 // succeeded (for /readyz); a standby is ready.
 func (r *Relay) Ready() error {
 	select {
-	case <-r.stopped:
+	case <-r.life.Stopped():
 		return errors.New("relay stopped")
 	default:
 	}
@@ -174,7 +133,7 @@ func (r *Relay) Owner() string { return r.cfg.Owner }
 
 func (r *Relay) stopping() bool {
 	select {
-	case <-r.softStop:
+	case <-r.life.SoftStop():
 		return true
 	default:
 		return false
@@ -302,7 +261,7 @@ func (r *Relay) wait(ctx context.Context, d time.Duration) {
 	defer t.Stop()
 	select {
 	case <-t.C:
-	case <-r.softStop:
+	case <-r.life.SoftStop():
 	case <-ctx.Done():
 	}
 }

@@ -1,0 +1,81 @@
+package bridge
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+)
+
+// Lifecycle is the Start/Stop/Stopped machinery the polling relay and the
+// CDC relay share. A soft stop closes SoftStop, so the loop finishes or
+// abandons its batch, writes what was ACKed and releases its leases; if
+// Stop's context ends first, the loop's context is cancelled (a hard
+// stop) and Stop waits for the loop to exit. Cancelling Start's context
+// is a soft stop.
+type Lifecycle struct {
+	started    atomic.Bool
+	stopOnce   sync.Once
+	softStop   chan struct{}
+	hardCancel context.CancelFunc
+	stopped    chan struct{}
+}
+
+// NewLifecycle returns a lifecycle that has not started.
+func NewLifecycle() *Lifecycle {
+	return &Lifecycle{softStop: make(chan struct{}), stopped: make(chan struct{})}
+}
+
+// Start runs loop in the background, with helpers beside it, and returns
+// at once. The helpers' context ends when loop returns; Stopped is closed
+// once loop and every helper have returned.
+func (l *Lifecycle) Start(ctx context.Context, loop func(context.Context), helpers ...func(context.Context)) error {
+	if !l.started.CompareAndSwap(false, true) {
+		return ErrAlreadyStarted
+	}
+	workCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	l.hardCancel = cancel
+	var wg sync.WaitGroup
+	for _, h := range helpers {
+		wg.Add(1)
+		go func() { defer wg.Done(); h(workCtx) }()
+	}
+	go func() {
+		select {
+		case <-ctx.Done():
+			l.signalStop()
+		case <-l.stopped:
+		}
+	}()
+	go func() {
+		loop(workCtx)
+		cancel()
+		wg.Wait()
+		close(l.stopped)
+	}()
+	return nil
+}
+
+func (l *Lifecycle) signalStop() { l.stopOnce.Do(func() { close(l.softStop) }) }
+
+// Stop stops softly and waits; see the type's doc. Stop before Start
+// returns nil.
+func (l *Lifecycle) Stop(ctx context.Context) error {
+	if !l.started.Load() {
+		return nil
+	}
+	l.signalStop()
+	select {
+	case <-l.stopped:
+		return nil
+	case <-ctx.Done():
+		l.hardCancel()
+		<-l.stopped
+		return ctx.Err()
+	}
+}
+
+// Stopped is closed when the loop and its helpers have returned.
+func (l *Lifecycle) Stopped() <-chan struct{} { return l.stopped }
+
+// SoftStop is closed when a soft stop was asked for.
+func (l *Lifecycle) SoftStop() <-chan struct{} { return l.softStop }
