@@ -5,7 +5,7 @@ PKGS    ?= ./...
 BIN     := bin/posthorn
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: build test test-race test-short lint bench soak demo clean
+.PHONY: build test test-race test-faults test-short lint bench soak demo clean
 
 build:
 	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/posthorn
@@ -19,6 +19,11 @@ test:
 	$(GO) test -count=1 -timeout 5m -run 'TestSinksEndToEndBrokerRestart/amqp' ./integration/
 
 test-race: test
+
+# The fault suite with real processes (about 6 minutes): kept out of make
+# test until the Kafka consumer-group liveness issue in the README is fixed.
+test-faults:
+	POSTHORN_FAULTS=1 $(GO) test -count=1 -v -run '^TestFault' -timeout 30m ./integration/
 
 test-short:
 	$(GO) test -short -count=1 $(PKGS)
