@@ -99,6 +99,24 @@ func runRelay(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	return serveRelay(ctx, cfg, log, reg, relay, []any{"owner", relay.Owner(), "sink", cfg.Sink.Kind},
+		"finishing the in-flight batch, releasing leases", "unmarked")
+}
+
+// runningRelay is what serveRelay needs of the polling and the CDC relay.
+type runningRelay interface {
+	Start(context.Context) error
+	Stop(context.Context) error
+	Stopped() <-chan struct{}
+	Ready() error
+	Owner() string
+}
+
+// serveRelay serves the relay's metrics, starts it, and on the signal
+// (ctx) stops it softly, giving it 30 s to finish its batch: the part of
+// `posthorn relay` both modes share.
+func serveRelay(ctx context.Context, cfg configs.Config, log *slog.Logger, reg *prometheus.Registry, relay runningRelay,
+	started []any, stopping, resent string) error {
 	if cfg.Metrics.Listen != "" {
 		srv, err := metricshttp.Start(cfg.Metrics.Listen, reg, relay.Ready)
 		if err != nil {
@@ -111,17 +129,17 @@ func runRelay(ctx context.Context, args []string) error {
 	if err := relay.Start(context.WithoutCancel(ctx)); err != nil {
 		return err
 	}
-	log.Info("relay started", "owner", relay.Owner(), "sink", cfg.Sink.Kind)
+	log.Info("relay started", started...)
 	select {
 	case <-ctx.Done():
 	case <-relay.Stopped():
 		return errors.New("relay stopped unexpectedly")
 	}
-	log.Info("stopping relay: finishing the in-flight batch, releasing leases")
+	log.Info("stopping relay: " + stopping)
 	stopCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := relay.Stop(stopCtx); err != nil {
-		log.Warn("relay stop cut short; unmarked records will be sent again", "err", err)
+		log.Warn("relay stop cut short; "+resent+" records will be sent again", "err", err)
 	}
 	log.Info("relay stopped", slog.String("owner", relay.Owner()))
 	return nil

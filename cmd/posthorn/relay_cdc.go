@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -12,7 +11,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
-	"github.com/posthorn/posthorn/adapters/metricshttp"
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/bridge/cdc"
 	"github.com/posthorn/posthorn/configs"
@@ -55,31 +53,9 @@ func runCDCRelay(ctx context.Context, cfg configs.Config) error {
 	if err := relay.Check(ctx); err != nil {
 		return fmt.Errorf("config key relay.mode: cdc: %w", err)
 	}
-	if cfg.Metrics.Listen != "" {
-		srv, err := metricshttp.Start(cfg.Metrics.Listen, reg, relay.Ready)
-		if err != nil {
-			return fmt.Errorf("config key metrics.listen: %w", err)
-		}
-		defer srv.Close()
-		log.Info("metrics listening", "addr", srv.Addr())
-	}
-	if err := relay.Start(context.WithoutCancel(ctx)); err != nil {
-		return err
-	}
-	log.Info("relay started", "mode", "cdc", "owner", relay.Owner(), "sink", cfg.Sink.Kind, "slot", cfg.Relay.CDC.Slot)
-	select {
-	case <-ctx.Done():
-	case <-relay.Stopped():
-		return errors.New("relay stopped unexpectedly")
-	}
-	log.Info("stopping relay: finishing the in-flight batch, confirming its position, releasing the slot lease")
-	stopCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := relay.Stop(stopCtx); err != nil {
-		log.Warn("relay stop cut short; unconfirmed records will be sent again", "err", err)
-	}
-	log.Info("relay stopped", "owner", relay.Owner())
-	return nil
+	return serveRelay(ctx, cfg, log, reg, relay,
+		[]any{"mode", "cdc", "owner", relay.Owner(), "sink", cfg.Sink.Kind, "slot", cfg.Relay.CDC.Slot},
+		"finishing the in-flight batch, confirming its position, releasing the slot lease", "unconfirmed")
 }
 
 // cdcSlotStatus reads the CDC slot for `outbox status`; nil when there is
