@@ -8,10 +8,10 @@
 // lock in the same transaction. Hence, per account, outbox id order is
 // revision order, and a row becomes visible only after all its predecessors
 // are visible (the predecessor's transaction committed before the lock was
-// granted). The relay therefore reads the UNRELAYED rows of its shards
-// (relayed_at IS NULL, over the partial index outbox_unrelayed (shard, id))
-// in id order, in one round trip for all owned shards, and never keeps a
-// "last position" cursor:
+// granted). The relay therefore reads the UNRELAYED rows of its shards (those
+// still in the work queue outbox_pending (shard, id), which a trigger fills
+// on every outbox insert) in id order, in one round trip for all owned
+// shards, and never keeps a "last position" cursor:
 //
 //   - A transaction that commits late is never skipped: there is no cursor
 //     to move past its row; the row is simply not visible yet, and the next
@@ -37,15 +37,22 @@
 // # ACK then marker
 //
 // A batch is published and the sink's ACK (every record durably taken, by
-// the sink's own definition) is awaited before the marker (relayed_at,
-// relay_token) is written. A crash between the two only repeats records,
-// with the same event IDs, which the consumers' inbox absorbs; the reverse
-// order would lose a record when the crash falls between marker and send.
-// Hooks.AfterAck is the injected crash point the tests use. To keep the
-// sink busy, the marker of a fully ACKed batch is written while the next
-// batch is read and published; that read skips the rows whose marker is
-// pending, and that batch is published only after this one's ACK, so
-// neither order nor "marker after ACK" changes.
+// the sink's own definition) is awaited before the marker (the deletion of
+// the rows' outbox_pending entries) is written. A crash between the two only
+// repeats records, with the same event IDs, which the consumers' inbox
+// absorbs; the reverse order would lose a record when the crash falls
+// between marker and send. Hooks.AfterAck is the injected crash point the
+// tests use.
+//
+// To keep the sink busy, three steps overlap: while batch N is published,
+// batch N+1 is read, and the marker of batch N-1 is written. The read skips
+// the rows of N and of the marker in flight, so nothing is read twice; N+1
+// is published only after N was ACKed in full under unchanged leases (else
+// it is dropped and read again), so neither order nor "marker after ACK"
+// changes. The marker is a delete of narrow queue rows, not an update of
+// the outbox row: it writes no new row version and no index entry, which
+// made it about ten times cheaper than the first design's UPDATE of
+// relayed_at (see migration 00005).
 //
 // # Leases and fencing
 //

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -139,8 +138,17 @@ func (r *Relay) run(ctx context.Context) {
 		inflight = nil
 	}
 	defer settle()
+	// While a batch is published, the next one is read (see readAhead);
+	// next is that read.
+	var next *readAhead
+	drop := func() {
+		next.wait()
+		next = nil
+	}
+	defer drop()
 	for !r.stopping() && ctx.Err() == nil {
 		if !time.Now().Before(r.nextMaintain) {
+			drop() // read under the leases that are about to change
 			settle()
 			r.maintainLeases(ctx)
 		}
@@ -149,8 +157,13 @@ func (r *Relay) run(ctx context.Context) {
 			r.wait(ctx, r.cfg.PollInterval)
 			continue
 		}
+		shards := leaseShards(r.leases)
 		perShard := (r.cfg.BatchSize + len(r.leases) - 1) / len(r.leases)
-		rows, err := r.store.ReadBatchSkipping(ctx, leaseShards(r.leases), perShard, inflight.rowIDs(), order)
+		if next == nil {
+			next = r.readAhead(ctx, shards, perShard, inflight.rowIDs(), order)
+		}
+		rows, err := next.wait()
+		next = nil
 		if err != nil {
 			settle()
 			if ctx.Err() != nil {
@@ -173,18 +186,27 @@ func (r *Relay) run(ctx context.Context) {
 			continue
 		}
 		poll = r.cfg.MinPollInterval
+		skip := inflight.rowIDs()
+		for _, row := range rows {
+			skip = append(skip, row.ID)
+		}
+		next = r.readAhead(ctx, shards, perShard, skip, order)
 		job, err := r.relayBatch(ctx, rows)
 		if errors.Is(err, errCrash) {
+			drop()
 			settle()
 			r.crashed.Store(true)
 			r.log.Warn("relay crashed by test hook: no marker written, leases kept")
 			return
 		}
 		settle()
-		if job != nil {
-			inflight = r.startMark(ctx, job)
+		if job == nil {
+			drop() // not all of this batch was ACKed: the next may not follow it
+			continue
 		}
+		inflight = r.startMark(ctx, job)
 	}
+	drop()
 	settle()
 	// Soft stop (or hard cancel): give the leases back so another relay
 	// takes over at once instead of after the TTL.
@@ -230,13 +252,44 @@ func (r *Relay) backoff(ctx context.Context) {
 
 type aggKey struct{ typ, id string }
 
+// readAhead is the read of the next batch, run while the current one is
+// published. It skips the current batch's rows and those of the marker in
+// flight, so nothing is read twice. Its rows are published only after the
+// current batch was ACKed in full, under the same leases; otherwise they
+// are dropped and read again. Per aggregate, the rows it finds follow the
+// current batch's (a later revision becomes visible only after the earlier
+// ones), so order is unchanged.
+type readAhead struct {
+	done chan struct{}
+	rows []postgres.OutboxRow
+	err  error
+}
+
+func (r *Relay) readAhead(ctx context.Context, shards []int, perShard int, skip []int64, order postgres.ReadOrder) *readAhead {
+	a := &readAhead{done: make(chan struct{})}
+	go func() {
+		defer close(a.done)
+		a.rows, a.err = r.store.ReadBatchSkipping(ctx, shards, perShard, skip, order)
+	}()
+	return a
+}
+
+// wait returns the read's result once it is done (nothing for nil).
+func (a *readAhead) wait() ([]postgres.OutboxRow, error) {
+	if a == nil {
+		return nil, nil
+	}
+	<-a.done
+	return a.rows, a.err
+}
+
 // markJob is the marker of a fully ACKed batch, written in the background
 // while the loop reads and publishes the next batch. The next read skips
 // the job's rows, so nothing is read twice, and since that batch is only
 // published after this one's ACK, per-aggregate order is unchanged. If the
 // marker fails, its rows stay unrelayed and are sent again (same IDs).
 type markJob struct {
-	ids    []int64
+	refs   []postgres.RowRef
 	leases []postgres.Lease
 	done   chan struct{}
 	marked int
@@ -248,43 +301,18 @@ func (j *markJob) rowIDs() []int64 {
 	if j == nil {
 		return nil
 	}
-	return j.ids
+	ids := make([]int64, len(j.refs))
+	for i, r := range j.refs {
+		ids[i] = r.ID
+	}
+	return ids
 }
-
-// markParallelism splits a large marker into this many statements on
-// separate connections: the marker's cost is per row (a non-HOT update
-// that adds an entry to each of the outbox's indexes), and one statement
-// runs on one core.
-const markParallelism = 2
 
 func (r *Relay) startMark(ctx context.Context, j *markJob) *markJob {
 	j.done = make(chan struct{})
-	parts := 1
-	if len(j.ids) >= 1000 {
-		parts = markParallelism
-	}
-	chunk := (len(j.ids) + parts - 1) / parts
-	var (
-		wg sync.WaitGroup
-		mu sync.Mutex
-	)
-	for ids := range slices.Chunk(j.ids, chunk) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			marked, refused, err := r.store.MarkRelayed(ctx, ids, j.leases)
-			mu.Lock()
-			defer mu.Unlock()
-			j.marked += marked
-			j.refuse += refused
-			if err != nil {
-				j.err = err
-			}
-		}()
-	}
 	go func() {
-		wg.Wait()
-		close(j.done)
+		defer close(j.done)
+		j.marked, j.refuse, j.err = r.store.MarkRelayed(ctx, j.refs, j.leases)
 	}()
 	return j
 }
@@ -299,7 +327,7 @@ func (r *Relay) awaitMark(j *markJob) {
 	case j.err != nil:
 		// The records are out; without a marker they will be sent again with
 		// the same event IDs. That is the safe side.
-		r.log.Error("write relay markers", "rows", len(j.ids), "err", j.err)
+		r.log.Error("write relay markers", "rows", len(j.refs), "err", j.err)
 	case j.refuse > 0:
 		r.m.fenced.Add(float64(j.refuse))
 		r.log.Warn("markers refused: a lease was taken over; its new owner resends", "refused", j.refuse, "marked", j.marked)
@@ -351,9 +379,9 @@ func (r *Relay) relayBatch(ctx context.Context, rows []postgres.OutboxRow) (*mar
 	// this batch: a later revision must not be marked while an earlier one
 	// is still to be sent.
 	st, failed := settle(batch, err)
-	var ids []int64
+	var refs []postgres.RowRef
 	for _, i := range st.Mark {
-		ids = append(ids, rows[i].ID)
+		refs = append(refs, rows[i].RowRef)
 	}
 	r.m.published.Add(float64(st.Acked))
 
@@ -365,11 +393,11 @@ func (r *Relay) relayBatch(ctx context.Context, rows []postgres.OutboxRow) (*mar
 		}
 	}
 	var job *markJob
-	if len(ids) > 0 {
+	if len(refs) > 0 {
 		if h := r.cfg.Hooks; h != nil && h.BeforeMarker != nil {
 			h.BeforeMarker()
 		}
-		job = &markJob{ids: ids, leases: slices.Clone(r.leases)}
+		job = &markJob{refs: refs, leases: slices.Clone(r.leases)}
 	}
 	if failed == 0 {
 		r.retry.Reset()

@@ -12,12 +12,12 @@ import (
 // order loses events when the relay dies, or the sink fails, between the
 // two; the relay never uses it otherwise.
 func (r *Relay) unsafeMarkThenPublish(ctx context.Context, rows []postgres.OutboxRow, batch []core.Envelope) error {
-	ids := make([]int64, len(rows))
+	refs := make([]postgres.RowRef, len(rows))
 	for i, row := range rows {
-		ids[i] = row.ID
+		refs[i] = row.RowRef
 	}
-	if _, _, err := r.store.MarkRelayed(ctx, ids, r.leases); err != nil {
-		r.log.Error("UNSAFE mark-before-ACK: write relay markers", "rows", len(ids), "err", err)
+	if _, _, err := r.store.MarkRelayed(ctx, refs, r.leases); err != nil {
+		r.log.Error("UNSAFE mark-before-ACK: write relay markers", "rows", len(refs), "err", err)
 		return nil
 	}
 	pubCtx, cancel := context.WithDeadline(ctx, r.deadline)

@@ -146,7 +146,7 @@ func Verify(ctx context.Context, ledger, consumer *pgxpool.Pool, o VerifyOptions
 	// The ledger's committed events: an outbox row exists only if its
 	// posting committed.
 	events := map[string]bool{} // event ID → relayed
-	rows, err := ledger.Query(ctx, `SELECT event_id::text, relayed_at IS NOT NULL FROM outbox WHERE topic = $1`, core.TopicEvents)
+	rows, err := ledger.Query(ctx, `SELECT o.event_id::text, `+postgres.Relayed+` FROM outbox o WHERE o.topic = $1`, core.TopicEvents)
 	if err != nil {
 		return r, fmt.Errorf("verify: read outbox: %w", err)
 	}

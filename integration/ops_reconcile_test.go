@@ -54,7 +54,7 @@ func TestOpsReconcileCleanThenEveryDiscrepancyClass(t *testing.T) {
 	mustExec(t, r.ledger, `DELETE FROM outbox WHERE event_id = $1`, missing)
 	// Unrelayed: a marker is gone.
 	unrelayed := second.Events[1].EventID
-	mustExec(t, r.ledger, `UPDATE outbox SET relayed_at = NULL, relay_token = NULL WHERE event_id = $1`, unrelayed)
+	mustExec(t, r.ledger, `INSERT INTO outbox_pending (shard, id) SELECT shard, id FROM outbox WHERE event_id = $1`, unrelayed)
 	// Unproven: the projection has no disposition for an event.
 	unproven := third.Events[0].EventID
 	mustExec(t, r.consumer, `DELETE FROM consumer_inbox WHERE consumer = $1 AND event_id = $2`, projection.Name, unproven)

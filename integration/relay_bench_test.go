@@ -91,7 +91,9 @@ func benchRelayDrain(b *testing.B, ctx context.Context) float64 {
 	defer r.Stop(ctx)
 	bridgetest.WaitFor(b, 3*time.Minute, "the relay to drain the backlog", func() bool {
 		var n int
-		_ = pool.QueryRow(ctx, `SELECT count(*) FROM (SELECT 1 FROM outbox WHERE relayed_at IS NULL LIMIT 1) x`).Scan(&n)
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM (SELECT 1 FROM outbox_pending LIMIT 1) x`).Scan(&n); err != nil {
+			b.Fatal(err)
+		}
 		return n == 0
 	})
 	return drainEvents / time.Since(start).Seconds()

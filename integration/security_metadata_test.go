@@ -174,7 +174,7 @@ func TestSecurityMetadataAllowlistOnEverySink(t *testing.T) {
 				t.Fatal(err)
 			}
 			records := relayToMemory(t, pool)
-			if _, err := pool.Exec(context.Background(), `UPDATE outbox SET relayed_at = NULL, relay_token = NULL`); err != nil {
+			if _, err := pool.Exec(context.Background(), `INSERT INTO outbox_pending (shard, id) SELECT shard, id FROM outbox ON CONFLICT DO NOTHING`); err != nil {
 				t.Fatal(err)
 			}
 			records = append(records, relayToKafka(t, pool, len(records)*2)...)

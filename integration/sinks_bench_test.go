@@ -137,7 +137,9 @@ func benchSinkDrain(b *testing.B, kind string) (drain, publish float64) {
 	}()
 	bridgetest.WaitFor(b, 3*time.Minute, kind+": the relay to drain the backlog", func() bool {
 		var n int
-		_ = pool.QueryRow(ctx, `SELECT count(*) FROM (SELECT 1 FROM outbox WHERE relayed_at IS NULL LIMIT 1) x`).Scan(&n)
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM (SELECT 1 FROM outbox_pending LIMIT 1) x`).Scan(&n); err != nil {
+			b.Fatal(err)
+		}
 		return n == 0
 	})
 	drain = sinkDrainEvents / time.Since(start).Seconds()

@@ -72,7 +72,7 @@ type ArchivedRow struct {
 	Payload         []byte            `json:"payload"`
 	OccurredAt      time.Time         `json:"occurred_at"`
 	CreatedAt       time.Time         `json:"created_at"`
-	RelayedAt       *time.Time        `json:"relayed_at,omitempty"`
+	Relayed         bool              `json:"relayed"`
 }
 
 func archivedRow(r postgres.StoredRow) ArchivedRow {
@@ -80,13 +80,13 @@ func archivedRow(r postgres.StoredRow) ArchivedRow {
 	return ArchivedRow{ID: r.ID, EventID: e.EventID, Kind: e.Kind, Type: e.Type, Topic: e.Topic,
 		AggregateType: e.AggregateType, AggregateID: e.AggregateID, Revision: e.Revision, Shard: r.Shard,
 		JournalID: e.JournalID, JournalSequence: r.JournalSequence, Headers: e.Headers, Payload: e.Payload,
-		OccurredAt: e.OccurredAt, CreatedAt: r.CreatedAt, RelayedAt: r.RelayedAt}
+		OccurredAt: e.OccurredAt, CreatedAt: r.CreatedAt, Relayed: r.Relayed}
 }
 
 // Stored converts an archived row back into the outbox row it was.
 func (a ArchivedRow) Stored() postgres.StoredRow {
 	return postgres.StoredRow{ID: a.ID, Shard: a.Shard, JournalSequence: a.JournalSequence, CreatedAt: a.CreatedAt,
-		RelayedAt: a.RelayedAt, Envelope: core.Envelope{EventID: a.EventID, Kind: a.Kind, Type: a.Type, Topic: a.Topic,
+		Relayed: a.Relayed, Envelope: core.Envelope{EventID: a.EventID, Kind: a.Kind, Type: a.Type, Topic: a.Topic,
 			AggregateType: a.AggregateType, AggregateID: a.AggregateID, Revision: a.Revision, JournalID: a.JournalID,
 			OccurredAt: a.OccurredAt, Headers: a.Headers, Payload: a.Payload}}
 }

@@ -238,7 +238,7 @@ func Reconcile(ctx context.Context, cfg ReconcileConfig) (Report, error) {
 		ids := make([]string, len(batch))
 		for i, e := range batch {
 			ids[i] = e.EventID
-			if e.RelayedAt == nil {
+			if !e.Relayed {
 				unrelayed.add(cfg.Cap, e.EventID)
 				if oldest.IsZero() || e.CreatedAt.Before(oldest) {
 					oldest = e.CreatedAt
@@ -253,7 +253,7 @@ func Reconcile(ctx context.Context, cfg ReconcileConfig) (Report, error) {
 			r := &reps[ci]
 			for _, e := range batch {
 				r.Expected++
-				if e.RelayedAt != nil {
+				if e.Relayed {
 					r.Relayed++
 				}
 				ds := disp[e.EventID]
@@ -281,7 +281,7 @@ func Reconcile(ctx context.Context, cfg ReconcileConfig) (Report, error) {
 				if nApplied > 1 {
 					r.Discrepancies.MultipleApplied.add(cfg.Cap, e.EventID)
 				}
-				if e.RelayedAt != nil && !final {
+				if e.Relayed && !final {
 					r.Discrepancies.Unproven.add(cfg.Cap, e.EventID)
 				}
 			}

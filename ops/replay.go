@@ -37,7 +37,7 @@ func (s ReplaySpec) filter() postgres.RowFilter {
 // matches applies the spec to an archived row as the SQL filter does.
 func (s ReplaySpec) matches(r ArchivedRow) bool {
 	switch {
-	case r.RelayedAt == nil:
+	case !r.Relayed:
 		return false
 	case !s.IncludeCommands && r.Kind != core.KindEvent:
 		return false

@@ -12,13 +12,12 @@ import (
 // only when asked.
 func TestReplaySpecMatchesLikeTheOutboxFilter(t *testing.T) {
 	t0 := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
-	relayed := t0.Add(time.Minute)
 	row := ArchivedRow{Kind: core.KindEvent, AggregateType: core.AggregateAccount, AggregateID: "acc-a",
-		JournalSequence: 10, OccurredAt: t0, RelayedAt: &relayed}
+		JournalSequence: 10, OccurredAt: t0, Relayed: true}
 	cmd := row
 	cmd.Kind, cmd.AggregateType = core.KindCommand, core.AggregateJournal
 	unrelayed := row
-	unrelayed.RelayedAt = nil
+	unrelayed.Relayed = false
 	noJournal := row
 	noJournal.JournalSequence = 0
 	for _, c := range []struct {

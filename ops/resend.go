@@ -98,7 +98,7 @@ func Resend(ctx context.Context, cfg ResendConfig) (ResendResult, error) {
 	checked := map[string]bool{}
 	for _, r := range rows {
 		key := r.Envelope.AggregateType + "\x00" + r.Envelope.AggregateID
-		if r.RelayedAt != nil || checked[key] {
+		if r.Relayed || checked[key] {
 			continue
 		}
 		checked[key] = true // rows are in id order: the first unrelayed one of each aggregate decides
@@ -117,7 +117,7 @@ func Resend(ctx context.Context, cfg ResendConfig) (ResendResult, error) {
 		var unmarked []int64
 		for i, r := range chunk {
 			batch[i] = r.Envelope
-			if r.RelayedAt == nil {
+			if !r.Relayed {
 				unmarked = append(unmarked, r.ID)
 			}
 		}

@@ -154,11 +154,12 @@ WHERE slot = $1 AND token = $2 AND owner = $3`, l.Slot, l.Token, owner)
 	return nil
 }
 
-// MarkRelayedCDC writes the marker of rows ids (ACKed by the sink) if l is
-// still the slot's current grant; the lease row is share-locked for the
-// statement, so a takeover either waits for the marker or the marker sees
-// the new token. fenced is true when the lease was lost and nothing was
-// marked. Rows already marked are left as they are.
+// MarkRelayedCDC writes the marker of rows ids (ACKed by the sink): it
+// deletes their pending rows if l is still the slot's current grant; the
+// lease row is share-locked for the statement, so a takeover either waits
+// for the marker or the marker sees the new token. fenced is true when the
+// lease was lost and nothing was marked. Rows already marked are left as
+// they are.
 //
 // invisible lists the ids this statement could not see at all. Logical
 // decoding may hand over a transaction as soon as its commit record is
@@ -170,19 +171,19 @@ func (s *CDCStore) MarkRelayedCDC(ctx context.Context, ids []int64, l CDCLease) 
 		return 0, nil, false, nil
 	}
 	var held int
+	// The outbox rows give each id its shard (the queue's key) and tell the
+	// visible ids from the invisible ones.
 	err = s.pool.QueryRow(ctx, `
 WITH held AS (
     SELECT token FROM relay_cdc_leases WHERE slot = $2 AND token = $3 FOR SHARE
-), upd AS (
-    UPDATE outbox o SET relayed_at = now(), relay_token = held.token
-    FROM held WHERE o.id = ANY($1::bigint[]) AND o.relayed_at IS NULL
-    RETURNING o.id
 ), seen AS (
-    SELECT id FROM upd
-    UNION ALL
-    SELECT id FROM outbox WHERE id = ANY($1::bigint[]) AND relayed_at IS NOT NULL
+    SELECT o.id, o.shard FROM outbox o WHERE o.id = ANY($1::bigint[])
+), del AS (
+    DELETE FROM outbox_pending p USING seen
+    WHERE p.shard = seen.shard AND p.id = seen.id AND EXISTS (SELECT 1 FROM held)
+    RETURNING p.id
 )
-SELECT (SELECT count(*) FROM held), (SELECT count(*) FROM upd),
+SELECT (SELECT count(*) FROM held), (SELECT count(*) FROM del),
        ARRAY(SELECT x FROM unnest($1::bigint[]) AS x WHERE x NOT IN (SELECT id FROM seen))`,
 		ids, l.Slot, l.Token).Scan(&held, &marked, &invisible)
 	if err != nil {
@@ -194,9 +195,13 @@ SELECT (SELECT count(*) FROM held), (SELECT count(*) FROM upd),
 	return marked, invisible, false, nil
 }
 
-// Marked returns which of ids already carry a marker.
+// Marked returns which of ids already carry a marker (are visible and no
+// longer pending).
 func (s *CDCStore) Marked(ctx context.Context, ids []int64) (map[int64]bool, error) {
-	rows, err := s.pool.Query(ctx, `SELECT id FROM outbox WHERE id = ANY($1::bigint[]) AND relayed_at IS NOT NULL`, ids)
+	rows, err := s.pool.Query(ctx, `
+SELECT o.id FROM outbox o
+WHERE o.id = ANY($1::bigint[])
+  AND NOT EXISTS (SELECT 1 FROM outbox_pending p WHERE p.shard = o.shard AND p.id = o.id)`, ids)
 	if err != nil {
 		return nil, fmt.Errorf("read markers: %w", err)
 	}

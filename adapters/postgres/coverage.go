@@ -235,20 +235,25 @@ ORDER BY o.id LIMIT 1`, c.Sequence).Scan(&first)
 	return max(x, 0), nil
 }
 
+// Relayed is an SQL condition on the outbox row aliased o: true once a sink
+// has ACKed the row and its marker was written, that is, its entry in the
+// relay's work queue outbox_pending is gone (see migration 00005).
+const Relayed = `NOT EXISTS (SELECT 1 FROM outbox_pending p WHERE p.shard = o.shard AND p.id = o.id)`
+
 // ExpectedEvent is one event of the cut that every consumer should have.
 type ExpectedEvent struct {
 	ID        int64
 	EventID   string
 	Sequence  int64
 	CreatedAt time.Time
-	RelayedAt *time.Time
+	Relayed   bool
 }
 
 // ExpectedEvents returns up to limit events (kind event) of the cut's
 // journals above the floor with outbox id > after, in id order.
 func (c *Cut) ExpectedEvents(ctx context.Context, after int64, limit int) ([]ExpectedEvent, error) {
 	rows, err := c.tx.Query(ctx, `
-SELECT o.id, o.event_id::text, j.sequence, o.created_at, o.relayed_at
+SELECT o.id, o.event_id::text, j.sequence, o.created_at, `+Relayed+`
 FROM outbox o JOIN journals j ON j.id = o.journal_id
 WHERE o.id > $1 AND o.kind = 'event' AND j.sequence > $2 AND j.sequence <= $3
 ORDER BY o.id LIMIT $4`, after, c.Floor, c.Sequence, limit)
@@ -257,7 +262,7 @@ ORDER BY o.id LIMIT $4`, after, c.Floor, c.Sequence, limit)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ExpectedEvent, error) {
 		var e ExpectedEvent
-		return e, r.Scan(&e.ID, &e.EventID, &e.Sequence, &e.CreatedAt, &e.RelayedAt)
+		return e, r.Scan(&e.ID, &e.EventID, &e.Sequence, &e.CreatedAt, &e.Relayed)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("expected events: %w", err)
@@ -347,7 +352,7 @@ type StoredRow struct {
 	// JournalSequence is 0 for a row without a journal.
 	JournalSequence int64
 	CreatedAt       time.Time
-	RelayedAt       *time.Time
+	Relayed         bool
 }
 
 // RowFilter selects outbox rows. Zero fields do not filter.
@@ -371,7 +376,7 @@ type RowFilter struct {
 
 const storedColumns = `o.id, o.shard, o.event_id::text, o.kind, o.type, o.topic, o.aggregate_type, o.aggregate_id,
        o.revision, coalesce(o.journal_id::text, ''), o.headers, o.payload, o.occurred_at,
-       coalesce(j.sequence, 0), o.created_at, o.relayed_at`
+       coalesce(j.sequence, 0), o.created_at, ` + Relayed
 
 // rowFilterWhere is the filter of ReadRows and CountRows. The journal is
 // joined laterally (one index lookup per outbox row) so that the keyset
@@ -382,7 +387,7 @@ const rowFilterWhere = `o.id > $1 AND o.id <= $2
   AND ($3 = 0 OR j.sequence >= $3) AND ($4 = 0 OR j.sequence <= $4)
   AND ($5::timestamptz IS NULL OR o.occurred_at >= $5) AND ($6::timestamptz IS NULL OR o.occurred_at < $6)
   AND ($7 = '' OR (o.aggregate_type = 'account' AND o.aggregate_id = $7))
-  AND (NOT $8 OR o.kind = 'event') AND (NOT $9 OR o.relayed_at IS NOT NULL)
+  AND (NOT $8 OR o.kind = 'event') AND (NOT $9 OR ` + Relayed + `)
   AND ($10::text[] IS NULL OR o.event_id = ANY($10::text[]::uuid[]))`
 
 // CountRows counts the rows matching f.
@@ -441,7 +446,7 @@ ORDER BY o.id LIMIT $11`, args...)
 			headers []byte
 		)
 		if err := rows.Scan(&r.ID, &r.Shard, &e.EventID, &kind, &e.Type, &e.Topic, &e.AggregateType, &e.AggregateID,
-			&e.Revision, &e.JournalID, &headers, &e.Payload, &e.OccurredAt, &r.JournalSequence, &r.CreatedAt, &r.RelayedAt); err != nil {
+			&e.Revision, &e.JournalID, &headers, &e.Payload, &e.OccurredAt, &r.JournalSequence, &r.CreatedAt, &r.Relayed); err != nil {
 			return nil, fmt.Errorf("read outbox rows: %w", err)
 		}
 		e.Kind = core.Kind(kind)
@@ -459,12 +464,12 @@ ORDER BY o.id LIMIT $11`, args...)
 }
 
 // MarkResent writes the marker of rows ids that a resend got ACKed and that
-// are still unrelayed. It carries no fencing token (relay_token NULL): the
+// are still unrelayed (deletes their pending rows). It is not fenced: the
 // resend holds no lease. A relay sending the same rows concurrently only
 // repeats them, which the inbox absorbs.
 func (s *OpsStore) MarkResent(ctx context.Context, ids []int64) (int, error) {
-	tag, err := s.pool.Exec(ctx, `UPDATE outbox SET relayed_at = now(), relay_token = NULL
-WHERE id = ANY($1) AND relayed_at IS NULL`, ids)
+	tag, err := s.pool.Exec(ctx, `DELETE FROM outbox_pending p USING outbox o
+WHERE o.id = ANY($1) AND p.shard = o.shard AND p.id = o.id`, ids)
 	if err != nil {
 		return 0, fmt.Errorf("write resend markers: %w", err)
 	}
@@ -484,9 +489,9 @@ type UnrelayedPredecessor struct {
 func (s *OpsStore) FirstUnrelayedBefore(ctx context.Context, aggregateType, aggregateID string, beforeID int64) (*UnrelayedPredecessor, error) {
 	var p UnrelayedPredecessor
 	err := s.pool.QueryRow(ctx, `
-SELECT id, event_id::text, revision FROM outbox
-WHERE aggregate_type = $1 AND aggregate_id = $2 AND id < $3 AND relayed_at IS NULL
-ORDER BY id LIMIT 1`, aggregateType, aggregateID, beforeID).Scan(&p.ID, &p.EventID, &p.Revision)
+SELECT o.id, o.event_id::text, o.revision FROM outbox o
+WHERE o.aggregate_type = $1 AND o.aggregate_id = $2 AND o.id < $3 AND NOT `+Relayed+`
+ORDER BY o.id LIMIT 1`, aggregateType, aggregateID, beforeID).Scan(&p.ID, &p.EventID, &p.Revision)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}
@@ -520,14 +525,14 @@ type UncertainRow struct {
 func (s *OpsStore) Uncertain(ctx context.Context, limit int) ([]UncertainRow, int64, error) {
 	var total int64
 	if err := s.pool.QueryRow(ctx, `
-SELECT count(*) FROM outbox o JOIN relay_leases l ON l.shard = o.shard
-WHERE o.relayed_at IS NULL AND l.owner IS NOT NULL AND l.expires_at < now() AND o.created_at < l.expires_at`).Scan(&total); err != nil {
+SELECT count(*) FROM outbox_pending p JOIN outbox o ON o.id = p.id JOIN relay_leases l ON l.shard = p.shard
+WHERE l.owner IS NOT NULL AND l.expires_at < now() AND o.created_at < l.expires_at`).Scan(&total); err != nil {
 		return nil, 0, fmt.Errorf("uncertain rows: %w", err)
 	}
 	rows, err := s.pool.Query(ctx, `
 SELECT o.id, o.event_id::text, o.shard, o.aggregate_id, o.revision, l.owner, l.expires_at, o.created_at
-FROM outbox o JOIN relay_leases l ON l.shard = o.shard
-WHERE o.relayed_at IS NULL AND l.owner IS NOT NULL AND l.expires_at < now() AND o.created_at < l.expires_at
+FROM outbox_pending p JOIN outbox o ON o.id = p.id JOIN relay_leases l ON l.shard = p.shard
+WHERE l.owner IS NOT NULL AND l.expires_at < now() AND o.created_at < l.expires_at
 ORDER BY o.id LIMIT $1`, limit)
 	if err != nil {
 		return nil, 0, fmt.Errorf("uncertain rows: %w", err)
@@ -614,7 +619,7 @@ func (s *OpsStore) ArchiveThrough(ctx context.Context) (int64, error) {
 // FirstUnrelayedID is the smallest id of an unrelayed row (0: none).
 func (s *OpsStore) FirstUnrelayedID(ctx context.Context) (int64, error) {
 	var id pgtype.Int8
-	err := s.pool.QueryRow(ctx, `SELECT min(id) FROM outbox WHERE relayed_at IS NULL`).Scan(&id)
+	err := s.pool.QueryRow(ctx, `SELECT min(id) FROM outbox_pending`).Scan(&id)
 	if err != nil {
 		return 0, fmt.Errorf("first unrelayed row: %w", err)
 	}
@@ -680,7 +685,7 @@ SELECT now() - $2::interval,
        max(o.id) FILTER (WHERE o.created_at < now() - $2::interval),
        count(*) FILTER (WHERE o.created_at >= now() - $2::interval)
 FROM outbox o LEFT JOIN journals j ON j.id = o.journal_id
-WHERE o.id <= $1 AND o.relayed_at IS NOT NULL AND (o.journal_id IS NULL OR j.sequence <= $3)`,
+WHERE o.id <= $1 AND `+Relayed+` AND (o.journal_id IS NULL OR j.sequence <= $3)`,
 		through, window, p.JournalFloor).Scan(&p.Cutoff, &p.Rows, &first, &last, &p.InsideWindow)
 	if err != nil {
 		return p, fmt.Errorf("plan cleanup: %w", err)
@@ -699,7 +704,7 @@ func (s *OpsStore) DeleteBatch(ctx context.Context, plan CleanupPlan, after int6
 WITH d AS (
     DELETE FROM outbox WHERE id IN (
         SELECT o.id FROM outbox o LEFT JOIN journals j ON j.id = o.journal_id
-        WHERE o.id > $1 AND o.id <= $2 AND o.relayed_at IS NOT NULL AND o.created_at < $3
+        WHERE o.id > $1 AND o.id <= $2 AND `+Relayed+` AND o.created_at < $3
           AND (o.journal_id IS NULL OR j.sequence <= $4)
         ORDER BY o.id LIMIT $5)
     RETURNING id)

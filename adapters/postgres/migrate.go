@@ -2,7 +2,6 @@ package postgres
 
 import (
 	"context"
-	"database/sql"
 	"embed"
 	"fmt"
 	"io/fs"
@@ -31,6 +30,15 @@ const (
 // Each schema keeps its own version table, so the ledger and the consumers
 // may share one database.
 func Migrate(ctx context.Context, dsn string, schema Schema) error {
+	return migrate(ctx, dsn, schema, func(p *goose.Provider) error {
+		_, err := p.Up(ctx)
+		return err
+	})
+}
+
+// migrate opens dsn and runs step on a provider of schema's embedded
+// migrations (under the advisory lock).
+func migrate(ctx context.Context, dsn string, schema Schema, step func(*goose.Provider) error) error {
 	sub, err := fs.Sub(migrations, "migrations/"+string(schema))
 	if err != nil {
 		return fmt.Errorf("migrations for %s: %w", schema, err)
@@ -41,10 +49,6 @@ func Migrate(ctx context.Context, dsn string, schema Schema) error {
 	}
 	db := stdlib.OpenDB(*cfg.ConnConfig)
 	defer db.Close()
-	return migrateDB(ctx, db, schema, sub)
-}
-
-func migrateDB(ctx context.Context, db *sql.DB, schema Schema, fsys fs.FS) error {
 	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(lockID(schema)))
 	if err != nil {
 		return err
@@ -53,7 +57,7 @@ func migrateDB(ctx context.Context, db *sql.DB, schema Schema, fsys fs.FS) error
 	if err != nil {
 		return err
 	}
-	p, err := goose.NewProvider("", db, fsys,
+	p, err := goose.NewProvider("", db, sub,
 		goose.WithStore(store),
 		goose.WithSessionLocker(locker),
 		goose.WithAllowOutofOrder(true),
@@ -61,7 +65,7 @@ func migrateDB(ctx context.Context, db *sql.DB, schema Schema, fsys fs.FS) error
 	if err != nil {
 		return fmt.Errorf("migrations for %s: %w", schema, err)
 	}
-	if _, err := p.Up(ctx); err != nil {
+	if err := step(p); err != nil {
 		return fmt.Errorf("migrate %s schema: %w", schema, err)
 	}
 	return nil

@@ -85,13 +85,11 @@ func TestRolesAPIWritesPostingsButCannotDeleteOrMark(t *testing.T) {
 	}
 
 	assertRefused(t, owner, api, []refusal{
-		{"mark an outbox row relayed", `UPDATE outbox SET relayed_at = now()`},
-		{"write a relay token", `UPDATE outbox SET relay_token = 1`},
+		{"mark an outbox row relayed", `DELETE FROM outbox_pending`},
+		{"disable the work queue's trigger", `ALTER TABLE outbox DISABLE TRIGGER outbox_enqueue`},
 		{"rewrite an outbox payload", `UPDATE outbox SET payload = '\x00'`},
 		{"delete outbox rows", `DELETE FROM outbox`},
 		{"truncate the outbox", `TRUNCATE outbox CASCADE`},
-		{"insert a pre-marked outbox row", `INSERT INTO outbox (event_id, kind, type, topic, aggregate_type, aggregate_id, revision, shard, payload, occurred_at, relayed_at)
-VALUES (gen_random_uuid(), 'event', 't', 't', 'account', 'x', 99, 0, '', now(), now())`},
 		{"delete a journal", `DELETE FROM journals WHERE false`}, // the privilege is checked before any row
 		{"delete journal lines", `DELETE FROM journal_lines`},
 		{"rewrite a journal line", `UPDATE journal_lines SET amount = 1`},
@@ -133,8 +131,7 @@ func TestRolesRelayReadsOutboxButNotJournalLinesOrBalances(t *testing.T) {
 	if err != nil || len(rows) != 3 {
 		t.Fatalf("read batch: %d rows, %v", len(rows), err)
 	}
-	ids := []int64{rows[0].ID, rows[1].ID}
-	if marked, _, err := s.MarkRelayed(ctx, ids, leases); err != nil || marked != 2 {
+	if marked, _, err := s.MarkRelayed(ctx, []postgres.RowRef{rows[0].RowRef, rows[1].RowRef}, leases); err != nil || marked != 2 {
 		t.Fatalf("mark: %d %v", marked, err)
 	}
 	if _, err := s.Park(ctx, postgres.ParkedAggregate{AggregateType: "account", AggregateID: "acc-x", EventID: rows[2].Envelope.EventID, Reason: "test"}); err != nil {
@@ -249,7 +246,7 @@ func TestRolesReconcilerReadsAndRecordsCoverageOnly(t *testing.T) {
 		{"change a balance", `UPDATE account_balances SET balance = 0`},
 		{"bump a revision", `UPDATE accounts SET revision = revision + 1`},
 		{"insert a journal", `INSERT INTO journals (id, sequence, posted_at) VALUES (gen_random_uuid(), 999, now())`},
-		{"mark outbox rows", `UPDATE outbox SET relayed_at = now()`},
+		{"mark outbox rows", `DELETE FROM outbox_pending`},
 		{"delete outbox rows", `DELETE FROM outbox`},
 		{"move the cleanup floor", `INSERT INTO ops_cleanup (deleted_through_id) VALUES (1)`},
 		{"take a relay lease", `UPDATE relay_leases SET owner = 'rec'`},
@@ -288,7 +285,7 @@ func TestRolesConsumerOwnsItsInboxAndCannotTouchTheLedger(t *testing.T) {
 		{"read the outbox", `SELECT * FROM outbox`},
 		{"change a balance", `UPDATE account_balances SET balance = 0`},
 		{"insert a journal", `INSERT INTO journals (id, sequence, posted_at) VALUES (gen_random_uuid(), 999, now())`},
-		{"mark outbox rows", `UPDATE outbox SET relayed_at = now()`},
+		{"mark outbox rows", `DELETE FROM outbox_pending`},
 	})
 	assertRefused(t, consumerOwner, cons, []refusal{
 		{"delete inbox rows", `DELETE FROM consumer_inbox`},
@@ -475,7 +472,7 @@ func TestRolesMaintainerDeletesOutboxRowsOnly(t *testing.T) {
 		{"read balances", `SELECT * FROM account_balances`},
 		{"read journal metadata", `SELECT metadata FROM journals`},
 		{"delete a journal", `DELETE FROM journals WHERE false`},
-		{"mark outbox rows", `UPDATE outbox SET relayed_at = now()`},
+		{"mark outbox rows", `DELETE FROM outbox_pending`},
 		{"insert an outbox row", `INSERT INTO outbox (event_id, kind, type, topic, aggregate_type, aggregate_id, revision, shard, payload, occurred_at)
 VALUES (gen_random_uuid(), 'event', 't', 't', 'account', 'x', 99, 0, '', now())`},
 		{"write coverage", `INSERT INTO ops_coverage (consumer, cut_sequence, covered_outbox_id) VALUES ('x', 1, 1)`},

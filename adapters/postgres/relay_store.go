@@ -36,10 +36,16 @@ func NewRelayStore(pool *pgxpool.Pool) *RelayStore { return &RelayStore{pool: po
 // Pool returns the store's pool (for LISTEN connections).
 func (s *RelayStore) Pool() *pgxpool.Pool { return s.pool }
 
+// RowRef names an outbox row and its shard: what a marker needs to find
+// the row's entry in the work queue outbox_pending.
+type RowRef struct {
+	ID    int64
+	Shard int
+}
+
 // OutboxRow is one unrelayed outbox row.
 type OutboxRow struct {
-	ID       int64
-	Shard    int
+	RowRef
 	Envelope core.Envelope
 }
 
@@ -62,32 +68,31 @@ const readColumns = `o.id, o.shard, o.event_id::text, o.kind, o.type, o.topic, o
        o.aggregate_id, o.revision, o.journal_id::text, o.headers, o.payload, o.occurred_at`
 
 // readByID is one round trip over every owned shard; each lateral subquery is
-// a range scan of the partial index outbox_unrelayed (shard, id), so its cost
-// follows the batch, not the backlog. There is deliberately no "after id"
-// cursor: a row whose transaction commits late has a smaller id than rows
-// already relayed, and a cursor would step over it for good.
+// a range scan of the work queue outbox_pending (shard, id) joined to the
+// outbox by primary key, so its cost follows the batch, not the backlog.
+// There is deliberately no "after id" cursor: a row whose transaction
+// commits late has a smaller id than rows already relayed, and a cursor
+// would step over it for good.
 //
-// The plan must stay that range scan whatever the statistics say, or a
-// read costs the whole backlog: with "shard = x ORDER BY id" the planner may
-// walk the primary key and filter out other shards' and relayed rows (a
-// cost that grows with the table), and with a poor row estimate it may read
-// the shard's whole backlog through a bitmap scan and sort it. So the shard
-// is matched with = ANY (ARRAY[x]), which keeps it out of the sort key's
-// constants, the order asked for is (shard, id), which only the partial
-// index delivers without a sort, and the read runs with enable_sort off
-// (and jit off), which prices every plan that needs a sort out except the
-// final merge by id. Parked aggregates, like the ids to skip ($3: rows of a published batch
-// whose marker is still being written), are excluded with NOT IN, a hashed
-// subplan built once per query.
+// The plan must stay that range scan whatever the statistics say, or a read
+// costs the whole backlog: with a poor row estimate the planner may read the
+// shard's whole queue through a bitmap scan and sort it. So the shard is
+// matched with = ANY (ARRAY[x]), which keeps it out of the sort key's
+// constants, the order asked for is (shard, id), which the queue's primary
+// key delivers without a sort, and the read runs with enable_sort off (and
+// jit off), which prices every plan that needs a sort out except the final
+// merge by id. Parked aggregates, like the ids to skip ($3: rows of a
+// published batch whose marker is still being written), are excluded with
+// NOT IN, a hashed subplan built once per query.
 const readByID = `
 SELECT ` + readColumns + `
 FROM unnest($1::int[]) AS s(shard)
 CROSS JOIN LATERAL (
-    SELECT * FROM outbox o
-    WHERE o.shard = ANY (ARRAY[s.shard]) AND o.relayed_at IS NULL
+    SELECT o.* FROM outbox_pending p JOIN outbox o ON o.id = p.id
+    WHERE p.shard = ANY (ARRAY[s.shard])
       AND (o.aggregate_type, o.aggregate_id) NOT IN (SELECT aggregate_type, aggregate_id FROM relay_parked)
-      AND o.id NOT IN (SELECT unnest($3::bigint[]))
-    ORDER BY o.shard, o.id
+      AND p.id NOT IN (SELECT unnest($3::bigint[]))
+    ORDER BY p.shard, p.id
     LIMIT $2) o
 ORDER BY o.id`
 
@@ -95,10 +100,10 @@ const readByXID = `
 SELECT ` + readColumns + `
 FROM unnest($1::int[]) AS s(shard)
 CROSS JOIN LATERAL (
-    SELECT * FROM outbox o
-    WHERE o.shard = s.shard AND o.relayed_at IS NULL
+    SELECT o.* FROM outbox_pending p JOIN outbox o ON o.id = p.id
+    WHERE p.shard = s.shard
       AND (o.aggregate_type, o.aggregate_id) NOT IN (SELECT aggregate_type, aggregate_id FROM relay_parked)
-      AND o.id NOT IN (SELECT unnest($3::bigint[]))
+      AND p.id NOT IN (SELECT unnest($3::bigint[]))
     ORDER BY o.xid, o.id
     LIMIT $2) o
 ORDER BY o.xid, o.id`
@@ -278,41 +283,39 @@ func (s *RelayStore) Leave(ctx context.Context, owner string) error {
 	return err
 }
 
-// MarkRelayed writes the marker of the rows ids, which the sink ACKed, but
-// only for rows whose shard lease still carries the token this relay holds
-// (fencing): a relay that lost its lease cannot mark rows the new owner is
-// responsible for. The lease rows are share-locked for the statement, so a
-// concurrent takeover either waits for the marker or the marker sees the new
-// token. It returns how many rows were marked and how many were refused.
-func (s *RelayStore) MarkRelayed(ctx context.Context, ids []int64, held []Lease) (marked, refused int, err error) {
-	if len(ids) == 0 {
+// MarkRelayed writes the marker of the rows refs, which the sink ACKed: it
+// deletes their pending rows, but only in shards whose lease still carries
+// the token this relay holds (fencing): a relay that lost its lease cannot
+// mark rows the new owner is responsible for. The lease rows are
+// share-locked for the statement, so a concurrent takeover either waits for
+// the marker or the marker sees the new token. It returns how many rows
+// were marked and how many were refused.
+func (s *RelayStore) MarkRelayed(ctx context.Context, refs []RowRef, held []Lease) (marked, refused int, err error) {
+	if len(refs) == 0 {
 		return 0, 0, nil
 	}
 	shards, tokens := leaseArrays(held)
-	// tokenOf[shard] is the token this relay holds for shard (1-based in SQL).
-	var tokenOf []int64
-	for _, l := range held {
-		for len(tokenOf) <= l.Shard {
-			tokenOf = append(tokenOf, 0)
-		}
-		tokenOf[l.Shard] = l.Token
+	ids := make([]int64, len(refs))
+	rowShards := make([]int32, len(refs))
+	for i, r := range refs {
+		ids[i], rowShards[i] = r.ID, int32(r.Shard)
 	}
-	// The held shards are checked with a hashed IN, and the rows are found
-	// through unnest + the primary key: one index probe per row.
+	// The held shards are checked with a hashed IN, and the pending rows are
+	// found through unnest + the queue's primary key: one probe per row.
 	tag, err := s.pool.Exec(ctx, `
 WITH held AS (
     SELECT l.shard FROM relay_leases l
     JOIN unnest($2::int[], $3::bigint[]) AS h(shard, token) ON l.shard = h.shard AND l.token = h.token
     FOR SHARE OF l
 )
-UPDATE outbox o SET relayed_at = now(), relay_token = ($4::bigint[])[o.shard + 1]
-FROM unnest($1::bigint[]) AS m(id)
-WHERE o.id = m.id AND o.relayed_at IS NULL AND o.shard IN (SELECT shard FROM held)`, ids, shards, tokens, tokenOf)
+DELETE FROM outbox_pending p
+USING unnest($1::bigint[], $4::int[]) AS m(id, shard)
+WHERE p.shard = m.shard AND p.id = m.id AND p.shard IN (SELECT shard FROM held)`, ids, shards, tokens, rowShards)
 	if err != nil {
 		return 0, 0, fmt.Errorf("write relay markers: %w", err)
 	}
 	marked = int(tag.RowsAffected())
-	return marked, len(ids) - marked, nil
+	return marked, len(refs) - marked, nil
 }
 
 func toInt32(xs []int) []int32 {
@@ -388,17 +391,17 @@ type OutboxStatus struct {
 	Parked             []ParkedAggregate `json:"parked"`
 }
 
-// Status reads the backlog per shard (an index-only count over the partial
-// index), the age of the oldest unrelayed row, the leases and the parked
-// aggregates.
+// Status reads the backlog per shard (the work queue joined to the outbox
+// for the rows' age), the age of the oldest unrelayed row, the leases and
+// the parked aggregates.
 func (s *RelayStore) Status(ctx context.Context) (OutboxStatus, error) {
 	var st OutboxStatus
 	rows, err := s.pool.Query(ctx, `
 SELECT l.shard, coalesce(l.owner, ''), CASE WHEN l.owner IS NULL THEN NULL ELSE l.expires_at END,
        coalesce(b.n, 0), extract(epoch FROM now() - b.oldest)::float8
 FROM relay_leases l
-LEFT JOIN (SELECT shard, count(*) AS n, min(created_at) AS oldest
-           FROM outbox WHERE relayed_at IS NULL GROUP BY shard) b ON b.shard = l.shard
+LEFT JOIN (SELECT p.shard, count(*) AS n, min(o.created_at) AS oldest
+           FROM outbox_pending p JOIN outbox o ON o.id = p.id GROUP BY p.shard) b ON b.shard = l.shard
 ORDER BY l.shard`)
 	if err != nil {
 		return st, fmt.Errorf("outbox status: %w", err)

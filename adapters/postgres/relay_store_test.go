@@ -3,6 +3,7 @@ package postgres_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -15,7 +16,7 @@ import (
 
 // insertRelayRow writes one outbox row for account after its row lock, as
 // the write path does, and returns its id.
-func insertRelayRow(t *testing.T, tx pgx.Tx, account string) int64 {
+func insertRelayRow(t *testing.T, tx pgx.Tx, account string) postgres.RowRef {
 	t.Helper()
 	ctx := context.Background()
 	var rev int64
@@ -32,12 +33,12 @@ VALUES (gen_random_uuid(), 'event', $1, $2, 'account', $3, $4, $5, '{}', now(), 
 		core.TypeAccountPosted, core.TopicEvents, account, rev, core.ShardOf(account)).Scan(&id); err != nil {
 		t.Fatal(err)
 	}
-	return id
+	return postgres.RowRef{ID: id, Shard: core.ShardOf(account)}
 }
 
-func commitRows(t *testing.T, s *postgres.RelayStore, accounts ...string) []int64 {
+func commitRows(t *testing.T, s *postgres.RelayStore, accounts ...string) []postgres.RowRef {
 	t.Helper()
-	var ids []int64
+	var ids []postgres.RowRef
 	err := pgx.BeginFunc(context.Background(), s.Pool(), func(tx pgx.Tx) error {
 		for _, a := range accounts {
 			ids = append(ids, insertRelayRow(t, tx, a))
@@ -72,7 +73,7 @@ func TestRelayStoreReadsUnrelayedInOrderAndSkipsParked(t *testing.T) {
 		t.Fatalf("read %d rows, want 4", len(rows))
 	}
 	for i, r := range rows {
-		if r.ID != ids[i] {
+		if r.ID != ids[i].ID {
 			t.Fatalf("row %d has id %d, want %d (id order)", i, r.ID, ids[i])
 		}
 		if r.Envelope.Headers["reference"] != "r-1" || r.Envelope.Kind != core.KindEvent || r.Shard != core.ShardOf(r.Envelope.AggregateID) {
@@ -83,8 +84,8 @@ func TestRelayStoreReadsUnrelayedInOrderAndSkipsParked(t *testing.T) {
 		t.Fatalf("acc-a's second row has revision %d", rows[2].Envelope.Revision)
 	}
 	// Per-shard limit, and the skip list.
-	rows, err = s.ReadBatchSkipping(ctx, []int{core.ShardOf("acc-a")}, 1, []int64{ids[0]}, postgres.OrderByID)
-	if err != nil || len(rows) != 1 || rows[0].ID != ids[2] {
+	rows, err = s.ReadBatchSkipping(ctx, []int{core.ShardOf("acc-a")}, 1, []int64{ids[0].ID}, postgres.OrderByID)
+	if err != nil || len(rows) != 1 || rows[0].ID != ids[2].ID {
 		t.Fatalf("skipping the first row of acc-a: %v %+v", err, rows)
 	}
 	if _, err := s.Park(ctx, postgres.ParkedAggregate{AggregateType: "account", AggregateID: "acc-a", EventID: rows[0].Envelope.EventID, Reason: "test"}); err != nil {
@@ -160,15 +161,6 @@ func TestRelayStoreLeasesAndFencing(t *testing.T) {
 	if err != nil || marked != len(ids) || refused != 0 {
 		t.Fatalf("current owner's marker: marked %d refused %d err %v", marked, refused, err)
 	}
-	var tok int64
-	if err := pool.QueryRow(ctx, `SELECT relay_token FROM outbox WHERE id = $1`, ids[0]).Scan(&tok); err != nil {
-		t.Fatal(err)
-	}
-	for _, l := range b {
-		if l.Shard == core.ShardOf("acc-1") && l.Token != tok {
-			t.Fatalf("relay_token %d, want B's token %d", tok, l.Token)
-		}
-	}
 	// Release frees the shards at once, without a takeover.
 	if err := s.ReleaseLeases(ctx, "relay-b", b); err != nil {
 		t.Fatal(err)
@@ -213,5 +205,73 @@ func TestRelayStoreOldestOpenTransaction(t *testing.T) {
 			t.Fatalf("open transaction with an xid not seen")
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// The work queue migration keeps the backlog: rows an older release had not
+// marked become pending, marked ones do not, and from then on every insert
+// into the outbox, whoever writes it, is enqueued by the trigger.
+func TestOutboxPendingMigrationKeepsTheBacklog(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn := pgtest.NewDatabase(t)
+	if err := postgres.MigrateToForTest(ctx, dsn, postgres.LedgerSchema, 4); err != nil {
+		t.Fatal(err)
+	}
+	pool, err := postgres.Connect(ctx, dsn, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	insert := func(account string, rev int, relayed bool) int64 {
+		t.Helper()
+		var id int64
+		err := pool.QueryRow(ctx, `
+INSERT INTO outbox (event_id, kind, type, topic, aggregate_type, aggregate_id, revision, shard, payload, occurred_at, relayed_at)
+VALUES (gen_random_uuid(), 'event', 't', 't', 'account', $1, $2, $3, '', now(), CASE WHEN $4 THEN now() END) RETURNING id`,
+			account, rev, core.ShardOf(account), relayed).Scan(&id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	insert("acc-a", 1, true)
+	a2 := insert("acc-a", 2, false)
+	insert("acc-b", 1, true)
+	b2 := insert("acc-b", 2, false)
+	if err := postgres.Migrate(ctx, dsn, postgres.LedgerSchema); err != nil {
+		t.Fatal(err)
+	}
+	pending := func() []int64 {
+		t.Helper()
+		rows, err := pool.Query(ctx, `SELECT id FROM outbox_pending ORDER BY id`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ids
+	}
+	if got := pending(); !slices.Equal(got, []int64{a2, b2}) {
+		t.Fatalf("pending after the migration: %v, want the unrelayed %v", got, []int64{a2, b2})
+	}
+	// A multi-row insert by a writer that knows nothing of the queue.
+	var n int
+	if err := pool.QueryRow(ctx, `
+WITH ins AS (
+    INSERT INTO outbox (event_id, kind, type, topic, aggregate_type, aggregate_id, revision, shard, payload, occurred_at)
+    SELECT gen_random_uuid(), 'event', 't', 't', 'account', 'acc-c', g, $1, '', now() FROM generate_series(1, 3) g
+    RETURNING id)
+SELECT count(*) FROM ins`, core.ShardOf("acc-c")).Scan(&n); err != nil || n != 3 {
+		t.Fatalf("insert: %d %v", n, err)
+	}
+	var unqueued int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox o WHERE o.id > $1 AND `+postgres.Relayed, b2).Scan(&unqueued); err != nil {
+		t.Fatal(err)
+	}
+	if got := pending(); len(got) != 5 || unqueued != 0 {
+		t.Fatalf("after inserting 3 rows: pending %v, %d new rows look relayed", got, unqueued)
 	}
 }

@@ -126,7 +126,7 @@ func WaitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
 func Unrelayed(t testing.TB, pool *pgxpool.Pool) int {
 	t.Helper()
 	var n int
-	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE relayed_at IS NULL`).Scan(&n); err != nil {
+	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox_pending`).Scan(&n); err != nil {
 		t.Fatalf("count unrelayed: %v", err)
 	}
 	return n

@@ -283,14 +283,16 @@ func waitNoneUnrelayed(b *testing.B, pool *pgxpool.Pool, d time.Duration) {
 	deadline := time.Now().Add(d)
 	for {
 		var n int
-		_ = pool.QueryRow(ctx, `SELECT count(*) FROM (SELECT 1 FROM outbox WHERE relayed_at IS NULL LIMIT 1) x`).Scan(&n)
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM (SELECT 1 FROM outbox_pending LIMIT 1) x`).Scan(&n); err != nil {
+			b.Fatal(err)
+		}
 		if n == 0 {
 			return
 		}
 		if time.Now().After(deadline) {
 			var left int
 			var slots string
-			_ = pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE relayed_at IS NULL`).Scan(&left)
+			_ = pool.QueryRow(ctx, `SELECT count(*) FROM outbox_pending`).Scan(&left)
 			_ = pool.QueryRow(ctx, `SELECT coalesce(string_agg(format('%s active=%s confirmed=%s current=%s', slot_name, active, confirmed_flush_lsn, pg_current_wal_lsn()), '; '), 'none') FROM pg_replication_slots`).Scan(&slots)
 			b.Fatalf("after %s, %d outbox rows are still unrelayed; slots: %s", d, left, slots)
 		}

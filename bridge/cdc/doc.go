@@ -10,9 +10,9 @@
 // rolled-back one). Per account, commit order is revision order, because
 // each outbox row is written under its account's row lock. The relay
 // publishes the rows of received transactions in that order, waits for the
-// sink's ACK, writes the marker (relayed_at, fenced by the slot lease), and
-// only then confirms the last transaction's end LSN to the server
-// (StandbyStatusUpdate). The slot's confirmed position therefore never
+// sink's ACK, writes the marker (deletes the rows' outbox_pending entries,
+// fenced by the slot lease), and only then confirms the last transaction's
+// end LSN to the server (StandbyStatusUpdate). The slot's confirmed position therefore never
 // passes a row that is not ACKed and marked (or parked): a crash anywhere
 // repeats rows with the same event IDs, it never skips one. A restart
 // resumes from the confirmed position. Hooks.AfterAck and Hooks.AfterMark
@@ -30,9 +30,9 @@
 // # The marker is kept
 //
 // Backlog metrics, reconciliation, cleanup and `posthorn outbox status`
-// read relayed_at, so the CDC relay writes the same marker as the polling
-// relay; the outbox stays the record of what was delivered, and the slot is
-// only a cheaper way to learn about new rows.
+// read the work queue outbox_pending, so the CDC relay writes the same
+// marker as the polling relay; the outbox stays the record of what was
+// delivered, and the slot is only a cheaper way to learn about new rows.
 //
 // # Start, first start and slot loss: catch up from the outbox
 //
@@ -44,7 +44,7 @@
 //     lost slot and create a new one. The slot is created FIRST: every
 //     transaction that committed before its consistent point is visible to
 //     any read after creation, and every later one is in its stream.
-//  2. Catch up: read the unrelayed outbox rows (relayed_at IS NULL, the
+//  2. Catch up: read the unrelayed outbox rows (those still in outbox_pending, the
 //     polling relay's read path, in id order, parked aggregates skipped) and
 //     deliver them until one read saw them all. Rows not yet marked are
 //     exactly what may be missing downstream, so the marker state is the

@@ -7,6 +7,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/core"
 )
 
@@ -49,7 +50,7 @@ func (s *System) RelayedNotOnBroker(ctx context.Context) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	rows, err := s.Ledger.Query(ctx, `SELECT event_id::text FROM outbox WHERE topic = $1 AND relayed_at IS NOT NULL`, core.TopicEvents)
+	rows, err := s.Ledger.Query(ctx, `SELECT o.event_id::text FROM outbox o WHERE o.topic = $1 AND `+postgres.Relayed, core.TopicEvents)
 	if err != nil {
 		return nil, err
 	}

@@ -7,12 +7,15 @@
 --
 -- Rules (tested in privileges_test.go by running each component under its
 -- role, and by what each role is refused):
---   posthorn_api         writes the ledger and the outbox; deletes nothing,
---                        never writes the relay's marker (relayed_at,
---                        relay_token) and cannot read the relay's tables.
---   posthorn_relay       reads the outbox, writes only its marker columns,
---                        its leases, members and parked aggregates; cannot
---                        read journal lines, balances or journal metadata.
+--   posthorn_api         writes the ledger and the outbox (whose trigger
+--                        enqueues each row in outbox_pending); deletes
+--                        nothing, so never writes the relay's marker (the
+--                        deletion of a pending row), and cannot read the
+--                        relay's tables.
+--   posthorn_relay       reads the outbox, writes only its markers (deletes
+--                        pending rows), its leases, members and parked
+--                        aggregates; cannot read journal lines, balances or
+--                        journal metadata.
 --   posthorn_relay_cdc   posthorn_relay plus the slot lease (the LOGIN role
 --                        needs REPLICATION itself; see cluster.sql).
 --   posthorn_reconciler  reads the ledger and the outbox; writes only the
@@ -20,7 +23,7 @@
 --   posthorn_maintainer  archive and cleanup: the only role that may DELETE
 --                        outbox rows, behind the verified boundary.
 
-REVOKE ALL ON TABLE accounts, account_balances, journals, journal_lines, idempotency_keys, outbox,
+REVOKE ALL ON TABLE accounts, account_balances, journals, journal_lines, idempotency_keys, outbox, outbox_pending,
     relay_leases, relay_members, relay_parked, relay_cdc_leases,
     ops_coverage, ops_archive_segments, ops_cleanup, ops_replay_progress,
     posthorn_ledger_migrations
@@ -44,10 +47,12 @@ GRANT USAGE ON SEQUENCE journal_sequence, outbox_id_seq TO posthorn_api;
 GRANT SELECT ON outbox TO posthorn_api;
 GRANT INSERT (event_id, kind, type, topic, aggregate_type, aggregate_id, revision, shard,
               journal_id, headers, payload, occurred_at) ON outbox TO posthorn_api;
+-- The outbox's trigger runs as the inserting role: it enqueues the rows.
+GRANT INSERT ON outbox_pending TO posthorn_api;
 
 -- posthorn_relay: relay, outbox status/release/resend, replay.
 GRANT SELECT ON outbox TO posthorn_relay;
-GRANT UPDATE (relayed_at, relay_token) ON outbox TO posthorn_relay;
+GRANT SELECT, DELETE ON outbox_pending TO posthorn_relay;
 GRANT SELECT ON relay_leases TO posthorn_relay;
 GRANT UPDATE (owner, token, expires_at) ON relay_leases TO posthorn_relay;
 GRANT USAGE ON SEQUENCE relay_fencing_token TO posthorn_relay;
@@ -64,7 +69,7 @@ GRANT SELECT ON relay_cdc_leases TO posthorn_relay;
 
 -- posthorn_reconciler: read-only, plus the coverage it proves. The cut reads
 -- outbox_id_seq's last_value (SELECT on the sequence, not USAGE).
-GRANT SELECT ON accounts, account_balances, journals, journal_lines, outbox,
+GRANT SELECT ON accounts, account_balances, journals, journal_lines, outbox, outbox_pending,
     relay_leases, relay_parked, ops_coverage, ops_archive_segments, ops_cleanup TO posthorn_reconciler;
 GRANT SELECT ON SEQUENCE outbox_id_seq, journal_sequence TO posthorn_reconciler;
 GRANT INSERT, UPDATE ON ops_coverage TO posthorn_reconciler;
@@ -73,6 +78,7 @@ GRANT INSERT, UPDATE ON ops_coverage TO posthorn_reconciler;
 -- (deletes outbox rows behind the boundary, records the floor).
 GRANT SELECT (id, sequence, posted_at) ON journals TO posthorn_maintainer;
 GRANT SELECT, DELETE ON outbox TO posthorn_maintainer;
+GRANT SELECT ON outbox_pending TO posthorn_maintainer;
 GRANT SELECT ON SEQUENCE outbox_id_seq TO posthorn_maintainer;
 GRANT SELECT ON ops_coverage, relay_leases TO posthorn_maintainer;
 GRANT SELECT, INSERT, UPDATE ON ops_archive_segments, ops_cleanup TO posthorn_maintainer;
