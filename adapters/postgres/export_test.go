@@ -18,3 +18,9 @@ func MigrateToForTest(ctx context.Context, dsn string, schema Schema, version in
 		return err
 	})
 }
+
+// The relay's read and its settings, for the plan test.
+const (
+	ReadByIDForTest     = readByID
+	ReadSettingsForTest = readSettings
+)

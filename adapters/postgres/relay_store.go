@@ -68,8 +68,14 @@ const readColumns = `o.id, o.shard, o.event_id::text, o.kind, o.type, o.topic, o
        o.aggregate_id, o.revision, o.journal_id::text, o.headers, o.payload, o.occurred_at`
 
 // readByID is one round trip over every owned shard; each lateral subquery is
-// a range scan of the work queue outbox_pending (shard, id) joined to the
-// outbox by primary key, so its cost follows the batch, not the backlog.
+// a range scan of the work queue outbox_pending (shard, id), each row probed
+// in the outbox's primary key, so its cost follows the batch, not the
+// backlog. The probe is a lateral subquery behind OFFSET 0 so that the
+// planner cannot turn it into a join of its choosing: planned while the
+// outbox looked nearly empty (a busy start, before autovacuum analyzes it;
+// pgx prepares the statement and the server keeps a generic plan), a join
+// materialized a full outbox scan and compared every pending row with all
+// of it, which cost seconds per read within ten seconds of the start.
 // There is deliberately no "after id" cursor: a row whose transaction
 // commits late has a smaller id than rows already relayed, and a cursor
 // would step over it for good.
@@ -88,7 +94,8 @@ const readByID = `
 SELECT ` + readColumns + `
 FROM unnest($1::int[]) AS s(shard)
 CROSS JOIN LATERAL (
-    SELECT o.* FROM outbox_pending p JOIN outbox o ON o.id = p.id
+    SELECT o.* FROM outbox_pending p
+    CROSS JOIN LATERAL (SELECT * FROM outbox o WHERE o.id = p.id OFFSET 0) o
     WHERE p.shard = ANY (ARRAY[s.shard])
       AND (o.aggregate_type, o.aggregate_id) NOT IN (SELECT aggregate_type, aggregate_id FROM relay_parked)
       AND p.id NOT IN (SELECT unnest($3::bigint[]))
@@ -100,13 +107,17 @@ const readByXID = `
 SELECT ` + readColumns + `
 FROM unnest($1::int[]) AS s(shard)
 CROSS JOIN LATERAL (
-    SELECT o.* FROM outbox_pending p JOIN outbox o ON o.id = p.id
+    SELECT o.* FROM outbox_pending p
+    CROSS JOIN LATERAL (SELECT * FROM outbox o WHERE o.id = p.id OFFSET 0) o
     WHERE p.shard = s.shard
       AND (o.aggregate_type, o.aggregate_id) NOT IN (SELECT aggregate_type, aggregate_id FROM relay_parked)
       AND p.id NOT IN (SELECT unnest($3::bigint[]))
     ORDER BY o.xid, o.id
     LIMIT $2) o
 ORDER BY o.xid, o.id`
+
+// readSettings are set for the read's transaction only (see ReadBatchSkipping).
+const readSettings = `SELECT set_config('enable_sort', 'off', true), set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)`
 
 // ReadBatch returns up to perShard unrelayed rows of each shard in shards,
 // skipping parked aggregates, in order.
@@ -126,10 +137,13 @@ func (s *RelayStore) ReadBatchSkipping(ctx context.Context, shards []int, perSha
 	}
 	var out []OutboxRow
 	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
-		// jit off as well: the price put on sorts would otherwise push the
-		// plan's cost over jit_above_cost, and compiling takes longer than
-		// the read.
-		if _, err := tx.Exec(ctx, `SELECT set_config('enable_sort', 'off', true), set_config('jit', 'off', true)`); err != nil {
+		// enable_sort off: see readByID. enable_seqscan off: with statistics
+		// from a nearly empty table (a busy start; autovacuum may not analyze
+		// for a minute) the planner would otherwise probe the outbox with a
+		// scan of the whole table for each row. jit off as well: the price
+		// put on disabled plans would otherwise push the plan's cost over
+		// jit_above_cost, and compiling takes longer than the read.
+		if _, err := tx.Exec(ctx, readSettings); err != nil {
 			return err
 		}
 		rows, err := tx.Query(ctx, q, toInt32(shards), perShard, skip)
