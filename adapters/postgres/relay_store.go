@@ -405,9 +405,10 @@ type OutboxStatus struct {
 	Parked             []ParkedAggregate `json:"parked"`
 }
 
-// Status reads the backlog per shard (the work queue joined to the outbox
-// for the rows' age), the age of the oldest unrelayed row, the leases and
-// the parked aggregates.
+// Status reads the backlog per shard (the work queue, each row probed in the
+// outbox for its age: fenced like readByID, since a hash join would scan
+// the whole retained outbox on every refresh), the age of the oldest
+// unrelayed row, the leases and the parked aggregates.
 func (s *RelayStore) Status(ctx context.Context) (OutboxStatus, error) {
 	var st OutboxStatus
 	rows, err := s.pool.Query(ctx, `
@@ -415,7 +416,9 @@ SELECT l.shard, coalesce(l.owner, ''), CASE WHEN l.owner IS NULL THEN NULL ELSE 
        coalesce(b.n, 0), extract(epoch FROM now() - b.oldest)::float8
 FROM relay_leases l
 LEFT JOIN (SELECT p.shard, count(*) AS n, min(o.created_at) AS oldest
-           FROM outbox_pending p JOIN outbox o ON o.id = p.id GROUP BY p.shard) b ON b.shard = l.shard
+           FROM outbox_pending p
+           CROSS JOIN LATERAL (SELECT created_at FROM outbox o WHERE o.id = p.id OFFSET 0) o
+           GROUP BY p.shard) b ON b.shard = l.shard
 ORDER BY l.shard`)
 	if err != nil {
 		return st, fmt.Errorf("outbox status: %w", err)
