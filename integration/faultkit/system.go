@@ -1,12 +1,14 @@
 package faultkit
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -16,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/consumers/subscribers"
 	"github.com/posthorn/posthorn/core"
 )
 
@@ -227,6 +230,19 @@ func (s *System) Crashes() int {
 	n := 0
 	for _, p := range s.Procs() {
 		n += p.Crashes()
+	}
+	return n
+}
+
+// Rejoins counts, over every run of the consumer processes, the times one
+// re-joined its Kafka group because a partition stalled.
+func (s *System) Rejoins() int {
+	n := 0
+	for _, p := range s.Consumers {
+		data, err := os.ReadFile(p.LogPath())
+		if err == nil {
+			n += bytes.Count(data, []byte(subscribers.RejoinLogMessage))
+		}
 	}
 	return n
 }
