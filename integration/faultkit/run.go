@@ -86,9 +86,9 @@ type Figures struct {
 	Takeovers  []time.Duration
 	Terminated int
 	Crashes    int
-	// Rejoins counts the consumers' re-joins of a stalled Kafka group
-	// (subscribers.RejoinLogMessage lines in their logs).
-	Rejoins    int
+	// Rejoins are the consumers' re-joins of a stalled Kafka group, as
+	// they logged them (System.Rejoins).
+	Rejoins    []string
 	RolledBack []string
 	// Duplicates per consumer: deliveries the inbox absorbed.
 	Duplicates map[string]int64
@@ -633,7 +633,10 @@ func (f Figures) String() string {
 		fmt.Fprintf(&b, "  frozen relay's leases gone after: %s\n", strings.Join(parts, ", "))
 	}
 	fmt.Fprintf(&b, "  backend sessions terminated: %d; processes that exited on their own (restarted): %d\n", f.Terminated, f.Crashes)
-	fmt.Fprintf(&b, "  consumer group re-joins after a stalled partition (the consumers' watchdog): %d\n", f.Rejoins)
+	fmt.Fprintf(&b, "  consumer group re-joins after a stalled partition (the consumers' watchdog): %d\n", len(f.Rejoins))
+	for _, r := range f.Rejoins {
+		fmt.Fprintf(&b, "    %s\n", r)
+	}
 	fmt.Fprintf(&b, "  rolled-back events checked absent: %d\n", len(f.RolledBack))
 	names := make([]string, 0, len(f.Duplicates))
 	for n := range f.Duplicates {

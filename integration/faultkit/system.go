@@ -3,6 +3,7 @@ package faultkit
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -10,6 +11,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"syscall"
 	"time"
@@ -234,17 +236,31 @@ func (s *System) Crashes() int {
 	return n
 }
 
-// Rejoins counts, over every run of the consumer processes, the times one
-// re-joined its Kafka group because a partition stalled.
-func (s *System) Rejoins() int {
-	n := 0
+// Rejoins returns, over every run of the consumer processes, each time
+// one re-joined its Kafka group because a partition stalled: when, which
+// process and group, and the partitions it logged.
+func (s *System) Rejoins() []string {
+	var out []string
 	for _, p := range s.Consumers {
 		data, err := os.ReadFile(p.LogPath())
-		if err == nil {
-			n += bytes.Count(data, []byte(subscribers.RejoinLogMessage))
+		if err != nil {
+			continue
+		}
+		for _, line := range bytes.Split(data, []byte("\n")) {
+			var l struct {
+				Time  time.Time `json:"time"`
+				Msg   string    `json:"msg"`
+				Group string    `json:"consumer_group"`
+				Error string    `json:"error"`
+			}
+			if json.Unmarshal(line, &l) != nil || l.Msg != subscribers.RejoinLogMessage {
+				continue
+			}
+			out = append(out, fmt.Sprintf("%s %s %s: %s", l.Time.UTC().Format("15:04:05"), p.Name, l.Group, l.Error))
 		}
 	}
-	return n
+	sort.Strings(out)
+	return out
 }
 
 // KillAndRestart SIGKILLs p, waits pause, and starts it again.
