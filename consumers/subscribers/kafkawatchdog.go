@@ -16,9 +16,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// DefaultStallAfter is how long a partition of a consumer's group may stay
-// behind its high-water mark with an unchanged committed offset before the
-// Kafka subscriber re-joins the group (see groupSubscriber). It is well
+// DefaultStallAfter is how long a partition of a consumer's Stable group
+// may stay behind its high-water mark with an unchanged committed offset
+// before the Kafka subscriber re-joins the group (see groupSubscriber). It is well
 // above what a member's death costs the group (the 10 s session timeout,
 // then a rebalance of at most Rebalance.Timeout), so an ordinary failover
 // never triggers it.
@@ -43,15 +43,16 @@ const RejoinLogMessage = "Kafka consumer group stalled; re-joining the group"
 // member joined or left. A member whose partition consumer or handler is
 // stuck looks the same from outside.
 //
-// So for every subscribed topic the subscriber polls the group's committed
-// offsets and the partitions' high-water marks (every stallAfter/5, from
-// one rebalance timeout after it joined). When a partition is behind and
-// its committed offset has not moved for stallAfter, whoever holds it,
-// this instance re-joins: it subscribes anew (a fresh member, whose
-// JoinGroup starts a rebalance in which members that do not re-join in
-// time are dropped) and closes the old subscriber (its member leaves the
-// group). Messages the old subscriber delivered and that were not yet
-// acknowledged are delivered again; the inbox absorbs the repeats.
+// So for every subscribed topic the subscriber polls the group's state,
+// its committed offsets and the partitions' high-water marks (every
+// stallAfter/5, from one rebalance timeout after it joined). When the group
+// has been Stable and a partition behind with the same committed offset
+// for stallAfter, whoever holds it, this instance re-joins: it subscribes
+// anew (a fresh member, whose JoinGroup starts a rebalance in which members
+// that do not re-join in time are dropped) and closes the old subscriber
+// (its member leaves the group). Messages the old subscriber delivered and
+// that were not yet acknowledged are delivered again; the inbox absorbs
+// the repeats.
 type groupSubscriber struct {
 	brokers    []string
 	group      string
@@ -220,10 +221,15 @@ func (s *groupSubscriber) watch(ctx context.Context, topic string, stalled chan<
 		if time.Now().Before(settled) {
 			continue
 		}
-		committed, hwm, err := s.offsets(topic)
-		if err != nil {
+		state, committed, hwm, err := s.offsets(topic)
+		if err != nil || state != "Stable" {
 			// The broker may be restarting, and nothing is committed while
-			// it is away: start counting again once it answers.
+			// it is away; a rebalancing group commits nothing either, and
+			// one more join would only restart its rebalance (kfake resets
+			// the rebalance timer on every JoinGroup, so under a stream of
+			// member restarts a group can rebalance for minutes). Count
+			// again once the group is Stable: a stall is a partition left
+			// unread by a group that has settled.
 			clear(seen)
 			continue
 		}
@@ -261,18 +267,19 @@ func (s *groupSubscriber) watch(ctx context.Context, topic string, stalled chan<
 	}
 }
 
-// offsets returns the group's committed offset (-1: none) and the
-// high-water mark of every partition of topic. A client of its own per
-// call, so a broker restart costs no state.
-func (s *groupSubscriber) offsets(topic string) (committed, hwm map[int32]int64, err error) {
+// offsets returns the group's state (Stable, PreparingRebalance, …), its
+// committed offset (-1: none) and the high-water mark of every partition
+// of topic. A client of its own per call, so a broker restart costs no
+// state.
+func (s *groupSubscriber) offsets(topic string) (state string, committed, hwm map[int32]int64, err error) {
 	client, err := sarama.NewClient(s.brokers, s.config)
 	if err != nil {
-		return nil, nil, err
+		return "", nil, nil, err
 	}
 	defer client.Close()
 	hwm, err = highWaterMarks(client, topic)
 	if err != nil {
-		return nil, nil, err
+		return "", nil, nil, err
 	}
 	parts := make([]int32, 0, len(hwm))
 	for p := range hwm {
@@ -280,27 +287,34 @@ func (s *groupSubscriber) offsets(topic string) (committed, hwm map[int32]int64,
 	}
 	coordinator, err := client.Coordinator(s.group)
 	if err != nil {
-		return nil, nil, err
+		return "", nil, nil, err
+	}
+	desc, err := coordinator.DescribeGroups(&sarama.DescribeGroupsRequest{Groups: []string{s.group}})
+	if err != nil {
+		return "", nil, nil, err
+	}
+	if len(desc.Groups) != 1 || desc.Groups[0].Err != sarama.ErrNoError {
+		return "", nil, nil, fmt.Errorf("describe group %s: %+v", s.group, desc.Groups)
 	}
 	resp, err := coordinator.FetchOffset(sarama.NewOffsetFetchRequest(s.config.Version, s.group, map[string][]int32{topic: parts}))
 	if err != nil {
-		return nil, nil, err
+		return "", nil, nil, err
 	}
 	if resp.Err != sarama.ErrNoError {
-		return nil, nil, resp.Err
+		return "", nil, nil, resp.Err
 	}
 	committed = make(map[int32]int64, len(parts))
 	for _, p := range parts {
 		b := resp.GetBlock(topic, p)
 		if b == nil {
-			return nil, nil, fmt.Errorf("offset fetch of group %s: no answer for %s/%d", s.group, topic, p)
+			return "", nil, nil, fmt.Errorf("offset fetch of group %s: no answer for %s/%d", s.group, topic, p)
 		}
 		if b.Err != sarama.ErrNoError {
-			return nil, nil, b.Err
+			return "", nil, nil, b.Err
 		}
 		committed[p] = b.Offset
 	}
-	return committed, hwm, nil
+	return desc.Groups[0].State, committed, hwm, nil
 }
 
 // PartitionOffset returns the high-water mark of every partition of topic.
