@@ -99,7 +99,7 @@ func envInt(name string, def int) int {
 // applied exactly once per consumer, in revision order per account, no
 // rolled-back event anywhere, balances equal.
 func TestFaultSuite(t *testing.T) {
-	skipUnlessFaults(t)
+	skipInShortMode(t)
 	soak := os.Getenv("POSTHORN_SOAK") == "1"
 	rc := faultkit.RunConfig{
 		Postings: 20000, Rate: 250, Workers: 16,
@@ -168,17 +168,17 @@ func TestFaultSuite(t *testing.T) {
 	}
 }
 
-// skipUnlessFaults keeps the fault suite out of `make test` (it runs with
-// make test-faults or make soak): in one of four clean-clone CI runs a
-// Kafka consumer group member stopped receiving for minutes and the suite
-// hung, the liveness issue the README describes, which is not fixed yet.
-func skipUnlessFaults(t *testing.T) {
+// skipInShortMode keeps the fault suite out of -short runs (make
+// test-short): it runs real processes for minutes. make test runs it with
+// its controls; make soak runs the long version. It was out of make test
+// while a Kafka consumer-group member could stall for good (a ghost member
+// in kfake's group); the consumers now re-join a stalled group, and a
+// consumer that applies nothing for 2 minutes fails the run instead of
+// hanging it.
+func skipInShortMode(t *testing.T) {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("fault suite: real processes for minutes")
-	}
-	if os.Getenv("POSTHORN_FAULTS") != "1" && os.Getenv("POSTHORN_SOAK") != "1" {
-		t.Skip("fault suite: set POSTHORN_FAULTS=1 (make test-faults)")
 	}
 }
 
@@ -187,7 +187,7 @@ func skipUnlessFaults(t *testing.T) {
 // are killed, so redeliveries become second effects and the balance check
 // must fail.
 func TestFaultControlWithoutInbox(t *testing.T) {
-	skipUnlessFaults(t)
+	skipInShortMode(t)
 	s := startFaultSystem(t, faultkit.SystemConfig{UnsafeNoInbox: true})
 	fig, err := faultkit.Run(context.Background(), s, faultkit.RunConfig{
 		Postings: 4000, Rate: 200, KillRelays: 3, KillConsumers: 6,
@@ -211,7 +211,7 @@ func TestFaultControlWithoutInbox(t *testing.T) {
 // down, so marked records are never delivered and the applied-once check
 // must fail.
 func TestFaultControlMarkBeforeAck(t *testing.T) {
-	skipUnlessFaults(t)
+	skipInShortMode(t)
 	s := startFaultSystem(t, faultkit.SystemConfig{UnsafeMarkBeforeAck: true})
 	fig, err := faultkit.Run(context.Background(), s, faultkit.RunConfig{
 		Postings: 4000, Rate: 200, KillRelays: 6, BrokerOutages: 1,

@@ -38,12 +38,12 @@ func lagGauge(reg prometheus.Registerer) *prometheus.GaugeVec {
 }
 
 // lagSubscriber measures a Kafka consumer's offset lag: watermill-kafka
-// puts each record's partition and offset in the message context, and its
-// Subscriber.PartitionOffset reads the partitions' high-water marks. The
+// puts each record's partition and offset in the message context, and
+// groupSubscriber.PartitionOffset reads the partitions' high-water marks. The
 // lag of a partition is reported once this instance has received a record
 // from it (in a group, other partitions belong to other instances).
 type lagSubscriber struct {
-	kafka    *kafka.Subscriber
+	kafka    *groupSubscriber
 	inner    message.Subscriber // kafka, decorated to record offsets
 	consumer string
 	gauge    *prometheus.GaugeVec
@@ -57,7 +57,7 @@ type lagSubscriber struct {
 	wg       sync.WaitGroup
 }
 
-func newLagSubscriber(k *kafka.Subscriber, consumer string, reg prometheus.Registerer, interval time.Duration) (*lagSubscriber, error) {
+func newLagSubscriber(k *groupSubscriber, consumer string, reg prometheus.Registerer, interval time.Duration) (*lagSubscriber, error) {
 	if interval <= 0 {
 		interval = DefaultLagInterval
 	}

@@ -34,6 +34,9 @@ type Options struct {
 	Registerer prometheus.Registerer
 	// LagInterval is how often the lag is measured (DefaultLagInterval).
 	LagInterval time.Duration
+	// StallAfter is how long a Kafka partition may stay behind with no
+	// commit before the consumer re-joins its group (DefaultStallAfter).
+	StallAfter time.Duration
 	// Memory is the in-process subscriber of sink.kind memory (the memory
 	// sink's Subscriber). The memory broker lives in one process, so it is
 	// only usable when the relay runs in the same process (posthorn demo,
@@ -95,24 +98,34 @@ func KafkaSaramaConfig() *sarama.Config {
 	return c
 }
 
-// KafkaSubscriber returns a watermill-kafka subscriber for one consumer:
-// consumer group = the consumer's name, oldest offset first, and the
-// DefaultMarshaler the relay's Kafka sink writes with (message UUID = event
-// ID, metadata = the wire headers).
+// KafkaSubscriber returns the Kafka subscriber of one consumer: a
+// watermill-kafka subscriber in consumer group = the consumer's name,
+// oldest offset first, reading the DefaultMarshaler the relay's Kafka sink
+// writes with (message UUID = event ID, metadata = the wire headers), that
+// re-joins its group when a partition stops being delivered (groupSubscriber,
+// after DefaultStallAfter).
 // sec, when given, sets the connections' TLS and SASL (KafkaSecurity).
-func KafkaSubscriber(brokers []string, consumer string, logger watermill.LoggerAdapter, sec ...phkafka.Security) (*kafka.Subscriber, error) {
+func KafkaSubscriber(brokers []string, consumer string, logger watermill.LoggerAdapter, sec ...phkafka.Security) (message.Subscriber, error) {
+	return kafkaGroupSubscriber(brokers, consumer, logger, DefaultStallAfter, nil, sec...)
+}
+
+func kafkaGroupSubscriber(brokers []string, consumer string, logger watermill.LoggerAdapter, stallAfter time.Duration, rejoins prometheus.Counter, sec ...phkafka.Security) (*groupSubscriber, error) {
+	if len(brokers) == 0 {
+		return nil, errors.New("kafka subscriber of " + consumer + ": no brokers")
+	}
 	sc := KafkaSaramaConfig()
 	for _, s := range sec {
 		if err := s.Apply(sc); err != nil {
 			return nil, err
 		}
 	}
-	return kafka.NewSubscriber(kafka.SubscriberConfig{
-		Brokers:               brokers,
-		Unmarshaler:           kafka.DefaultMarshaler{},
-		OverwriteSaramaConfig: sc,
-		ConsumerGroup:         consumer,
-	}, logger)
+	if err := sc.Validate(); err != nil {
+		return nil, err
+	}
+	if logger == nil {
+		logger = watermill.NopLogger{}
+	}
+	return newGroupSubscriber(brokers, consumer, sc, logger, stallAfter, rejoins), nil
 }
 
 // KafkaSecurity is the TLS and SASL of sink.kafka.{tls,sasl}, for the
@@ -136,7 +149,11 @@ func kafkaSubscribers(sink configs.Sink, opts Options) (consumers.SubscriberFact
 		return nil, err
 	}
 	return func(consumer string) (message.Subscriber, error) {
-		sub, err := KafkaSubscriber(brokers, consumer, opts.Logger, sec)
+		var rejoins prometheus.Counter
+		if opts.Registerer != nil {
+			rejoins = rejoinCounter(opts.Registerer).WithLabelValues(consumer)
+		}
+		sub, err := kafkaGroupSubscriber(brokers, consumer, opts.Logger, opts.StallAfter, rejoins, sec)
 		if err != nil || opts.Registerer == nil {
 			return sub, err
 		}

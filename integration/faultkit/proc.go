@@ -192,7 +192,7 @@ func (p *Proc) Signal(sig syscall.Signal) error {
 		return errors.New(p.Name + ": not started")
 	}
 	switch sig {
-	case syscall.SIGKILL, syscall.SIGTERM, syscall.SIGINT:
+	case syscall.SIGKILL, syscall.SIGTERM, syscall.SIGINT, syscall.SIGQUIT:
 		p.expected = true
 	case syscall.SIGSTOP:
 		p.stopped = true
@@ -205,6 +205,14 @@ func (p *Proc) Signal(sig syscall.Signal) error {
 // Kill sends SIGKILL and waits for the process to exit.
 func (p *Proc) Kill() {
 	if err := p.Signal(syscall.SIGKILL); err == nil {
+		<-p.doneChan()
+	}
+}
+
+// Quit sends SIGQUIT, on which a Go program writes every goroutine's
+// stack to its stderr (the log file) and exits, and waits for the exit.
+func (p *Proc) Quit() {
+	if err := p.Signal(syscall.SIGQUIT); err == nil {
 		<-p.doneChan()
 	}
 }

@@ -86,11 +86,10 @@ type Figures struct {
 	Takeovers  []time.Duration
 	Terminated int
 	Crashes    int
-	// StallRestarts counts consumer restarts by the settle watchdog: the
-	// consumers made no progress for stallAfter while events were
-	// missing (a liveness failure the run reports; see settle).
-	StallRestarts int
-	RolledBack    []string
+	// Rejoins are the consumers' re-joins of a stalled Kafka group, as
+	// they logged them (System.Rejoins).
+	Rejoins    []string
+	RolledBack []string
 	// Duplicates per consumer: deliveries the inbox absorbed.
 	Duplicates map[string]int64
 	LoadTime   time.Duration
@@ -125,6 +124,10 @@ type runState struct {
 	fig      Figures
 	waiters  []waiter
 	progress atomic.Pointer[demo.Progress]
+	// stall is set when the watchdog found a consumer stalled; cancel
+	// then ends the run.
+	stall  atomic.Pointer[error]
+	cancel context.CancelFunc
 }
 
 func (r *runState) count(kind string) {
@@ -145,9 +148,12 @@ func (r *runState) before() demo.Progress {
 // back to normal after a fault (a few hundred ms of load).
 const backlogSlack = 500
 
-// stallAfter is how long settle waits without any consumer progress before
-// its watchdog restarts the consumers.
-const stallAfter = 45 * time.Second
+// stallAfter is how long a consumer may apply nothing while committed
+// events are missing before the run's watchdog declares it stalled: far
+// more than any fault of the suite interrupts delivery for (a broker
+// outage and the group's rejoin take seconds), so a stall is a consumer
+// that does not recover by itself, which fails the run.
+const stallAfter = 2 * time.Minute
 
 // recoverAfter registers the fault that just ended with two figures:
 // consumers caught up (both have applied as many events as the ledger had
@@ -178,13 +184,27 @@ func (r *runState) recoverAfter(kind string, before demo.Progress) {
 // relayKey is the Recovery key of the relay-backlog figure of a fault kind.
 func relayKey(kind string) string { return kind + " (relay backlog)" }
 
-// monitor polls delivery progress and settles the recovery waiters.
+// monitor polls delivery progress, settles the recovery waiters and, when
+// every event must be applied (SettleDelivered), watches for a stalled
+// consumer.
 func (r *runState) monitor(ctx context.Context) {
 	t := time.NewTicker(250 * time.Millisecond)
 	defer t.Stop()
+	applied := map[string]int64{}
+	movedAt := map[string]time.Time{}
 	for {
 		p, err := demo.ReadProgress(ctx, r.s.Ledger, r.s.Consumer, Consumers)
 		if err == nil {
+			if r.cfg.Settle == SettleDelivered {
+				for c, a := range p.Applied {
+					if a != applied[c] || a >= p.Events || movedAt[c].IsZero() {
+						applied[c], movedAt[c] = a, time.Now()
+					} else if time.Since(movedAt[c]) > stallAfter {
+						r.stalled(ctx, c, p)
+						return
+					}
+				}
+			}
 			r.progress.Store(&p)
 			r.mu.Lock()
 			kept := r.waiters[:0]
@@ -204,6 +224,34 @@ func (r *runState) monitor(ctx context.Context) {
 		case <-t.C:
 		}
 	}
+}
+
+// stalled ends the run with the evidence of a stalled consumer: the
+// broker's view of the groups (GroupReport) and every consumer process's
+// goroutines (SIGQUIT; the dumps, summarised, go to the run's log).
+func (r *runState) stalled(ctx context.Context, consumer string, p demo.Progress) {
+	err := fmt.Errorf("LIVENESS: consumer %s applied nothing for %s while %d of %d committed events were missing",
+		consumer, stallAfter, p.Events-p.Applied[consumer], p.Events)
+	report, gerr := r.s.GroupReport(ctx, Consumers)
+	if gerr != nil {
+		report = "broker's view unavailable: " + gerr.Error()
+	}
+	r.cfg.Logf("%v; the broker's view:\n%s", err, report)
+	for _, c := range r.s.Consumers {
+		c.Quit()
+		r.cfg.Logf("goroutines of %s when it stalled:\n%s", c.Name, SummarizeDump(LastRun(c.LogPath())))
+	}
+	err = fmt.Errorf("%w; the broker's view:\n%s", err, report)
+	r.stall.Store(&err)
+	r.cancel()
+}
+
+// stallErr is the watchdog's verdict, nil unless a consumer stalled.
+func (r *runState) stallErr() error {
+	if p := r.stall.Load(); p != nil {
+		return *p
+	}
+	return nil
 }
 
 type plannedFault struct {
@@ -250,6 +298,7 @@ func Run(ctx context.Context, s *System, cfg RunConfig) (Figures, error) {
 
 	runCtx, cancelRun := context.WithCancel(ctx)
 	defer cancelRun()
+	r.cancel = cancelRun
 	s.Supervise(runCtx, cfg.Logf)
 	go r.monitor(runCtx)
 
@@ -454,6 +503,9 @@ func Run(ctx context.Context, s *System, cfg RunConfig) (Figures, error) {
 	r.fig.Postings, r.fig.LoadTime = loadRes.Postings, time.Since(start)
 	close(stopTrickle)
 	async.Wait()
+	if err := r.stallErr(); err != nil {
+		return r.fig, err
+	}
 	if err != nil {
 		return r.fig, fmt.Errorf("load: %w", err)
 	}
@@ -471,6 +523,9 @@ func Run(ctx context.Context, s *System, cfg RunConfig) (Figures, error) {
 
 	drainStart := time.Now()
 	if err := r.settle(runCtx); err != nil {
+		if serr := r.stallErr(); serr != nil {
+			return r.fig, serr
+		}
 		return r.fig, err
 	}
 	r.fig.DrainTime = time.Since(drainStart)
@@ -485,6 +540,7 @@ func Run(ctx context.Context, s *System, cfg RunConfig) (Figures, error) {
 	r.fig.Events = rep.Events
 	r.fig.Duplicates = rep.DuplicatesSuppressed
 	r.fig.Crashes = s.Crashes()
+	r.fig.Rejoins = s.Rejoins()
 	r.fig.Elapsed = time.Since(start)
 	return r.fig, nil
 }
@@ -494,8 +550,6 @@ func (r *runState) settle(ctx context.Context) error {
 	deadline := time.Now().Add(r.cfg.DrainTimeout)
 	var last string
 	var stableSince time.Time
-	var lastApplied int64 = -1
-	progressAt := time.Now()
 	for {
 		p, err := demo.ReadProgress(ctx, r.s.Ledger, r.s.Consumer, Consumers)
 		if err != nil {
@@ -505,27 +559,6 @@ func (r *runState) settle(ctx context.Context) error {
 		case SettleDelivered:
 			if p.Delivered() {
 				return nil
-			}
-			// Watchdog: a consumer instance can sit on claimed Kafka
-			// partitions without receiving messages (seen over kfake
-			// after a broker outage). An orchestrator's liveness probe
-			// would restart it; so does the run, and counts it, so the
-			// stall is reported rather than ending the run.
-			var applied int64
-			for _, a := range p.Applied {
-				applied += a
-			}
-			if applied != lastApplied {
-				lastApplied, progressAt = applied, time.Now()
-			} else if time.Since(progressAt) > stallAfter {
-				r.cfg.Logf("consumers made no progress for %s with %d events missing: restarting them (liveness failure, counted)", stallAfter, p.Lag())
-				for _, c := range r.s.Consumers {
-					if err := r.s.KillAndRestart(ctx, c, 0); err != nil {
-						return err
-					}
-				}
-				r.fig.StallRestarts++
-				progressAt = time.Now()
 			}
 		case SettleAllSeen, SettleQuiet:
 			// Without the inbox there are no applied rows to count: the
@@ -600,8 +633,9 @@ func (f Figures) String() string {
 		fmt.Fprintf(&b, "  frozen relay's leases gone after: %s\n", strings.Join(parts, ", "))
 	}
 	fmt.Fprintf(&b, "  backend sessions terminated: %d; processes that exited on their own (restarted): %d\n", f.Terminated, f.Crashes)
-	if f.StallRestarts > 0 {
-		fmt.Fprintf(&b, "  LIVENESS: consumers stalled (no progress for %s with events missing) and were restarted %d time(s) while settling\n", stallAfter, f.StallRestarts)
+	fmt.Fprintf(&b, "  consumer group re-joins after a stalled partition (the consumers' watchdog): %d\n", len(f.Rejoins))
+	for _, r := range f.Rejoins {
+		fmt.Fprintf(&b, "    %s\n", r)
 	}
 	fmt.Fprintf(&b, "  rolled-back events checked absent: %d\n", len(f.RolledBack))
 	names := make([]string, 0, len(f.Duplicates))

@@ -1,13 +1,17 @@
 package faultkit
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"syscall"
 	"time"
@@ -16,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/consumers/subscribers"
 	"github.com/posthorn/posthorn/core"
 )
 
@@ -229,6 +234,33 @@ func (s *System) Crashes() int {
 		n += p.Crashes()
 	}
 	return n
+}
+
+// Rejoins returns, over every run of the consumer processes, each time
+// one re-joined its Kafka group because a partition stalled: when, which
+// process and group, and the partitions it logged.
+func (s *System) Rejoins() []string {
+	var out []string
+	for _, p := range s.Consumers {
+		data, err := os.ReadFile(p.LogPath())
+		if err != nil {
+			continue
+		}
+		for _, line := range bytes.Split(data, []byte("\n")) {
+			var l struct {
+				Time  time.Time `json:"time"`
+				Msg   string    `json:"msg"`
+				Group string    `json:"consumer_group"`
+				Error string    `json:"error"`
+			}
+			if json.Unmarshal(line, &l) != nil || l.Msg != subscribers.RejoinLogMessage {
+				continue
+			}
+			out = append(out, fmt.Sprintf("%s %s %s: %s", l.Time.UTC().Format("15:04:05"), p.Name, l.Group, l.Error))
+		}
+	}
+	sort.Strings(out)
+	return out
 }
 
 // KillAndRestart SIGKILLs p, waits pause, and starts it again.

@@ -1,0 +1,383 @@
+package subscribers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// DefaultStallAfter is how long a partition of a consumer's Stable group
+// may stay behind its high-water mark with an unchanged committed offset
+// before the Kafka subscriber re-joins the group (see groupSubscriber). It is well
+// above what a member's death costs the group (the 10 s session timeout,
+// then a rebalance of at most Rebalance.Timeout), so an ordinary failover
+// never triggers it.
+const DefaultStallAfter = 30 * time.Second
+
+// RejoinLogMessage is the message of the error logged each time a consumer
+// re-joins its stalled group; the fault suite counts these lines.
+const RejoinLogMessage = "Kafka consumer group stalled; re-joining the group"
+
+// groupSubscriber is the Kafka subscriber of one consumer group with a
+// liveness watchdog: a group can look healthy to the broker and to every
+// live member while one of its partitions is never delivered, and no
+// client-side timeout ends that.
+//
+// Seen in the fault suite over kfake: a consumer SIGKILLed while its
+// JoinGroup waited for a rebalance stayed in the group as a member without
+// a session timer (kfake arms it when it hands a join or sync response to
+// the member's connection, and for a connection already closed that
+// hand-over is a coin toss between the closed connection and room in its
+// response buffer), the leader assigned it partitions, and the group
+// stayed Stable with those partitions unread for as long as no other
+// member joined or left. A member whose partition consumer or handler is
+// stuck looks the same from outside.
+//
+// So for every subscribed topic the subscriber polls the group's state,
+// its committed offsets and the partitions' high-water marks (every
+// stallAfter/5, from one rebalance timeout after it joined). When the group
+// has been Stable and a partition behind with the same committed offset
+// for stallAfter, whoever holds it, this instance re-joins: it subscribes
+// anew (a fresh member, whose JoinGroup starts a rebalance in which members
+// that do not re-join in time are dropped) and closes the old subscriber
+// (its member leaves the group). Messages the old subscriber delivered and
+// that were not yet acknowledged are delivered again; the inbox absorbs
+// the repeats.
+type groupSubscriber struct {
+	brokers    []string
+	group      string
+	config     *sarama.Config
+	logger     watermill.LoggerAdapter
+	stallAfter time.Duration
+	rejoins    prometheus.Counter // nil: not counted
+
+	closing   chan struct{}
+	closeOnce sync.Once
+	wg        sync.WaitGroup
+
+	mu   sync.Mutex
+	subs map[*kafka.Subscriber]struct{} // every Kafka subscriber not yet closed
+}
+
+func newGroupSubscriber(brokers []string, group string, config *sarama.Config, logger watermill.LoggerAdapter, stallAfter time.Duration, rejoins prometheus.Counter) *groupSubscriber {
+	if stallAfter <= 0 {
+		stallAfter = DefaultStallAfter
+	}
+	return &groupSubscriber{brokers: brokers, group: group, config: config, logger: logger, stallAfter: stallAfter,
+		rejoins: rejoins, closing: make(chan struct{}), subs: make(map[*kafka.Subscriber]struct{})}
+}
+
+// Subscribe joins the group on topic and watches it until ctx ends or the
+// subscriber is closed.
+func (s *groupSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	// Counted before Close can start waiting (it closes closing under mu).
+	s.mu.Lock()
+	if s.isClosing() {
+		s.mu.Unlock()
+		return nil, errClosed
+	}
+	s.wg.Add(2)
+	s.mu.Unlock()
+	inner, in, err := s.join(ctx, topic)
+	if err != nil {
+		s.wg.Add(-2)
+		return nil, err
+	}
+	out := make(chan *message.Message)
+	stalled := make(chan struct{}, 1)
+	go s.watch(ctx, topic, stalled)
+	go s.forward(ctx, topic, inner, in, out, stalled)
+	return out, nil
+}
+
+var errClosed = errors.New("kafka subscriber closed")
+
+func (s *groupSubscriber) isClosing() bool {
+	select {
+	case <-s.closing:
+		return true
+	default:
+		return false
+	}
+}
+
+// join subscribes a new Kafka subscriber, that is a new group member.
+func (s *groupSubscriber) join(ctx context.Context, topic string) (*kafka.Subscriber, <-chan *message.Message, error) {
+	k, err := kafka.NewSubscriber(kafka.SubscriberConfig{
+		Brokers:               s.brokers,
+		Unmarshaler:           kafka.DefaultMarshaler{},
+		OverwriteSaramaConfig: s.config,
+		ConsumerGroup:         s.group,
+	}, s.logger)
+	if err != nil {
+		return nil, nil, err
+	}
+	ch, err := k.Subscribe(ctx, topic)
+	if err != nil {
+		_ = k.Close()
+		return nil, nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.isClosing() {
+		_ = k.Close()
+		return nil, nil, errClosed
+	}
+	s.subs[k] = struct{}{}
+	return k, ch, nil
+}
+
+// forward passes the current member's messages on to out and, when watch
+// reports a stall, replaces the member.
+func (s *groupSubscriber) forward(ctx context.Context, topic string, inner *kafka.Subscriber, in <-chan *message.Message, out chan<- *message.Message, stalled <-chan struct{}) {
+	defer s.wg.Done()
+	defer close(out)
+	for {
+		select {
+		case m, ok := <-in:
+			if !ok {
+				return // ctx ended or Close: the member closed its channel
+			}
+			select {
+			case out <- m:
+				continue
+			case <-stalled:
+				// m stays unacknowledged; the group delivers it again.
+			case <-ctx.Done():
+				return
+			case <-s.closing:
+				return
+			}
+		case <-stalled:
+		case <-s.closing:
+			return
+		}
+		next, nextIn, err := s.join(ctx, topic)
+		if errors.Is(err, errClosed) {
+			return
+		}
+		if err != nil {
+			// Keep the old member; watch reports the stall again.
+			s.logger.Error("Cannot re-join stalled Kafka consumer group", err, watermill.LogFields{"consumer_group": s.group, "topic": topic})
+			continue
+		}
+		s.retire(inner)
+		inner, in = next, nextIn
+	}
+}
+
+// retire closes a replaced member in the background: its session waits
+// for its claims to end, and a stuck one must not keep the new member from
+// delivering.
+func (s *groupSubscriber) retire(k *kafka.Subscriber) {
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		if err := k.Close(); err != nil {
+			s.logger.Error("Cannot close replaced Kafka subscriber", err, watermill.LogFields{"consumer_group": s.group})
+		}
+		s.mu.Lock()
+		delete(s.subs, k)
+		s.mu.Unlock()
+	}()
+}
+
+type partitionSeen struct {
+	committed int64
+	since     time.Time
+}
+
+// watch polls the group's offsets on topic and signals stalled when a
+// partition has been behind with the same committed offset for stallAfter.
+func (s *groupSubscriber) watch(ctx context.Context, topic string, stalled chan<- struct{}) {
+	defer s.wg.Done()
+	t := time.NewTicker(s.stallAfter / 5)
+	defer t.Stop()
+	seen := map[int32]partitionSeen{}
+	// A (re)join starts a rebalance, which may take the whole rebalance
+	// timeout (it waits for members that do not re-join): nothing is
+	// judged before it could be over. A re-join during a rebalance would
+	// restart it (the broker resets its timer on every JoinGroup), and
+	// re-joining at every check would keep the group rebalancing for good.
+	settled := time.Now().Add(s.config.Consumer.Group.Rebalance.Timeout)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.closing:
+			return
+		case <-t.C:
+		}
+		if time.Now().Before(settled) {
+			continue
+		}
+		state, committed, hwm, err := s.offsets(topic)
+		if err != nil || state != "Stable" {
+			// The broker may be restarting, and nothing is committed while
+			// it is away; a rebalancing group commits nothing either, and
+			// one more join would only restart its rebalance (kfake resets
+			// the rebalance timer on every JoinGroup, so under a stream of
+			// member restarts a group can rebalance for minutes). Count
+			// again once the group is Stable: a stall is a partition left
+			// unread by a group that has settled.
+			clear(seen)
+			continue
+		}
+		now := time.Now()
+		var stuck []string
+		for p, h := range hwm {
+			c, ok := committed[p]
+			if !ok {
+				c = -1
+			}
+			prev, known := seen[p]
+			if !known || prev.committed != c || h <= max(c, 0) {
+				seen[p] = partitionSeen{committed: c, since: now}
+				continue
+			}
+			if d := now.Sub(prev.since); d >= s.stallAfter {
+				stuck = append(stuck, fmt.Sprintf("%d (committed %d, high-water mark %d, for %s)", p, c, h, d.Round(time.Second)))
+			}
+		}
+		if len(stuck) == 0 {
+			continue
+		}
+		sort.Strings(stuck)
+		s.logger.Error(RejoinLogMessage, fmt.Errorf("partitions behind the high-water mark with no commit: %s", strings.Join(stuck, ", ")),
+			watermill.LogFields{"consumer_group": s.group, "topic": topic, "stall_after": s.stallAfter.String()})
+		if s.rejoins != nil {
+			s.rejoins.Inc()
+		}
+		select {
+		case stalled <- struct{}{}:
+		default:
+		}
+		clear(seen)
+		settled = time.Now().Add(s.config.Consumer.Group.Rebalance.Timeout)
+	}
+}
+
+// offsets returns the group's state (Stable, PreparingRebalance, …), its
+// committed offset (-1: none) and the high-water mark of every partition
+// of topic. A client of its own per call, so a broker restart costs no
+// state.
+func (s *groupSubscriber) offsets(topic string) (state string, committed, hwm map[int32]int64, err error) {
+	client, err := sarama.NewClient(s.brokers, s.config)
+	if err != nil {
+		return "", nil, nil, err
+	}
+	defer client.Close()
+	hwm, err = highWaterMarks(client, topic)
+	if err != nil {
+		return "", nil, nil, err
+	}
+	parts := make([]int32, 0, len(hwm))
+	for p := range hwm {
+		parts = append(parts, p)
+	}
+	coordinator, err := client.Coordinator(s.group)
+	if err != nil {
+		return "", nil, nil, err
+	}
+	desc, err := coordinator.DescribeGroups(&sarama.DescribeGroupsRequest{Groups: []string{s.group}})
+	if err != nil {
+		return "", nil, nil, err
+	}
+	if len(desc.Groups) != 1 || desc.Groups[0].Err != sarama.ErrNoError {
+		return "", nil, nil, fmt.Errorf("describe group %s: %+v", s.group, desc.Groups)
+	}
+	resp, err := coordinator.FetchOffset(sarama.NewOffsetFetchRequest(s.config.Version, s.group, map[string][]int32{topic: parts}))
+	if err != nil {
+		return "", nil, nil, err
+	}
+	if resp.Err != sarama.ErrNoError {
+		return "", nil, nil, resp.Err
+	}
+	committed = make(map[int32]int64, len(parts))
+	for _, p := range parts {
+		b := resp.GetBlock(topic, p)
+		if b == nil {
+			return "", nil, nil, fmt.Errorf("offset fetch of group %s: no answer for %s/%d", s.group, topic, p)
+		}
+		if b.Err != sarama.ErrNoError {
+			return "", nil, nil, b.Err
+		}
+		committed[p] = b.Offset
+	}
+	return desc.Groups[0].State, committed, hwm, nil
+}
+
+// PartitionOffset returns the high-water mark of every partition of topic.
+func (s *groupSubscriber) PartitionOffset(topic string) (map[int32]int64, error) {
+	client, err := sarama.NewClient(s.brokers, s.config)
+	if err != nil {
+		return nil, err
+	}
+	defer client.Close()
+	return highWaterMarks(client, topic)
+}
+
+func highWaterMarks(client sarama.Client, topic string) (map[int32]int64, error) {
+	parts, err := client.Partitions(topic)
+	if err != nil {
+		return nil, err
+	}
+	hwm := make(map[int32]int64, len(parts))
+	for _, p := range parts {
+		o, err := client.GetOffset(topic, p, sarama.OffsetNewest)
+		if err != nil {
+			return nil, err
+		}
+		hwm[p] = o
+	}
+	return hwm, nil
+}
+
+// Close closes every member and waits for the watchers and forwarders.
+func (s *groupSubscriber) Close() error {
+	s.mu.Lock()
+	s.closeOnce.Do(func() { close(s.closing) })
+	subs := make([]*kafka.Subscriber, 0, len(s.subs))
+	for k := range s.subs {
+		subs = append(subs, k)
+	}
+	s.mu.Unlock()
+	var errs []error
+	for _, k := range subs {
+		errs = append(errs, k.Close())
+	}
+	s.wg.Wait()
+	return errors.Join(errs...)
+}
+
+// rejoinCounters holds the re-join counter of one Prometheus registerer.
+var rejoinCounters sync.Map // prometheus.Registerer → *prometheus.CounterVec
+
+func rejoinCounter(reg prometheus.Registerer) *prometheus.CounterVec {
+	if c, ok := rejoinCounters.Load(reg); ok {
+		return c.(*prometheus.CounterVec)
+	}
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "posthorn_consumer_group_rejoins_total",
+		Help: "Times a Kafka consumer re-joined its group because a partition stayed behind with no commit for the stall time.",
+	}, []string{"consumer"})
+	if err := reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if !errors.As(err, &are) {
+			panic(err)
+		}
+		c = are.ExistingCollector.(*prometheus.CounterVec)
+	}
+	actual, _ := rejoinCounters.LoadOrStore(reg, c)
+	return actual.(*prometheus.CounterVec)
+}
