@@ -256,12 +256,18 @@ func (w *stallWatch) check(p demo.Progress, now time.Time) string {
 
 // stalled ends the run with the evidence of a stall: for the relays, their
 // leases, parked aggregates and unrelayed rows (RelayReport) and their
-// goroutines; for a consumer, the broker's view of the groups (GroupReport)
-// and the consumers' goroutines. The goroutines come from SIGQUIT and go,
+// goroutines; for a consumer, the broker's view of the groups (GroupReport),
+// the relayed events it misses and whether the broker holds them
+// (MissingReport), and the consumers' goroutines. The goroutines come from SIGQUIT and go,
 // summarised, to the run's log.
 func (r *runState) stalled(ctx context.Context, who string, p demo.Progress) {
 	procs, what := r.s.Consumers, "consumer "+who+" applied nothing"
 	report, rerr := r.s.GroupReport(ctx, Consumers)
+	if rerr == nil {
+		var missing string
+		missing, rerr = r.s.MissingReport(ctx, who)
+		report += missing
+	}
 	if who == relayWho {
 		procs, what = r.s.Relays, "the relays marked nothing relayed"
 		report, rerr = r.s.RelayReport(ctx)
