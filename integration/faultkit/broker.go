@@ -1,8 +1,10 @@
 package faultkit
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"sort"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -66,4 +68,66 @@ func (s *System) RelayedNotOnBroker(ctx context.Context) ([]string, error) {
 		}
 	}
 	return lost, rows.Err()
+}
+
+// MissingReport names the relayed events consumer has not applied and
+// tells, for each kind, whether the broker holds them: events on the broker
+// that a group has committed past were lost by the consumer, events not on
+// it by the relay or the broker. It lists their inbox dispositions too.
+func (s *System) MissingReport(ctx context.Context, consumer string) (string, error) {
+	rows, err := s.Ledger.Query(ctx, `SELECT event_id::text, aggregate_id, revision FROM outbox WHERE topic = $1 AND relayed_at IS NOT NULL`, core.TopicEvents)
+	if err != nil {
+		return "", fmt.Errorf("relayed events: %w", err)
+	}
+	relayed := map[string]string{}
+	for rows.Next() {
+		var id, agg string
+		var rev int64
+		if err := rows.Scan(&id, &agg, &rev); err != nil {
+			rows.Close()
+			return "", err
+		}
+		relayed[id] = fmt.Sprintf("%s r%d", agg, rev)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return "", err
+	}
+	rows, err = s.Consumer.Query(ctx, `SELECT event_id::text, disposition FROM consumer_inbox WHERE consumer = $1`, consumer)
+	if err != nil {
+		return "", fmt.Errorf("inbox of %s: %w", consumer, err)
+	}
+	disposition := map[string]string{}
+	for rows.Next() {
+		var id, d string
+		if err := rows.Scan(&id, &d); err != nil {
+			rows.Close()
+			return "", err
+		}
+		disposition[id] = d
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return "", err
+	}
+	onBroker, err := s.BrokerEventIDs(ctx, 3*time.Second)
+	if err != nil {
+		return "", err
+	}
+	var on, off []string
+	for id, what := range relayed {
+		if disposition[id] == "applied" {
+			continue
+		}
+		line := fmt.Sprintf("%s (%s, inbox: %s)", id, what, cmp.Or(disposition[id], "none"))
+		if onBroker[id] {
+			on = append(on, line)
+		} else {
+			off = append(off, line)
+		}
+	}
+	sort.Strings(on)
+	sort.Strings(off)
+	return fmt.Sprintf("  relayed events %s has not applied: %d on the broker %v; %d not on the broker %v\n",
+		consumer, len(on), on[:min(len(on), 5)], len(off), off[:min(len(off), 5)]), nil
 }

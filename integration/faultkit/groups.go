@@ -122,3 +122,48 @@ func (s *System) GroupReport(ctx context.Context, groups []string) (string, erro
 	}
 	return b.String(), nil
 }
+
+// RelayReport is the ledger's view of the relays: each shard's lease
+// (owner, fencing token, expiry against now) with its unrelayed rows (how
+// many, the oldest id and age, a few aggregates), the live relays and the
+// parked aggregates. It is what the suite prints when the relays stall.
+func (s *System) RelayReport(ctx context.Context) (string, error) {
+	var b strings.Builder
+	rows, err := s.Ledger.Query(ctx, `
+		SELECT l.shard, coalesce(l.owner, '-'), l.token, l.expires_at > now(),
+		       CASE WHEN isfinite(l.expires_at) THEN 'expires in ' || round(extract(epoch FROM l.expires_at - now())::numeric, 1) || 's' ELSE 'never granted' END,
+		       count(o.id), coalesce(min(o.id), 0), coalesce(round(extract(epoch FROM now() - min(o.created_at))::numeric, 1)::text, '-'),
+		       coalesce((array_agg(DISTINCT o.aggregate_id))[1:3]::text, '{}')
+		FROM relay_leases l LEFT JOIN outbox o ON o.shard = l.shard AND o.relayed_at IS NULL
+		GROUP BY l.shard, l.owner, l.token, l.expires_at ORDER BY l.shard`)
+	if err != nil {
+		return "", fmt.Errorf("relay leases: %w", err)
+	}
+	for rows.Next() {
+		var shard int
+		var owner, expiry, oldestAge, aggs string
+		var token, unrelayed, oldest int64
+		var live bool
+		if err := rows.Scan(&shard, &owner, &token, &live, &expiry, &unrelayed, &oldest, &oldestAge, &aggs); err != nil {
+			rows.Close()
+			return "", fmt.Errorf("relay leases: %w", err)
+		}
+		fmt.Fprintf(&b, "  shard %2d: owner %s, token %d, live %v (%s); unrelayed %d", shard, owner, token, live, expiry, unrelayed)
+		if unrelayed > 0 {
+			fmt.Fprintf(&b, ", oldest id %d committed %ss ago, aggregates %s", oldest, oldestAge, aggs)
+		}
+		b.WriteString("\n")
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return "", fmt.Errorf("relay leases: %w", err)
+	}
+	var members, parked string
+	if err := s.Ledger.QueryRow(ctx, `
+		SELECT (SELECT coalesce(string_agg(owner || ' seen ' || round(extract(epoch FROM now() - seen_at)::numeric, 1) || 's ago', ', '), 'none') FROM relay_members),
+		       (SELECT coalesce(string_agg(aggregate_type || ' ' || aggregate_id || ': ' || reason, '; '), 'none') FROM relay_parked)`).Scan(&members, &parked); err != nil {
+		return "", fmt.Errorf("relay members: %w", err)
+	}
+	fmt.Fprintf(&b, "  live relays: %s\n  parked aggregates: %s\n", members, parked)
+	return b.String(), nil
+}

@@ -124,8 +124,8 @@ type runState struct {
 	fig      Figures
 	waiters  []waiter
 	progress atomic.Pointer[demo.Progress]
-	// stall is set when the watchdog found a consumer stalled; cancel
-	// then ends the run.
+	// stall is set when the watchdog found a part stalled; cancel then
+	// ends the run.
 	stall  atomic.Pointer[error]
 	cancel context.CancelFunc
 }
@@ -148,11 +148,12 @@ func (r *runState) before() demo.Progress {
 // back to normal after a fault (a few hundred ms of load).
 const backlogSlack = 500
 
-// stallAfter is how long a consumer may apply nothing while committed
-// events are missing before the run's watchdog declares it stalled: far
-// more than any fault of the suite interrupts delivery for (a broker
-// outage and the group's rejoin take seconds), so a stall is a consumer
-// that does not recover by itself, which fails the run.
+// stallAfter is how long the relays may mark nothing relayed, or a
+// consumer apply nothing, while events wait for them before the run's
+// watchdog declares a stall: far more than any fault of the suite
+// interrupts delivery for (a broker outage, a lease takeover or a group's
+// re-join take seconds), so a stall is a part that does not recover by
+// itself, which fails the run.
 const stallAfter = 2 * time.Minute
 
 // recoverAfter registers the fault that just ended with two figures:
@@ -185,24 +186,18 @@ func (r *runState) recoverAfter(kind string, before demo.Progress) {
 func relayKey(kind string) string { return kind + " (relay backlog)" }
 
 // monitor polls delivery progress, settles the recovery waiters and, when
-// every event must be applied (SettleDelivered), watches for a stalled
-// consumer.
+// every event must be applied (SettleDelivered), watches for a stall.
 func (r *runState) monitor(ctx context.Context) {
 	t := time.NewTicker(250 * time.Millisecond)
 	defer t.Stop()
-	applied := map[string]int64{}
-	movedAt := map[string]time.Time{}
+	w := stallWatch{}
 	for {
 		p, err := demo.ReadProgress(ctx, r.s.Ledger, r.s.Consumer, Consumers)
 		if err == nil {
 			if r.cfg.Settle == SettleDelivered {
-				for c, a := range p.Applied {
-					if a != applied[c] || a >= p.Events || movedAt[c].IsZero() {
-						applied[c], movedAt[c] = a, time.Now()
-					} else if time.Since(movedAt[c]) > stallAfter {
-						r.stalled(ctx, c, p)
-						return
-					}
+				if who := w.check(p, time.Now()); who != "" {
+					r.stalled(ctx, who, p)
+					return
 				}
 			}
 			r.progress.Store(&p)
@@ -226,27 +221,73 @@ func (r *runState) monitor(ctx context.Context) {
 	}
 }
 
-// stalled ends the run with the evidence of a stalled consumer: the
-// broker's view of the groups (GroupReport) and every consumer process's
-// goroutines (SIGQUIT; the dumps, summarised, go to the run's log).
-func (r *runState) stalled(ctx context.Context, consumer string, p demo.Progress) {
-	err := fmt.Errorf("LIVENESS: consumer %s applied nothing for %s while %d of %d committed events were missing",
-		consumer, stallAfter, p.Events-p.Applied[consumer], p.Events)
-	report, gerr := r.s.GroupReport(ctx, Consumers)
-	if gerr != nil {
-		report = "broker's view unavailable: " + gerr.Error()
+// relayWho is the name stallWatch gives the relays.
+const relayWho = "relay"
+
+// stallWatch tells which part stopped moving: the relays (no event marked
+// relayed for stallAfter while some are not) or a consumer (none of its
+// events applied for stallAfter while relayed ones are missing). A consumer
+// can only apply what was relayed, so the relays' stall is not blamed on it.
+type stallWatch struct {
+	last    map[string]int64
+	movedAt map[string]time.Time
+}
+
+// check records p at now and returns who has stalled, or "".
+func (w *stallWatch) check(p demo.Progress, now time.Time) string {
+	if w.last == nil {
+		w.last, w.movedAt = map[string]int64{}, map[string]time.Time{}
 	}
-	r.cfg.Logf("%v; the broker's view:\n%s", err, report)
-	for _, c := range r.s.Consumers {
+	relayed := p.Events - p.Unrelayed
+	waiting := map[string]bool{relayWho: p.Unrelayed > 0}
+	done := map[string]int64{relayWho: relayed}
+	for c, a := range p.Applied {
+		waiting[c], done[c] = a < relayed, a
+	}
+	for who, n := range done {
+		if n != w.last[who] || !waiting[who] || w.movedAt[who].IsZero() {
+			w.last[who], w.movedAt[who] = n, now
+		} else if now.Sub(w.movedAt[who]) > stallAfter {
+			return who
+		}
+	}
+	return ""
+}
+
+// stalled ends the run with the evidence of a stall: for the relays, their
+// leases, parked aggregates and unrelayed rows (RelayReport) and their
+// goroutines; for a consumer, the broker's view of the groups (GroupReport),
+// the relayed events it misses and whether the broker holds them
+// (MissingReport), and the consumers' goroutines. The goroutines come from SIGQUIT and go,
+// summarised, to the run's log.
+func (r *runState) stalled(ctx context.Context, who string, p demo.Progress) {
+	procs, what := r.s.Consumers, "consumer "+who+" applied nothing"
+	report, rerr := r.s.GroupReport(ctx, Consumers)
+	if rerr == nil {
+		var missing string
+		missing, rerr = r.s.MissingReport(ctx, who)
+		report += missing
+	}
+	if who == relayWho {
+		procs, what = r.s.Relays, "the relays marked nothing relayed"
+		report, rerr = r.s.RelayReport(ctx)
+	}
+	if rerr != nil {
+		report = "report unavailable: " + rerr.Error()
+	}
+	err := fmt.Errorf("LIVENESS: %s for %s (%d committed events, %d unrelayed, applied %v)",
+		what, stallAfter, p.Events, p.Unrelayed, p.Applied)
+	r.cfg.Logf("%v:\n%s", err, report)
+	for _, c := range procs {
 		c.Quit()
 		r.cfg.Logf("goroutines of %s when it stalled:\n%s", c.Name, SummarizeDump(LastRun(c.LogPath())))
 	}
-	err = fmt.Errorf("%w; the broker's view:\n%s", err, report)
+	err = fmt.Errorf("%w:\n%s", err, report)
 	r.stall.Store(&err)
 	r.cancel()
 }
 
-// stallErr is the watchdog's verdict, nil unless a consumer stalled.
+// stallErr is the watchdog's verdict, nil unless a part stalled.
 func (r *runState) stallErr() error {
 	if p := r.stall.Load(); p != nil {
 		return *p
