@@ -196,7 +196,13 @@ func (s *Sink) Publish(ctx context.Context, batch []core.Envelope) error {
 				retryable++
 			}
 		}
-		if retryable == len(batch) {
+		// Any retryable failure retires the producer: the relay resends
+		// those records, and a fresh producer ID starts its sequence numbers
+		// afresh instead of carrying them across a failure the broker may
+		// have seen differently (an out-of-order sequence after a broker
+		// restart; a broker that takes a resend for a duplicate
+		// acknowledges it without storing it).
+		if retryable > 0 {
 			s.dropProducer(p)
 		}
 	}
