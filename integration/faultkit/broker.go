@@ -75,7 +75,7 @@ func (s *System) RelayedNotOnBroker(ctx context.Context) ([]string, error) {
 // that a group has committed past were lost by the consumer, events not on
 // it by the relay or the broker. It lists their inbox dispositions too.
 func (s *System) MissingReport(ctx context.Context, consumer string) (string, error) {
-	rows, err := s.Ledger.Query(ctx, `SELECT event_id::text, aggregate_id, revision FROM outbox WHERE topic = $1 AND relayed_at IS NOT NULL`, core.TopicEvents)
+	rows, err := s.Ledger.Query(ctx, `SELECT o.event_id::text, o.aggregate_id, o.revision FROM outbox o WHERE o.topic = $1 AND `+postgres.Relayed, core.TopicEvents)
 	if err != nil {
 		return "", fmt.Errorf("relayed events: %w", err)
 	}

@@ -134,7 +134,7 @@ func (s *System) RelayReport(ctx context.Context) (string, error) {
 		       CASE WHEN isfinite(l.expires_at) THEN 'expires in ' || round(extract(epoch FROM l.expires_at - now())::numeric, 1) || 's' ELSE 'never granted' END,
 		       count(o.id), coalesce(min(o.id), 0), coalesce(round(extract(epoch FROM now() - min(o.created_at))::numeric, 1)::text, '-'),
 		       coalesce((array_agg(DISTINCT o.aggregate_id))[1:3]::text, '{}')
-		FROM relay_leases l LEFT JOIN outbox o ON o.shard = l.shard AND o.relayed_at IS NULL
+		FROM relay_leases l LEFT JOIN outbox_pending p ON p.shard = l.shard LEFT JOIN outbox o ON o.id = p.id
 		GROUP BY l.shard, l.owner, l.token, l.expires_at ORDER BY l.shard`)
 	if err != nil {
 		return "", fmt.Errorf("relay leases: %w", err)
