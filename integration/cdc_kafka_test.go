@@ -119,7 +119,11 @@ func TestCDCRelayToKafkaThroughOutageAndCrash(t *testing.T) {
 	post(20)
 	bridgetest.WaitFor(t, 60*time.Second, "every event relayed", func() bool { return bridgetest.Unrelayed(t, pool) == 0 })
 
-	recs := broker.records(len(posted), 30*time.Second)
+	ids := make([]string, len(posted))
+	for i, p := range posted {
+		ids[i] = p.EventID
+	}
+	recs := broker.recordsHolding(ids, 30*time.Second)
 	seen := map[string]bool{}
 	last := map[string]int64{}
 	jumps := 0

@@ -86,6 +86,38 @@ func (b *relayBroker) records(n int, d time.Duration) []*kgo.Record {
 	return out
 }
 
+// recordsHolding reads the topic from the start until every one of
+// eventIDs has been seen (or d passes) and returns all records read,
+// repeats included: after crashes and outages the log holds resends, so a
+// count of records says nothing about which events are there.
+func (b *relayBroker) recordsHolding(eventIDs []string, d time.Duration) []*kgo.Record {
+	b.t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(b.addrs...), kgo.ConsumeTopics(core.TopicEvents),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond))
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	defer cl.Close()
+	missing := make(map[string]bool, len(eventIDs))
+	for _, id := range eventIDs {
+		missing[id] = true
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	var out []*kgo.Record
+	for len(missing) > 0 && ctx.Err() == nil {
+		cl.PollFetches(ctx).EachRecord(func(r *kgo.Record) {
+			out = append(out, r)
+			for _, h := range r.Headers {
+				if h.Key == core.HeaderEventID {
+					delete(missing, string(h.Value))
+				}
+			}
+		})
+	}
+	return out
+}
+
 func startKafkaRelay(t *testing.T, pool *pgxpool.Pool, brokers []string, owner string) (*bridge.Relay, *prometheus.Registry) {
 	t.Helper()
 	sc := kafka.DefaultSaramaConfig()
