@@ -69,13 +69,20 @@ func (b *relayBroker) restart() {
 
 // records reads ledger.events from the start with franz-go (which shows
 // the record key) until n records or d passes.
-func (b *relayBroker) records(n int, d time.Duration) []*kgo.Record {
+// reader consumes the events topic from its start.
+func (b *relayBroker) reader() *kgo.Client {
 	b.t.Helper()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(b.addrs...), kgo.ConsumeTopics(core.TopicEvents),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond))
 	if err != nil {
 		b.t.Fatal(err)
 	}
+	return cl
+}
+
+func (b *relayBroker) records(n int, d time.Duration) []*kgo.Record {
+	b.t.Helper()
+	cl := b.reader()
 	defer cl.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
@@ -92,11 +99,7 @@ func (b *relayBroker) records(n int, d time.Duration) []*kgo.Record {
 // count of records says nothing about which events are there.
 func (b *relayBroker) recordsHolding(eventIDs []string, d time.Duration) []*kgo.Record {
 	b.t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(b.addrs...), kgo.ConsumeTopics(core.TopicEvents),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond))
-	if err != nil {
-		b.t.Fatal(err)
-	}
+	cl := b.reader()
 	defer cl.Close()
 	missing := make(map[string]bool, len(eventIDs))
 	for _, id := range eventIDs {
