@@ -119,11 +119,11 @@ func StartSystem(ctx context.Context, cfg SystemConfig) (*System, error) {
 	}
 	s.store = postgres.NewLedgerStore(s.Ledger, postgres.LedgerConfig{})
 
-	brokerPort, err := freePort()
+	brokerPort, err := FreePort()
 	if err != nil {
 		return nil, err
 	}
-	apiPort, err := freePort()
+	apiPort, err := FreePort()
 	if err != nil {
 		return nil, err
 	}
@@ -378,7 +378,8 @@ func withAppName(dsn, name string) string {
 	return u.String()
 }
 
-func freePort() (int, error) {
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+func FreePort() (int, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, err
