@@ -87,19 +87,26 @@ func brokerKillDrain(t *testing.T, newSink func([]string) (core.Sink, error), ev
 	return lost, landed
 }
 
+// brokerKillShape is the backlog, the kills and their pace: make test
+// drains 100,000 events through 6 kills 0.4 s apart; the soak the size of
+// the defect report, 400,000 events and 10 kills, 0.8 s apart (the
+// in-process relay drains faster than the relay process of the report did,
+// so the kills come closer to land during the drain).
+func brokerKillShape() (events, kills int, every time.Duration) {
+	if os.Getenv("POSTHORN_SOAK") != "" {
+		return 400_000, 10, 800 * time.Millisecond
+	}
+	return 100_000, 6, 400 * time.Millisecond
+}
+
 // TestRelayDrainThroughBrokerKills: no event the relay marked relayed is
-// missing from the broker after SIGKILLs of the broker mid-drain. The soak
-// runs it at the size of the defect report (400,000 events, 10 kills every
-// 1.6 s), make test at a quarter.
+// missing from the broker after SIGKILLs of the broker mid-drain.
 func TestRelayDrainThroughBrokerKills(t *testing.T) {
 	if testing.Short() {
 		t.Skip("drains a backlog through broker SIGKILLs")
 	}
 	t.Parallel()
-	events, kills, every := 100_000, 6, 400*time.Millisecond
-	if os.Getenv("POSTHORN_SOAK") != "" {
-		events, kills, every = 400_000, 10, 1600*time.Millisecond
-	}
+	events, kills, every := brokerKillShape()
 	lost, landed := brokerKillDrain(t, kafkaSink, events, kills, every)
 	t.Logf("kafka sink (kgo): %d events, %d broker SIGKILLs while draining: %d marked relayed but not on the broker", events, landed, len(lost))
 	if landed < kills/2 {
@@ -120,9 +127,10 @@ func TestSoakRelayDrainThroughBrokerKillsSaramaControl(t *testing.T) {
 		t.Skip("make soak only (POSTHORN_SOAK=1): the control does not lose in every run")
 	}
 	runs := envInt("POSTHORN_SOAK_CONTROL_RUNS", 3)
+	events, kills, every := brokerKillShape()
 	lossy := 0
 	for i := range runs {
-		lost, landed := brokerKillDrain(t, func(b []string) (core.Sink, error) { return saramacontrol.New(b) }, 400_000, 10, 1600*time.Millisecond)
+		lost, landed := brokerKillDrain(t, func(b []string) (core.Sink, error) { return saramacontrol.New(b) }, events, kills, every)
 		t.Logf("sarama control run %d: %d kills while draining, %d events marked relayed but not on the broker", i+1, landed, len(lost))
 		if len(lost) > 0 {
 			lossy++
