@@ -100,7 +100,8 @@ func brokerKillShape() (events, kills int, every time.Duration) {
 }
 
 // TestRelayDrainThroughBrokerKills: no event the relay marked relayed is
-// missing from the broker after SIGKILLs of the broker mid-drain.
+// missing from the broker after SIGKILLs of the broker mid-drain. Its
+// negative control follows.
 func TestRelayDrainThroughBrokerKills(t *testing.T) {
 	if testing.Short() {
 		t.Skip("drains a backlog through broker SIGKILLs")
@@ -117,24 +118,38 @@ func TestRelayDrainThroughBrokerKills(t *testing.T) {
 	}
 }
 
-// TestSoakRelayDrainThroughBrokerKillsSaramaControl is the negative control
+// TestRelayDrainThroughBrokerKillsSaramaControl is the negative control
 // of the test above: the sarama idempotent sink Posthorn shipped before, in
-// the same scenario. It loses events in some runs, not all (a race between
-// its retries and the broker's restart), so it runs in make soak, which
-// reports how often; a loss is the expected outcome, logged, not a failure.
-func TestSoakRelayDrainThroughBrokerKillsSaramaControl(t *testing.T) {
-	if os.Getenv("POSTHORN_SOAK") == "" {
-		t.Skip("make soak only (POSTHORN_SOAK=1): the control does not lose in every run")
+// the same scenario, marks events relayed that the broker never stored. It
+// lost events in 5 of 5 runs at make test's size when this was written; it
+// stops at its first loss, and fails only if none of 3 runs lost anything
+// (then the kill test could not tell a broken ACK from a sound one). The
+// soak runs it POSTHORN_SOAK_CONTROL_RUNS times (default 5) at full size and
+// reports how often it lost.
+func TestRelayDrainThroughBrokerKillsSaramaControl(t *testing.T) {
+	if testing.Short() {
+		t.Skip("drains a backlog through broker SIGKILLs")
 	}
-	runs := envInt("POSTHORN_SOAK_CONTROL_RUNS", 3)
+	t.Parallel()
+	soak := os.Getenv("POSTHORN_SOAK") != ""
+	runs := 3
+	if soak {
+		runs = envInt("POSTHORN_SOAK_CONTROL_RUNS", 5)
+	}
 	events, kills, every := brokerKillShape()
 	lossy := 0
 	for i := range runs {
 		lost, landed := brokerKillDrain(t, func(b []string) (core.Sink, error) { return saramacontrol.New(b) }, events, kills, every)
-		t.Logf("sarama control run %d: %d kills while draining, %d events marked relayed but not on the broker", i+1, landed, len(lost))
+		t.Logf("sarama control run %d: %d events, %d broker SIGKILLs while draining: %d marked relayed but not on the broker", i+1, events, landed, len(lost))
 		if len(lost) > 0 {
 			lossy++
+			if !soak {
+				break
+			}
 		}
 	}
-	t.Logf("sarama control: %d of %d runs lost events", lossy, runs)
+	t.Logf("sarama control: %d of the runs lost events", lossy)
+	if lossy == 0 {
+		t.Fatalf("the sarama sink lost nothing in %d runs: the broker-kill drain cannot tell a broken ACK from a sound one", runs)
+	}
 }

@@ -181,11 +181,7 @@ func TestRelayKafkaLeadershipMoves(t *testing.T) {
 // revision is not.
 func checkRevisionOrder(t *testing.T, brokers []string, n int) {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(core.TopicEvents),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
+	cl := eventsReader(t, brokers)
 	defer cl.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

@@ -75,10 +75,16 @@ func (b *relayBroker) restart() {
 // reader consumes the events topic from its start.
 func (b *relayBroker) reader() *kgo.Client {
 	b.t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(b.addrs...), kgo.ConsumeTopics(core.TopicEvents),
+	return eventsReader(b.t, b.addrs)
+}
+
+// eventsReader consumes the events topic of brokers from its start.
+func eventsReader(t *testing.T, brokers []string) *kgo.Client {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(core.TopicEvents),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond))
 	if err != nil {
-		b.t.Fatal(err)
+		t.Fatal(err)
 	}
 	return cl
 }
