@@ -51,6 +51,10 @@ type Harness struct {
 	// Outage makes the broker unreachable and returns a function that brings
 	// it back; nil skips the outage checks.
 	Outage func(t *testing.T) (restore func())
+	// Kill ends the broker's process with SIGKILL, as a crash would, and
+	// returns a function that starts it again on the same data; nil skips
+	// the broker-kill case (kills.go).
+	Kill func(t *testing.T) (restart func())
 }
 
 // Factory starts a fresh broker (or a fresh namespace on one) and sink for
@@ -65,6 +69,7 @@ func Run(t *testing.T, f Factory) {
 	t.Run("PermanentFailureIsPerRecord", func(t *testing.T) { testPermanent(t, f(t)) })
 	t.Run("OutageIsRetryable", func(t *testing.T) { testOutage(t, f(t)) })
 	t.Run("Close", func(t *testing.T) { testClose(t, f(t)) })
+	t.Run(KillCase, func(t *testing.T) { testKills(t, f) })
 }
 
 // Envelope returns a valid test envelope of aggregate agg at revision rev.
