@@ -25,6 +25,9 @@ func TestMain(m *testing.M) {
 // directory, as a broker restart would.
 func TestConformance(t *testing.T) {
 	sinktest.Run(t, func(t *testing.T) sinktest.Harness {
+		if t.Name() == "TestConformance/"+sinktest.KillCase && !testing.Short() {
+			return killHarness(t, newKafkaSink) // kills_test.go
+		}
 		dir := t.TempDir()
 		opts := []kfake.Opt{
 			kfake.NumBrokers(1),
