@@ -14,7 +14,10 @@
 //     while the rest of the batch is delivered, except the later records of
 //     the same aggregate, which fail retryably and are not delivered (no
 //     record may overtake its predecessor); an outage is retryable;
-//   - Close is idempotent and Publish after Close fails without panicking.
+//   - Close is idempotent and Publish after Close fails without panicking;
+//   - where the harness can SIGKILL the broker, every record ACKed while it
+//     was killed and restarted mid-batch is on the broker, in order per
+//     key (kills.go).
 package sinktest
 
 import (
