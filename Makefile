@@ -47,12 +47,13 @@ demo: build
 	$(BIN) demo $(DEMO_FLAGS)
 
 # The long fault suite: SOAK_DURATION of load (default 30m), SOAK_POSTINGS
-# postings, hundreds of SIGKILLs; figures go to soak-YYYYMMDD-HHMM.txt.
+# postings, hundreds of SIGKILLs; figures go to soak-YYYYMMDD-HHMM.txt. Then
+# the Kafka broker-kill drain at 400,000 events and its sarama control.
 SOAK_DURATION ?= 30m
 SOAK_POSTINGS ?= 200000
 soak:
 	POSTHORN_SOAK=1 POSTHORN_SOAK_DURATION=$(SOAK_DURATION) POSTHORN_SOAK_POSTINGS=$(SOAK_POSTINGS) \
-		$(GO) test -count=1 -v -run '^TestFaultSuite$$' -timeout 3h ./integration/
+		$(GO) test -count=1 -v -run '^(TestFaultSuite|TestRelayDrainThroughBrokerKills|TestRelayDrainThroughBrokerKillsSaramaControl)$$' -timeout 3h ./integration/
 	$(MAKE) soak-kafka-control
 
 # The negative control of the Kafka broker-kill case at length (issue 13):

@@ -92,6 +92,7 @@ func TestBadValuesNameTheKey(t *testing.T) {
 		{"bad sink kind", "", []string{"POSTHORN_SINK__KIND=carrier-pigeon"}, "sink.kind"},
 		{"kafka without brokers", "sink:\n  kafka:\n    brokers: []\n", nil, "sink.kafka.brokers"},
 		{"bad broker address", "", []string{"POSTHORN_SINK__KAFKA__BROKERS=nohostport"}, "sink.kafka.brokers[0]"},
+		{"unknown kafka partitioner", "", []string{"POSTHORN_SINK__KAFKA__PARTITIONER=crc32"}, "sink.kafka.partitioner"},
 		{"bad database url", "", []string{"POSTHORN_DATABASE__URL=mysql://x/y"}, "database.url"},
 		{"garbage dsn", "", []string{"POSTHORN_CONSUMER__DATABASE__URL=hello"}, "consumer.database.url"},
 		{"bad listen", "", []string{"POSTHORN_API__LISTEN=8080"}, "api.listen"},

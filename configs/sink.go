@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 )
 
@@ -32,7 +33,15 @@ type KafkaSink struct {
 	TLS SinkTLS `koanf:"tls"`
 	// SASL authenticates the client (over TLS, please).
 	SASL KafkaSASL `koanf:"sasl"`
+	// Partitioner places a record key on a partition: murmur2 (the Java
+	// client's placement, the default) or fnv1a (the placement of
+	// Posthorn's sarama-based versions, for topics they wrote).
+	Partitioner string `koanf:"partitioner"`
 }
+
+// KafkaPartitioners are the accepted values of sink.kafka.partitioner (the
+// Kafka sink's own list; a cmd test keeps the two equal).
+var KafkaPartitioners = []string{"murmur2", "fnv1a"}
 
 // KafkaSASL is the Kafka client's SASL authentication; an empty Mechanism
 // means none.
@@ -172,7 +181,7 @@ var SinkKinds = []string{"kafka", "memory", "nats", "amqp", "redis", "postgres"}
 func defaultSink() Sink {
 	return Sink{
 		Kind:  "kafka",
-		Kafka: KafkaSink{Brokers: []string{"127.0.0.1:9092"}},
+		Kafka: KafkaSink{Brokers: []string{"127.0.0.1:9092"}, Partitioner: "murmur2"},
 		// The brokers' own local defaults, so `--sink nats` (amqp, redis)
 		// works against a local server with nothing else set.
 		NATS:               NATSSink{URL: "nats://127.0.0.1:4222"},
@@ -199,6 +208,9 @@ func (s Sink) validate() error {
 		}
 	}
 	if s.Kind == "kafka" {
+		if !slices.Contains(KafkaPartitioners, s.Kafka.Partitioner) {
+			return fieldErr("sink.kafka.partitioner", "is %q, want one of %v", s.Kafka.Partitioner, KafkaPartitioners)
+		}
 		if err := s.Kafka.SASL.validate(); err != nil {
 			return err
 		}

@@ -104,7 +104,7 @@ func TestFaultSuite(t *testing.T) {
 	rc := faultkit.RunConfig{
 		Postings: 20000, Rate: 250, Workers: 16,
 		KillRelays: 12, KillConsumers: 12,
-		Freezes: 1, Terminations: 3, BrokerOutages: 1, Holds: 2, HoldFor: 20 * time.Second,
+		Freezes: 1, Terminations: 3, BrokerOutages: 2, LeaderMoves: 6, Holds: 2, HoldFor: 20 * time.Second,
 		RollbackEvery: 500 * time.Millisecond,
 		Settle:        faultkit.SettleDelivered, DrainTimeout: 4 * time.Minute,
 		Logf: t.Logf,
@@ -120,12 +120,15 @@ func TestFaultSuite(t *testing.T) {
 		rc.KillRelays, rc.KillConsumers = kills/2, kills-kills/2
 		rc.Freezes = max(1, int(d/time.Minute))
 		rc.Terminations = max(3, int(d/(20*time.Second)))
-		rc.BrokerOutages = max(1, int(d/(3*time.Minute)))
+		rc.BrokerOutages = max(1, int(d/time.Minute)) // 30 broker SIGKILLs in the 30-minute soak
+		rc.LeaderMoves = max(6, int(d/(20*time.Second)))
 		rc.Holds = max(2, int(d/(90*time.Second)))
 		rc.HoldFor = 30 * time.Second
 		rc.DrainTimeout = 10 * time.Minute
 	}
-	s := startFaultSystem(t, faultkit.SystemConfig{})
+	// Three broker nodes: partition leaders move under the relays'
+	// producers and the consumers' fetches (LeaderMoves).
+	s := startFaultSystem(t, faultkit.SystemConfig{BrokerNodes: 3})
 	fig, err := faultkit.Run(context.Background(), s, rc)
 	report := fig.String()
 	t.Logf("fault suite figures:\n%s", report)
@@ -152,7 +155,7 @@ func TestFaultSuite(t *testing.T) {
 	if fig.Kills() < 20 || fig.Faults[faultkit.FaultKillRelay] == 0 || fig.Faults[faultkit.FaultKillConsumer] == 0 {
 		t.Errorf("only %d SIGKILLs (%v); the suite needs at least 20 over relays and consumers", fig.Kills(), fig.Faults)
 	}
-	for _, k := range []string{faultkit.FaultFreezeRelay, faultkit.FaultTerminate, faultkit.FaultBroker, faultkit.FaultHeldCommit, faultkit.FaultHeldRollback, faultkit.FaultRollback} {
+	for _, k := range []string{faultkit.FaultFreezeRelay, faultkit.FaultTerminate, faultkit.FaultBroker, faultkit.FaultLeaders, faultkit.FaultHeldCommit, faultkit.FaultHeldRollback, faultkit.FaultRollback} {
 		if fig.Faults[k] == 0 {
 			t.Errorf("fault %q was not injected", k)
 		}

@@ -20,6 +20,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/posthorn/posthorn/adapters/kafka"
+	"github.com/posthorn/posthorn/adapters/kafka/saramacontrol"
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/bridge"
@@ -54,7 +55,7 @@ func benchKfake(b *testing.B, partitions int32) []string {
 // and their ratio.
 func BenchmarkRelayDrainVsStockForwarder(b *testing.B) {
 	ctx := context.Background()
-	relayRate := benchRelayDrain(b, ctx)
+	relayRate := benchRelayDrain(b, ctx, kafkaSink)
 	stockRate := benchStockDrain(b, ctx)
 	fmt.Printf("relay drain: %d events in backlog, %.0f events/s (kafka sink, batches of %d)\n", drainEvents, relayRate, bridge.BatchSizeDefault)
 	fmt.Printf("stock forwarder drain: %d events in backlog, first %d forwarded, %.0f events/s\n", drainEvents, stockDrainEvents, stockRate)
@@ -63,7 +64,36 @@ func BenchmarkRelayDrainVsStockForwarder(b *testing.B) {
 	b.ReportMetric(stockRate, "stock-events/s")
 }
 
-func benchRelayDrain(b *testing.B, ctx context.Context) float64 {
+// BenchmarkRelayDrainKgoVsSarama drains the same 200,000-event backlog
+// twice, through the Kafka sink (kgo) and through the sarama idempotent
+// sink it replaced (saramacontrol), interleaved, and prints both rates and
+// their ratio: the price, or gain, of an ACK that can be trusted.
+func BenchmarkRelayDrainKgoVsSarama(b *testing.B) {
+	ctx := context.Background()
+	var kgoRates, saramaRates []float64
+	for range 2 {
+		kgoRates = append(kgoRates, benchRelayDrain(b, ctx, kafkaSink))
+		saramaRates = append(saramaRates, benchRelayDrain(b, ctx, func(brokers []string) (core.Sink, error) { return saramacontrol.New(brokers) }))
+	}
+	k, s := median(kgoRates), median(saramaRates)
+	fmt.Printf("relay drain, kafka sink on kgo: %.0f events/s; sarama idempotent sink (replaced): %.0f events/s; kgo/sarama %.2fx (%d events, 2 runs each, interleaved)\n",
+		k, s, k/s, drainEvents)
+	b.ReportMetric(k, "kgo-events/s")
+	b.ReportMetric(s, "sarama-events/s")
+}
+
+func kafkaSink(brokers []string) (core.Sink, error) { return kafka.New(kafka.Config{Brokers: brokers}) }
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func benchRelayDrain(b *testing.B, ctx context.Context, newSink func([]string) (core.Sink, error)) float64 {
 	_, pool := pgtest.Ledger(b)
 	brokers := benchKfake(b, 16)
 	if err := bridgetest.Fill(ctx, pool, "drain", 2000, drainEvents/2000); err != nil {
@@ -72,7 +102,7 @@ func benchRelayDrain(b *testing.B, ctx context.Context) float64 {
 	if _, err := pool.Exec(ctx, `VACUUM ANALYZE outbox`); err != nil {
 		b.Fatal(err)
 	}
-	sink, err := kafka.New(kafka.Config{Brokers: brokers})
+	sink, err := newSink(brokers)
 	if err != nil {
 		b.Fatal(err)
 	}

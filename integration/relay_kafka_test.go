@@ -6,7 +6,9 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"os/exec"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -20,6 +22,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/posthorn/posthorn/adapters/kafka"
+	"github.com/posthorn/posthorn/adapters/kafka/kafkatest"
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/bridge"
@@ -72,10 +75,16 @@ func (b *relayBroker) restart() {
 // reader consumes the events topic from its start.
 func (b *relayBroker) reader() *kgo.Client {
 	b.t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(b.addrs...), kgo.ConsumeTopics(core.TopicEvents),
+	return eventsReader(b.t, b.addrs)
+}
+
+// eventsReader consumes the events topic of brokers from its start.
+func eventsReader(t *testing.T, brokers []string) *kgo.Client {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(core.TopicEvents),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond))
 	if err != nil {
-		b.t.Fatal(err)
+		t.Fatal(err)
 	}
 	return cl
 }
@@ -123,12 +132,8 @@ func (b *relayBroker) recordsHolding(eventIDs []string, d time.Duration) []*kgo.
 
 func startKafkaRelay(t *testing.T, pool *pgxpool.Pool, brokers []string, owner string) (*bridge.Relay, *prometheus.Registry) {
 	t.Helper()
-	sc := kafka.DefaultSaramaConfig()
-	sc.Producer.Retry.Max = 1
-	sc.Producer.Retry.Backoff = 50 * time.Millisecond
-	sc.Metadata.Retry.Max = 1
-	sc.Net.DialTimeout = time.Second
-	sink, err := kafka.New(kafka.Config{Brokers: brokers, Sarama: sc})
+	sink, err := kafka.New(kafka.Config{Brokers: brokers, ClientOpts: []kgo.Opt{
+		kgo.DialTimeout(time.Second), kgo.RetryBackoffFn(func(int) time.Duration { return 50 * time.Millisecond })}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -347,4 +352,87 @@ func TestRelayKafkaRecordTooLargeParksOnlyItsAccount(t *testing.T) {
 	if len(st.Parked) != 1 || st.Parked[0].AggregateID != "acc-huge" {
 		t.Fatalf("parked: %+v", st.Parked)
 	}
+}
+
+// TestRelayKafkaTopicReadByKcat: an independent Kafka client (kcat, on
+// librdkafka) reads what the relay wrote: every event ID is there with the
+// contract's headers, keyed by account, and each key sits on the Java
+// client's partition, (murmur2(key) & 0x7fffffff) % partitions.
+func TestRelayKafkaTopicReadByKcat(t *testing.T) {
+	t.Parallel()
+	kcat, err := exec.LookPath("kcat")
+	if err != nil {
+		t.Fatal("kcat is not installed (Debian package kcat; .ci/run installs it)")
+	}
+	_, pool := pgtest.Ledger(t)
+	b := startRelayBroker(t) // 4 partitions
+	var posted []bridgetest.Posted
+	for i := range 150 {
+		posted = append(posted, bridgetest.MustPost(t, pool, fmt.Sprintf("acc-%d", i%37), fmt.Sprintf("acc-%d", (i+5)%37))...)
+	}
+	startKafkaRelay(t, pool, b.addrs, "relay-kcat")
+	if got := b.recordsHolding(eventIDs(posted), 30*time.Second); len(got) < len(posted) {
+		t.Fatalf("the relay wrote %d of %d records", len(got), len(posted))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, kcat, "-C", "-b", b.addrs[0], "-t", core.TopicEvents, "-o", "beginning", "-e", "-q",
+		"-f", `%p\t%k\t%h\t%s\n`).CombinedOutput()
+	if err != nil {
+		t.Fatalf("kcat: %v\n%s", err, out)
+	}
+	want := map[string]bridgetest.Posted{}
+	for _, p := range posted {
+		want[p.EventID] = p
+	}
+	seen := map[string]bool{}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		f := strings.SplitN(line, "\t", 4)
+		if len(f) != 4 {
+			t.Fatalf("kcat line %q", line)
+		}
+		h := map[string]string{}
+		for _, kv := range strings.Split(f[2], ",") {
+			k, v, _ := strings.Cut(kv, "=")
+			h[k] = v
+		}
+		e, err := core.EnvelopeFromHeaders(h, []byte(f[3]))
+		if err != nil {
+			t.Fatalf("kcat record %q: %v", line, err)
+		}
+		p, ok := want[e.EventID]
+		if !ok {
+			t.Fatalf("kcat read event %s that was never posted", e.EventID)
+		}
+		if e.AggregateID != p.Account || e.Revision != p.Revision || f[1] != p.Account || h[wmkafka.UUIDHeaderKey] != e.EventID {
+			t.Fatalf("kcat record %q: want key %s revision %d", line, p.Account, p.Revision)
+		}
+		for _, name := range []string{core.HeaderKind, core.HeaderType, core.HeaderAggregateType, core.HeaderJournalID, core.HeaderOccurredAt} {
+			if _, ok := h[name]; !ok {
+				t.Fatalf("kcat record %q has no %s header", line, name)
+			}
+		}
+		if h[core.HeaderKind] != string(core.KindEvent) || h[core.HeaderType] != core.TypeAccountPosted || h[core.HeaderAggregateType] != core.AggregateAccount {
+			t.Fatalf("kcat record %q: kind, type or aggregate_type wrong", line)
+		}
+		if _, err := time.Parse(time.RFC3339Nano, h[core.HeaderOccurredAt]); err != nil {
+			t.Fatalf("occurred_at %q is not RFC 3339", h[core.HeaderOccurredAt])
+		}
+		part, _ := strconv.Atoi(f[0])
+		if wantPart := kafkatest.JavaPartition(f[1], 4); part != wantPart {
+			t.Fatalf("key %s on partition %d, the Java client's partitioner says %d", f[1], part, wantPart)
+		}
+		seen[e.EventID] = true
+	}
+	if len(seen) != len(want) {
+		t.Fatalf("kcat read %d of %d events", len(seen), len(want))
+	}
+}
+
+func eventIDs(posted []bridgetest.Posted) []string {
+	ids := make([]string, len(posted))
+	for i, p := range posted {
+		ids[i] = p.EventID
+	}
+	return ids
 }

@@ -1,34 +1,56 @@
-// Package kafka is the Kafka sink. Records are written in watermill-kafka/v3's
-// format (its marshaler builds them: the Watermill UUID header carries the
-// event ID, every contract header is a record header) so watermill-kafka's
-// subscriber, and so any consumer on a Watermill router, reads them. The
-// record key is the aggregate ID and sarama's hash partitioner (FNV-1a, the
-// same one watermill-kafka's publisher uses by default) places it, so one
-// account always lands on one partition and keeps its order there.
+// Package kafka is the Kafka sink, built on franz-go's kgo producer.
 //
-// Delivery: a batch is sent with SyncProducer.SendMessages, which returns
-// only when every record is acknowledged by all in-sync replicas
-// (RequiredAcks = WaitForAll) or has failed. The producer is idempotent with
-// one request in flight per broker, so sarama's internal retries neither
-// duplicate nor reorder records within a partition.
+// # Delivery contract
 //
-// Errors: failures that a retry cannot fix (a record larger than the broker
-// or the producer accepts, an invalid or unauthorised topic) are marked
+// Publish returns nil only when the broker acknowledged every record with
+// acks=all (every in-sync replica has it). The producer is idempotent: kgo
+// numbers each partition's batches and, when a broker fails or restarts,
+// bumps the producer epoch and renumbers only what it knows was not stored,
+// so a resend after a lost response is stored once and a record is never
+// reported stored because a different batch with the same sequence numbers
+// was (the failure of the sarama producer this sink replaced: records ACKed
+// across a broker SIGKILL that the broker never stored, kept in
+// saramacontrol as the negative control). A record is ACKed only through its
+// own produce response carrying an offset.
+//
+// When Publish returns an error, or ctx ends first, the outcome of the
+// records not reported ACKed is uncertain: the relay sends them again with
+// the same event IDs, the consumers' inbox absorbs the repeats. Records of
+// one partition leave the client in the order they were given, so per key
+// (aggregate) the broker's order is the batch's order, across retries.
+//
+// # Format and placement
+//
+// Records are in watermill-kafka/v3's format (its marshaler builds them: the
+// Watermill UUID header carries the event ID, every contract header is a
+// record header), so watermill-kafka's subscriber, and so any consumer on a
+// Watermill router, reads them. The record key is the aggregate ID. The
+// partition of a key is, by default, the Java client's: (murmur2(key) &
+// 0x7fffffff) % partitions, which Kafka Streams and librdkafka's
+// murmur2_random agree with, so a service that joins on the account finds
+// it on the same partition. PartitionerFNV1a keeps the placement of
+// Posthorn's earlier, sarama-based versions (sarama's hash partitioner).
+//
+// # Errors
+//
+// Failures a retry cannot fix (a record larger than the producer or broker
+// accepts, an invalid or unauthorised topic, a policy violation) are marked
 // core.Permanent; everything else is retryable. Per-record failures come back
-// as *core.BatchError. After a batch in which every record failed retryably
-// (a broker outage), the producer is rebuilt on the next Publish, so a
-// restarted broker is found again.
+// as *core.BatchError.
 package kafka
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"sync"
+	"sync/atomic"
 
-	"github.com/IBM/sarama"
 	wmkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/posthorn/posthorn/core"
 )
@@ -36,109 +58,110 @@ import (
 // ErrClosed is returned by Publish after Close.
 var ErrClosed = errors.New("kafka sink closed")
 
+// Partitioners of Config.Partitioner (config key sink.kafka.partitioner).
+const (
+	// PartitionerMurmur2 is the Java client's placement, the default.
+	PartitionerMurmur2 = "murmur2"
+	// PartitionerFNV1a is sarama's hash partitioner: int32(fnv1a(key)) %
+	// partitions, negated when negative; the placement of topics written
+	// by Posthorn before the move to kgo.
+	PartitionerFNV1a = "fnv1a"
+)
+
+// Partitioners are the accepted values of Config.Partitioner.
+var Partitioners = []string{PartitionerMurmur2, PartitionerFNV1a}
+
+// MaxRecordBytes is the largest record batch the producer sends (kgo's
+// ProducerBatchMaxBytes, Kafka's default max.message.bytes); one record
+// that does not fit alone is refused for good before anything is sent.
+const MaxRecordBytes = 1_000_000
+
 // Config configures the Kafka sink.
 type Config struct {
 	Brokers []string
-	// Sarama overrides the producer configuration; nil means DefaultSaramaConfig.
-	// The settings that delivery depends on (acks, idempotence, one request in
-	// flight, hash partitioner, returned successes) are forced either way.
-	Sarama *sarama.Config
-	// Security is the connections' TLS and SASL (security.go); applied
-	// over Sarama.
+	// Partitioner is PartitionerMurmur2 (also when empty) or PartitionerFNV1a.
+	Partitioner string
+	// Security is the connections' TLS and SASL (security.go).
 	Security Security
-}
-
-// DefaultSaramaConfig is the producer configuration the sink starts from.
-func DefaultSaramaConfig() *sarama.Config {
-	c := sarama.NewConfig()
-	c.ClientID = "posthorn-relay"
-	c.Producer.Retry.Max = 5
-	return c
-}
-
-func (c *Config) producerConfig() *sarama.Config {
-	sc := c.Sarama
-	if sc == nil {
-		sc = DefaultSaramaConfig()
-	}
-	sc.Producer.RequiredAcks = sarama.WaitForAll
-	sc.Producer.Idempotent = true
-	sc.Net.MaxOpenRequests = 1
-	sc.Producer.Partitioner = sarama.NewHashPartitioner
-	sc.Producer.Return.Successes = true
-	sc.Producer.Return.Errors = true
-	return sc
+	// ClientOpts are extra kgo options (timeouts, a logger) applied before
+	// the ones delivery depends on (acks=all, idempotence, the partitioner,
+	// the batch size), which always win.
+	ClientOpts []kgo.Opt
 }
 
 // Sink publishes batches to Kafka.
 type Sink struct {
-	cfg       Config
-	sc        *sarama.Config // built once: sarama reads it from its goroutines
+	cl        *kgo.Client
 	marshaler wmkafka.Marshaler
 
-	mu       sync.Mutex
-	producer sarama.SyncProducer
-	closed   bool
-	inflight sync.WaitGroup
+	mu     sync.Mutex
+	closed bool
 }
 
 var _ core.Sink = (*Sink)(nil)
 
-// New returns a sink; it connects on the first Publish, so a broker that is
-// down at start is retried like any outage instead of failing the relay.
+// New returns a sink. kgo connects lazily, so a broker that is down at
+// start is retried like any outage instead of failing the relay.
 func New(cfg Config) (*Sink, error) {
 	if len(cfg.Brokers) == 0 {
 		return nil, errors.New("kafka sink: no brokers")
 	}
-	sc := cfg.producerConfig()
-	if err := cfg.Security.Apply(sc); err != nil {
+	part, err := partitioner(cfg.Partitioner)
+	if err != nil {
 		return nil, fmt.Errorf("kafka sink: %w", err)
 	}
-	if err := sc.Validate(); err != nil {
+	sec, err := cfg.Security.kgoOpts()
+	if err != nil {
+		return nil, fmt.Errorf("kafka sink: %w", err)
+	}
+	opts := append([]kgo.Opt{
+		kgo.SeedBrokers(cfg.Brokers...),
+		kgo.ClientID("posthorn-relay"),
+		// Room for a relay batch and the resend of the one before it,
+		// whose records may still be retrying when Publish gave up on them.
+		kgo.MaxBufferedRecords(20_000),
+	}, sec...)
+	opts = append(opts, cfg.ClientOpts...)
+	opts = append(opts,
+		kgo.RequiredAcks(kgo.AllISRAcks()),
+		kgo.RecordPartitioner(part),
+		kgo.ProducerBatchMaxBytes(MaxRecordBytes),
+	)
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
 		return nil, fmt.Errorf("kafka sink: %w", err)
 	}
 	return &Sink{
-		cfg: cfg,
-		sc:  sc,
+		cl: cl,
 		marshaler: wmkafka.NewWithPartitioningMarshaler(func(_ string, msg *message.Message) (string, error) {
 			return msg.Metadata.Get(core.HeaderAggregateID), nil
 		}),
 	}, nil
 }
 
-func (s *Sink) getProducer() (sarama.SyncProducer, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return nil, ErrClosed
+// partitioner maps Config.Partitioner to kgo's partitioner.
+func partitioner(name string) (kgo.Partitioner, error) {
+	switch name {
+	case "", PartitionerMurmur2:
+		// nil hasher: murmur2, high bit masked, modulo partitions (Java's).
+		return kgo.StickyKeyPartitioner(nil), nil
+	case PartitionerFNV1a:
+		return kgo.StickyKeyPartitioner(kgo.SaramaCompatHasher(fnv1a)), nil
 	}
-	if s.producer != nil {
-		return s.producer, nil
-	}
-	p, err := sarama.NewSyncProducer(s.cfg.Brokers, s.sc)
-	if err != nil {
-		return nil, fmt.Errorf("kafka sink: connect: %w", err)
-	}
-	s.producer = p
-	return p, nil
+	return nil, fmt.Errorf("unknown partitioner %q (want one of %v)", name, Partitioners)
 }
 
-// dropProducer closes p (if it is still the current producer) once the
-// sends using it have returned; the next Publish connects afresh.
-func (s *Sink) dropProducer(p sarama.SyncProducer) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.producer == p {
-		s.producer = nil
-		s.inflight.Add(1)
-		go func() { defer s.inflight.Done(); _ = p.Close() }()
-	}
+func fnv1a(b []byte) uint32 {
+	h := fnv.New32a()
+	_, _ = h.Write(b)
+	return h.Sum32()
 }
 
 // Publish sends the batch and returns nil once every record is acknowledged
 // by all in-sync replicas. If ctx ends first, Publish returns ctx's error at
-// once; the send goes on in the background and its records may or may not
-// reach the broker (the relay resends them with the same event IDs).
+// once; records already handed to the producer may still reach the broker
+// (the relay resends them with the same event IDs), and records not yet
+// sent are failed by the producer.
 func (s *Sink) Publish(ctx context.Context, batch []core.Envelope) error {
 	if len(batch) == 0 {
 		return nil
@@ -146,106 +169,108 @@ func (s *Sink) Publish(ctx context.Context, batch []core.Envelope) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	s.mu.Lock()
+	closed := s.closed
+	s.mu.Unlock()
+	if closed {
+		return ErrClosed
+	}
 	// Never send a record after a predecessor of its aggregate that cannot
 	// be sent: the aggregate is parked with the first one.
-	fails := core.BatchFailures{NotSent: "kafka sink: not sent"}
-	msgs := make([]*sarama.ProducerMessage, 0, len(batch))
-	maxBytes := s.sc.Producer.MaxMessageBytes
+	fails := core.BatchFailures{NotSent: "kafka sink: not sent", Sink: "kafka sink"}
+	recs := make([]*kgo.Record, 0, len(batch))
+	index := make([]int, 0, len(batch))
 	for i, e := range batch {
 		if fails.Blocked(i, e) {
 			continue
 		}
-		pm, err := s.marshaler.Marshal(e.Topic, e.ToMessage())
-		if err == nil && recordSize(pm) > maxBytes {
-			err = fmt.Errorf("%w: record of about %d bytes, Producer.MaxMessageBytes %d", sarama.ErrMessageSizeTooLarge, recordSize(pm), maxBytes)
-		}
+		r, err := s.record(e)
 		if err != nil {
 			fails.Fail(i, e, core.Permanent(err))
 			continue
 		}
-		pm.Metadata = i
-		msgs = append(msgs, pm)
+		recs = append(recs, r)
+		index = append(index, i)
 	}
-	p, err := s.getProducer()
-	if err != nil {
-		return err
+
+	results := make([]error, len(recs))
+	done := make(chan struct{})
+	var pending atomic.Int64
+	pending.Store(int64(len(recs)) + 1)
+	finish := func() {
+		if pending.Add(-1) == 0 {
+			close(done)
+		}
 	}
-	s.inflight.Add(1)
-	done := make(chan error, 1)
-	go func() {
-		defer s.inflight.Done()
-		done <- p.SendMessages(msgs)
-	}()
+	for j, r := range recs {
+		s.cl.Produce(ctx, r, func(_ *kgo.Record, err error) {
+			results[j] = err
+			finish()
+		})
+	}
+	finish()
 	select {
 	case <-ctx.Done():
 		return ctx.Err()
-	case err = <-done:
+	case <-done:
 	}
-	if err != nil {
-		var perrs sarama.ProducerErrors
-		if !errors.As(err, &perrs) {
-			s.dropProducer(p)
-			return fmt.Errorf("kafka sink: %w", err)
-		}
-		retryable := 0
-		for _, pe := range perrs {
-			i, _ := pe.Msg.Metadata.(int)
-			ferr := classify(pe.Err)
-			fails.Fail(i, batch[i], ferr)
-			if !core.IsPermanent(ferr) {
-				retryable++
-			}
-		}
-		// Any retryable failure retires the producer: the relay resends
-		// those records, and a fresh producer ID starts its sequence numbers
-		// afresh instead of carrying them across a failure the broker may
-		// have seen differently (an out-of-order sequence after a broker
-		// restart; a broker that takes a resend for a duplicate
-		// acknowledges it without storing it).
-		if retryable > 0 {
-			s.dropProducer(p)
+	for j, err := range results {
+		if err != nil {
+			i := index[j]
+			fails.Fail(i, batch[i], classify(err))
 		}
 	}
+	// kgo keeps a partition's records in order and fails a failed record's
+	// successors in its partition with it, but a key's records may share a
+	// partition with another key's failure: report ACKed only what follows
+	// no failure of its own aggregate.
+	fails.HoldBack(batch)
 	return fails.Err()
 }
 
-// recordSize estimates a record's size as sarama's limit check sees it
-// (payload, key, headers and per-record overhead), so a record that sarama
-// would refuse is refused before the batch is sent, and its aggregate's
-// later records in the batch are held back with it.
-func recordSize(pm *sarama.ProducerMessage) int {
-	n := 36 + pm.Value.Length()
-	if pm.Key != nil {
-		n += pm.Key.Length()
+// record builds e's Kafka record in watermill-kafka's format and refuses one
+// that cannot fit in a produce request on its own.
+func (s *Sink) record(e core.Envelope) (*kgo.Record, error) {
+	pm, err := s.marshaler.Marshal(e.Topic, e.ToMessage())
+	if err != nil {
+		return nil, err
 	}
-	for _, h := range pm.Headers {
-		n += len(h.Key) + len(h.Value) + 10
+	r := &kgo.Record{Topic: e.Topic}
+	if r.Key, err = pm.Key.Encode(); err != nil {
+		return nil, err
 	}
-	return n
+	if r.Value, err = pm.Value.Encode(); err != nil {
+		return nil, err
+	}
+	size := 64 + len(r.Key) + len(r.Value) // batch and record overhead, generously
+	r.Headers = make([]kgo.RecordHeader, len(pm.Headers))
+	for i, h := range pm.Headers {
+		r.Headers[i] = kgo.RecordHeader{Key: string(h.Key), Value: h.Value}
+		size += len(h.Key) + len(h.Value) + 10
+	}
+	if size > MaxRecordBytes {
+		return nil, fmt.Errorf("%w: record of about %d bytes, more than the %d a produce request takes", kerr.MessageTooLarge, size, MaxRecordBytes)
+	}
+	return r, nil
 }
 
 // classify marks the errors a retry cannot fix as permanent.
 func classify(err error) error {
-	var cfgErr sarama.ConfigurationError
 	switch {
-	case errors.As(err, &cfgErr):
-		// Raised before sending, e.g. a record over Producer.MaxMessageBytes:
-		// the same record fails the same way every time.
-		return core.Permanent(err)
-	case errors.Is(err, sarama.ErrMessageSizeTooLarge),
-		errors.Is(err, sarama.ErrInvalidMessage),
-		errors.Is(err, sarama.ErrInvalidMessageSize),
-		errors.Is(err, sarama.ErrInvalidTopic),
-		errors.Is(err, sarama.ErrTopicAuthorizationFailed),
-		errors.Is(err, sarama.ErrInvalidRecord),
-		errors.Is(err, sarama.ErrPolicyViolation):
+	case errors.Is(err, kerr.MessageTooLarge),
+		errors.Is(err, kerr.RecordListTooLarge),
+		errors.Is(err, kerr.InvalidRecord),
+		errors.Is(err, kerr.InvalidTopicException),
+		errors.Is(err, kerr.TopicAuthorizationFailed),
+		errors.Is(err, kerr.PolicyViolation):
 		return core.Permanent(err)
 	}
 	return err
 }
 
-// Close waits for sends still running (after a cancelled Publish) and
-// closes the producer. A second Close returns nil.
+// Close fails the records still buffered (their Publish has returned or
+// returns an error) and closes the producer's connections. A second Close
+// returns nil.
 func (s *Sink) Close() error {
 	s.mu.Lock()
 	if s.closed {
@@ -253,12 +278,7 @@ func (s *Sink) Close() error {
 		return nil
 	}
 	s.closed = true
-	p := s.producer
-	s.producer = nil
 	s.mu.Unlock()
-	s.inflight.Wait()
-	if p != nil {
-		return p.Close()
-	}
+	s.cl.Close()
 	return nil
 }

@@ -8,6 +8,10 @@ import (
 	"fmt"
 
 	"github.com/IBM/sarama"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sasl"
+	"github.com/twmb/franz-go/pkg/sasl/plain"
+	kscram "github.com/twmb/franz-go/pkg/sasl/scram"
 	"github.com/xdg-go/scram"
 )
 
@@ -18,10 +22,10 @@ const (
 	SASLSCRAMSHA512 = "SCRAM-SHA-512"
 )
 
-// Security is how a Kafka client (the sink's producer, a consumer's
-// subscriber) connects: TLS and SASL authentication. The zero value is
-// plaintext without authentication. It is shared by the sink and the
-// subscribers so both ends of a deployment connect alike.
+// Security is how a Kafka client (the sink's kgo producer, a consumer's
+// sarama-based Watermill subscriber) connects: TLS and SASL authentication.
+// The zero value is plaintext without authentication. It is shared by the
+// sink and the subscribers so both ends of a deployment connect alike.
 type Security struct {
 	// TLS, when set, encrypts every broker connection.
 	TLS *tls.Config
@@ -35,18 +39,56 @@ type Security struct {
 // ErrBadSASLMechanism is returned for an unknown SASL mechanism.
 var ErrBadSASLMechanism = errors.New("kafka: unknown SASL mechanism (want PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512)")
 
-// Apply sets sc's TLS and SASL settings. SCRAM uses xdg-go/scram, the
+// validate checks the SASL settings both clients need.
+func (s Security) validate() error {
+	if s.SASLMechanism == "" {
+		return nil
+	}
+	switch s.SASLMechanism {
+	case SASLPlain, SASLSCRAMSHA256, SASLSCRAMSHA512:
+	default:
+		return ErrBadSASLMechanism
+	}
+	if s.SASLUser == "" || s.SASLPassword == "" {
+		return fmt.Errorf("kafka: SASL %s needs a user and a password", s.SASLMechanism)
+	}
+	return nil
+}
+
+// kgoOpts are the sink producer's TLS and SASL options (franz-go's own
+// SASL mechanisms).
+func (s Security) kgoOpts() ([]kgo.Opt, error) {
+	if err := s.validate(); err != nil {
+		return nil, err
+	}
+	var opts []kgo.Opt
+	if s.TLS != nil {
+		opts = append(opts, kgo.DialTLSConfig(s.TLS.Clone()))
+	}
+	var m sasl.Mechanism
+	switch s.SASLMechanism {
+	case "":
+		return opts, nil
+	case SASLPlain:
+		m = plain.Auth{User: s.SASLUser, Pass: s.SASLPassword}.AsMechanism()
+	case SASLSCRAMSHA256:
+		m = kscram.Auth{User: s.SASLUser, Pass: s.SASLPassword}.AsSha256Mechanism()
+	case SASLSCRAMSHA512:
+		m = kscram.Auth{User: s.SASLUser, Pass: s.SASLPassword}.AsSha512Mechanism()
+	}
+	return append(opts, kgo.SASL(m)), nil
+}
+
+// Apply sets a sarama client's (the consumers' subscriber's) TLS and SASL
+// settings. SCRAM uses xdg-go/scram, the
 // client sarama's own examples use.
 func (s Security) Apply(sc *sarama.Config) error {
 	if s.TLS != nil {
 		sc.Net.TLS.Enable = true
 		sc.Net.TLS.Config = s.TLS
 	}
-	if s.SASLMechanism == "" {
-		return nil
-	}
-	if s.SASLUser == "" || s.SASLPassword == "" {
-		return fmt.Errorf("kafka: SASL %s needs a user and a password", s.SASLMechanism)
+	if err := s.validate(); err != nil || s.SASLMechanism == "" {
+		return err
 	}
 	sc.Net.SASL.Enable = true
 	sc.Net.SASL.Handshake = true
@@ -61,8 +103,6 @@ func (s Security) Apply(sc *sarama.Config) error {
 	case SASLSCRAMSHA512:
 		sc.Net.SASL.Mechanism = sarama.SASLTypeSCRAMSHA512
 		sc.Net.SASL.SCRAMClientGeneratorFunc = func() sarama.SCRAMClient { return &scramClient{hash: scram.HashGeneratorFcn(sha512.New)} }
-	default:
-		return ErrBadSASLMechanism
 	}
 	return nil
 }

@@ -118,12 +118,10 @@ func TestSecureBrokerRefusesWrongCredentials(t *testing.T) {
 		{"no SASL", noSASL, false},
 		{"no TLS", noTLS, false},
 	} {
-		sc := kafka.DefaultSaramaConfig()
-		sc.Producer.Retry.Max = 1
-		sc.Metadata.Retry.Max = 0
-		sc.Net.DialTimeout = 2 * time.Second
-		sc.Net.ReadTimeout = 2 * time.Second
-		s, err := kafka.New(kafka.Config{Brokers: addrs, Sarama: sc, Security: tc.sec})
+		// A refused client fails within the test's patience: connection
+		// and request timeouts of 2 s, few retries.
+		s, err := kafka.New(kafka.Config{Brokers: addrs, Security: tc.sec, ClientOpts: []kgo.Opt{
+			kgo.DialTimeout(2 * time.Second), kgo.RequestRetries(1), kgo.RecordRetries(2), kgo.RecordDeliveryTimeout(8 * time.Second)}})
 		if err != nil {
 			t.Fatal(err)
 		}

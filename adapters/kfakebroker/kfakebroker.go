@@ -6,7 +6,10 @@
 //
 //   - One broker (node 0) listens on exactly the address asked for; its
 //     metadata advertises that address, so clients must be able to reach it
-//     as written (use a concrete host such as 127.0.0.1, not 0.0.0.0).
+//     as written (use a concrete host such as 127.0.0.1, not 0.0.0.0). With
+//     Options.Nodes > 1, node i listens on the next ports (port+i), or on
+//     free ports when the port asked for is 0; every node serves every
+//     partition's data, and ShuffleLeaders moves leadership among them.
 //   - Topics named in Options.Topics exist with Options.Partitions
 //     partitions when a fresh broker starts; any other topic (commands.*)
 //     is created on first use with the same partition count.
@@ -59,6 +62,8 @@ type Options struct {
 	Partitions int
 	// Topics to seed; nil means DefaultTopics.
 	Topics []string
+	// Nodes is the number of brokers in the cluster; 0 means 1.
+	Nodes int
 	// Log receives kfake's warnings and errors; nil discards them.
 	Log *slog.Logger
 }
@@ -94,10 +99,22 @@ func Start(opts Options) (*Broker, error) {
 		return nil, fmt.Errorf("kfakebroker: listen address %q: bad port", opts.Listen)
 	}
 
+	if opts.Nodes == 0 {
+		opts.Nodes = 1
+	}
+	if opts.Nodes < 0 || opts.Nodes > 16 {
+		return nil, fmt.Errorf("kfakebroker: nodes must be 1 to 16, got %d", opts.Nodes)
+	}
+	ports := make([]int, opts.Nodes)
+	for i := range ports {
+		if port != 0 {
+			ports[i] = port + i
+		}
+	}
 	kopts := []kfake.Opt{
-		// Ports fixes one broker on this port; kfake itself always binds
+		// Ports fixes the brokers on these ports; kfake itself always binds
 		// 127.0.0.1, so ListenFn swaps in the host asked for.
-		kfake.Ports(port),
+		kfake.Ports(ports...),
 		kfake.ListenFn(func(network, addr string) (net.Listener, error) {
 			_, p, err := net.SplitHostPort(addr)
 			if err != nil {
@@ -132,9 +149,15 @@ func Start(opts Options) (*Broker, error) {
 	return &Broker{cluster: c, unlock: unlock}, nil
 }
 
-// Addrs returns the address the broker listens on (one entry), with the
-// port resolved when Options.Listen asked for port 0.
+// Addrs returns the addresses the brokers listen on, node 0 first, with the
+// ports resolved when Options.Listen asked for port 0.
 func (b *Broker) Addrs() []string { return b.cluster.ListenAddrs() }
+
+// ShuffleLeaders gives every partition a randomly chosen leader among the
+// nodes and bumps the leader epochs, as a leader election would: clients
+// writing to a former leader get NOT_LEADER_OR_FOLLOWER and must find the
+// new one.
+func (b *Broker) ShuffleLeaders() { b.cluster.ShufflePartitionLeaders() }
 
 // Close stops accepting connections, writes the broker's state to the data
 // directory (when there is one) and releases it.

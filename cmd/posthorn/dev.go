@@ -4,22 +4,28 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/signal"
+	"strings"
+	"syscall"
 
 	"github.com/posthorn/posthorn/adapters/kfakebroker"
 )
 
 func init() {
-	register(command{name: "dev kafka", summary: "a standalone Kafka-protocol broker for local work (kfake): --listen, --data-dir", run: runDevKafka})
+	register(command{name: "dev kafka", summary: "a standalone Kafka-protocol broker for local work (kfake): --listen, --data-dir, --nodes; SIGUSR1 moves partition leaders", run: runDevKafka})
 }
 
 // runDevKafka runs kfake as a broker process until SIGINT or SIGTERM. The
 // ready line on stdout is part of the contract: scripts and the fault suite
-// wait for it before they connect.
+// wait for it before they connect. With --nodes N it is a cluster of N
+// brokers on consecutive ports, and each SIGUSR1 elects new partition
+// leaders (the fault suite's leadership moves).
 func runDevKafka(ctx context.Context, args []string) error {
 	fs, path := flagSet("dev kafka")
 	listen := fs.String("listen", kfakebroker.DefaultListen, "host:port to listen on (port 0 picks a free one)")
 	dataDir := fs.String("data-dir", "", "directory that keeps records, topics and offsets across restarts (default: in memory)")
 	partitions := fs.Int("partitions", kfakebroker.DefaultPartitions, "partitions of ledger.events and of auto-created topics (a fresh data dir only)")
+	nodes := fs.Int("nodes", 1, "brokers in the cluster, on consecutive ports from --listen's")
 	cfg, err := loadConfig(fs, path, args)
 	if err != nil {
 		return err
@@ -29,13 +35,25 @@ func runDevKafka(ctx context.Context, args []string) error {
 		Listen:     *listen,
 		DataDir:    *dataDir,
 		Partitions: *partitions,
+		Nodes:      *nodes,
 		Log:        log,
 	})
 	if err != nil {
 		return err
 	}
-	fmt.Printf("kafka-protocol broker listening on %s\n", b.Addrs()[0])
-	<-ctx.Done()
+	shuffle := make(chan os.Signal, 1)
+	signal.Notify(shuffle, syscall.SIGUSR1)
+	defer signal.Stop(shuffle)
+	fmt.Printf("kafka-protocol broker listening on %s\n", strings.Join(b.Addrs(), ","))
+	for stop := false; !stop; {
+		select {
+		case <-shuffle:
+			b.ShuffleLeaders()
+			log.Info("partition leaders moved (SIGUSR1)")
+		case <-ctx.Done():
+			stop = true
+		}
+	}
 	// Close writes the broker's state to the data dir; a second signal
 	// (os.Exit in signalContext) skips it, which kfake survives too.
 	b.Close()

@@ -3,20 +3,23 @@ package main
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"os/exec"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // startDevKafka runs `posthorn dev kafka` and returns the address from its
 // ready line, which is what scripts wait for.
-func startDevKafka(t *testing.T, dataDir string) (*exec.Cmd, string) {
+func startDevKafka(t *testing.T, dataDir string, flags ...string) (*exec.Cmd, string) {
 	t.Helper()
-	cmd := exec.Command(binPath, "dev", "kafka", "--listen", "127.0.0.1:0", "--data-dir", dataDir)
+	cmd := exec.Command(binPath, append([]string{"dev", "kafka", "--listen", "127.0.0.1:0", "--data-dir", dataDir}, flags...)...)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -73,5 +76,50 @@ func TestDevKafkaServesStopsOnSIGTERMAndKeepsItsDataDir(t *testing.T) {
 				return
 			}
 		}
+	}
+}
+
+// --nodes 3 is a three-broker cluster (all addresses on the ready line);
+// each SIGUSR1 elects new partition leaders, which a client's metadata shows.
+func TestDevKafkaNodesAndLeaderMovesOnSIGUSR1(t *testing.T) {
+	cmd, addrs := startDevKafka(t, t.TempDir(), "--nodes", "3", "--partitions", "16")
+	seeds := strings.Split(addrs, ",")
+	if len(seeds) != 3 {
+		t.Fatalf("ready line lists %q, want three addresses", addrs)
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(seeds...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	leaders := func() string {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		req := kmsg.NewPtrMetadataRequest()
+		topic := kmsg.NewMetadataRequestTopic()
+		topic.Topic = kmsg.StringPtr("ledger.events")
+		req.Topics = append(req.Topics, topic)
+		resp, err := req.RequestWith(ctx, cl)
+		if err != nil || len(resp.Topics) != 1 {
+			t.Fatalf("metadata: %v", err)
+		}
+		var b strings.Builder
+		ps := resp.Topics[0].Partitions
+		slices.SortFunc(ps, func(a, b kmsg.MetadataResponseTopicPartition) int { return int(a.Partition - b.Partition) })
+		for _, p := range ps {
+			fmt.Fprintf(&b, "%d:%d ", p.Partition, p.Leader)
+		}
+		return b.String()
+	}
+	before := leaders()
+	if err := cmd.Process.Signal(syscall.SIGUSR1); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for leaders() == before {
+		if time.Now().After(deadline) {
+			t.Fatalf("partition leaders unchanged 10 s after SIGUSR1: %s", before)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }

@@ -33,7 +33,7 @@ var sinkOpeners = map[string]func(configs.Sink) (core.Sink, error){
 		if err != nil {
 			return nil, err
 		}
-		return kafka.New(kafka.Config{Brokers: c.Kafka.Brokers, Security: sec})
+		return kafka.New(kafka.Config{Brokers: c.Kafka.Brokers, Partitioner: c.Kafka.Partitioner, Security: sec})
 	},
 	// An in-process broker: useful in the demo and tests, where consumers
 	// share the process; a standalone relay with it only drains the outbox.

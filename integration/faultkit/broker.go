@@ -7,6 +7,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/posthorn/posthorn/adapters/postgres"
@@ -18,7 +19,13 @@ import (
 // without a new record. The marker-before-ACK control uses it to prove
 // that events the relay marked never reached the broker.
 func (s *System) BrokerEventIDs(ctx context.Context, idle time.Duration) (map[string]bool, error) {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(s.BrokerAddr), kgo.ConsumeTopics(core.TopicEvents),
+	return EventIDsOnBroker(ctx, s.BrokerAddr, idle)
+}
+
+// EventIDsOnBroker reads the whole event topic of the broker at addr and
+// returns the event IDs it holds, stopping after idle without a new record.
+func EventIDsOnBroker(ctx context.Context, addr string, idle time.Duration) (map[string]bool, error) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(addr), kgo.ConsumeTopics(core.TopicEvents),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(200*time.Millisecond))
 	if err != nil {
 		return nil, fmt.Errorf("broker client: %w", err)
@@ -48,11 +55,17 @@ func (s *System) BrokerEventIDs(ctx context.Context, idle time.Duration) (map[st
 // RelayedNotOnBroker returns the relayed (marked) events the broker does
 // not hold: events lost between marker and send.
 func (s *System) RelayedNotOnBroker(ctx context.Context) ([]string, error) {
-	onBroker, err := s.BrokerEventIDs(ctx, 3*time.Second)
+	return RelayedNotOnBroker(ctx, s.Ledger, s.BrokerAddr)
+}
+
+// RelayedNotOnBroker returns the events of ledger that are marked relayed
+// but that the broker at addr does not hold.
+func RelayedNotOnBroker(ctx context.Context, ledger *pgxpool.Pool, addr string) ([]string, error) {
+	onBroker, err := EventIDsOnBroker(ctx, addr, 3*time.Second)
 	if err != nil {
 		return nil, err
 	}
-	rows, err := s.Ledger.Query(ctx, `SELECT o.event_id::text FROM outbox o WHERE o.topic = $1 AND `+postgres.Relayed, core.TopicEvents)
+	rows, err := ledger.Query(ctx, `SELECT o.event_id::text FROM outbox o WHERE o.topic = $1 AND `+postgres.Relayed, core.TopicEvents)
 	if err != nil {
 		return nil, err
 	}

@@ -22,6 +22,7 @@ const (
 	FaultFreezeRelay  = "sigstop relay past its lease"
 	FaultTerminate    = "pg_terminate_backend relay+consumer sessions"
 	FaultBroker       = "broker outage"
+	FaultLeaders      = "partition leaders moved"
 	FaultHeldCommit   = "transaction held open, then committed"
 	FaultHeldRollback = "transaction held open, then rolled back"
 	FaultRollback     = "posting rolled back"
@@ -49,6 +50,8 @@ type RunConfig struct {
 	// BrokerOutages kill the broker for BrokerDown and restart it.
 	BrokerOutages int
 	BrokerDown    time.Duration
+	// LeaderMoves elect new partition leaders (SystemConfig.BrokerNodes > 1).
+	LeaderMoves int
 	// Holds are transactions held open for HoldFor that write outbox rows;
 	// every other one rolls back at the end instead of committing.
 	Holds   int
@@ -175,7 +178,7 @@ func (r *runState) recoverAfter(kind string, before demo.Progress) {
 		return p.Events > 0
 	}})
 	switch kind {
-	case FaultKillRelay, FaultFreezeRelay, FaultTerminate, FaultBroker:
+	case FaultKillRelay, FaultFreezeRelay, FaultTerminate, FaultBroker, FaultLeaders:
 		r.waiters = append(r.waiters, waiter{kind: relayKey(kind), start: time.Now(), done: func(p demo.Progress) bool {
 			return p.Unrelayed <= backlog
 		}})
@@ -409,6 +412,7 @@ func Run(ctx context.Context, s *System, cfg RunConfig) (Figures, error) {
 	add(FaultFreezeRelay, cfg.Freezes)
 	add(FaultTerminate, cfg.Terminations)
 	add(FaultBroker, cfg.BrokerOutages)
+	add(FaultLeaders, cfg.LeaderMoves)
 	add(FaultHeldCommit, cfg.Holds)
 	sort.Slice(plan, func(i, j int) bool { return plan[i].at < plan[j].at })
 
@@ -492,6 +496,15 @@ func Run(ctx context.Context, s *System, cfg RunConfig) (Figures, error) {
 				r.count(f.kind)
 				r.recoverAfter(f.kind, before)
 			}()
+		case FaultLeaders:
+			if !tryBusy(s.Broker) {
+				continue
+			}
+			before := r.before()
+			fail(s.MoveLeaders())
+			release(s.Broker)
+			r.count(f.kind)
+			r.recoverAfter(f.kind, before)
 		case FaultHeldCommit:
 			rollback := holds%2 == 1
 			n := holds

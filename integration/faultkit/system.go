@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -44,6 +45,10 @@ type SystemConfig struct {
 	// LeaseTTL of the relays (default 2 s), so a frozen relay loses its
 	// shards quickly.
 	LeaseTTL time.Duration
+	// BrokerNodes is the size of the Kafka-protocol cluster (`posthorn dev
+	// kafka --nodes`, default 1); with more than one, MoveLeaders elects
+	// new partition leaders.
+	BrokerNodes int
 	// UnsafeNoInbox and UnsafeMarkBeforeAck switch a protection off for a
 	// negative control.
 	UnsafeNoInbox, UnsafeMarkBeforeAck bool
@@ -119,19 +124,25 @@ func StartSystem(ctx context.Context, cfg SystemConfig) (*System, error) {
 	}
 	s.store = postgres.NewLedgerStore(s.Ledger, postgres.LedgerConfig{})
 
-	brokerPort, err := freePort()
+	brokerPort, err := FreePort()
 	if err != nil {
 		return nil, err
 	}
-	apiPort, err := freePort()
+	apiPort, err := FreePort()
 	if err != nil {
 		return nil, err
 	}
 	s.BrokerAddr = fmt.Sprintf("127.0.0.1:%d", brokerPort)
+	nodes := max(1, cfg.BrokerNodes)
+	brokers := make([]string, nodes)
+	for i := range brokers {
+		brokers[i] = fmt.Sprintf("127.0.0.1:%d", brokerPort+i)
+	}
 	s.APIURL = fmt.Sprintf("http://127.0.0.1:%d", apiPort)
 
 	s.Broker = NewProc(ProcConfig{Name: "broker", Bin: cfg.Bin, LogDir: cfg.Dir,
-		Args:      []string{"dev", "kafka", "--listen", s.BrokerAddr, "--data-dir", filepath.Join(cfg.Dir, "broker-data")},
+		Args: []string{"dev", "kafka", "--listen", s.BrokerAddr, "--nodes", strconv.Itoa(nodes),
+			"--data-dir", filepath.Join(cfg.Dir, "broker-data")},
 		ReadyLine: "kafka-protocol broker listening on"})
 	if err := s.Broker.Start(ctx); err != nil {
 		return nil, err
@@ -154,7 +165,7 @@ func StartSystem(ctx context.Context, cfg SystemConfig) (*System, error) {
 	if err := s.API.Start(ctx); err != nil {
 		return nil, err
 	}
-	sinkEnv := []string{"POSTHORN_SINK__KIND=kafka", "POSTHORN_SINK__KAFKA__BROKERS=" + s.BrokerAddr}
+	sinkEnv := []string{"POSTHORN_SINK__KIND=kafka", "POSTHORN_SINK__KAFKA__BROKERS=" + strings.Join(brokers, ",")}
 	for i := 0; i < cfg.Relays; i++ {
 		args := []string{"relay"}
 		if cfg.UnsafeMarkBeforeAck {
@@ -319,6 +330,11 @@ func (s *System) TerminateSessions(ctx context.Context) (int, error) {
 	return a + b, nil
 }
 
+// MoveLeaders has the broker cluster elect new partition leaders (SIGUSR1
+// to `posthorn dev kafka`): producers and consumers writing to or reading
+// from a former leader must find the new one.
+func (s *System) MoveLeaders() error { return s.Broker.Signal(syscall.SIGUSR1) }
+
 // BrokerOutage kills the broker, keeps it down for d and restarts it on
 // the same port and data directory.
 func (s *System) BrokerOutage(ctx context.Context, d time.Duration) error {
@@ -378,7 +394,8 @@ func withAppName(dsn, name string) string {
 	return u.String()
 }
 
-func freePort() (int, error) {
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+func FreePort() (int, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, err

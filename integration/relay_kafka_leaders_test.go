@@ -1,0 +1,213 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/posthorn/posthorn/adapters/kafka"
+	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
+	"github.com/posthorn/posthorn/bridge"
+	"github.com/posthorn/posthorn/bridge/bridgetest"
+	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/integration/faultkit"
+)
+
+// TestRelayKafkaLeadershipMoves: against a three-node kfake cluster, while
+// one relay drains a backlog and postings keep arriving, partition leaders
+// are shuffled, single partitions are moved to another node, and a node is
+// removed and added back. Nothing the relay marked is missing from the
+// topic, per account the records arrive in revision order (repeats of a
+// resend allowed, never a revision ahead of one not yet seen), and the same
+// relay drains everything without a restart. The fault is shown to bite:
+// produce requests are answered by every node, and some by a node that is
+// no longer the partition's leader (NOT_LEADER_OR_FOLLOWER), which the
+// producer must recover from.
+func TestRelayKafkaLeadershipMoves(t *testing.T) {
+	if testing.Short() {
+		t.Skip("moves partition leaders under a draining relay")
+	}
+	t.Parallel()
+	ctx := context.Background()
+	_, pool := pgtest.Ledger(t)
+	const partitions = 8
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(3), kfake.SeedTopics(partitions, core.TopicEvents))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cluster.Close()
+	var perNode [3]atomic.Int64
+	var notLeader atomic.Int64
+	cluster.ControlKey(kmsg.Produce.Int16(), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		cluster.KeepControl()
+		node := cluster.CurrentNode()
+		if node >= 0 && node < 3 {
+			perNode[node].Add(1)
+		}
+		for _, tp := range req.(*kmsg.ProduceRequest).Topics {
+			for _, p := range tp.Partitions {
+				if cluster.LeaderFor(tp.Topic, p.Partition) != node {
+					notLeader.Add(1)
+				}
+			}
+		}
+		return nil, nil, false
+	})
+
+	if err := bridgetest.Fill(ctx, pool, "lead", 1000, 60); err != nil {
+		t.Fatal(err)
+	}
+	sink, err := kafka.New(kafka.Config{Brokers: cluster.ListenAddrs()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sink.Close()
+	r, err := bridge.New(postgres.NewRelayStore(pool), sink, bridge.Config{
+		Owner: "leaders", SinkName: "kafka", Logger: relayQuietLog, Registerer: prometheus.NewRegistry(),
+		BatchSize: 1000, RetryInitial: 20 * time.Millisecond, RetryMax: 300 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer r.Stop(ctx)
+
+	// Live postings beside the backlog, on accounts of their own.
+	var posted []bridgetest.Posted
+	var mu sync.Mutex
+	stopPosting := make(chan struct{})
+	postingDone := make(chan struct{})
+	go func() {
+		defer close(postingDone)
+		for i := 0; ; i++ {
+			select {
+			case <-stopPosting:
+				return
+			default:
+			}
+			var p []bridgetest.Posted
+			err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				var err error
+				p, err = bridgetest.Post(ctx, tx, fmt.Sprintf("acc-live-%d", i%23), fmt.Sprintf("acc-live-%d", (i+7)%23))
+				return err
+			})
+			if err != nil {
+				t.Errorf("post: %v", err)
+				return
+			}
+			mu.Lock()
+			posted = append(posted, p...)
+			mu.Unlock()
+		}
+	}()
+
+	rng := rand.New(rand.NewPCG(1, 2))
+	moves := 0
+	for round := range 30 {
+		switch round % 3 {
+		case 0:
+			cluster.ShufflePartitionLeaders()
+		case 1:
+			for range 3 {
+				p := int32(rng.IntN(partitions))
+				to := (cluster.LeaderFor(core.TopicEvents, p) + 1 + int32(rng.IntN(2))) % 3
+				if err := cluster.MoveTopicPartition(core.TopicEvents, p, to); err != nil {
+					t.Fatal(err)
+				}
+			}
+		case 2:
+			if round == 5 || round == 20 {
+				if err := cluster.RemoveNode(2); err != nil {
+					t.Fatal(err)
+				}
+				time.Sleep(300 * time.Millisecond) // the node stays away a while: the pace of the fault
+				if _, _, err := cluster.AddNode(2, 0); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		moves++
+		time.Sleep(100 * time.Millisecond) // the pace of the fault, not a synchronisation
+	}
+	close(stopPosting)
+	<-postingDone
+	bridgetest.WaitFor(t, 2*time.Minute, "the relay to drain everything", func() bool {
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox_pending`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == 0
+	})
+	if err := r.Ready(); err != nil {
+		t.Fatalf("relay not ready after the moves: %v", err)
+	}
+
+	lost, err := faultkit.RelayedNotOnBroker(ctx, pool, cluster.ListenAddrs()[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(lost) > 0 {
+		t.Fatalf("%d events marked relayed are not on the topic, e.g. %v", len(lost), lost[:min(5, len(lost))])
+	}
+	checkRevisionOrder(t, cluster.ListenAddrs(), 60_000+len(posted))
+	t.Logf("%d rounds of leader moves, %d live events posted; produce requests per node %d/%d/%d, %d partition writes sent to a non-leader",
+		moves, len(posted), perNode[0].Load(), perNode[1].Load(), perNode[2].Load(), notLeader.Load())
+	for i := range perNode {
+		if perNode[i].Load() == 0 {
+			t.Errorf("node %d answered no produce request: leadership never moved to it", i)
+		}
+	}
+	if notLeader.Load() == 0 {
+		t.Error("no produce request reached a non-leader: the moves did not bite the producer")
+	}
+}
+
+// checkRevisionOrder reads the topic from the start (at least n distinct
+// events) and fails if, per key, a record's revision is more than one
+// ahead of the highest seen before it: repeats are allowed, a skipped
+// revision is not.
+func checkRevisionOrder(t *testing.T, brokers []string, n int) {
+	t.Helper()
+	cl := eventsReader(t, brokers)
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	high := map[string]int64{}
+	seen := map[string]bool{}
+	for len(seen) < n && ctx.Err() == nil {
+		cl.PollFetches(ctx).EachRecord(func(rec *kgo.Record) {
+			var id string
+			var rev int64
+			for _, h := range rec.Headers {
+				switch h.Key {
+				case core.HeaderEventID:
+					id = string(h.Value)
+				case core.HeaderRevision:
+					_, _ = fmt.Sscan(string(h.Value), &rev)
+				}
+			}
+			key := string(rec.Key)
+			if rev > high[key]+1 {
+				t.Errorf("%s: revision %d on partition %d offset %d after revision %d: a revision skipped", key, rev, rec.Partition, rec.Offset, high[key])
+			}
+			high[key] = max(high[key], rev)
+			seen[id] = true
+		})
+	}
+	if len(seen) < n {
+		t.Fatalf("read %d distinct events of %d", len(seen), n)
+	}
+}
