@@ -125,7 +125,7 @@ func MeasureKills(t *testing.T, h Harness, o KillOptions) KillReport {
 	p := &killPublisher{
 		sink: h.Sink, o: o,
 		keys:    make([]killKey, o.Keys),
-		acked:   map[string]killRec{},
+		acked:   map[string]killAck{},
 		started: make(chan struct{}),
 		ackedCh: make(chan struct{}, 1),
 		stop:    make(chan struct{}),
@@ -175,7 +175,19 @@ func MeasureKills(t *testing.T, h Harness, o KillOptions) KillReport {
 
 type killRec struct {
 	seq int64 // outbox order
+	key int
 	env core.Envelope
+}
+
+// killAck is what the check needs of an ACKed record (runs ACK millions).
+type killAck struct {
+	seq int64
+	key int32
+	rev int64
+}
+
+func (a killAck) String() string {
+	return "acc-kill-" + strconv.Itoa(int(a.key)) + " r" + strconv.FormatInt(a.rev, 10)
 }
 
 type killKey struct {
@@ -200,7 +212,7 @@ type killPublisher struct {
 	lastOK   atomic.Int64 // duration of the last wholly ACKed batch, ns
 
 	mu    sync.Mutex
-	acked map[string]killRec // event ID → record
+	acked map[string]killAck // event ID → record
 	r     KillReport
 }
 
@@ -292,7 +304,7 @@ func (p *killPublisher) next() []killRec {
 		key := &p.keys[k]
 		key.rev++
 		p.seq++
-		r := killRec{seq: p.seq, env: Envelope(core.TopicEvents, "acc-kill-"+strconv.Itoa(k), key.rev)}
+		r := killRec{seq: p.seq, key: k, env: Envelope(core.TopicEvents, "acc-kill-"+strconv.Itoa(k), key.rev)}
 		key.pending = append(key.pending, r)
 		batch = append(batch, r)
 	}
@@ -332,7 +344,7 @@ func (p *killPublisher) settle(batch []killRec, err error) int {
 		if failedKey[agg] {
 			p.r.Overtaken++
 		}
-		p.acked[r.env.EventID] = r
+		p.acked[r.env.EventID] = killAck{seq: r.seq, key: int32(r.key), rev: r.env.Revision}
 		n++
 	}
 	for k := range p.keys {
@@ -359,13 +371,15 @@ func (p *killPublisher) report() KillReport {
 
 // checkBroker reads the topic back until every ACKed record is seen or the
 // broker has no more, and fills in Absent, OnBroker and OutOfOrder.
-func checkBroker(t *testing.T, h Harness, acked map[string]killRec, r *KillReport) {
+func checkBroker(t *testing.T, h Harness, acked map[string]killAck, r *KillReport) {
 	t.Helper()
 	n := len(acked)
 	var recs []Record
+	var seen map[string]bool
 	missing := n
-	wait := 30 * time.Second
-	for {
+	// Reading millions of records takes a while on a busy machine.
+	wait := 30*time.Second + time.Duration(n/20000)*time.Second
+	for prev := -1; ; {
 		ctx, cancel := context.WithTimeout(context.Background(), wait)
 		got, err := h.Read(ctx, core.TopicEvents, n)
 		cancel()
@@ -373,7 +387,7 @@ func checkBroker(t *testing.T, h Harness, acked map[string]killRec, r *KillRepor
 			t.Fatalf("read the topic back: %v", err)
 		}
 		recs = got
-		seen := map[string]bool{}
+		seen = make(map[string]bool, len(recs))
 		for _, rec := range recs {
 			seen[rec.Headers[core.HeaderEventID]] = true
 		}
@@ -383,46 +397,54 @@ func checkBroker(t *testing.T, h Harness, acked map[string]killRec, r *KillRepor
 				missing++
 			}
 		}
-		// A reader that stops at n records may not have reached the rest
-		// (duplicates count towards n): ask for more until it runs out.
-		if missing == 0 || err != nil {
+		if missing == 0 {
 			break
 		}
-		n = len(recs) + missing
-		// The broker may well have fewer than n: do not wait as long.
-		wait = 10 * time.Second
+		if err == nil {
+			// A reader that stops at n records may not have reached the
+			// rest (repeats count towards n): ask for more.
+			n = len(recs) + missing
+			continue
+		}
+		// Fewer than n came before the deadline: the broker has no more,
+		// unless the reader was still reading. Read again for longer until
+		// a read brings nothing new.
+		if len(recs) <= prev {
+			break
+		}
+		prev = len(recs)
+		wait *= 2
 	}
 	r.OnBroker = len(recs)
 	r.Absent = missing
-	seen := map[string]bool{}
-	last := map[string]int64{}
+	first := map[string]bool{}
+	last := map[int32]int64{}
 	for _, rec := range recs {
 		id := rec.Headers[core.HeaderEventID]
 		a, ok := acked[id]
-		if !ok || seen[id] {
+		if !ok || first[id] {
 			continue
 		}
-		seen[id] = true
-		agg := a.env.AggregateID
-		if a.env.Revision < last[agg] {
+		first[id] = true
+		if a.rev < last[a.key] {
 			r.OutOfOrder++
 			if len(r.Example) < 5 {
-				r.Example = append(r.Example, agg+" r"+strconv.FormatInt(a.env.Revision, 10)+" after r"+strconv.FormatInt(last[agg], 10))
+				r.Example = append(r.Example, a.String()+" after r"+strconv.FormatInt(last[a.key], 10))
 			}
 			continue
 		}
-		last[agg] = a.env.Revision
+		last[a.key] = a.rev
 	}
 	if missing > 0 {
-		var absent []killRec
+		var absent []killAck
 		for id, a := range acked {
 			if !seen[id] {
 				absent = append(absent, a)
 			}
 		}
-		slices.SortFunc(absent, func(a, b killRec) int { return cmp.Compare(a.seq, b.seq) })
+		slices.SortFunc(absent, func(a, b killAck) int { return cmp.Compare(a.seq, b.seq) })
 		for _, a := range absent[:min(5, len(absent))] {
-			r.Example = append(r.Example, "absent "+a.env.AggregateID+" r"+strconv.FormatInt(a.env.Revision, 10))
+			r.Example = append(r.Example, "absent "+a.String())
 		}
 	}
 }
