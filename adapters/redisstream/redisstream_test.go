@@ -40,7 +40,11 @@ func TestConformance(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = s.Close() })
-		return sinktest.Harness{Sink: s, Read: readFunc(cfg), TooLarge: make([]byte, 2<<20), Outage: outage, Kill: kill}
+		h := sinktest.Harness{Sink: s, Read: readFunc(cfg), TooLarge: make([]byte, 2<<20), Outage: outage, Kill: kill}
+		if kill != nil {
+			h.Read = readNow(cfg) // kills_test.go
+		}
+		return h
 	})
 }
 

@@ -72,9 +72,17 @@ type KillReport struct {
 	Absent int
 	// OnBroker is the number of records read back, duplicates included.
 	OnBroker int
-	// OutOfOrder counts ACKed records whose first copy on the broker comes
-	// after the first copy of a later ACKed revision of the same key.
+	// OutOfOrder counts ACKed records on the broker that are not in order:
+	// per key, the longest run of the key's ACKed revisions that can be
+	// read in increasing order, one copy each (repeats skipped), leaves
+	// them out. A consumer would apply them after a later revision.
 	OutOfOrder int
+	// Inversions counts ACKed records whose first copy on the broker comes
+	// after the first copy of a later revision of their key that was
+	// ACKed too (it was stored before its predecessor, unACKed, and its
+	// resend ACKed later). The consumers' gap hold absorbs this; it is
+	// reported, not failed.
+	Inversions int
 	// Overtaken counts records ACKed in a batch in which an earlier record
 	// of the same key failed (the sink must fail those too).
 	Overtaken int
@@ -97,7 +105,7 @@ func testKills(t *testing.T, f Factory) {
 		t.Errorf("%d of %d ACKed records are not on the broker (e.g. %v): an ACK that was not stored", r.Absent, r.Acked, r.Example)
 	}
 	if r.OutOfOrder > 0 {
-		t.Errorf("%d ACKed records appear on the broker after a later revision of their key (e.g. %v)", r.OutOfOrder, r.Example)
+		t.Errorf("%d ACKed records are on the broker only before an earlier ACKed revision of their key (e.g. %v)", r.OutOfOrder, r.Example)
 	}
 	if r.Overtaken > 0 {
 		t.Errorf("%d records ACKed although an earlier record of their key failed in the same batch", r.Overtaken)
@@ -168,8 +176,8 @@ func MeasureKills(t *testing.T, h Harness, o KillOptions) KillReport {
 	r := p.report()
 	r.Kills, r.MidBatch = kills, midBatch
 	checkBroker(t, h, p.acked, &r)
-	t.Logf("broker kills: %d kills (%d mid-batch) in %v; %d batches (%d failed), %d records sent, %d ACKed, %d on the broker; ACKed but absent: %d; out of order: %d; overtaken: %d; permanent: %d",
-		r.Kills, r.MidBatch, time.Since(began).Round(100*time.Millisecond), r.Batches, r.Failed, r.Sent, r.Acked, r.OnBroker, r.Absent, r.OutOfOrder, r.Overtaken, r.Permanent)
+	t.Logf("broker kills: %d kills (%d mid-batch) in %v; %d batches (%d failed), %d records sent, %d ACKed, %d on the broker; ACKed but absent: %d; out of order: %d (first copies inverted: %d); overtaken: %d; permanent: %d",
+		r.Kills, r.MidBatch, time.Since(began).Round(100*time.Millisecond), r.Batches, r.Failed, r.Sent, r.Acked, r.OnBroker, r.Absent, r.OutOfOrder, r.Inversions, r.Overtaken, r.Permanent)
 	return r
 }
 
@@ -370,7 +378,8 @@ func (p *killPublisher) report() KillReport {
 }
 
 // checkBroker reads the topic back until every ACKed record is seen or the
-// broker has no more, and fills in Absent, OnBroker and OutOfOrder.
+// broker has no more, and fills in Absent, OnBroker, OutOfOrder and
+// Inversions.
 func checkBroker(t *testing.T, h Harness, acked map[string]killAck, r *KillReport) {
 	t.Helper()
 	n := len(acked)
@@ -417,23 +426,47 @@ func checkBroker(t *testing.T, h Harness, acked map[string]killAck, r *KillRepor
 	}
 	r.OnBroker = len(recs)
 	r.Absent = missing
+	// Per key, the ACKed revisions on the broker in increasing order; a
+	// greedy scan of the broker's order matches as many as can be read in
+	// that order, one copy each.
+	want := map[int32][]int64{}
+	for id, a := range acked {
+		if seen[id] {
+			want[a.key] = append(want[a.key], a.rev)
+		}
+	}
+	for _, revs := range want {
+		slices.Sort(revs)
+	}
+	matched := map[int32]int{}
 	first := map[string]bool{}
 	last := map[int32]int64{}
 	for _, rec := range recs {
 		id := rec.Headers[core.HeaderEventID]
 		a, ok := acked[id]
-		if !ok || first[id] {
+		if !ok {
+			continue
+		}
+		if m := matched[a.key]; m < len(want[a.key]) && want[a.key][m] == a.rev {
+			matched[a.key]++
+		}
+		if first[id] {
 			continue
 		}
 		first[id] = true
 		if a.rev < last[a.key] {
-			r.OutOfOrder++
-			if len(r.Example) < 5 {
-				r.Example = append(r.Example, a.String()+" after r"+strconv.FormatInt(last[a.key], 10))
-			}
+			r.Inversions++
 			continue
 		}
 		last[a.key] = a.rev
+	}
+	for key, revs := range want {
+		if m := matched[key]; m < len(revs) {
+			r.OutOfOrder += len(revs) - m
+			if len(r.Example) < 5 {
+				r.Example = append(r.Example, killAck{key: key, rev: revs[m]}.String()+" not after its predecessor")
+			}
+		}
 	}
 	if missing > 0 {
 		var absent []killAck
