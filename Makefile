@@ -59,8 +59,9 @@ soak:
 # The negative control of the Kafka broker-kill case at length (issue 13):
 # the old sarama idempotent sink, KAFKA_CONTROL_RUNS runs of
 # KAFKA_CONTROL_DURATION each with 12 or more SIGKILLs of a kfake process,
-# 1,000-record batches. It loses ACKed records in some runs only; the test
-# prints each run's count and fails if no run lost anything.
+# 1,000-record batches (a run takes 3-4 minutes here with its restarts and
+# read-back of a million records or more). It loses ACKed records in some
+# runs only; the test prints each run's count and fails if no run lost.
 KAFKA_CONTROL_RUNS ?= 6
 KAFKA_CONTROL_DURATION ?= 75s
 soak-kafka-control:

@@ -161,6 +161,7 @@ func MeasureKills(t *testing.T, h Harness, o KillOptions) KillReport {
 		case <-time.After(30 * time.Second):
 			t.Fatalf("no Publish started within 30 s")
 		}
+		// (These sleeps shape the fault; nothing waits on them.)
 		time.Sleep(time.Duration(rand.Int64N(int64(p.typical()/2) + 1)))
 		if p.inflight.Load() {
 			midBatch++
