@@ -30,7 +30,12 @@ const reader = "sinktest"
 func TestConformance(t *testing.T) {
 	sinktest.Run(t, func(t *testing.T) sinktest.Harness {
 		url := amqptest.SharedURL()
-		var outage func(*testing.T) func()
+		var outage, kill func(*testing.T) func()
+		if !testing.Short() && t.Name() == "TestConformance/"+sinktest.KillCase && amqptest.NodeUnavailable() == "" {
+			n := amqptest.StartNode(t)
+			url = n.URL
+			kill = func(*testing.T) func() { n.Kill(); return n.StartAgain }
+		}
 		if !testing.Short() && t.Name() == "TestConformance/OutageIsRetryable" {
 			if why := amqptest.NodeUnavailable(); why != "" {
 				t.Logf("!!! OUTAGE IS SIMULATED (vhost permissions withdrawn), NOT A BROKER RESTART: no dedicated RabbitMQ node: %s", why)
@@ -55,6 +60,7 @@ func TestConformance(t *testing.T) {
 			Read:     readFunc(cfg),
 			TooLarge: make([]byte, 2<<20),
 			Outage:   outage,
+			Kill:     kill,
 		}
 	})
 }

@@ -36,10 +36,12 @@ func TestConformanceDedicatedServer(t *testing.T) {
 	}
 	sinktest.Run(t, func(t *testing.T) sinktest.Harness {
 		srv := natstest.Start(t)
-		return harness(t, srv.URL, func(t *testing.T) func() {
+		h := harness(t, srv.URL, func(t *testing.T) func() {
 			srv.Kill()
 			return srv.StartAgain
 		})
+		h.Kill = h.Outage
+		return h
 	})
 }
 

@@ -22,11 +22,17 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 func TestConformance(t *testing.T) {
 	sinktest.Run(t, func(t *testing.T) sinktest.Harness {
 		addr := redistest.SharedAddr()
-		var outage func(*testing.T) func()
-		if !testing.Short() && t.Name() == "TestConformance/OutageIsRetryable" {
+		var outage, kill func(*testing.T) func()
+		switch {
+		case testing.Short():
+		case t.Name() == "TestConformance/OutageIsRetryable":
 			srv := redistest.Start(t)
 			addr = srv.Addr
 			outage = func(*testing.T) func() { srv.Kill(); return srv.StartAgain }
+		case t.Name() == "TestConformance/"+sinktest.KillCase:
+			srv := redistest.Start(t)
+			addr = srv.Addr
+			kill = func(*testing.T) func() { srv.Kill(); return srv.StartAgain }
 		}
 		cfg := redisstream.Config{Addr: addr, StreamPrefix: redistest.Prefix(t, addr), MaxPayloadBytes: 1 << 20, DialTimeout: 500 * time.Millisecond}
 		s, err := redisstream.New(cfg)
@@ -34,7 +40,11 @@ func TestConformance(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = s.Close() })
-		return sinktest.Harness{Sink: s, Read: readFunc(cfg), TooLarge: make([]byte, 2<<20), Outage: outage}
+		h := sinktest.Harness{Sink: s, Read: readFunc(cfg), TooLarge: make([]byte, 2<<20), Outage: outage, Kill: kill}
+		if kill != nil {
+			h.Read = readNow(cfg) // kills_test.go
+		}
+		return h
 	})
 }
 
@@ -44,34 +54,45 @@ func readFunc(cfg redisstream.Config) func(ctx context.Context, topic string, n 
 	return func(ctx context.Context, topic string, n int) ([]sinktest.Record, error) {
 		c := cfg.Client()
 		defer c.Close()
+		var xs []redis.XMessage
 		for {
-			xs, err := c.XRange(ctx, cfg.Stream(topic), "-", "+").Result()
+			got, err := c.XRange(ctx, cfg.Stream(topic), "-", "+").Result()
 			if err != nil && err != redis.Nil {
+				if ctx.Err() != nil {
+					break // return what the last read had
+				}
 				return nil, err
 			}
+			xs = got
 			if len(xs) >= n {
-				var out []sinktest.Record
-				for _, x := range xs {
-					msg, err := wmredis.DefaultMarshallerUnmarshaller{}.Unmarshal(x.Values)
-					if err != nil {
-						return out, err
-					}
-					h := map[string]string{}
-					for k, v := range msg.Metadata {
-						h[k] = v
-					}
-					if h["event_id"] != msg.UUID {
-						h["event_id"] = "uuid " + msg.UUID + " != header " + h["event_id"]
-					}
-					out = append(out, sinktest.Record{Topic: topic, Headers: h, Payload: msg.Payload})
-				}
-				return out, nil
+				break
 			}
 			select {
 			case <-ctx.Done():
-				return nil, ctx.Err()
 			case <-time.After(50 * time.Millisecond):
 			}
+			if ctx.Err() != nil {
+				break
+			}
 		}
+		var out []sinktest.Record
+		for _, x := range xs {
+			msg, err := wmredis.DefaultMarshallerUnmarshaller{}.Unmarshal(x.Values)
+			if err != nil {
+				return out, err
+			}
+			h := map[string]string{}
+			for k, v := range msg.Metadata {
+				h[k] = v
+			}
+			if h["event_id"] != msg.UUID {
+				h["event_id"] = "uuid " + msg.UUID + " != header " + h["event_id"]
+			}
+			out = append(out, sinktest.Record{Topic: topic, Headers: h, Payload: msg.Payload})
+		}
+		if len(out) < n {
+			return out, ctx.Err()
+		}
+		return out, nil
 	}
 }

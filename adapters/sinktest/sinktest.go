@@ -14,7 +14,10 @@
 //     while the rest of the batch is delivered, except the later records of
 //     the same aggregate, which fail retryably and are not delivered (no
 //     record may overtake its predecessor); an outage is retryable;
-//   - Close is idempotent and Publish after Close fails without panicking.
+//   - Close is idempotent and Publish after Close fails without panicking;
+//   - where the harness can SIGKILL the broker, every record ACKed while it
+//     was killed and restarted mid-batch is on the broker, in order per
+//     key (kills.go).
 package sinktest
 
 import (
@@ -51,6 +54,10 @@ type Harness struct {
 	// Outage makes the broker unreachable and returns a function that brings
 	// it back; nil skips the outage checks.
 	Outage func(t *testing.T) (restore func())
+	// Kill ends the broker's process with SIGKILL, as a crash would, and
+	// returns a function that starts it again on the same data; nil skips
+	// the broker-kill case (kills.go).
+	Kill func(t *testing.T) (restart func())
 }
 
 // Factory starts a fresh broker (or a fresh namespace on one) and sink for
@@ -65,6 +72,7 @@ func Run(t *testing.T, f Factory) {
 	t.Run("PermanentFailureIsPerRecord", func(t *testing.T) { testPermanent(t, f(t)) })
 	t.Run("OutageIsRetryable", func(t *testing.T) { testOutage(t, f(t)) })
 	t.Run("Close", func(t *testing.T) { testClose(t, f(t)) })
+	t.Run(KillCase, func(t *testing.T) { testKills(t, f) })
 }
 
 // Envelope returns a valid test envelope of aggregate agg at revision rev.
