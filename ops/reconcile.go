@@ -17,6 +17,9 @@ type Disposition struct {
 	Disposition string
 	// Duplicates counts the repeats absorbed for this event ID.
 	Duplicates int64
+	// Reason is the consumer's reason for a parked, held or rejected
+	// disposition (empty otherwise).
+	Reason string
 }
 
 // DispositionReader is the port through which reconciliation reads one
@@ -52,7 +55,7 @@ func (r InboxReader) Dispositions(ctx context.Context, ids []string) (map[string
 	}
 	out := make(map[string][]Disposition, len(recs))
 	for id, rec := range recs {
-		out[id] = []Disposition{{Disposition: string(rec.Disposition), Duplicates: int64(rec.Duplicates)}}
+		out[id] = []Disposition{{Disposition: string(rec.Disposition), Duplicates: int64(rec.Duplicates), Reason: rec.Reason}}
 	}
 	return out, nil
 }
@@ -71,6 +74,11 @@ func (r InboxReader) AppliedTwice(ctx context.Context) ([][]string, error) {
 type ConsumerSource struct {
 	Name   string
 	Reader DispositionReader
+	// RejectedFinal makes `rejected` a final disposition for this consumer
+	// (reconcile.consumers[].rejected_final): it declares that an event it
+	// cannot apply is, for it, correctly handled. Otherwise a rejected event
+	// is unproven, like a parked or held one.
+	RejectedFinal bool
 }
 
 // ReconcileConfig configures Reconcile.
@@ -122,8 +130,14 @@ type Discrepancies struct {
 	JournalWithoutEvents Class `json:"journal_without_events"`
 	// Unrelayed lists event IDs of the cut still without a relay marker.
 	Unrelayed Class `json:"unrelayed"`
-	// Unproven lists relayed event IDs with no final disposition.
+	// Unproven lists relayed event IDs with no final disposition: none at
+	// all, or one that still waits for an operator or a predecessor
+	// (parked_gap, parked_poison, held; rejected unless the consumer is
+	// configured with rejected_final).
 	Unproven Class `json:"unproven"`
+	// Waiting names, for the first Cap of the unproven events that have a
+	// disposition, what it is and the consumer's reason.
+	Waiting []WaitingEvent `json:"waiting,omitempty"`
 	// Unknown lists event IDs the consumer recorded that the ledger never had.
 	Unknown Class `json:"unknown"`
 	// MultipleApplied lists event IDs applied more than once (or whose
@@ -133,6 +147,15 @@ type Discrepancies struct {
 
 func (d Discrepancies) total() int64 {
 	return d.JournalWithoutEvents.Count + d.Unrelayed.Count + d.Unproven.Count + d.Unknown.Count + d.MultipleApplied.Count
+}
+
+// WaitingEvent is an unproven event the consumer has seen but not finished
+// with: parked (gap or poison), held, or rejected without rejected_final.
+type WaitingEvent struct {
+	EventID     string `json:"event_id"`
+	Consumer    string `json:"consumer"`
+	Disposition string `json:"disposition"`
+	Reason      string `json:"reason"`
 }
 
 // ConsumerReport is one consumer's reconciliation.
@@ -258,6 +281,7 @@ func Reconcile(ctx context.Context, cfg ReconcileConfig) (Report, error) {
 				}
 				ds := disp[e.EventID]
 				final, nApplied := false, 0
+				var waiting *WaitingEvent
 				for _, d := range ds {
 					r.DuplicatesAbsorbed += d.Duplicates
 					switch d.Disposition {
@@ -267,11 +291,22 @@ func Reconcile(ctx context.Context, cfg ReconcileConfig) (Report, error) {
 					case string(postgres.DispositionDuplicate):
 						final = true
 					case string(postgres.DispositionParkedGap), string(postgres.DispositionParkedPoison):
+						// Parked is not covered: the event waits for an
+						// operator, and deleting its outbox row would lose
+						// what the release needs to re-drive it.
 						r.Parked++
-						final = true
+						waiting = &WaitingEvent{EventID: e.EventID, Consumer: c.Name, Disposition: d.Disposition, Reason: d.Reason}
 					case string(postgres.DispositionRejected):
 						r.Rejected++
-						final = true
+						if c.RejectedFinal {
+							final = true
+						} else {
+							waiting = &WaitingEvent{EventID: e.EventID, Consumer: c.Name, Disposition: d.Disposition,
+								Reason: d.Reason + " (rejected is final only with reconcile.consumers[].rejected_final)"}
+						}
+					case string(postgres.DispositionHeld):
+						waiting = &WaitingEvent{EventID: e.EventID, Consumer: c.Name, Disposition: d.Disposition,
+							Reason: "held: waiting for its predecessor inside the hold time"}
 					}
 				}
 				if nApplied > 0 {
@@ -281,8 +316,14 @@ func Reconcile(ctx context.Context, cfg ReconcileConfig) (Report, error) {
 				if nApplied > 1 {
 					r.Discrepancies.MultipleApplied.add(cfg.Cap, e.EventID)
 				}
-				if e.Relayed && !final {
+				if !final && (e.Relayed || waiting != nil) {
 					r.Discrepancies.Unproven.add(cfg.Cap, e.EventID)
+					if waiting != nil && len(r.Discrepancies.Waiting) < cfg.Cap {
+						if waiting.Reason == "" {
+							waiting.Reason = "(no reason recorded)"
+						}
+						r.Discrepancies.Waiting = append(r.Discrepancies.Waiting, *waiting)
+					}
 				}
 			}
 		}
