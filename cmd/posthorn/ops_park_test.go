@@ -1,9 +1,12 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -218,5 +221,72 @@ func TestReconcileParkedIsNotCovered(t *testing.T) {
 		if r.outboxHas(id) {
 			t.Fatalf("event %s still in the outbox after a clean run, archive and cleanup", id)
 		}
+	}
+}
+
+// Cleanup re-verifies the archive segments it relies on (issue 14, fix 2):
+// a truncated, a deleted or a bit-flipped segment stops it with exit 1
+// before anything is deleted, in a dry run too; the intact archive lets it
+// delete.
+func TestCleanupReverifiesArchiveSegments(t *testing.T) {
+	t.Parallel()
+	r := newOpsCLIRig(t)
+	r.post(4)
+	r.deliver("")
+	if code, rep, stderr := r.reconcile(); code != 0 || !rep.Clean {
+		t.Fatalf("reconcile: code %d, %+v, %s", code, rep, stderr)
+	}
+	if code, stdout, stderr := runCLI(t, r.env, "archive"); code != 0 {
+		t.Fatalf("archive: code %d, %s %s", code, stdout, stderr)
+	}
+	segs, _ := filepath.Glob(filepath.Join(r.archiveDir, "segment-*"))
+	if len(segs) != 1 {
+		t.Fatalf("segments %v, want one", segs)
+	}
+	seg := segs[0]
+	intact, err := os.ReadFile(seg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := func() int64 {
+		var n int64
+		if err := r.ledger.QueryRow(context.Background(), `SELECT count(*) FROM outbox`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	before := rows()
+	for _, damage := range []struct {
+		name string
+		do   func() error
+		want string
+	}{
+		{"truncated", func() error { return os.WriteFile(seg, intact[:len(intact)/2], 0o600) }, "SHA-256"},
+		{"deleted", func() error { return os.Remove(seg) }, "no such file"},
+		{"bit-flipped", func() error {
+			b := bytes.Clone(intact)
+			b[len(b)/3] ^= 0x01
+			return os.WriteFile(seg, b, 0o600)
+		}, "SHA-256"},
+	} {
+		if err := damage.do(); err != nil {
+			t.Fatal(err)
+		}
+		for _, args := range [][]string{{"cleanup", "--dry-run"}, {"cleanup"}} {
+			code, stdout, stderr := runCLI(t, r.env, args...)
+			if code != 1 || !strings.Contains(stderr, "do not verify") || !strings.Contains(stderr, filepath.Base(seg)) ||
+				!strings.Contains(stderr, damage.want) || !strings.Contains(stderr, "nothing deleted") {
+				t.Fatalf("%s segment, %v: code %d, %s %s", damage.name, args, code, stdout, stderr)
+			}
+			if n := rows(); n != before {
+				t.Fatalf("%s segment, %v: %d outbox rows left of %d", damage.name, args, n, before)
+			}
+		}
+		if err := os.WriteFile(seg, intact, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if code, stdout, stderr := runCLI(t, r.env, "cleanup"); code != 0 || !strings.Contains(stdout, fmt.Sprintf("deleted %d rows", before)) {
+		t.Fatalf("cleanup over the intact archive: code %d, %s %s", code, stdout, stderr)
 	}
 }
