@@ -86,15 +86,18 @@ func runRelay(ctx context.Context, args []string) error {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	parkAttempts, parkAfter := cfg.Relay.RetryPark()
 	relay, err := bridge.New(postgres.NewRelayStore(pool), sink, bridge.Config{
-		Owner:        cfg.Relay.Owner,
-		SinkName:     cfg.Sink.Kind,
-		BatchSize:    cfg.Relay.BatchSize,
-		PollInterval: cfg.Relay.PollInterval,
-		LeaseTTL:     cfg.Relay.LeaseTTL,
-		Logger:       log,
-		Registerer:   reg,
-		Hooks:        unsafeRelayHooks(*unsafeMark, log),
+		ParkAfterAttempts: parkAttempts,
+		ParkAfter:         parkAfter,
+		Owner:             cfg.Relay.Owner,
+		SinkName:          cfg.Sink.Kind,
+		BatchSize:         cfg.Relay.BatchSize,
+		PollInterval:      cfg.Relay.PollInterval,
+		LeaseTTL:          cfg.Relay.LeaseTTL,
+		Logger:            log,
+		Registerer:        reg,
+		Hooks:             unsafeRelayHooks(*unsafeMark, log),
 	})
 	if err != nil {
 		return err
