@@ -43,6 +43,7 @@ type Config struct {
 	Archive   Archive   `koanf:"archive"`
 	Cleanup   Cleanup   `koanf:"cleanup"`
 	Outbox    Outbox    `koanf:"outbox"`
+	Retention Retention `koanf:"retention"`
 }
 
 // Database is a Postgres connection.
@@ -55,6 +56,17 @@ type Database struct {
 // Consumer configures the example consumers.
 type Consumer struct {
 	Database Database `koanf:"database"`
+	// Hold is how long an event that arrived ahead of its predecessor is
+	// held before its account is parked (consumers.DefaultHoldTime; the
+	// `posthorn consume --hold` flag overrides it).
+	Hold time.Duration `koanf:"hold"`
+}
+
+func (c Consumer) validate() error {
+	if c.Hold <= 0 {
+		return fieldErr("consumer.hold", "must be positive, is %s", c.Hold)
+	}
+	return nil
 }
 
 // API configures the Posting API.
@@ -91,6 +103,8 @@ func Default() Config {
 		Archive:   defaultArchive(),
 		Cleanup:   defaultCleanup(),
 		Outbox:    defaultOutbox(),
+		Consumer:  Consumer{Hold: 30 * time.Second},
+		Retention: defaultRetention(),
 	}
 }
 
@@ -221,6 +235,8 @@ func (c Config) Validate() error {
 		c.Archive.validate(),
 		c.Cleanup.validate(),
 		c.Outbox.validate(),
+		c.Retention.validate(),
+		c.Consumer.validate(),
 	} {
 		if err != nil {
 			return err

@@ -23,9 +23,22 @@ func TestIssue14KeysDefaultsAndValidation(t *testing.T) {
 	if a, d := cfg.Relay.RetryPark(); a != -1 || d != 90*time.Second {
 		t.Fatalf("RetryPark() = %d, %s; want -1 (off), 90s", a, d)
 	}
+	if cfg.Consumer.Hold != 30*time.Second || cfg.Retention.Interval != time.Hour || cfg.Retention.BatchSize != 1000 ||
+		cfg.Retention.InboxMargin != 24*time.Hour || cfg.Retention.IdempotencyKeyTTL != 720*time.Hour {
+		t.Fatalf("consumer.hold %s, retention %+v", cfg.Consumer.Hold, cfg.Retention)
+	}
+	cfg, err = Load("", []string{"POSTHORN_CONSUMER__HOLD=2m", "POSTHORN_RETENTION__IDEMPOTENCY_KEY_TTL=48h", "POSTHORN_RETENTION__INTERVAL=0s"}, nil)
+	if err != nil || cfg.Consumer.Hold != 2*time.Minute || cfg.Retention.IdempotencyKeyTTL != 48*time.Hour || cfg.Retention.Interval != 0 {
+		t.Fatalf("from env: %+v %+v %v", cfg.Consumer, cfg.Retention, err)
+	}
 	for env, key := range map[string]string{
-		"POSTHORN_RELAY__PARK_AFTER_ATTEMPTS=-3": "relay.park_after_attempts",
-		"POSTHORN_RELAY__PARK_AFTER=-1s":         "relay.park_after",
+		"POSTHORN_RELAY__PARK_AFTER_ATTEMPTS=-3":      "relay.park_after_attempts",
+		"POSTHORN_RELAY__PARK_AFTER=-1s":              "relay.park_after",
+		"POSTHORN_CONSUMER__HOLD=0s":                  "consumer.hold",
+		"POSTHORN_RETENTION__INTERVAL=-1m":            "retention.interval",
+		"POSTHORN_RETENTION__BATCH_SIZE=0":            "retention.batch_size",
+		"POSTHORN_RETENTION__INBOX_MARGIN=1s":         "retention.inbox_margin",
+		"POSTHORN_RETENTION__IDEMPOTENCY_KEY_TTL=10m": "retention.idempotency_key_ttl",
 	} {
 		if _, err := Load("", []string{env}, nil); err == nil || !strings.Contains(err.Error(), key) {
 			t.Errorf("%s: %v, want an error naming %s", env, err, key)

@@ -38,6 +38,13 @@ type DispositionReader interface {
 	AppliedTwice(ctx context.Context) ([][]string, error)
 }
 
+// PrunedReader is implemented by a DispositionReader whose store prunes
+// final dispositions (inbox retention): it says which of the events without
+// a disposition its retention may have removed.
+type PrunedReader interface {
+	Pruned(ctx context.Context, events []postgres.ExpectedEvent) (map[string]bool, error)
+}
+
 // InboxReader reads a consumer's dispositions from its inbox
 // (adapters/postgres.Inbox).
 type InboxReader struct {
@@ -63,6 +70,16 @@ func (r InboxReader) Dispositions(ctx context.Context, ids []string) (map[string
 // EventIDs implements DispositionReader.
 func (r InboxReader) EventIDs(ctx context.Context, batch int, fn func([]string) error) error {
 	return r.Inbox.InboxEventIDs(ctx, r.Consumer, batch, fn)
+}
+
+// Pruned implements PrunedReader (postgres.Inbox.Pruned).
+func (r InboxReader) Pruned(ctx context.Context, events []postgres.ExpectedEvent) (map[string]bool, error) {
+	cands := make([]postgres.PrunedCandidate, len(events))
+	for i, e := range events {
+		cands[i] = postgres.PrunedCandidate{EventID: e.EventID, AggregateType: e.AggregateType, AggregateID: e.AggregateID,
+			Revision: e.Revision, CreatedAt: e.CreatedAt}
+	}
+	return r.Inbox.Pruned(ctx, r.Consumer, cands)
 }
 
 // AppliedTwice implements DispositionReader.
@@ -160,16 +177,19 @@ type WaitingEvent struct {
 
 // ConsumerReport is one consumer's reconciliation.
 type ConsumerReport struct {
-	Name               string             `json:"name"`
-	Expected           int64              `json:"expected"`
-	Relayed            int64              `json:"relayed"`
-	Applied            int64              `json:"applied"`
-	DuplicatesAbsorbed int64              `json:"duplicates_absorbed"`
-	Parked             int64              `json:"parked"`
-	Rejected           int64              `json:"rejected"`
-	Discrepancies      Discrepancies      `json:"discrepancies"`
-	Clean              bool               `json:"clean"`
-	Coverage           *postgres.Coverage `json:"coverage,omitempty"`
+	Name               string `json:"name"`
+	Expected           int64  `json:"expected"`
+	Relayed            int64  `json:"relayed"`
+	Applied            int64  `json:"applied"`
+	DuplicatesAbsorbed int64  `json:"duplicates_absorbed"`
+	Parked             int64  `json:"parked"`
+	// Pruned counts events whose disposition inbox retention removed after
+	// an earlier run had proven them (at or below the recorded coverage).
+	Pruned        int64              `json:"pruned"`
+	Rejected      int64              `json:"rejected"`
+	Discrepancies Discrepancies      `json:"discrepancies"`
+	Clean         bool               `json:"clean"`
+	Coverage      *postgres.Coverage `json:"coverage,omitempty"`
 }
 
 // CutInfo describes the cut a report is about.
@@ -242,6 +262,11 @@ func Reconcile(ctx context.Context, cfg ReconcileConfig) (Report, error) {
 		reps[i] = ConsumerReport{Name: c.Name}
 		reps[i].Discrepancies.JournalWithoutEvents = journals
 	}
+	// Coverage already recorded: a disposition pruned since is still proven.
+	prev, err := cfg.Ledger.Coverages(ctx)
+	if err != nil {
+		return rep, err
+	}
 	var unrelayed Class
 	var oldest time.Time
 	// byEvent maps an expected event to its report index for the applied-twice check.
@@ -273,6 +298,10 @@ func Reconcile(ctx context.Context, cfg ReconcileConfig) (Report, error) {
 			if err != nil {
 				return rep, fmt.Errorf("consumer %s: %w", c.Name, err)
 			}
+			pruned, err := prunedOf(ctx, c, batch, disp, prev[c.Name].CoveredOutboxID)
+			if err != nil {
+				return rep, fmt.Errorf("consumer %s: %w", c.Name, err)
+			}
 			r := &reps[ci]
 			for _, e := range batch {
 				r.Expected++
@@ -281,6 +310,10 @@ func Reconcile(ctx context.Context, cfg ReconcileConfig) (Report, error) {
 				}
 				ds := disp[e.EventID]
 				final, nApplied := false, 0
+				if pruned[e.EventID] {
+					r.Pruned++
+					final = true
+				}
 				var waiting *WaitingEvent
 				for _, d := range ds {
 					r.DuplicatesAbsorbed += d.Duplicates
@@ -406,4 +439,26 @@ func unknownEventIDs(ctx context.Context, cfg ReconcileConfig, r DispositionRead
 		}
 	}
 	return out, nil
+}
+
+// prunedOf returns the events of batch that c has no disposition for but
+// whose disposition inbox retention removed after an earlier reconciliation
+// had proven them: only events at or below c's recorded coverage qualify,
+// and only by the rule retention deletes with (PrunedReader). Anything else
+// without a disposition stays unproven.
+func prunedOf(ctx context.Context, c ConsumerSource, batch []postgres.ExpectedEvent, disp map[string][]Disposition, covered int64) (map[string]bool, error) {
+	pr, ok := c.Reader.(PrunedReader)
+	if !ok || covered <= 0 {
+		return nil, nil
+	}
+	var cands []postgres.ExpectedEvent
+	for _, e := range batch {
+		if e.ID <= covered && len(disp[e.EventID]) == 0 {
+			cands = append(cands, e)
+		}
+	}
+	if len(cands) == 0 {
+		return nil, nil
+	}
+	return pr.Pruned(ctx, cands)
 }
