@@ -58,7 +58,9 @@ ON CONFLICT (consumer) DO UPDATE
 	}
 	// Keyset over (updated_at, event_id) through consumer_inbox_final_age: a
 	// row kept (the last applied revision of an aggregate) is passed once,
-	// not read again by every later batch.
+	// not read again by every later batch. The delete finds its rows by the
+	// ctid the scan read in the same statement (a TID scan, not a second
+	// primary-key probe per row), rechecking the key and disposition.
 	var afterAt time.Time
 	afterID := ""
 	for {
@@ -67,7 +69,7 @@ ON CONFLICT (consumer) DO UPDATE
 		var lastID *string
 		err := in.pool.QueryRow(ctx, `
 WITH scan AS (
-    SELECT i.event_id, i.updated_at,
+    SELECT i.ctid AS tid, i.event_id, i.updated_at,
            CASE WHEN p.last_revision IS NOT NULL THEN i.revision > 0 AND i.revision < p.last_revision
                 ELSE i.updated_at < $3 END AS prunable
     FROM consumer_inbox i
@@ -79,7 +81,7 @@ WITH scan AS (
     LIMIT $6),
 d AS (
     DELETE FROM consumer_inbox x USING scan s
-    WHERE s.prunable AND x.consumer = $1 AND x.event_id = s.event_id
+    WHERE s.prunable AND x.ctid = s.tid AND x.consumer = $1 AND x.event_id = s.event_id
       AND x.disposition IN ('applied', 'duplicate')
     RETURNING 1)
 SELECT (SELECT count(*) FROM d),
