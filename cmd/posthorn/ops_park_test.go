@@ -290,3 +290,39 @@ func TestCleanupReverifiesArchiveSegments(t *testing.T) {
 		t.Fatalf("cleanup over the intact archive: code %d, %s %s", code, stdout, stderr)
 	}
 }
+
+// `posthorn outbox release` lifts the park of a command journal too, not
+// only of an account (issue 14, fix 7).
+func TestOutboxReleaseParkedCommandJournal(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	r := newOpsCLIRig(t)
+	store := postgres.NewRelayStore(r.ledger)
+	const journal = "0190c0de-0000-7000-8000-00000000c0de"
+	for _, p := range []postgres.ParkedAggregate{
+		{AggregateType: core.AggregateJournal, AggregateID: journal, EventID: "0190c0de-0000-7000-8000-000000000001", Reason: "unroutable"},
+		{AggregateType: core.AggregateAccount, AggregateID: "acc-9", EventID: "0190c0de-0000-7000-8000-000000000002", Reason: "too large"},
+	} {
+		if _, err := store.Park(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if code, _, stderr := runCLI(t, r.env, "outbox", "release"); code == 0 || !strings.Contains(stderr, "--journal") {
+		t.Fatalf("release without an aggregate: code %d, %s", code, stderr)
+	}
+	if code, _, stderr := runCLI(t, r.env, "outbox", "release", "--account", "acc-9", "--journal", journal); code == 0 || !strings.Contains(stderr, "exactly one") {
+		t.Fatalf("release of two: code %d, %s", code, stderr)
+	}
+	if code, stdout, stderr := runCLI(t, r.env, "outbox", "release", "--journal", journal); code != 0 || !strings.Contains(stdout, "journal "+journal+" released") {
+		t.Fatalf("release --journal: code %d, %s %s", code, stdout, stderr)
+	}
+	if code, stdout, stderr := runCLI(t, r.env, "outbox", "release", "--account", "acc-9"); code != 0 {
+		t.Fatalf("release --account: code %d, %s %s", code, stdout, stderr)
+	}
+	if left, err := store.Parked(ctx); err != nil || len(left) != 0 {
+		t.Fatalf("still parked: %+v %v", left, err)
+	}
+	if code, _, stderr := runCLI(t, r.env, "outbox", "release", "--journal", journal); code == 0 || !strings.Contains(stderr, "not parked") {
+		t.Fatalf("release of a journal not parked: code %d, %s", code, stderr)
+	}
+}
