@@ -120,6 +120,19 @@ func fieldErr(key, format string, args ...any) error {
 	return &FieldError{Key: key, Msg: fmt.Sprintf(format, args...)}
 }
 
+// mapKeys are the keys whose value is a map with names of the user's as
+// keys (its entries are not in the defaults).
+var mapKeys = []string{"sink.amqp.command_owners"}
+
+func isMapEntry(key string) bool {
+	for _, m := range mapKeys {
+		if rest, ok := strings.CutPrefix(key, m+"."); ok && rest != "" && !strings.Contains(rest, ".") {
+			return true
+		}
+	}
+	return false
+}
+
 // Load merges defaults, the YAML file at path (if not empty), the
 // environment (environ; nil means os.Environ) and the flags that were set
 // on fs (nil for none), then validates the result.
@@ -138,7 +151,7 @@ func Load(path string, environ []string, fs *pflag.FlagSet) (Config, error) {
 		}
 		// A misspelt key would otherwise be ignored silently.
 		for _, key := range k.Keys() {
-			if !known[key] {
+			if !known[key] && !isMapEntry(key) {
 				return Config{}, fieldErr(key, "is not a configuration key (in %s)", path)
 			}
 		}
@@ -237,6 +250,7 @@ func (c Config) Validate() error {
 		c.Outbox.validate(),
 		c.Retention.validate(),
 		c.Consumer.validate(),
+		validateCommandOwners(c.Sink),
 	} {
 		if err != nil {
 			return err

@@ -1,6 +1,7 @@
 package configs
 
 import (
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -43,5 +44,26 @@ func TestIssue14KeysDefaultsAndValidation(t *testing.T) {
 		if _, err := Load("", []string{env}, nil); err == nil || !strings.Contains(err.Error(), key) {
 			t.Errorf("%s: %v, want an error naming %s", env, err, key)
 		}
+	}
+}
+
+// sink.amqp.command_owners is a map of service to consumer: its entries
+// are accepted in the file, and a nested key still is not.
+func TestCommandOwnersMap(t *testing.T) {
+	dir := t.TempDir()
+	good := dir + "/good.yaml"
+	if err := os.WriteFile(good, []byte("sink:\n  amqp:\n    command_owners:\n      payouts: payouts-worker\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := Load(good, []string{}, nil)
+	if err != nil || cfg.Sink.AMQP.CommandOwners["payouts"] != "payouts-worker" {
+		t.Fatalf("command_owners: %+v %v", cfg.Sink.AMQP.CommandOwners, err)
+	}
+	bad := dir + "/bad.yaml"
+	if err := os.WriteFile(bad, []byte("sink:\n  amqp:\n    command_owners:\n      payouts:\n        x: y\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Load(bad, []string{}, nil); err == nil || !strings.Contains(err.Error(), "sink.amqp.command_owners.payouts.x") {
+		t.Fatalf("nested key: %v, want an error naming it", err)
 	}
 }

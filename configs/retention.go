@@ -42,3 +42,14 @@ func (r Retention) validate() error {
 	}
 	return nil
 }
+
+// validateCommandOwners checks sink.amqp.command_owners (kept out of
+// sink.go's own validation, which another change rewrites).
+func validateCommandOwners(s Sink) error {
+	for service, owner := range s.AMQP.CommandOwners {
+		if service == "" || owner == "" {
+			return fieldErr("sink.amqp.command_owners."+service, "needs a service and its owning consumer, got %q: %q", service, owner)
+		}
+	}
+	return nil
+}
