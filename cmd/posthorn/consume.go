@@ -57,7 +57,8 @@ type consumeOptions struct {
 	log    *slog.Logger
 	reg    *prometheus.Registry
 	// unsafeNoInbox runs the handlers without the inbox: the fault suite's
-	// negative control (--unsafe-no-inbox, hidden), never for real use.
+	// negative control (--unsafe-no-inbox, only with -tags posthorn_unsafe),
+	// never for real use.
 	unsafeNoInbox bool
 }
 
@@ -66,8 +67,7 @@ func runConsume(ctx context.Context, args []string) error {
 	only := fs.String("only", "", "run only this consumer: "+fmt.Sprint(exampleNames()))
 	hold := fs.Duration("hold", 0, "how long an event ahead of its predecessor is held before its account is parked (default: config key consumer.hold, "+consumers.DefaultHoldTime.String()+")")
 	keyFlags(fs, "consumer.database.url", "metrics.listen", "sink.kind", "sink.kafka.brokers")
-	unsafeNoInbox := fs.Bool("unsafe-no-inbox", false, "UNSAFE, tests only: apply without the inbox (no dedup, no gap check)")
-	_ = fs.MarkHidden("unsafe-no-inbox")
+	unsafeNoInbox := unsafeFlag(fs, "unsafe-no-inbox", "UNSAFE, tests only: apply without the inbox (no dedup, no gap check)")
 	cfg, err := loadConfig(fs, path, args)
 	if err != nil {
 		return err
