@@ -31,14 +31,12 @@ func (s *stuckSink) Publish(ctx context.Context, batch []core.Envelope) error {
 	acc, _ := s.account.Load().(string)
 	failed := map[int]error{}
 	var pass []core.Envelope
-	var passIdx []int
 	for i, e := range batch {
 		if s.all.Load() || e.AggregateID == acc {
 			failed[i] = errUnroutable
 			continue
 		}
 		pass = append(pass, e)
-		passIdx = append(passIdx, i)
 	}
 	if len(pass) > 0 {
 		if err := s.inner.Publish(ctx, pass); err != nil {
