@@ -31,7 +31,6 @@ var ContractHistograms = []string{
 var OperatorMetrics = []string{
 	"posthorn_consumer_parked_aggregates",
 	"posthorn_consumer_held_events",
-	"posthorn_consumer_offset_lag",
 	"posthorn_wal_slot_status",
 	"posthorn_cdc_slot_recoveries_total",
 }
