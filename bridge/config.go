@@ -44,6 +44,15 @@ type Config struct {
 	// after a retryable sink failure.
 	RetryInitial time.Duration
 	RetryMax     time.Duration
+	// ParkAfterAttempts and ParkAfter bound how long one record may keep
+	// failing retryably while the sink takes other records before its
+	// aggregate is parked (see StuckTracker): after that many attempts, or
+	// that long, whichever comes first. Zero takes the default
+	// (ParkAfterAttemptsDefault, ParkAfterDefault); negative turns that
+	// bound off; both off is the old behaviour, where one such record backs
+	// off every batch of the relay for ever.
+	ParkAfterAttempts int
+	ParkAfter         time.Duration
 	// StatsInterval is how often the backlog and open-transaction gauges are
 	// refreshed.
 	StatsInterval time.Duration
@@ -110,6 +119,12 @@ func (c *Config) setDefaults() {
 	}
 	if c.StatsInterval == 0 {
 		c.StatsInterval = StatsIntervalDefault
+	}
+	if c.ParkAfterAttempts == 0 {
+		c.ParkAfterAttempts = ParkAfterAttemptsDefault
+	}
+	if c.ParkAfter == 0 {
+		c.ParkAfter = ParkAfterDefault
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()

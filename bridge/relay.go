@@ -40,6 +40,7 @@ type Relay struct {
 	deadline     time.Time
 	nextMaintain time.Time
 	retry        *backoff.ExponentialBackOff
+	stuck        *StuckTracker
 }
 
 // New returns a relay over store that publishes to sink. It does not start
@@ -66,6 +67,7 @@ func New(store *postgres.RelayStore, sink core.Sink, cfg Config) (*Relay, error)
 		life:  NewLifecycle(),
 		wake:  make(chan struct{}, 1),
 		retry: bo,
+		stuck: NewStuckTracker(cfg.ParkAfterAttempts, cfg.ParkAfter),
 	}
 	notReady := errors.New("relay not started")
 	r.readyErr.Store(&notReady)
@@ -399,6 +401,9 @@ func (r *Relay) relayBatch(ctx context.Context, rows []postgres.OutboxRow) (*mar
 		}
 		job = &markJob{refs: refs, leases: slices.Clone(r.leases)}
 	}
+	// A record that keeps failing retryably while the sink takes the others
+	// parks its aggregate, so it stops throttling every other aggregate.
+	stuck := r.stuck.Observe(batch, err, st)
 	if failed == 0 {
 		r.retry.Reset()
 		return job, nil
@@ -418,6 +423,26 @@ func (r *Relay) relayBatch(ctx context.Context, rows []postgres.OutboxRow) (*mar
 		r.log.Error("aggregate parked: the sink rejected its record for good; other aggregates keep flowing; release with `posthorn outbox release`",
 			"aggregate_type", p.AggregateType, "aggregate_id", p.AggregateID, "event_id", p.EventID, "reason", p.Reason)
 	}
+	stuckParked := map[aggKey]bool{}
+	for _, p := range stuck {
+		isNew, perr := r.store.Park(ctx, p)
+		if perr != nil {
+			r.log.Error("park aggregate", "aggregate_type", p.AggregateType, "aggregate_id", p.AggregateID, "err", perr)
+			continue
+		}
+		stuckParked[aggKey{p.AggregateType, p.AggregateID}] = true
+		if isNew {
+			r.m.parked.Inc()
+		}
+		r.log.Error("aggregate parked: its record kept failing retryably while the sink took others; other aggregates keep flowing; release with `posthorn outbox release`",
+			"aggregate_type", p.AggregateType, "aggregate_id", p.AggregateID, "event_id", p.EventID, "reason", p.Reason)
+	}
+	if st.Retryable != nil && allParked(batch, st.Retry, stuckParked) {
+		// Every record left to retry belongs to an aggregate parked now:
+		// nothing to wait for.
+		r.retry.Reset()
+		return nil, nil
+	}
 	if st.Retryable != nil {
 		r.m.retries.Inc()
 		r.log.Warn("sink failed; retrying with backoff", "failed", failed, "batch", len(batch), "err", st.Retryable)
@@ -426,6 +451,20 @@ func (r *Relay) relayBatch(ctx context.Context, rows []postgres.OutboxRow) (*mar
 	}
 	r.retry.Reset()
 	return nil, nil
+}
+
+// allParked reports whether every record of batch at indexes idx belongs
+// to an aggregate in parked.
+func allParked(batch []core.Envelope, idx []int, parked map[aggKey]bool) bool {
+	if len(parked) == 0 {
+		return false
+	}
+	for _, i := range idx {
+		if !parked[aggKey{batch[i].AggregateType, batch[i].AggregateID}] {
+			return false
+		}
+	}
+	return true
 }
 
 func isBatchError(err error) bool {

@@ -34,6 +34,8 @@ type fixture struct {
 	pool  *pgxpool.Pool
 	store *postgres.RelayStore
 	sink  *memory.Sink
+	// wrap, when set, is the sink the relays publish to (it forwards to sink).
+	wrap core.Sink
 }
 
 func newFixture(t *testing.T, sinkCfg memory.Config) *fixture {
@@ -67,7 +69,11 @@ func (f *fixture) start(owner string, mod func(*bridge.Config)) relayHandle {
 	if mod != nil {
 		mod(&cfg)
 	}
-	r, err := bridge.New(f.store, f.sink, cfg)
+	var sink core.Sink = f.sink
+	if f.wrap != nil {
+		sink = f.wrap
+	}
+	r, err := bridge.New(f.store, sink, cfg)
 	if err != nil {
 		f.t.Fatal(err)
 	}

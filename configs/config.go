@@ -43,6 +43,7 @@ type Config struct {
 	Archive   Archive   `koanf:"archive"`
 	Cleanup   Cleanup   `koanf:"cleanup"`
 	Outbox    Outbox    `koanf:"outbox"`
+	Retention Retention `koanf:"retention"`
 }
 
 // Database is a Postgres connection.
@@ -55,6 +56,17 @@ type Database struct {
 // Consumer configures the example consumers.
 type Consumer struct {
 	Database Database `koanf:"database"`
+	// Hold is how long an event that arrived ahead of its predecessor is
+	// held before its account is parked (consumers.DefaultHoldTime; the
+	// `posthorn consume --hold` flag overrides it).
+	Hold time.Duration `koanf:"hold"`
+}
+
+func (c Consumer) validate() error {
+	if c.Hold <= 0 {
+		return fieldErr("consumer.hold", "must be positive, is %s", c.Hold)
+	}
+	return nil
 }
 
 // API configures the Posting API.
@@ -91,6 +103,8 @@ func Default() Config {
 		Archive:   defaultArchive(),
 		Cleanup:   defaultCleanup(),
 		Outbox:    defaultOutbox(),
+		Consumer:  Consumer{Hold: 30 * time.Second},
+		Retention: defaultRetention(),
 	}
 }
 
@@ -104,6 +118,19 @@ func (e *FieldError) Error() string { return fmt.Sprintf("config key %s: %s", e.
 
 func fieldErr(key, format string, args ...any) error {
 	return &FieldError{Key: key, Msg: fmt.Sprintf(format, args...)}
+}
+
+// mapKeys are the keys whose value is a map with names of the user's as
+// keys (its entries are not in the defaults).
+var mapKeys = []string{"sink.amqp.command_owners"}
+
+func isMapEntry(key string) bool {
+	for _, m := range mapKeys {
+		if rest, ok := strings.CutPrefix(key, m+"."); ok && rest != "" && !strings.Contains(rest, ".") {
+			return true
+		}
+	}
+	return false
 }
 
 // Load merges defaults, the YAML file at path (if not empty), the
@@ -124,7 +151,7 @@ func Load(path string, environ []string, fs *pflag.FlagSet) (Config, error) {
 		}
 		// A misspelt key would otherwise be ignored silently.
 		for _, key := range k.Keys() {
-			if !known[key] {
+			if !known[key] && !isMapEntry(key) {
 				return Config{}, fieldErr(key, "is not a configuration key (in %s)", path)
 			}
 		}
@@ -221,6 +248,9 @@ func (c Config) Validate() error {
 		c.Archive.validate(),
 		c.Cleanup.validate(),
 		c.Outbox.validate(),
+		c.Retention.validate(),
+		c.Consumer.validate(),
+		validateCommandOwners(c.Sink),
 	} {
 		if err != nil {
 			return err

@@ -23,3 +23,14 @@ var ContractMetrics = []string{
 var ContractHistograms = []string{
 	"posthorn_relay_publish_seconds",
 }
+
+// OperatorMetrics are metrics beyond the contract's table that the alert
+// rules and the dashboard also rely on (issue 14: a stalled consumer, a
+// lost CDC slot, parked and held accounts). Relay and consumers expose
+// them under these names; keep them stable like the contract's.
+var OperatorMetrics = []string{
+	"posthorn_consumer_parked_aggregates",
+	"posthorn_consumer_held_events",
+	"posthorn_wal_slot_status",
+	"posthorn_cdc_slot_recoveries_total",
+}

@@ -13,6 +13,10 @@ type Reconcile struct {
 type ReconcileConsumer struct {
 	Name        string `koanf:"name"`
 	DatabaseURL string `koanf:"database_url"`
+	// RejectedFinal makes `rejected` a final disposition for this consumer:
+	// set it only for a consumer that by design rejects events it does not
+	// handle. Otherwise a rejected event is unproven (exit 1, no coverage).
+	RejectedFinal bool `koanf:"rejected_final"`
 }
 
 func (r Reconcile) validate() error {

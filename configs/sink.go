@@ -107,6 +107,10 @@ type AMQPSink struct {
 	// MaxPayloadBytes is the broker's max_message_size; 0 means 128 MiB.
 	MaxPayloadBytes int     `koanf:"max_payload_bytes"`
 	TLS             SinkTLS `koanf:"tls"`
+	// CommandOwners maps a command service (commands.<service>) to the
+	// consumer that owns it: the only queue the relay binds to that command
+	// exchange. A service not listed is owned by the consumer named like it.
+	CommandOwners map[string]string `koanf:"command_owners"`
 }
 
 // RedisSink configures the Redis Streams sink.

@@ -45,7 +45,19 @@ const (
 	HeaderJournalID     = "journal_id"
 	HeaderOccurredAt    = "occurred_at"
 	HeaderReplay        = "replay"
+	// HeaderResend is "true" on a record an operator sent again (posthorn
+	// outbox resend): a deliberate repeat that a broker's own dedup must
+	// not swallow (see Envelope.OperatorRepeat).
+	HeaderResend = "resend"
 )
+
+// OperatorRepeat reports whether e is a replay or an operator's resend: a
+// repeat of an event ID that must reach the consumer (whose inbox absorbs
+// it), so a sink must not give it the broker-side dedup ID of the first
+// publish.
+func (e Envelope) OperatorRepeat() bool {
+	return e.Replay || e.Headers[HeaderResend] == "true"
+}
 
 // Envelope is one outbox record as it travels to a sink: identity, routing
 // and ordering data in typed fields, the payload opaque.

@@ -106,7 +106,7 @@ func BenchmarkOps(b *testing.B) {
 		figure("archive (fsync per segment)", "archive", float64(ares.Rows), time.Since(start))
 
 		start = time.Now()
-		cres, err := ops.Cleanup(ctx, ops.CleanupConfig{Ledger: opsStore, Required: []string{projection.Name, auditlog.Name}, BatchSize: 1000})
+		cres, err := ops.Cleanup(ctx, ops.CleanupConfig{Ledger: opsStore, Archive: archive, Required: []string{projection.Name, auditlog.Name}, BatchSize: 1000})
 		if err != nil {
 			b.Fatal(err)
 		}

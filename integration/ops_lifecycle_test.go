@@ -93,7 +93,7 @@ func TestOpsReplayArchiveCleanupLifecycle(t *testing.T) {
 		t.Fatal(err)
 	}
 	cleanup := func(window time.Duration, req []string, dry bool) (ops.CleanupResult, error) {
-		return ops.Cleanup(ctx, ops.CleanupConfig{Ledger: r.ops, Required: req, ReplayWindow: window, BatchSize: 13, DryRun: dry})
+		return ops.Cleanup(ctx, ops.CleanupConfig{Ledger: r.ops, Archive: archive, Required: req, ReplayWindow: window, BatchSize: 13, DryRun: dry})
 	}
 	// No coverage yet: archive and cleanup refuse.
 	if _, err := ops.Archive(ctx, ops.ArchiveConfig{Ledger: r.ops, Store: archive, Required: required}); !errors.Is(err, ops.ErrNoCoverage) {

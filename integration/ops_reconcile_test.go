@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/google/uuid"
@@ -153,4 +154,46 @@ func equalCoverage(a, b map[string]postgres.Coverage) bool {
 		}
 	}
 	return true
+}
+
+// Held and rejected events are unproven with their reasons; rejected is
+// final only for a consumer configured with rejected_final (issue 14, fix 1).
+func TestOpsReconcileHeldAndRejectedAreUnproven(t *testing.T) {
+	t.Parallel()
+	r := newOpsRig(t)
+	events := r.post(t, 6)
+	r.relay(t, nil)
+	r.waitApplied(t, events)
+	held, rejected := r.posted[1].Events[0].EventID, r.posted[4].Events[1].EventID
+	mustExec(t, r.consumer, `UPDATE consumer_inbox SET disposition = 'held', held_since = now() WHERE consumer = $1 AND event_id = $2`, projection.Name, held)
+	mustExec(t, r.consumer, `UPDATE consumer_inbox SET disposition = 'rejected', reason = 'no handler for it' WHERE consumer = $1 AND event_id = $2`, auditlog.Name, rejected)
+
+	rep := r.reconcile(t, nil)
+	proj, audit := consumerReport(t, rep, projection.Name), consumerReport(t, rep, auditlog.Name)
+	if rep.Clean || proj.Coverage != nil || audit.Coverage != nil {
+		t.Fatalf("held/rejected run: clean %v, coverage %+v %+v", rep.Clean, proj.Coverage, audit.Coverage)
+	}
+	assertClass(t, "projection unproven", proj.Discrepancies.Unproven, held)
+	assertClass(t, "audit unproven", audit.Discrepancies.Unproven, rejected)
+	if w := proj.Discrepancies.Waiting; len(w) != 1 || w[0].Disposition != "held" || w[0].EventID != held {
+		t.Fatalf("projection waiting %+v", w)
+	}
+	if w := audit.Discrepancies.Waiting; len(w) != 1 || w[0].Disposition != "rejected" || !strings.Contains(w[0].Reason, "no handler for it") {
+		t.Fatalf("audit waiting %+v", w)
+	}
+
+	// The audit log declares rejected final: it is covered, the projection
+	// still is not.
+	srcs := r.sources()
+	for i := range srcs {
+		srcs[i].RejectedFinal = srcs[i].Name == auditlog.Name
+	}
+	rep, err := ops.Reconcile(context.Background(), ops.ReconcileConfig{Ledger: r.ops, Consumers: srcs, Record: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	proj, audit = consumerReport(t, rep, projection.Name), consumerReport(t, rep, auditlog.Name)
+	if !audit.Clean || audit.Coverage == nil || proj.Clean || proj.Coverage != nil {
+		t.Fatalf("with rejected_final on the audit log: audit %+v; projection %+v", audit, proj)
+	}
 }

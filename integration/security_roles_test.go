@@ -138,7 +138,7 @@ func TestSecurityEveryComponentUnderItsRole(t *testing.T) {
 	if v, err := ops.VerifyArchive(ctx, maintainer, archive); err != nil || len(v.Problems) != 0 {
 		t.Fatalf("verify as posthorn_maintainer: %+v %v", v, err)
 	}
-	cres, err := ops.Cleanup(ctx, ops.CleanupConfig{Ledger: maintainer, Required: required, ReplayWindow: 0})
+	cres, err := ops.Cleanup(ctx, ops.CleanupConfig{Ledger: maintainer, Archive: archive, Required: required, ReplayWindow: 0})
 	if err != nil || cres.Deleted != ares.Rows {
 		t.Fatalf("cleanup as posthorn_maintainer: %+v %v (archived %d)", cres, err, ares.Rows)
 	}

@@ -385,6 +385,65 @@ func VerifyArchive(ctx context.Context, ledger *postgres.OpsStore, store Archive
 	return res, nil
 }
 
+// VerifyRange checks the archive segments that the ledger recorded as
+// covering outbox ids firstID..lastID, the way VerifyArchive checks every
+// segment: the recorded segments are contiguous over the range, each is in
+// the manifest with the checksum and row count the ledger recorded, and its
+// file is present, hashes to that checksum and holds exactly those rows in
+// its id range. Cleanup calls it before deleting: it deletes only rows it
+// can still read back. Problems are listed, not returned as an error.
+func VerifyRange(ctx context.Context, ledger *postgres.OpsStore, store ArchiveStore, firstID, lastID int64) ([]string, error) {
+	problems := []string{}
+	recorded, err := ledger.ArchiveSegments(ctx)
+	if err != nil {
+		return problems, err
+	}
+	m, err := LoadManifest(ctx, store)
+	if err != nil {
+		if errors.Is(err, ErrArchiveCorrupt) {
+			return append(problems, err.Error()), nil
+		}
+		return problems, err
+	}
+	inManifest := make(map[string]ManifestSegment, len(m.Segments))
+	for _, seg := range m.Segments {
+		inManifest[seg.Name] = seg
+	}
+	next := firstID
+	for _, r := range recorded {
+		if r.LastID < firstID || r.FirstID > lastID {
+			continue
+		}
+		if r.FirstID > next {
+			problems = append(problems, fmt.Sprintf("no recorded segment covers outbox ids %d..%d", next, r.FirstID-1))
+		}
+		next = max(next, r.LastID+1)
+		seg, ok := inManifest[r.Segment]
+		switch {
+		case !ok:
+			problems = append(problems, fmt.Sprintf("segment %s is recorded in the ledger but missing from the manifest", r.Segment))
+			continue
+		case seg.SHA256 != r.SHA256:
+			problems = append(problems, fmt.Sprintf("segment %s: ledger records SHA-256 %s, manifest %s", r.Segment, r.SHA256, seg.SHA256))
+			continue
+		case seg.Rows != r.Rows || seg.FirstID != r.FirstID || seg.LastID != r.LastID:
+			problems = append(problems, fmt.Sprintf("segment %s: ledger records ids %d..%d with %d rows, manifest ids %d..%d with %d rows",
+				r.Segment, r.FirstID, r.LastID, r.Rows, seg.FirstID, seg.LastID, seg.Rows))
+			continue
+		}
+		if _, err := readSegment(ctx, store, seg, nil); err != nil {
+			if !errors.Is(err, ErrArchiveCorrupt) {
+				return problems, err
+			}
+			problems = append(problems, err.Error())
+		}
+	}
+	if next <= lastID {
+		problems = append(problems, fmt.Sprintf("no recorded segment covers outbox ids %d..%d", next, lastID))
+	}
+	return problems, nil
+}
+
 // ReadArchive calls fn for every archived row with afterID < id <= throughID,
 // in id order, verifying each segment it opens.
 func ReadArchive(ctx context.Context, store ArchiveStore, afterID, throughID int64, fn func(ArchivedRow) error) error {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/posthorn/posthorn/adapters/postgres"
@@ -16,7 +17,10 @@ var ErrCleanupRefused = errors.New("cleanup refused")
 
 // CleanupConfig configures Cleanup.
 type CleanupConfig struct {
-	Ledger       *postgres.OpsStore
+	Ledger *postgres.OpsStore
+	// Archive is re-verified (VerifyRange) over the rows to delete before
+	// anything goes; required.
+	Archive      ArchiveStore
 	Required     []string
 	ReplayWindow time.Duration
 	// BatchSize is the most rows deleted per transaction (default 1000).
@@ -35,6 +39,9 @@ type CleanupResult struct {
 	Batches         int                  `json:"batches"`
 	DeletedFirstID  int64                `json:"deleted_first_id,omitempty"`
 	DeletedLastID   int64                `json:"deleted_last_id,omitempty"`
+	// ArchiveProblems lists what the re-verification of the archive found
+	// (cleanup then deletes nothing).
+	ArchiveProblems []string `json:"archive_problems,omitempty"`
 }
 
 // Cleanup deletes the outbox rows that are relayed, inside every required
@@ -43,12 +50,17 @@ type CleanupResult struct {
 // batches of BatchSize rows per transaction. It refuses, wrapping
 // ErrCleanupRefused with the reason, when there is no archive coverage, a
 // required consumer has no coverage, or every candidate row is still
-// inside the replay window.
+// inside the replay window, and (wrapping ErrArchiveCorrupt too) when the
+// archive segments covering the rows to delete are missing or altered: it
+// re-verifies them (VerifyRange) first, in a dry run too.
 func Cleanup(ctx context.Context, cfg CleanupConfig) (CleanupResult, error) {
 	if cfg.BatchSize <= 0 {
 		cfg.BatchSize = 1000
 	}
 	res := CleanupResult{DryRun: cfg.DryRun}
+	if cfg.Archive == nil {
+		return res, fmt.Errorf("%w: the archive is needed to re-verify the segments of the rows to delete (archive.dir)", ErrCleanupRefused)
+	}
 	var err error
 	if res.ArchiveThrough, err = cfg.Ledger.ArchiveThrough(ctx); err != nil {
 		return res, err
@@ -71,6 +83,17 @@ func Cleanup(ctx context.Context, cfg CleanupConfig) (CleanupResult, error) {
 				ErrCleanupRefused, res.Plan.InsideWindow, cfg.ReplayWindow, res.Plan.Cutoff.UTC().Format(time.RFC3339))
 		}
 		return res, nil // nothing left to delete
+	}
+	// Re-verify what the deletion relies on: the segments may have been
+	// lost or altered since archive recorded them.
+	problems, err := VerifyRange(ctx, cfg.Ledger, cfg.Archive, res.Plan.FirstID, res.Plan.LastID)
+	if err != nil {
+		return res, err
+	}
+	if len(problems) > 0 {
+		res.ArchiveProblems = problems
+		return res, fmt.Errorf("%w: %w: the archive segments of outbox ids %d..%d do not verify (%s); nothing deleted",
+			ErrCleanupRefused, ErrArchiveCorrupt, res.Plan.FirstID, res.Plan.LastID, strings.Join(problems, "; "))
 	}
 	if cfg.DryRun {
 		return res, nil

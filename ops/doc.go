@@ -14,7 +14,9 @@
 // # Coverage
 //
 // A consumer is covered up to cut N when every event (kind event) of every
-// journal <= N has a disposition in its inbox, nothing of the cut is
+// journal <= N has a final disposition in its inbox (applied or duplicate;
+// rejected only for a consumer configured with rejected_final; parked and
+// held events are unproven and reported with their reason), nothing of the cut is
 // unrelayed, no journal line lacks its event, the consumer knows no event
 // ID the ledger does not, and no aggregate revision was applied twice.
 // Only then does Reconcile record (consumer, N, X) in ops_coverage, where X

@@ -17,6 +17,9 @@ type Disposition struct {
 	Disposition string
 	// Duplicates counts the repeats absorbed for this event ID.
 	Duplicates int64
+	// Reason is the consumer's reason for a parked, held or rejected
+	// disposition (empty otherwise).
+	Reason string
 }
 
 // DispositionReader is the port through which reconciliation reads one
@@ -33,6 +36,13 @@ type DispositionReader interface {
 	// AppliedTwice returns groups of event IDs applied for the same
 	// aggregate revision.
 	AppliedTwice(ctx context.Context) ([][]string, error)
+}
+
+// PrunedReader is implemented by a DispositionReader whose store prunes
+// final dispositions (inbox retention): it says which of the events without
+// a disposition its retention may have removed.
+type PrunedReader interface {
+	Pruned(ctx context.Context, events []postgres.ExpectedEvent) (map[string]bool, error)
 }
 
 // InboxReader reads a consumer's dispositions from its inbox
@@ -52,7 +62,7 @@ func (r InboxReader) Dispositions(ctx context.Context, ids []string) (map[string
 	}
 	out := make(map[string][]Disposition, len(recs))
 	for id, rec := range recs {
-		out[id] = []Disposition{{Disposition: string(rec.Disposition), Duplicates: int64(rec.Duplicates)}}
+		out[id] = []Disposition{{Disposition: string(rec.Disposition), Duplicates: int64(rec.Duplicates), Reason: rec.Reason}}
 	}
 	return out, nil
 }
@@ -60,6 +70,16 @@ func (r InboxReader) Dispositions(ctx context.Context, ids []string) (map[string
 // EventIDs implements DispositionReader.
 func (r InboxReader) EventIDs(ctx context.Context, batch int, fn func([]string) error) error {
 	return r.Inbox.InboxEventIDs(ctx, r.Consumer, batch, fn)
+}
+
+// Pruned implements PrunedReader (postgres.Inbox.Pruned).
+func (r InboxReader) Pruned(ctx context.Context, events []postgres.ExpectedEvent) (map[string]bool, error) {
+	cands := make([]postgres.PrunedCandidate, len(events))
+	for i, e := range events {
+		cands[i] = postgres.PrunedCandidate{EventID: e.EventID, AggregateType: e.AggregateType, AggregateID: e.AggregateID,
+			Revision: e.Revision, CreatedAt: e.CreatedAt}
+	}
+	return r.Inbox.Pruned(ctx, r.Consumer, cands)
 }
 
 // AppliedTwice implements DispositionReader.
@@ -71,6 +91,11 @@ func (r InboxReader) AppliedTwice(ctx context.Context) ([][]string, error) {
 type ConsumerSource struct {
 	Name   string
 	Reader DispositionReader
+	// RejectedFinal makes `rejected` a final disposition for this consumer
+	// (reconcile.consumers[].rejected_final): it declares that an event it
+	// cannot apply is, for it, correctly handled. Otherwise a rejected event
+	// is unproven, like a parked or held one.
+	RejectedFinal bool
 }
 
 // ReconcileConfig configures Reconcile.
@@ -122,8 +147,14 @@ type Discrepancies struct {
 	JournalWithoutEvents Class `json:"journal_without_events"`
 	// Unrelayed lists event IDs of the cut still without a relay marker.
 	Unrelayed Class `json:"unrelayed"`
-	// Unproven lists relayed event IDs with no final disposition.
+	// Unproven lists relayed event IDs with no final disposition: none at
+	// all, or one that still waits for an operator or a predecessor
+	// (parked_gap, parked_poison, held; rejected unless the consumer is
+	// configured with rejected_final).
 	Unproven Class `json:"unproven"`
+	// Waiting names, for the first Cap of the unproven events that have a
+	// disposition, what it is and the consumer's reason.
+	Waiting []WaitingEvent `json:"waiting,omitempty"`
 	// Unknown lists event IDs the consumer recorded that the ledger never had.
 	Unknown Class `json:"unknown"`
 	// MultipleApplied lists event IDs applied more than once (or whose
@@ -135,18 +166,30 @@ func (d Discrepancies) total() int64 {
 	return d.JournalWithoutEvents.Count + d.Unrelayed.Count + d.Unproven.Count + d.Unknown.Count + d.MultipleApplied.Count
 }
 
+// WaitingEvent is an unproven event the consumer has seen but not finished
+// with: parked (gap or poison), held, or rejected without rejected_final.
+type WaitingEvent struct {
+	EventID     string `json:"event_id"`
+	Consumer    string `json:"consumer"`
+	Disposition string `json:"disposition"`
+	Reason      string `json:"reason"`
+}
+
 // ConsumerReport is one consumer's reconciliation.
 type ConsumerReport struct {
-	Name               string             `json:"name"`
-	Expected           int64              `json:"expected"`
-	Relayed            int64              `json:"relayed"`
-	Applied            int64              `json:"applied"`
-	DuplicatesAbsorbed int64              `json:"duplicates_absorbed"`
-	Parked             int64              `json:"parked"`
-	Rejected           int64              `json:"rejected"`
-	Discrepancies      Discrepancies      `json:"discrepancies"`
-	Clean              bool               `json:"clean"`
-	Coverage           *postgres.Coverage `json:"coverage,omitempty"`
+	Name               string `json:"name"`
+	Expected           int64  `json:"expected"`
+	Relayed            int64  `json:"relayed"`
+	Applied            int64  `json:"applied"`
+	DuplicatesAbsorbed int64  `json:"duplicates_absorbed"`
+	Parked             int64  `json:"parked"`
+	// Pruned counts events whose disposition inbox retention removed after
+	// an earlier run had proven them (at or below the recorded coverage).
+	Pruned        int64              `json:"pruned"`
+	Rejected      int64              `json:"rejected"`
+	Discrepancies Discrepancies      `json:"discrepancies"`
+	Clean         bool               `json:"clean"`
+	Coverage      *postgres.Coverage `json:"coverage,omitempty"`
 }
 
 // CutInfo describes the cut a report is about.
@@ -219,6 +262,11 @@ func Reconcile(ctx context.Context, cfg ReconcileConfig) (Report, error) {
 		reps[i] = ConsumerReport{Name: c.Name}
 		reps[i].Discrepancies.JournalWithoutEvents = journals
 	}
+	// Coverage already recorded: a disposition pruned since is still proven.
+	prev, err := cfg.Ledger.Coverages(ctx)
+	if err != nil {
+		return rep, err
+	}
 	var unrelayed Class
 	var oldest time.Time
 	// byEvent maps an expected event to its report index for the applied-twice check.
@@ -250,6 +298,10 @@ func Reconcile(ctx context.Context, cfg ReconcileConfig) (Report, error) {
 			if err != nil {
 				return rep, fmt.Errorf("consumer %s: %w", c.Name, err)
 			}
+			pruned, err := prunedOf(ctx, c, batch, disp, prev[c.Name].CoveredOutboxID)
+			if err != nil {
+				return rep, fmt.Errorf("consumer %s: %w", c.Name, err)
+			}
 			r := &reps[ci]
 			for _, e := range batch {
 				r.Expected++
@@ -258,6 +310,11 @@ func Reconcile(ctx context.Context, cfg ReconcileConfig) (Report, error) {
 				}
 				ds := disp[e.EventID]
 				final, nApplied := false, 0
+				if pruned[e.EventID] {
+					r.Pruned++
+					final = true
+				}
+				var waiting *WaitingEvent
 				for _, d := range ds {
 					r.DuplicatesAbsorbed += d.Duplicates
 					switch d.Disposition {
@@ -267,11 +324,22 @@ func Reconcile(ctx context.Context, cfg ReconcileConfig) (Report, error) {
 					case string(postgres.DispositionDuplicate):
 						final = true
 					case string(postgres.DispositionParkedGap), string(postgres.DispositionParkedPoison):
+						// Parked is not covered: the event waits for an
+						// operator, and deleting its outbox row would lose
+						// what the release needs to re-drive it.
 						r.Parked++
-						final = true
+						waiting = &WaitingEvent{EventID: e.EventID, Consumer: c.Name, Disposition: d.Disposition, Reason: d.Reason}
 					case string(postgres.DispositionRejected):
 						r.Rejected++
-						final = true
+						if c.RejectedFinal {
+							final = true
+						} else {
+							waiting = &WaitingEvent{EventID: e.EventID, Consumer: c.Name, Disposition: d.Disposition,
+								Reason: d.Reason + " (rejected is final only with reconcile.consumers[].rejected_final)"}
+						}
+					case string(postgres.DispositionHeld):
+						waiting = &WaitingEvent{EventID: e.EventID, Consumer: c.Name, Disposition: d.Disposition,
+							Reason: "held: waiting for its predecessor inside the hold time"}
 					}
 				}
 				if nApplied > 0 {
@@ -281,8 +349,14 @@ func Reconcile(ctx context.Context, cfg ReconcileConfig) (Report, error) {
 				if nApplied > 1 {
 					r.Discrepancies.MultipleApplied.add(cfg.Cap, e.EventID)
 				}
-				if e.Relayed && !final {
+				if !final && (e.Relayed || waiting != nil) {
 					r.Discrepancies.Unproven.add(cfg.Cap, e.EventID)
+					if waiting != nil && len(r.Discrepancies.Waiting) < cfg.Cap {
+						if waiting.Reason == "" {
+							waiting.Reason = "(no reason recorded)"
+						}
+						r.Discrepancies.Waiting = append(r.Discrepancies.Waiting, *waiting)
+					}
 				}
 			}
 		}
@@ -365,4 +439,26 @@ func unknownEventIDs(ctx context.Context, cfg ReconcileConfig, r DispositionRead
 		}
 	}
 	return out, nil
+}
+
+// prunedOf returns the events of batch that c has no disposition for but
+// whose disposition inbox retention removed after an earlier reconciliation
+// had proven them: only events at or below c's recorded coverage qualify,
+// and only by the rule retention deletes with (PrunedReader). Anything else
+// without a disposition stays unproven.
+func prunedOf(ctx context.Context, c ConsumerSource, batch []postgres.ExpectedEvent, disp map[string][]Disposition, covered int64) (map[string]bool, error) {
+	pr, ok := c.Reader.(PrunedReader)
+	if !ok || covered <= 0 {
+		return nil, nil
+	}
+	var cands []postgres.ExpectedEvent
+	for _, e := range batch {
+		if e.ID <= covered && len(disp[e.EventID]) == 0 {
+			cands = append(cands, e)
+		}
+	}
+	if len(cands) == 0 {
+		return nil, nil
+	}
+	return pr.Pruned(ctx, cands)
 }

@@ -40,7 +40,8 @@ type ResendResult struct {
 }
 
 // Resend sends outbox rows again through the sink, exactly as stored: the
-// same event IDs, no replay header (it is a retry of the original send).
+// same event IDs, no replay header (it is a retry of the original send),
+// with the header resend: true so that broker-side dedup lets it through.
 // Unrelayed rows get their marker only after the sink ACKed them. It
 // refuses unknown event IDs, an empty range, and an unrelayed row whose
 // aggregate has an earlier unrelayed row not in the resend (sending it
@@ -116,7 +117,7 @@ func Resend(ctx context.Context, cfg ResendConfig) (ResendResult, error) {
 		batch := make([]core.Envelope, len(chunk))
 		var unmarked []int64
 		for i, r := range chunk {
-			batch[i] = r.Envelope
+			batch[i] = resent(r.Envelope)
 			if !r.Relayed {
 				unmarked = append(unmarked, r.ID)
 			}
@@ -137,4 +138,16 @@ func Resend(ctx context.Context, cfg ResendConfig) (ResendResult, error) {
 		}
 	}
 	return res, nil
+}
+
+// resent marks e as an operator's resend (core.HeaderResend), so that a
+// broker's dedup of the first publish does not swallow it.
+func resent(e core.Envelope) core.Envelope {
+	h := make(map[string]string, len(e.Headers)+1)
+	for k, v := range e.Headers {
+		h[k] = v
+	}
+	h[core.HeaderResend] = "true"
+	e.Headers = h
+	return e
 }

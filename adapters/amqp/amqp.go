@@ -6,7 +6,9 @@
 //
 // Topology (Topology below; the subscribers use the same names): one
 // durable fanout exchange per topic (ExchangePrefix + topic) and, for each
-// consumer, one durable queue bound to it (exchange + "_" + consumer). The
+// consumer, one durable queue bound to it (exchange + "_" + consumer). On a
+// command topic (commands.<service>) only the command's owner has a queue
+// (Config.CommandOwners, default the consumer named like the service). The
 // sink declares the queues of the configured consumers itself, so events
 // published before a consumer first starts wait in its queue. A queue is
 // FIFO and each consumer reads its queue with prefetch 1, so per-account
@@ -34,6 +36,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"strings"
 	"sync"
 	"time"
 
@@ -62,8 +65,18 @@ type Config struct {
 	TLS *tls.Config
 	// ExchangePrefix is prepended to every topic to name its exchange.
 	ExchangePrefix string
-	// Consumers are the consumers whose queues the sink declares and binds.
+	// Consumers are the consumers whose queues the sink declares and binds
+	// on event topics.
 	Consumers []string
+	// CommandTopicPrefix marks command topics (default core's "commands.").
+	// A command has one owner: on a command topic the sink declares and
+	// binds only the owner's queue, never the event consumers' (who would
+	// never read it, so it would only grow).
+	CommandTopicPrefix string
+	// CommandOwners maps a command topic's service (commands.<service>) to
+	// the consumer that owns it; a service not listed is owned by the
+	// consumer named like the service.
+	CommandOwners map[string]string
 	// MaxPayloadBytes rejects larger payloads permanently; default
 	// MaxPayloadBytesDefault. Set it to the broker's max_message_size.
 	MaxPayloadBytes int
@@ -179,7 +192,7 @@ func (s *Sink) declare(topic string) error {
 	if err := s.ch.ExchangeDeclare(ex, "fanout", true, false, false, false, nil); err != nil {
 		return fmt.Errorf("amqp sink: declare exchange %s: %w", ex, err)
 	}
-	for _, c := range s.cfg.Consumers {
+	for _, c := range s.cfg.queueOwners(topic) {
 		q := s.tp.Queue(topic, c)
 		if _, err := s.ch.QueueDeclare(q, true, false, false, false, nil); err != nil {
 			return fmt.Errorf("amqp sink: declare queue %s: %w", q, err)
@@ -190,6 +203,24 @@ func (s *Sink) declare(topic string) error {
 	}
 	s.declared[topic] = true
 	return nil
+}
+
+// queueOwners are the consumers whose queues topic's exchange routes to:
+// the command's owner alone on a command topic, the event consumers on any
+// other.
+func (cfg Config) queueOwners(topic string) []string {
+	prefix := cfg.CommandTopicPrefix
+	if prefix == "" {
+		prefix = core.CommandTopicPrefix
+	}
+	service, isCommand := strings.CutPrefix(topic, prefix)
+	if !isCommand || service == "" {
+		return cfg.Consumers
+	}
+	if owner := cfg.CommandOwners[service]; owner != "" {
+		return []string{owner}
+	}
+	return []string{service}
 }
 
 // Publish sends the batch and returns nil once RabbitMQ has confirmed every

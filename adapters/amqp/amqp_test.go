@@ -48,7 +48,8 @@ func TestConformance(t *testing.T) {
 				outage = func(*testing.T) func() { n.Stop(); return n.StartAgain }
 			}
 		}
-		cfg := phamqp.Config{URL: url, Consumers: []string{reader}, MaxPayloadBytes: 1 << 20}
+		cfg := phamqp.Config{URL: url, Consumers: []string{reader}, MaxPayloadBytes: 1 << 20,
+			CommandOwners: map[string]string{"payouts": reader}}
 		cfg.ExchangePrefix = amqptest.Prefix(t, url, topics, cfg.Consumers)
 		s, err := phamqp.New(cfg)
 		if err != nil {
@@ -142,5 +143,65 @@ func TestUnroutableIsNotAnAck(t *testing.T) {
 	defer withQueue.Close()
 	if err := withQueue.Publish(ctx, []core.Envelope{sinktest.Envelope(core.TopicEvents, "acc-x", 1)}); err != nil {
 		t.Fatalf("control: publish with the consumer's queue declared: %v", err)
+	}
+}
+
+// On a command topic only the command's owner gets a queue: the event
+// consumers' queues are bound to event exchanges alone (issue 14, fix 7).
+// A service without a configured owner is owned by the consumer named
+// like it.
+func TestCommandExchangeRoutesOnlyToItsOwner(t *testing.T) {
+	url := amqptest.SharedURL()
+	consumers := []string{"balance-projection", "audit-log"}
+	all := append([]string{"payouts-worker", "billing"}, consumers...)
+	prefix := amqptest.Prefix(t, url, []string{core.TopicEvents, "commands.payouts", "commands.billing"}, all)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	s, err := phamqp.New(phamqp.Config{URL: url, ExchangePrefix: prefix, Consumers: consumers,
+		CommandOwners: map[string]string{"payouts": "payouts-worker"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.Publish(ctx, []core.Envelope{
+		sinktest.Envelope(core.TopicEvents, "acc-x", 1),
+		sinktest.Envelope("commands.payouts", "journal-1", 1),
+		sinktest.Envelope("commands.billing", "journal-2", 1),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := amqp.DialConfig(url, amqp.Config{Dial: amqp.DefaultDial(2 * time.Second)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	tp := phamqp.Topology{ExchangePrefix: prefix}
+	messages := func(queue string) (int, bool) {
+		ch, err := conn.Channel() // a failed passive declare closes the channel
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ch.Close()
+		q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+		if err != nil {
+			return 0, false
+		}
+		return q.Messages, true
+	}
+	for _, c := range consumers {
+		if n, ok := messages(tp.Queue(core.TopicEvents, c)); !ok || n != 1 {
+			t.Errorf("event queue of %s: %d messages (exists %v), want 1", c, n, ok)
+		}
+		for _, cmd := range []string{"commands.payouts", "commands.billing"} {
+			if n, ok := messages(tp.Queue(cmd, c)); ok {
+				t.Errorf("event consumer %s has a queue on %s (%d messages): commands must reach their owner only", c, cmd, n)
+			}
+		}
+	}
+	if n, ok := messages(tp.Queue("commands.payouts", "payouts-worker")); !ok || n != 1 {
+		t.Errorf("owner payouts-worker: %d messages (exists %v), want 1", n, ok)
+	}
+	if n, ok := messages(tp.Queue("commands.billing", "billing")); !ok || n != 1 {
+		t.Errorf("default owner billing: %d messages (exists %v), want 1", n, ok)
 	}
 }

@@ -12,9 +12,11 @@
 // Delivery: a batch is published asynchronously on one connection (records
 // leave in batch order) and Publish returns nil only when every record's
 // JetStream PubAck has arrived: the stream has stored it. The event ID is
-// also the Nats-Msg-Id, so JetStream itself drops a resend that falls within
-// the stream's duplicate window (two minutes by default); the inbox absorbs
-// the rest.
+// also the Nats-Msg-Id, so JetStream itself drops a relay retry that falls
+// within the stream's duplicate window (two minutes by default); the inbox
+// absorbs the rest. A replay or an operator's resend (Envelope.OperatorRepeat)
+// carries no Nats-Msg-Id: JetStream would drop it inside the window and the
+// operator would see success while the consumer got nothing.
 //
 // Errors: a record larger than the server's max_payload, a bad subject, or a
 // request JetStream refuses as malformed (API code 400) is permanent;
@@ -219,7 +221,14 @@ func (s *Sink) Publish(ctx context.Context, batch []core.Envelope) error {
 				if size := len(msg.Data) + headerSize(msg.Header); size > int(s.nc.MaxPayload()) && s.nc.MaxPayload() > 0 {
 					err = fmt.Errorf("%w: record of about %d bytes, server max_payload %d", nats.ErrMaxPayload, size, s.nc.MaxPayload())
 				} else {
-					f, err = s.js.PublishMsgAsync(msg, nats.MsgId(e.EventID))
+					var opts []nats.PubOpt
+					if !e.OperatorRepeat() {
+						// The first publish (and the relay's own retries of it)
+						// keep JetStream's dedup; a replay or resend must reach
+						// the consumer, so it carries no Nats-Msg-Id.
+						opts = append(opts, nats.MsgId(e.EventID))
+					}
+					f, err = s.js.PublishMsgAsync(msg, opts...)
 				}
 			}
 		}

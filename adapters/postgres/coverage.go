@@ -247,13 +247,18 @@ type ExpectedEvent struct {
 	Sequence  int64
 	CreatedAt time.Time
 	Relayed   bool
+	// The aggregate and revision, for telling a pruned inbox row
+	// (Inbox.Pruned) from a missing one.
+	AggregateType string
+	AggregateID   string
+	Revision      int64
 }
 
 // ExpectedEvents returns up to limit events (kind event) of the cut's
 // journals above the floor with outbox id > after, in id order.
 func (c *Cut) ExpectedEvents(ctx context.Context, after int64, limit int) ([]ExpectedEvent, error) {
 	rows, err := c.tx.Query(ctx, `
-SELECT o.id, o.event_id::text, j.sequence, o.created_at, `+Relayed+`
+SELECT o.id, o.event_id::text, j.sequence, o.created_at, `+Relayed+`, o.aggregate_type, o.aggregate_id, o.revision
 FROM outbox o JOIN journals j ON j.id = o.journal_id
 WHERE o.id > $1 AND o.kind = 'event' AND j.sequence > $2 AND j.sequence <= $3
 ORDER BY o.id LIMIT $4`, after, c.Floor, c.Sequence, limit)
@@ -262,7 +267,7 @@ ORDER BY o.id LIMIT $4`, after, c.Floor, c.Sequence, limit)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ExpectedEvent, error) {
 		var e ExpectedEvent
-		return e, r.Scan(&e.ID, &e.EventID, &e.Sequence, &e.CreatedAt, &e.Relayed)
+		return e, r.Scan(&e.ID, &e.EventID, &e.Sequence, &e.CreatedAt, &e.Relayed, &e.AggregateType, &e.AggregateID, &e.Revision)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("expected events: %w", err)

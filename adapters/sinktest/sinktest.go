@@ -71,6 +71,7 @@ func Run(t *testing.T, f Factory) {
 	t.Run("AckMeansBrokerHasIt", func(t *testing.T) { testAck(t, f(t)) })
 	t.Run("PermanentFailureIsPerRecord", func(t *testing.T) { testPermanent(t, f(t)) })
 	t.Run("OutageIsRetryable", func(t *testing.T) { testOutage(t, f(t)) })
+	t.Run("RepeatsReachTheConsumer", func(t *testing.T) { testRepeatsReachTheConsumer(t, f(t)) })
 	t.Run("Close", func(t *testing.T) { testClose(t, f(t)) })
 	t.Run(KillCase, func(t *testing.T) { testKills(t, f) })
 }

@@ -46,6 +46,12 @@ type Config struct {
 	// RetryInitial and RetryMax bound the backoff after a retryable failure.
 	RetryInitial time.Duration
 	RetryMax     time.Duration
+	// ParkAfterAttempts and ParkAfter park the aggregate of a record that
+	// keeps failing retryably while the sink takes others, as in the
+	// polling relay (bridge.Config, bridge.StuckTracker): zero takes the
+	// default, negative turns the bound off.
+	ParkAfterAttempts int
+	ParkAfter         time.Duration
 	// StatusInterval is how often the confirmed position is sent to the
 	// server even when it did not move (keep it well below the server's
 	// wal_sender_timeout).
@@ -120,6 +126,12 @@ func (c *Config) setDefaults() {
 	}
 	if c.RetryMax == 0 {
 		c.RetryMax = bridge.RetryMaxDefault
+	}
+	if c.ParkAfterAttempts == 0 {
+		c.ParkAfterAttempts = bridge.ParkAfterAttemptsDefault
+	}
+	if c.ParkAfter == 0 {
+		c.ParkAfter = bridge.ParkAfterDefault
 	}
 	if c.StatusInterval == 0 {
 		c.StatusInterval = StatusIntervalDefault

@@ -47,6 +47,7 @@ type Relay struct {
 	deadline     time.Time // lease expiry as this relay knows it
 	nextMaintain time.Time
 	retry        *backoff.ExponentialBackOff
+	stuck        *bridge.StuckTracker
 	parked       map[aggKey]bool
 	filterUntil  postgres.LSN // streamed rows committed up to here may already be marked
 	stream       *postgres.CDCStream
@@ -87,6 +88,7 @@ func New(relayStore *postgres.RelayStore, sink core.Sink, cfg Config) (*Relay, e
 		log:   cfg.Logger.With("component", "relay", "mode", "cdc", "owner", cfg.Owner, "slot", cfg.Slot),
 		life:  bridge.NewLifecycle(),
 		retry: bo,
+		stuck: bridge.NewStuckTracker(cfg.ParkAfterAttempts, cfg.ParkAfter),
 	}
 	notReady := errors.New("relay not started")
 	r.readyErr.Store(&notReady)
@@ -748,6 +750,33 @@ func (r *Relay) deliverBatch(ctx context.Context, rows []postgres.OutboxRow) err
 			}
 			r.log.Error("aggregate parked: the sink rejected its record for good; other aggregates keep flowing; release with `posthorn outbox release`",
 				"aggregate_type", p.AggregateType, "aggregate_id", p.AggregateID, "event_id", p.EventID, "reason", p.Reason)
+		}
+		// A record that keeps failing retryably while the sink takes others
+		// parks its aggregate instead of holding the stream for ever.
+		stuckNow := map[aggKey]bool{}
+		for _, p := range r.stuck.Observe(batch, err, s) {
+			isNew, perr := r.outbx.Park(ctx, p)
+			if perr != nil {
+				return perr
+			}
+			k := aggKey{p.AggregateType, p.AggregateID}
+			r.parked[k], stuckNow[k] = true, true
+			if isNew {
+				r.bm.NewlyParked()
+			}
+			r.log.Error("aggregate parked: its record kept failing retryably while the sink took others; other aggregates keep flowing; release with `posthorn outbox release`",
+				"aggregate_type", p.AggregateType, "aggregate_id", p.AggregateID, "event_id", p.EventID, "reason", p.Reason)
+		}
+		if len(stuckNow) > 0 {
+			kept := s.Retry[:0:0]
+			for _, j := range s.Retry {
+				if !stuckNow[aggKey{batch[j].AggregateType, batch[j].AggregateID}] {
+					kept = append(kept, j)
+				}
+			}
+			if s.Retry = kept; len(kept) == 0 {
+				s.Retryable = nil
+			}
 		}
 		if s.Retryable == nil {
 			r.retry.Reset()

@@ -37,6 +37,7 @@ func runAPI(ctx context.Context, args []string) error {
 	}
 	defer pool.Close()
 	postgres.WarnIfSuperuser(ctx, pool, logger, "api", postgres.RoleAPI)
+	startRetention(ctx, cfg, nil, pool, nil, logger) // issue 14: idempotency-key retention on retention.interval
 	store := postgres.NewLedgerStore(pool, postgres.LedgerConfig{CommandTopicPrefix: cfg.Sink.CommandTopicPrefix,
 		MetadataAllowlist: cfg.Outbox.MetadataAllowlist, MetadataMaxBytes: cfg.Outbox.MetadataMaxBytes})
 	srv, err := api.New(api.Config{Listen: cfg.API.Listen, Tokens: cfg.API.Tokens, TLS: tlsCfg, Logger: logger}, store)

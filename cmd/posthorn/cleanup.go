@@ -18,12 +18,20 @@ func runCleanup(ctx context.Context, args []string) error {
 	fs, path := flagSet("cleanup")
 	dry := fs.Bool("dry-run", false, "show what would be deleted (counts and id range), delete nothing")
 	asJSON := fs.Bool("json", false, "print one JSON object")
-	keyFlags(fs, "database.url", "cleanup.replay_window", "cleanup.batch_size")
+	keyFlags(fs, "database.url", "archive.dir", "cleanup.replay_window", "cleanup.batch_size")
 	cfg, err := loadConfig(fs, path, args)
 	if err != nil {
 		return err
 	}
 	if err := cfg.RequireDatabase(); err != nil {
+		return err
+	}
+	// Cleanup re-reads the archive segments of the rows it would delete.
+	if err := cfg.RequireArchiveDir(); err != nil {
+		return err
+	}
+	archive, err := openArchive(cfg)
+	if err != nil {
 		return err
 	}
 	pool, err := postgres.Connect(ctx, cfg.Database.URL, 2)
@@ -32,7 +40,7 @@ func runCleanup(ctx context.Context, args []string) error {
 	}
 	defer pool.Close()
 	res, err := ops.Cleanup(ctx, ops.CleanupConfig{
-		Ledger: postgres.NewOpsStore(pool), Required: requiredConsumers(cfg),
+		Ledger: postgres.NewOpsStore(pool), Archive: archive, Required: requiredConsumers(cfg),
 		ReplayWindow: cfg.Cleanup.ReplayWindow, BatchSize: cfg.Cleanup.BatchSize, DryRun: *dry,
 	})
 	if err != nil {

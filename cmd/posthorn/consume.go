@@ -57,20 +57,26 @@ type consumeOptions struct {
 	log    *slog.Logger
 	reg    *prometheus.Registry
 	// unsafeNoInbox runs the handlers without the inbox: the fault suite's
-	// negative control (--unsafe-no-inbox, hidden), never for real use.
+	// negative control (--unsafe-no-inbox, only with -tags posthorn_unsafe),
+	// never for real use.
 	unsafeNoInbox bool
 }
 
 func runConsume(ctx context.Context, args []string) error {
 	fs, path := flagSet("consume")
 	only := fs.String("only", "", "run only this consumer: "+fmt.Sprint(exampleNames()))
-	hold := fs.Duration("hold", consumers.DefaultHoldTime, "how long an event ahead of its predecessor is held before its account is parked")
+	hold := fs.Duration("hold", 0, "how long an event ahead of its predecessor is held before its account is parked (default: config key consumer.hold, "+consumers.DefaultHoldTime.String()+")")
 	keyFlags(fs, "consumer.database.url", "metrics.listen", "sink.kind", "sink.kafka.brokers")
-	unsafeNoInbox := fs.Bool("unsafe-no-inbox", false, "UNSAFE, tests only: apply without the inbox (no dedup, no gap check)")
-	_ = fs.MarkHidden("unsafe-no-inbox")
+	unsafeNoInbox := unsafeFlag(fs, "unsafe-no-inbox", "UNSAFE, tests only: apply without the inbox (no dedup, no gap check)")
 	cfg, err := loadConfig(fs, path, args)
 	if err != nil {
 		return err
+	}
+	if *hold < 0 {
+		return fmt.Errorf("--hold must be positive, is %s", *hold)
+	}
+	if *hold == 0 {
+		*hold = cfg.Consumer.Hold
 	}
 	return runConsumers(ctx, cfg, consumeOptions{only: *only, hold: *hold, unsafeNoInbox: *unsafeNoInbox})
 }
@@ -88,6 +94,9 @@ func runConsumers(ctx context.Context, cfg configs.Config, o consumeOptions) err
 	}
 	if err := cfg.RequireConsumerDatabase(); err != nil {
 		return err
+	}
+	if o.hold == 0 {
+		o.hold = cfg.Consumer.Hold
 	}
 	log := o.log
 	if log == nil {
@@ -153,6 +162,7 @@ func runConsumers(ctx context.Context, cfg configs.Config, o consumeOptions) err
 		defer srv.Close()
 		log.Info("consumer metrics listening", "addr", srv.Addr())
 	}
+	startRetention(ctx, cfg, pool, nil, names, log) // issue 14: inbox retention on retention.interval
 	log.Info("consumers starting", "consumers", names, "sink", cfg.Sink.Kind, "topic", core.TopicEvents, "hold", o.hold.String())
 	if err := registry.Run(ctx); err != nil && ctx.Err() == nil {
 		return err

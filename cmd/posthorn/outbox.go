@@ -21,7 +21,7 @@ import (
 
 func init() {
 	register(command{name: "outbox status", summary: "backlog, oldest unrelayed age, leases, parked aggregates (--json)", run: runOutboxStatus})
-	register(command{name: "outbox release", summary: "let the relay send a parked account again (--account ID)", run: runOutboxRelease})
+	register(command{name: "outbox release", summary: "let the relay send a parked account or command journal again (--account ID | --journal ID)", run: runOutboxRelease})
 	register(command{name: "outbox resend", summary: "send rows again with the same event IDs (--event-id ID …, or --from-id/--to-id); marker after the ACK", run: runOutboxResend})
 }
 
@@ -126,14 +126,31 @@ func printStatus(w io.Writer, st outboxStatus) {
 
 func runOutboxRelease(ctx context.Context, args []string) error {
 	fs, path := flagSet("outbox release")
-	account := fs.String("account", "", "the parked account to release (required)")
+	account := fs.String("account", "", "the parked account to release")
+	journal := fs.String("journal", "", "the parked command journal to release (commands are ordered per journal)")
+	aggType := fs.String("aggregate-type", "", "release this aggregate type with --aggregate-id (e.g. "+core.AggregateJournal+")")
+	aggID := fs.String("aggregate-id", "", "the aggregate ID with --aggregate-type")
 	keyFlags(fs, "database.url")
 	cfg, err := loadConfig(fs, path, args)
 	if err != nil {
 		return err
 	}
-	if *account == "" {
-		return errors.New("--account is required")
+	var typ, id string
+	n := 0
+	if *account != "" {
+		typ, id, n = core.AggregateAccount, *account, n+1
+	}
+	if *journal != "" {
+		typ, id, n = core.AggregateJournal, *journal, n+1
+	}
+	if *aggType != "" || *aggID != "" {
+		if *aggType == "" || *aggID == "" {
+			return errors.New("--aggregate-type and --aggregate-id go together")
+		}
+		typ, id, n = *aggType, *aggID, n+1
+	}
+	if n != 1 {
+		return errors.New("give exactly one of --account ID, --journal ID, or --aggregate-type T --aggregate-id ID (posthorn outbox status lists the parked ones)")
 	}
 	if err := cfg.RequireDatabase(); err != nil {
 		return err
@@ -143,10 +160,10 @@ func runOutboxRelease(ctx context.Context, args []string) error {
 		return err
 	}
 	defer pool.Close()
-	if err := postgres.NewRelayStore(pool).Release(ctx, core.AggregateAccount, *account); err != nil {
+	if err := postgres.NewRelayStore(pool).Release(ctx, typ, id); err != nil {
 		return err
 	}
-	fmt.Printf("account %s released; the relay sends its events again from the one that was rejected\n", *account)
+	fmt.Printf("%s %s released; the relay sends its records again from the one that was parked\n", typ, id)
 	return nil
 }
 

@@ -155,7 +155,8 @@ func runReconcile(ctx context.Context, args []string) error {
 			}
 			pools[c.DatabaseURL] = pool
 		}
-		sources = append(sources, ops.ConsumerSource{Name: c.Name, Reader: ops.InboxReader{Inbox: postgres.NewInbox(pool), Consumer: c.Name}})
+		sources = append(sources, ops.ConsumerSource{Name: c.Name, Reader: ops.InboxReader{Inbox: postgres.NewInbox(pool), Consumer: c.Name},
+			RejectedFinal: c.RejectedFinal})
 	}
 	archive, err := openArchive(cfg)
 	if err != nil {
@@ -206,7 +207,7 @@ func printReconcile(w io.Writer, rep ops.Report) {
 		}{
 			{"journal without its events", "journal lines; journals", d.JournalWithoutEvents},
 			{"unrelayed (backlog)", "events", d.Unrelayed},
-			{"relayed without disposition (unproven)", "events", d.Unproven},
+			{"without a final disposition (unproven)", "events", d.Unproven},
 			{"disposition for an unknown event ID", "event IDs", d.Unknown},
 			{"more than one applied disposition", "events", d.MultipleApplied},
 		} {
@@ -222,6 +223,12 @@ func printReconcile(w io.Writer, rep ops.Report) {
 				more = fmt.Sprintf(" (first %d shown)", len(cl.c.IDs))
 			}
 			fmt.Fprintf(w, "  %s: %d %s%s%s\n    %s\n", cl.name, cl.c.Count, cl.what, extra, more, strings.Join(cl.c.IDs, "\n    "))
+		}
+		if len(d.Waiting) > 0 {
+			fmt.Fprintf(w, "  seen but not final (parked, held or rejected; not covered until released and applied):\n")
+			for _, we := range d.Waiting {
+				fmt.Fprintf(w, "    %s  %s  %s: %s\n", we.EventID, we.Consumer, we.Disposition, we.Reason)
+			}
 		}
 	}
 	fmt.Fprintln(w)

@@ -58,9 +58,9 @@ func openSink(c configs.Sink) (core.Sink, error) {
 func runRelay(ctx context.Context, args []string) error {
 	fs, path := flagSet("relay")
 	keyFlags(fs, "database.url", "metrics.listen", "sink.kind", "sink.kafka.brokers", "relay.owner")
-	// Test-only: the fault suite's negative control (marker before ACK).
-	unsafeMark := fs.Bool("unsafe-mark-before-ack", false, "UNSAFE, tests only: write the marker before the broker ACK")
-	_ = fs.MarkHidden("unsafe-mark-before-ack")
+	// Test-only: the fault suite's negative control (marker before ACK);
+	// the flag exists only in a binary built with -tags posthorn_unsafe.
+	unsafeMark := unsafeFlag(fs, "unsafe-mark-before-ack", "UNSAFE, tests only: write the marker before the broker ACK")
 	cfg, err := loadConfig(fs, path, args)
 	if err != nil {
 		return err
@@ -86,15 +86,18 @@ func runRelay(ctx context.Context, args []string) error {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	parkAttempts, parkAfter := cfg.Relay.RetryPark()
 	relay, err := bridge.New(postgres.NewRelayStore(pool), sink, bridge.Config{
-		Owner:        cfg.Relay.Owner,
-		SinkName:     cfg.Sink.Kind,
-		BatchSize:    cfg.Relay.BatchSize,
-		PollInterval: cfg.Relay.PollInterval,
-		LeaseTTL:     cfg.Relay.LeaseTTL,
-		Logger:       log,
-		Registerer:   reg,
-		Hooks:        unsafeRelayHooks(*unsafeMark, log),
+		ParkAfterAttempts: parkAttempts,
+		ParkAfter:         parkAfter,
+		Owner:             cfg.Relay.Owner,
+		SinkName:          cfg.Sink.Kind,
+		BatchSize:         cfg.Relay.BatchSize,
+		PollInterval:      cfg.Relay.PollInterval,
+		LeaseTTL:          cfg.Relay.LeaseTTL,
+		Logger:            log,
+		Registerer:        reg,
+		Hooks:             unsafeRelayHooks(*unsafeMark, log),
 	})
 	if err != nil {
 		return err

@@ -35,7 +35,10 @@ func runCDCRelay(ctx context.Context, cfg configs.Config) error {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	parkAttempts, parkAfter := cfg.Relay.RetryPark()
 	relay, err := cdc.New(postgres.NewRelayStore(pool), sink, cdc.Config{
+		ParkAfterAttempts: parkAttempts,
+		ParkAfter:         parkAfter,
 		Owner:             cfg.Relay.Owner,
 		SinkName:          cfg.Sink.Kind,
 		Slot:              cfg.Relay.CDC.Slot,

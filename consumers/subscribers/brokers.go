@@ -40,7 +40,8 @@ func NATSConfig(s configs.Sink) (phnats.Config, error) {
 func AMQPConfig(s configs.Sink) (phamqp.Config, error) {
 	t, err := s.AMQP.TLS.Load("sink.amqp.tls")
 	return phamqp.Config{URL: s.AMQP.URL, Username: s.AMQP.Username, Password: s.AMQP.Password, TLS: t,
-		ExchangePrefix: s.AMQP.ExchangePrefix, Consumers: s.AMQP.Consumers, MaxPayloadBytes: s.AMQP.MaxPayloadBytes}, err
+		ExchangePrefix: s.AMQP.ExchangePrefix, Consumers: s.AMQP.Consumers, MaxPayloadBytes: s.AMQP.MaxPayloadBytes,
+		CommandTopicPrefix: s.CommandTopicPrefix, CommandOwners: s.AMQP.CommandOwners}, err
 }
 
 // RedisConfig is the Redis Streams sink's configuration of sink.redis.

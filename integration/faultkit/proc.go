@@ -27,7 +27,8 @@ import (
 )
 
 // Build compiles ./cmd/posthorn of the module that contains the working
-// directory into dir and returns the binary's path. The child binary is
+// directory into dir, with the test-only --unsafe-* flags (build tag
+// posthorn_unsafe), and returns the binary's path. The child binary is
 // built without the race detector so that a run under `go test -race`
 // (the test process only) keeps its pace.
 func Build(ctx context.Context, dir string) (string, error) {
@@ -37,7 +38,9 @@ func Build(ctx context.Context, dir string) (string, error) {
 	}
 	root := filepath.Dir(strings.TrimSpace(string(out)))
 	bin := filepath.Join(dir, "posthorn")
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/posthorn")
+	// -tags posthorn_unsafe: the negative controls' --unsafe-* flags exist
+	// only in this test build, never in the production binary.
+	cmd := exec.CommandContext(ctx, "go", "build", "-tags", "posthorn_unsafe", "-o", bin, "./cmd/posthorn")
 	cmd.Dir = root
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("go build ./cmd/posthorn: %v\n%s", err, out)

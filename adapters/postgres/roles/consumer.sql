@@ -2,9 +2,10 @@
 -- migrations; re-runnable, revoke-then-grant like ledger.sql).
 --   posthorn_consumer    its inbox, positions and the example projections;
 --                        nothing in the ledger database.
---   posthorn_reconciler  reads the dispositions (consumer_inbox).
+--   posthorn_reconciler  reads the dispositions (consumer_inbox), the
+--                        positions and the retention horizon.
 
-REVOKE ALL ON TABLE consumer_inbox, consumer_positions, projection_balances, audit_log,
+REVOKE ALL ON TABLE consumer_inbox, consumer_positions, consumer_retention, projection_balances, audit_log,
     posthorn_consumer_migrations
     FROM posthorn_api, posthorn_relay, posthorn_relay_cdc, posthorn_reconciler, posthorn_maintainer, posthorn_consumer;
 
@@ -12,3 +13,10 @@ GRANT USAGE ON SCHEMA public TO posthorn_consumer, posthorn_reconciler;
 
 GRANT SELECT, INSERT, UPDATE ON consumer_inbox, consumer_positions, projection_balances, audit_log TO posthorn_consumer;
 GRANT SELECT ON consumer_inbox TO posthorn_reconciler;
+-- Inbox retention (`posthorn retention`, and on a schedule inside
+-- `posthorn consume`): the consumer deletes its own final inbox rows behind
+-- the horizon and records it; the reconciler reads the horizon and the
+-- positions to tell a pruned disposition from a missing one.
+GRANT DELETE ON consumer_inbox TO posthorn_consumer;
+GRANT SELECT, INSERT, UPDATE ON consumer_retention TO posthorn_consumer;
+GRANT SELECT ON consumer_retention, consumer_positions TO posthorn_reconciler;

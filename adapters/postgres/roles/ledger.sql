@@ -9,7 +9,8 @@
 -- role, and by what each role is refused):
 --   posthorn_api         writes the ledger and the outbox (whose trigger
 --                        enqueues each row in outbox_pending); deletes
---                        nothing, so never writes the relay's marker (the
+--                        only its expired idempotency keys, so never
+--                        writes the relay's marker (the
 --                        deletion of a pending row), and cannot read the
 --                        relay's tables.
 --   posthorn_relay       reads the outbox, writes only its markers (deletes
@@ -41,6 +42,9 @@ GRANT UPDATE (revision) ON accounts TO posthorn_api;
 GRANT SELECT, INSERT ON account_balances TO posthorn_api;
 GRANT UPDATE (balance) ON account_balances TO posthorn_api;
 GRANT SELECT, INSERT ON journals, journal_lines, idempotency_keys TO posthorn_api;
+-- Idempotency keys expire (retention.idempotency_key_ttl): the API deletes
+-- its own expired keys on a schedule, and nothing else.
+GRANT DELETE ON idempotency_keys TO posthorn_api;
 GRANT USAGE ON SEQUENCE journal_sequence, outbox_id_seq TO posthorn_api;
 -- The outbox: insert the row (never its marker), read it back for
 -- GET /v1/postings. No UPDATE and no DELETE at all.
@@ -82,3 +86,6 @@ GRANT SELECT ON outbox_pending TO posthorn_maintainer;
 GRANT SELECT ON SEQUENCE outbox_id_seq TO posthorn_maintainer;
 GRANT SELECT ON ops_coverage, relay_leases TO posthorn_maintainer;
 GRANT SELECT, INSERT, UPDATE ON ops_archive_segments, ops_cleanup TO posthorn_maintainer;
+-- `posthorn retention` as the maintainer: expired idempotency keys.
+GRANT SELECT (key, created_at) ON idempotency_keys TO posthorn_maintainer;
+GRANT DELETE ON idempotency_keys TO posthorn_maintainer;

@@ -1,0 +1,195 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Retention: the consumer inbox and the ledger's idempotency keys are
+// pruned in small batches (each one short statement of its own, so no lock
+// is held for long and a cancelled run leaves a consistent state), behind
+// a horizon past which a repeat can no longer arrive or is still
+// recognised without the row (see PruneInbox).
+
+// InboxHorizon is how far PruneInbox may go for one consumer.
+type InboxHorizon struct {
+	// Ordered: a final row of an aggregate with a position (an ordered
+	// consumer) may go once its revision is below the position's last
+	// applied revision (a repeat is then recognised by revision alone) and
+	// it was last touched before Ordered.
+	Ordered time.Time
+	// Unordered: a final row of an aggregate without a position may go once
+	// it was last touched before Unordered (the replay window plus a
+	// margin: no replay is expected to resend it).
+	Unordered time.Time
+}
+
+// PruneResult says what one retention run removed.
+type PruneResult struct {
+	Deleted int64 `json:"deleted"`
+	Batches int   `json:"batches"`
+}
+
+// PruneInbox deletes consumer's final inbox rows (applied, duplicate)
+// behind h, oldest first, in batches of at most batch rows, each its own
+// statement. Held, parked and rejected rows are never deleted. The horizon
+// is recorded first (consumer_retention), so that reconciliation, which
+// finds the pruned events without a disposition, can tell them from
+// missing ones (Inbox.Pruned). A cancelled ctx stops between batches.
+func (in *Inbox) PruneInbox(ctx context.Context, consumer string, h InboxHorizon, batch int) (PruneResult, error) {
+	var res PruneResult
+	if batch < 1 {
+		return res, errors.New("prune inbox: batch must be at least 1")
+	}
+	if h.Unordered.After(h.Ordered) {
+		h.Unordered = h.Ordered // the ordered bound is the outer one of both
+	}
+	if _, err := in.pool.Exec(ctx, `
+INSERT INTO consumer_retention AS r (consumer, ordered_before, unordered_before) VALUES ($1, $2, $3)
+ON CONFLICT (consumer) DO UPDATE
+   SET ordered_before = greatest(r.ordered_before, EXCLUDED.ordered_before),
+       unordered_before = greatest(r.unordered_before, EXCLUDED.unordered_before), updated_at = now()`,
+		consumer, h.Ordered, h.Unordered); err != nil {
+		return res, fmt.Errorf("prune inbox: record horizon: %w", err)
+	}
+	// Keyset over (updated_at, event_id) through consumer_inbox_final_age: a
+	// row kept (the last applied revision of an aggregate) is passed once,
+	// not read again by every later batch. The delete finds its rows by the
+	// ctid the scan read in the same statement (a TID scan, not a second
+	// primary-key probe per row), rechecking the key and disposition.
+	var afterAt time.Time
+	afterID := ""
+	for {
+		var n int64
+		var lastAt *time.Time
+		var lastID *string
+		err := in.pool.QueryRow(ctx, `
+WITH scan AS (
+    SELECT i.ctid AS tid, i.event_id, i.updated_at,
+           CASE WHEN p.last_revision IS NOT NULL THEN i.revision > 0 AND i.revision < p.last_revision
+                ELSE i.updated_at < $3 END AS prunable
+    FROM consumer_inbox i
+    LEFT JOIN consumer_positions p
+           ON p.consumer = i.consumer AND p.aggregate_type = i.aggregate_type AND p.aggregate_id = i.aggregate_id
+    WHERE i.consumer = $1 AND i.disposition IN ('applied', 'duplicate') AND i.updated_at < $2
+      AND (i.updated_at, i.event_id) > ($4, $5)
+    ORDER BY i.updated_at, i.event_id
+    LIMIT $6),
+d AS (
+    DELETE FROM consumer_inbox x USING scan s
+    WHERE s.prunable AND x.ctid = s.tid AND x.consumer = $1 AND x.event_id = s.event_id
+      AND x.disposition IN ('applied', 'duplicate')
+    RETURNING 1)
+SELECT (SELECT count(*) FROM d),
+       (SELECT updated_at FROM scan ORDER BY updated_at DESC, event_id DESC LIMIT 1),
+       (SELECT event_id FROM scan ORDER BY updated_at DESC, event_id DESC LIMIT 1)`,
+			consumer, h.Ordered, h.Unordered, afterAt, afterID, batch).Scan(&n, &lastAt, &lastID)
+		if err != nil {
+			return res, fmt.Errorf("prune inbox of %s: %w", consumer, err)
+		}
+		if lastAt == nil {
+			break // nothing left behind the horizon
+		}
+		afterAt, afterID = *lastAt, *lastID
+		res.Batches++
+		if n > 0 {
+			res.Deleted += n
+			if _, err := in.pool.Exec(context.WithoutCancel(ctx), `
+UPDATE consumer_retention SET deleted_rows = deleted_rows + $2, updated_at = now() WHERE consumer = $1`, consumer, n); err != nil {
+				return res, fmt.Errorf("prune inbox: count: %w", err)
+			}
+		}
+		if err := ctx.Err(); err != nil {
+			return res, err
+		}
+	}
+	return res, nil
+}
+
+// PrunedCandidate is an event reconciliation expected and found no inbox
+// row for.
+type PrunedCandidate struct {
+	EventID       string
+	AggregateType string
+	AggregateID   string
+	Revision      int64
+	// CreatedAt is the outbox row's: the consumer received it later, so a
+	// row last touched before a horizon was created before it too.
+	CreatedAt time.Time
+}
+
+// Pruned returns which of cands PruneInbox may have removed for consumer:
+// by the rule it deletes with, read against the recorded horizon. Nothing
+// is pruned for a consumer retention never ran for. The caller decides
+// whether that proves anything (reconciliation accepts it only for events
+// an earlier run already proved).
+func (in *Inbox) Pruned(ctx context.Context, consumer string, cands []PrunedCandidate) (map[string]bool, error) {
+	out := map[string]bool{}
+	if len(cands) == 0 {
+		return out, nil
+	}
+	var ordered, unordered time.Time
+	err := in.pool.QueryRow(ctx, `SELECT ordered_before, unordered_before FROM consumer_retention WHERE consumer = $1`, consumer).
+		Scan(&ordered, &unordered)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return out, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("inbox: pruned: %w", err)
+	}
+	ids, types, aggs, revs, created := make([]string, len(cands)), make([]string, len(cands)), make([]string, len(cands)),
+		make([]int64, len(cands)), make([]time.Time, len(cands))
+	for i, c := range cands {
+		ids[i], types[i], aggs[i], revs[i], created[i] = c.EventID, c.AggregateType, c.AggregateID, c.Revision, c.CreatedAt
+	}
+	rows, err := in.pool.Query(ctx, `
+SELECT c.event_id FROM unnest($2::text[], $3::text[], $4::text[], $5::bigint[], $6::timestamptz[]) AS c(event_id, aggregate_type, aggregate_id, revision, created_at)
+LEFT JOIN consumer_positions p ON p.consumer = $1 AND p.aggregate_type = c.aggregate_type AND p.aggregate_id = c.aggregate_id
+WHERE CASE WHEN p.last_revision IS NOT NULL THEN c.revision > 0 AND c.revision < p.last_revision AND c.created_at < $7
+           ELSE c.created_at < $8 END`,
+		consumer, ids, types, aggs, revs, created, ordered, unordered)
+	if err != nil {
+		return nil, fmt.Errorf("inbox: pruned: %w", err)
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("inbox: pruned: %w", err)
+	}
+	for _, id := range got {
+		out[id] = true
+	}
+	return out, nil
+}
+
+// PruneIdempotencyKeys deletes the Posting API's idempotency keys created
+// before before, oldest first, in batches of at most batch keys, each its
+// own statement (through idempotency_keys_created_at). A request that
+// repeats an expired key is then a new posting. A cancelled ctx stops
+// between batches.
+func (s *OpsStore) PruneIdempotencyKeys(ctx context.Context, before time.Time, batch int) (PruneResult, error) {
+	var res PruneResult
+	if batch < 1 {
+		return res, errors.New("prune idempotency keys: batch must be at least 1")
+	}
+	for {
+		tag, err := s.pool.Exec(ctx, `
+DELETE FROM idempotency_keys WHERE key IN (
+    SELECT key FROM idempotency_keys WHERE created_at < $1 ORDER BY created_at LIMIT $2)`, before, batch)
+		if err != nil {
+			return res, fmt.Errorf("prune idempotency keys: %w", err)
+		}
+		n := tag.RowsAffected()
+		if n == 0 {
+			return res, nil
+		}
+		res.Deleted += n
+		res.Batches++
+		if err := ctx.Err(); err != nil {
+			return res, err
+		}
+	}
+}

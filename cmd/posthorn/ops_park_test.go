@@ -1,0 +1,328 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
+	"github.com/posthorn/posthorn/consumers/auditlog"
+	"github.com/posthorn/posthorn/consumers/projection"
+	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/ops"
+)
+
+// opsCLIRig is a ledger and a consumer database driven through the binary,
+// with the consumers' inbox fed directly (the memory sink of a separate
+// process cannot reach them).
+type opsCLIRig struct {
+	t          *testing.T
+	env        []string
+	ledger     *pgxpool.Pool
+	consumer   *pgxpool.Pool
+	store      *postgres.LedgerStore
+	archiveDir string
+	n          int
+	lastID     int64 // outbox rows up to this id were delivered
+}
+
+func newOpsCLIRig(t *testing.T) *opsCLIRig {
+	t.Helper()
+	ledgerURL, ledger := pgtest.Ledger(t)
+	consumerURL, consumer := pgtest.Consumer(t)
+	r := &opsCLIRig{t: t, ledger: ledger, consumer: consumer, archiveDir: t.TempDir(),
+		store: postgres.NewLedgerStore(ledger, postgres.LedgerConfig{})}
+	r.env = []string{
+		"POSTHORN_DATABASE__URL=" + ledgerURL,
+		"POSTHORN_CONSUMER__DATABASE__URL=" + consumerURL,
+		"POSTHORN_SINK__KIND=memory",
+		"POSTHORN_ARCHIVE__DIR=" + r.archiveDir,
+		"POSTHORN_CLEANUP__REPLAY_WINDOW=0s",
+	}
+	return r
+}
+
+// post writes n postings between acc-0, acc-1 and acc-2 and marks them
+// relayed through `outbox resend` (the memory sink ACKs).
+func (r *opsCLIRig) post(n int) {
+	r.t.Helper()
+	for range n {
+		i := r.n
+		r.n++
+		p := core.Posting{Entries: []core.Entry{
+			{Account: fmt.Sprintf("acc-%d", i%3), Direction: core.Debit, Amount: 10, Currency: "EUR"},
+			{Account: fmt.Sprintf("acc-%d", (i+1)%3), Direction: core.Credit, Amount: 10, Currency: "EUR"},
+		}}
+		if _, _, err := r.store.Post(context.Background(), fmt.Sprintf("park-%d", i), p); err != nil {
+			r.t.Fatal(err)
+		}
+	}
+	var maxID int64
+	if err := r.ledger.QueryRow(context.Background(), `SELECT max(id) FROM outbox`).Scan(&maxID); err != nil {
+		r.t.Fatal(err)
+	}
+	if code, stdout, stderr := runCLI(r.t, r.env, "outbox", "resend", "--from-id", "1", "--to-id", fmt.Sprint(maxID)); code != 0 {
+		r.t.Fatalf("resend: code %d, %s %s", code, stdout, stderr)
+	}
+}
+
+// deliver hands every new event to both consumers through the inbox;
+// projection events of account park go to it as poison instead (the
+// handler "failed for good"), and so the account parks.
+func (r *opsCLIRig) deliver(park string) (parked []string) {
+	r.t.Helper()
+	ctx := context.Background()
+	rows, err := postgres.NewOpsStore(r.ledger).ReadRows(ctx, postgres.RowFilter{EventsOnly: true, AfterID: r.lastID}, 1000)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	inbox := postgres.NewInbox(r.consumer)
+	for _, row := range rows {
+		r.lastID = max(r.lastID, row.ID)
+		e := row.Envelope
+		var out postgres.InboxOutcome
+		if e.AggregateID == park && len(parked) == 0 {
+			out, err = inbox.ParkPoison(ctx, projection.Name, true, e, "handler failed: test poison")
+		} else {
+			out, err = inbox.Receive(ctx, projection.Name, true, e, projection.Handle)
+		}
+		if err != nil {
+			r.t.Fatal(err)
+		}
+		if out.Disposition == postgres.DispositionParkedPoison || out.Disposition == postgres.DispositionParkedGap {
+			parked = append(parked, e.EventID)
+		}
+		if _, err := inbox.Receive(ctx, auditlog.Name, false, e, auditlog.Handle); err != nil {
+			r.t.Fatal(err)
+		}
+	}
+	return parked
+}
+
+func (r *opsCLIRig) reconcile() (int, ops.Report, string) {
+	r.t.Helper()
+	code, stdout, stderr := runCLI(r.t, r.env, "reconcile", "--json")
+	var rep ops.Report
+	if code != 2 {
+		if err := json.Unmarshal([]byte(stdout), &rep); err != nil {
+			r.t.Fatalf("reconcile JSON: %v\n%s\n%s", err, stdout, stderr)
+		}
+	}
+	return code, rep, stderr
+}
+
+func (r *opsCLIRig) outboxHas(eventID string) bool {
+	r.t.Helper()
+	var n int
+	if err := r.ledger.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE event_id = $1`, eventID).Scan(&n); err != nil {
+		r.t.Fatal(err)
+	}
+	return n > 0
+}
+
+// Parked is not covered (issue 14, fix 1): with an account parked at one
+// consumer, reconcile exits 1 naming each parked event with the consumer
+// and the reason, records no coverage for that consumer, and cleanup keeps
+// the rows; after release and apply the same run is clean and cleanup may
+// delete them.
+func TestReconcileParkedIsNotCovered(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	r := newOpsCLIRig(t)
+
+	// A covered, archived start.
+	r.post(3)
+	r.deliver("")
+	if code, rep, stderr := r.reconcile(); code != 0 || !rep.Clean {
+		t.Fatalf("first run: code %d, %+v, %s", code, rep, stderr)
+	}
+	if code, stdout, stderr := runCLI(t, r.env, "archive"); code != 0 {
+		t.Fatalf("archive: code %d, %s %s", code, stdout, stderr)
+	}
+
+	// acc-1 parks at the projection.
+	r.post(3)
+	parked := r.deliver("acc-1")
+	if len(parked) < 2 {
+		t.Fatalf("parked %v, want the poison event and at least one behind it", parked)
+	}
+	code, rep, _ := r.reconcile()
+	if code != 1 || rep.Clean {
+		t.Fatalf("with acc-1 parked: code %d, clean %v; want exit 1", code, rep.Clean)
+	}
+	proj, audit := rep.Consumers[0], rep.Consumers[1]
+	if proj.Name != projection.Name {
+		proj, audit = audit, proj
+	}
+	if proj.Clean || proj.Coverage != nil || proj.Discrepancies.Unproven.Count != int64(len(parked)) {
+		t.Fatalf("projection: clean %v coverage %+v unproven %+v; want %d unproven and no coverage", proj.Clean, proj.Coverage, proj.Discrepancies.Unproven, len(parked))
+	}
+	if !audit.Clean || audit.Coverage == nil {
+		t.Fatalf("audit log: %+v, want clean and covered", audit)
+	}
+	waiting := map[string]ops.WaitingEvent{}
+	for _, w := range proj.Discrepancies.Waiting {
+		waiting[w.EventID] = w
+	}
+	if w := waiting[parked[0]]; w.Consumer != projection.Name || w.Disposition != "parked_poison" || !strings.Contains(w.Reason, "test poison") {
+		t.Fatalf("poison event %s reported as %+v", parked[0], w)
+	}
+	for _, id := range parked[1:] {
+		if w := waiting[id]; w.Disposition != "parked_gap" || !strings.Contains(w.Reason, "aggregate parked") {
+			t.Fatalf("event %s behind the poison reported as %+v", id, w)
+		}
+	}
+	// The human report names the event, the consumer and the reason.
+	code, stdout, _ := runCLI(t, r.env, "reconcile", "--no-record")
+	if code != 1 || !strings.Contains(stdout, parked[0]+"  "+projection.Name+"  parked_poison: handler failed: test poison") {
+		t.Fatalf("human report, code %d:\n%s", code, stdout)
+	}
+
+	// Cleanup goes only as far as the projection's old coverage: the parked
+	// rows stay.
+	if code, stdout, stderr := runCLI(t, r.env, "archive"); code != 0 {
+		t.Fatalf("archive: code %d, %s %s", code, stdout, stderr)
+	}
+	if code, stdout, stderr := runCLI(t, r.env, "cleanup"); code != 0 || !strings.Contains(stdout, "deleted") {
+		t.Fatalf("cleanup: code %d, %s %s", code, stdout, stderr)
+	}
+	for _, id := range parked {
+		if !r.outboxHas(id) {
+			t.Fatalf("cleanup deleted the parked event %s", id)
+		}
+	}
+
+	// Release and apply: clean, covered, and cleanup takes the rest.
+	if code, stdout, stderr := runCLI(t, r.env, "consume", "release", "--consumer", projection.Name, "--account", "acc-1"); code != 0 {
+		t.Fatalf("release: code %d, %s %s", code, stdout, stderr)
+	}
+	outs, err := postgres.NewInbox(r.consumer).Drain(ctx, projection.Name, true, core.AggregateAccount, "acc-1", projection.Handle)
+	if err != nil || len(outs) != len(parked) {
+		t.Fatalf("drain after release: %d outcomes, %v; want %d", len(outs), err, len(parked))
+	}
+	if code, rep, stderr := r.reconcile(); code != 0 || !rep.Clean {
+		t.Fatalf("after release and apply: code %d, %+v, %s", code, rep, stderr)
+	}
+	if code, stdout, stderr := runCLI(t, r.env, "archive"); code != 0 {
+		t.Fatalf("archive: code %d, %s %s", code, stdout, stderr)
+	}
+	if code, stdout, stderr := runCLI(t, r.env, "cleanup"); code != 0 || !strings.Contains(stdout, "deleted") {
+		t.Fatalf("cleanup: code %d, %s %s", code, stdout, stderr)
+	}
+	for _, id := range parked {
+		if r.outboxHas(id) {
+			t.Fatalf("event %s still in the outbox after a clean run, archive and cleanup", id)
+		}
+	}
+}
+
+// Cleanup re-verifies the archive segments it relies on (issue 14, fix 2):
+// a truncated, a deleted or a bit-flipped segment stops it with exit 1
+// before anything is deleted, in a dry run too; the intact archive lets it
+// delete.
+func TestCleanupReverifiesArchiveSegments(t *testing.T) {
+	t.Parallel()
+	r := newOpsCLIRig(t)
+	r.post(4)
+	r.deliver("")
+	if code, rep, stderr := r.reconcile(); code != 0 || !rep.Clean {
+		t.Fatalf("reconcile: code %d, %+v, %s", code, rep, stderr)
+	}
+	if code, stdout, stderr := runCLI(t, r.env, "archive"); code != 0 {
+		t.Fatalf("archive: code %d, %s %s", code, stdout, stderr)
+	}
+	segs, _ := filepath.Glob(filepath.Join(r.archiveDir, "segment-*"))
+	if len(segs) != 1 {
+		t.Fatalf("segments %v, want one", segs)
+	}
+	seg := segs[0]
+	intact, err := os.ReadFile(seg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := func() int64 {
+		var n int64
+		if err := r.ledger.QueryRow(context.Background(), `SELECT count(*) FROM outbox`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	before := rows()
+	for _, damage := range []struct {
+		name string
+		do   func() error
+		want string
+	}{
+		{"truncated", func() error { return os.WriteFile(seg, intact[:len(intact)/2], 0o600) }, "SHA-256"},
+		{"deleted", func() error { return os.Remove(seg) }, "no such file"},
+		{"bit-flipped", func() error {
+			b := bytes.Clone(intact)
+			b[len(b)/3] ^= 0x01
+			return os.WriteFile(seg, b, 0o600)
+		}, "SHA-256"},
+	} {
+		if err := damage.do(); err != nil {
+			t.Fatal(err)
+		}
+		for _, args := range [][]string{{"cleanup", "--dry-run"}, {"cleanup"}} {
+			code, stdout, stderr := runCLI(t, r.env, args...)
+			if code != 1 || !strings.Contains(stderr, "do not verify") || !strings.Contains(stderr, filepath.Base(seg)) ||
+				!strings.Contains(stderr, damage.want) || !strings.Contains(stderr, "nothing deleted") {
+				t.Fatalf("%s segment, %v: code %d, %s %s", damage.name, args, code, stdout, stderr)
+			}
+			if n := rows(); n != before {
+				t.Fatalf("%s segment, %v: %d outbox rows left of %d", damage.name, args, n, before)
+			}
+		}
+		if err := os.WriteFile(seg, intact, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if code, stdout, stderr := runCLI(t, r.env, "cleanup"); code != 0 || !strings.Contains(stdout, fmt.Sprintf("deleted %d rows", before)) {
+		t.Fatalf("cleanup over the intact archive: code %d, %s %s", code, stdout, stderr)
+	}
+}
+
+// `posthorn outbox release` lifts the park of a command journal too, not
+// only of an account (issue 14, fix 7).
+func TestOutboxReleaseParkedCommandJournal(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	r := newOpsCLIRig(t)
+	store := postgres.NewRelayStore(r.ledger)
+	const journal = "0190c0de-0000-7000-8000-00000000c0de"
+	for _, p := range []postgres.ParkedAggregate{
+		{AggregateType: core.AggregateJournal, AggregateID: journal, EventID: "0190c0de-0000-7000-8000-000000000001", Reason: "unroutable"},
+		{AggregateType: core.AggregateAccount, AggregateID: "acc-9", EventID: "0190c0de-0000-7000-8000-000000000002", Reason: "too large"},
+	} {
+		if _, err := store.Park(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if code, _, stderr := runCLI(t, r.env, "outbox", "release"); code == 0 || !strings.Contains(stderr, "--journal") {
+		t.Fatalf("release without an aggregate: code %d, %s", code, stderr)
+	}
+	if code, _, stderr := runCLI(t, r.env, "outbox", "release", "--account", "acc-9", "--journal", journal); code == 0 || !strings.Contains(stderr, "exactly one") {
+		t.Fatalf("release of two: code %d, %s", code, stderr)
+	}
+	if code, stdout, stderr := runCLI(t, r.env, "outbox", "release", "--journal", journal); code != 0 || !strings.Contains(stdout, "journal "+journal+" released") {
+		t.Fatalf("release --journal: code %d, %s %s", code, stdout, stderr)
+	}
+	if code, stdout, stderr := runCLI(t, r.env, "outbox", "release", "--account", "acc-9"); code != 0 {
+		t.Fatalf("release --account: code %d, %s %s", code, stdout, stderr)
+	}
+	if left, err := store.Parked(ctx); err != nil || len(left) != 0 {
+		t.Fatalf("still parked: %+v %v", left, err)
+	}
+	if code, _, stderr := runCLI(t, r.env, "outbox", "release", "--journal", journal); code == 0 || !strings.Contains(stderr, "not parked") {
+		t.Fatalf("release of a journal not parked: code %d, %s", code, stderr)
+	}
+}
