@@ -155,6 +155,9 @@ type handlerConfig struct {
 	hold       time.Duration
 	noInbox    bool
 	subscriber message.Subscriber
+
+	handOff *handOff
+	batcher *batcher
 }
 
 // Registry adds consumers' handlers to a Watermill router with the inbox
@@ -256,7 +259,9 @@ func (r *Registry) add(consumer, topic string, kind core.Kind, h Handler, opts [
 			return fmt.Errorf("consumers: subscriber for %s: %w", consumer, err)
 		}
 	}
-	wh := r.router.AddConsumerHandler(consumer+"@"+topic, topic, sub, r.middleware(hc))
+	hc.handOff = newHandOff()
+	hc.batcher = newBatcher(r, hc)
+	wh := r.router.AddConsumerHandler(consumer+"@"+topic, topic, sequenced{sub}, r.middleware(hc))
 	// Retry outermost, then Recoverer: a panicking handler becomes an error
 	// (its transaction is rolled back by the deferred Rollback on the way
 	// out) and is retried like any other. Permanent errors never get here:
@@ -275,6 +280,13 @@ func (r *Registry) add(consumer, topic string, kind core.Kind, h Handler, opts [
 func (r *Registry) middleware(hc *handlerConfig) message.NoPublishHandlerFunc {
 	return func(msg *message.Message) error {
 		ctx := msg.Context()
+		// Messages join the batch queue in delivery order (see batch.go);
+		// every other path lets the next message through at once.
+		seq, sequenced := ctx.Value(seqKey{}).(uint64)
+		if sequenced {
+			hc.handOff.wait(ctx, seq)
+			defer hc.handOff.pass(seq)
+		}
 		e, err := core.EnvelopeFromMessage(msg)
 		if err != nil {
 			return r.reject(ctx, hc, msg, e, err.Error())
@@ -284,17 +296,19 @@ func (r *Registry) middleware(hc *handlerConfig) message.NoPublishHandlerFunc {
 		}
 		e.Topic = hc.topic
 		if hc.noInbox {
+			if sequenced {
+				hc.handOff.pass(seq)
+			}
 			return r.applyWithoutInbox(ctx, hc, e)
 		}
-		out, err := r.inbox.Receive(ctx, hc.consumer, hc.ordered, e, r.apply(hc))
-		if err != nil {
-			return r.failed(ctx, hc, err)
+		p := hc.batcher.enqueue(e)
+		if sequenced {
+			hc.handOff.pass(seq)
 		}
-		r.recorded(hc, out)
-		if out.Disposition == postgres.DispositionApplied && hc.ordered {
-			// The successors may be waiting in the inbox already. The message
-			// itself is done; a failing drain is retried by the sweeper.
-			r.drain(ctx, hc, postgres.InboxAggregate{Type: e.AggregateType, ID: e.AggregateID})
+		// The batch counts the outcome and drains the successors of what
+		// it applied.
+		if _, err := hc.batcher.receive(ctx, p); err != nil {
+			return r.failed(ctx, hc, err)
 		}
 		return nil
 	}
