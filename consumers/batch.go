@@ -2,6 +2,7 @@ package consumers
 
 import (
 	"context"
+	"hash/maphash"
 	"sync"
 	"time"
 
@@ -32,8 +33,6 @@ import (
 // revision check keeps the effect in order either way.
 
 const (
-	// maxBatch bounds the events of one transaction.
-	maxBatch = 512
 	// handOffWait bounds how long a message waits for the messages
 	// delivered before it to reach the queue.
 	handOffWait = time.Second
@@ -77,34 +76,35 @@ type handOff struct {
 	mu      sync.Mutex
 	next    uint64
 	passed  map[uint64]bool
-	advance chan struct{} // closed and replaced whenever next moves
+	waiting map[uint64]chan struct{} // seq → closed when next reaches it
 }
 
 func newHandOff() *handOff {
-	return &handOff{passed: map[uint64]bool{}, advance: make(chan struct{})}
+	return &handOff{passed: map[uint64]bool{}, waiting: map[uint64]chan struct{}{}}
 }
 
 // wait blocks until every message numbered below seq has passed, ctx ends,
 // or handOffWait is over.
 func (h *handOff) wait(ctx context.Context, seq uint64) {
+	h.mu.Lock()
+	if seq <= h.next {
+		h.mu.Unlock()
+		return
+	}
+	ch := make(chan struct{})
+	h.waiting[seq] = ch
+	h.mu.Unlock()
 	timeout := time.NewTimer(handOffWait)
 	defer timeout.Stop()
-	for {
-		h.mu.Lock()
-		if seq <= h.next {
-			h.mu.Unlock()
-			return
-		}
-		adv := h.advance
-		h.mu.Unlock()
-		select {
-		case <-adv:
-		case <-ctx.Done():
-			return
-		case <-timeout.C:
-			return
-		}
+	select {
+	case <-ch:
+		return
+	case <-ctx.Done():
+	case <-timeout.C:
 	}
+	h.mu.Lock()
+	delete(h.waiting, seq)
+	h.mu.Unlock()
 }
 
 // pass records that message seq has gone through; passing twice (a retry)
@@ -116,15 +116,13 @@ func (h *handOff) pass(seq uint64) {
 		return
 	}
 	h.passed[seq] = true
-	moved := false
 	for h.passed[h.next] {
 		delete(h.passed, h.next)
 		h.next++
-		moved = true
 	}
-	if moved {
-		close(h.advance)
-		h.advance = make(chan struct{})
+	if ch, ok := h.waiting[h.next]; ok {
+		close(ch)
+		delete(h.waiting, h.next)
 	}
 }
 
@@ -136,8 +134,31 @@ type pending struct {
 	err  error
 }
 
-// batcher groups one handler's concurrent deliveries into inbox batches,
-// one batch at a time: whoever finds no batch running takes the queue.
+// lanes splits one handler's deliveries by aggregate into independent
+// batchers, so that while one lane's batch waits for its commit the next
+// lane's is applied. An aggregate always takes the same lane, so its
+// events stay in delivery order, and two lanes never lock the same
+// aggregate's position.
+type lanes []*batcher
+
+const laneCount = 4
+
+var laneSeed = maphash.MakeSeed()
+
+func newLanes(r *Registry, hc *handlerConfig) lanes {
+	l := make(lanes, laneCount)
+	for i := range l {
+		l[i] = newBatcher(r, hc)
+	}
+	return l
+}
+
+func (l lanes) of(e core.Envelope) *batcher {
+	return l[maphash.String(laneSeed, e.AggregateType+"\x00"+e.AggregateID)%uint64(len(l))]
+}
+
+// batcher groups one lane's concurrent deliveries into inbox batches, one
+// batch at a time: whoever finds no batch running takes the queue.
 type batcher struct {
 	r      *Registry
 	hc     *handlerConfig
@@ -173,7 +194,7 @@ func (b *batcher) receive(ctx context.Context, p *pending) (postgres.InboxOutcom
 			return p.out, p.err
 		case b.leader <- struct{}{}:
 			b.mu.Lock()
-			n := min(len(b.queue), maxBatch)
+			n := min(len(b.queue), b.r.cfg.MaxBatch)
 			batch := b.queue[:n:n]
 			b.queue = b.queue[n:]
 			b.mu.Unlock()
@@ -198,7 +219,7 @@ func (b *batcher) run(ctx context.Context, batch []*pending) {
 		es[i] = p.e
 	}
 	if len(batch) > 1 {
-		res, err := b.r.inbox.ReceiveBatch(ctx, hc.consumer, hc.ordered, es, b.r.safeApply(hc))
+		res, err := b.r.inbox.ReceiveBatch(ctx, hc.consumer, hc.ordered, es, b.r.safeApply(hc), b.r.applyAll(hc))
 		if err == nil {
 			for i, p := range batch {
 				p.out = res.Outcomes[i]

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+	wmkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -41,10 +42,11 @@ const (
 //
 //   - both example consumers with the inbox in one process (what `posthorn
 //     consume` runs);
-//   - balance-projection alone with the inbox;
-//   - a plain Watermill router handler on watermill-kafka's subscriber
-//     that writes the projection's effect without the inbox, each event in
-//     its own transaction.
+//   - balance-projection alone with the inbox, and alone as it ran before
+//     batching (watermill-kafka's subscriber, a transaction per event);
+//   - a plain Watermill router handler that writes the projection's effect
+//     without the inbox, each event in its own transaction: on the same
+//     subscriber as the consumers, and on watermill-kafka's stock one.
 //
 // A rate is the backlog divided by the time from the run's first applied
 // event to its last (the group join before it is not counted; the
@@ -55,12 +57,26 @@ func BenchmarkConsumerApply(b *testing.B) {
 	brokers := benchKfake(b, kfakebroker.DefaultPartitions)
 	relayBacklog(b, ctx, brokers, "capply", consumerBenchAccounts, consumerBenchPerAccount)
 
-	both := benchConsumers(b, ctx, brokers, "both", []string{projection.Name, auditlog.Name}, consumerBenchEvents)
-	alone := benchConsumers(b, ctx, brokers, "alone", []string{projection.Name}, consumerBenchEvents)
-	plain := benchPlainHandler(b, ctx, brokers, consumerBenchEvents)
+	ours := func(group string) (message.Subscriber, error) {
+		return subscribers.KafkaSubscriber(brokers, group, nil)
+	}
+	stockSub := func(group string) (message.Subscriber, error) {
+		return wmkafka.NewSubscriber(wmkafka.SubscriberConfig{Brokers: brokers, Unmarshaler: wmkafka.DefaultMarshaler{},
+			OverwriteSaramaConfig: subscribers.KafkaSaramaConfig(), ConsumerGroup: group}, watermill.NopLogger{})
+	}
+	both := benchConsumers(b, ctx, "both", []string{projection.Name, auditlog.Name}, consumerBenchEvents, benchRun{subscriber: ours})
+	alone := benchConsumers(b, ctx, "alone", []string{projection.Name}, consumerBenchEvents, benchRun{subscriber: ours})
+	// The consumer as it was before batching: watermill-kafka's subscriber
+	// (one message in flight per partition) and a transaction per event.
+	before := benchConsumers(b, ctx, "before", []string{projection.Name}, consumerBenchEvents,
+		benchRun{subscriber: stockSub, maxBatch: 1, perEvent: true})
+	plain := benchPlainHandler(b, ctx, "same", consumerBenchEvents, ours)
+	stock := benchPlainHandler(b, ctx, "stock", consumerBenchEvents, stockSub)
 
-	fmt.Printf("consumer apply rate: %.0f events/s, plain handler %.0f events/s, inbox overhead %.1fx\n",
-		alone[projection.Name], plain, plain/alone[projection.Name])
+	p := alone[projection.Name]
+	fmt.Printf("consumer apply rate: %.0f events/s, plain handler %.0f events/s, inbox overhead %.1fx\n", p, plain, plain/p)
+	fmt.Printf("consumer apply rate before batching (watermill-kafka subscriber, a transaction per event): %.0f events/s; now %.1fx that\n", before[projection.Name], p/before[projection.Name])
+	fmt.Printf("consumer plain handler on watermill-kafka's subscriber (the stock path): %.0f events/s; balance-projection with the inbox %.1fx that\n", stock, p/stock)
 	fmt.Printf("consumer apply rate, both example consumers in one process (%d-event backlog, %d partitions): %s %.0f events/s, %s %.0f events/s\n",
 		consumerBenchEvents, kfakebroker.DefaultPartitions, projection.Name, both[projection.Name], auditlog.Name, both[auditlog.Name])
 	b.ReportMetric(alone[projection.Name], "inbox-events/s")
@@ -120,7 +136,7 @@ func (c *applyClock) rate(events int) float64 {
 func benchPool(b *testing.B, ctx context.Context) *pgxpool.Pool {
 	b.Helper()
 	url, _ := pgtest.Consumer(b)
-	pool, err := postgres.Connect(ctx, url, 8)
+	pool, err := postgres.Connect(ctx, url, 16)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -128,9 +144,16 @@ func benchPool(b *testing.B, ctx context.Context) *pgxpool.Pool {
 	return pool
 }
 
+// benchRun is how benchConsumers reads and applies.
+type benchRun struct {
+	subscriber func(group string) (message.Subscriber, error)
+	maxBatch   int  // consumers.Config.MaxBatch
+	perEvent   bool // no BatchHandler: the handler's statement per event
+}
+
 // benchConsumers runs the named example consumers with the inbox until each
 // has applied events, and returns each one's rate.
-func benchConsumers(b *testing.B, ctx context.Context, brokers []string, run string, names []string, events int) map[string]float64 {
+func benchConsumers(b *testing.B, ctx context.Context, run string, names []string, events int, how benchRun) map[string]float64 {
 	b.Helper()
 	pool := benchPool(b, ctx)
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, watermill.NopLogger{})
@@ -140,9 +163,10 @@ func benchConsumers(b *testing.B, ctx context.Context, brokers []string, run str
 	reg, err := consumers.New(router, consumers.Config{
 		Pool: pool,
 		Subscribers: func(consumer string) (message.Subscriber, error) {
-			return subscribers.KafkaSubscriber(brokers, consumer+"-bench-"+run, nil)
+			return how.subscriber(consumer + "-bench-" + run)
 		},
-		Logger: relayQuietLog,
+		Logger:   relayQuietLog,
+		MaxBatch: how.maxBatch,
 	})
 	if err != nil {
 		b.Fatal(err)
@@ -159,7 +183,18 @@ func benchConsumers(b *testing.B, ctx context.Context, brokers []string, run str
 			c.tick()
 			return nil
 		}
+		bh := map[string]consumers.BatchHandler{projection.Name: projection.HandleBatch, auditlog.Name: auditlog.HandleBatch}[n]
+		timedBatch := func(ctx context.Context, tx pgx.Tx, es []core.Envelope) error {
+			if err := bh(ctx, tx, es); err != nil {
+				return err
+			}
+			c.tick()
+			return nil
+		}
 		var opts []consumers.Option
+		if !how.perEvent {
+			opts = append(opts, consumers.WithBatchHandler(timedBatch))
+		}
 		if n == projection.Name {
 			opts = append(opts, consumers.DependsOnPredecessor())
 		}
@@ -197,15 +232,17 @@ func benchConsumers(b *testing.B, ctx context.Context, brokers []string, run str
 
 // benchPlainHandler is the baseline: a Watermill router handler that
 // writes balance-projection's effect in a transaction of its own per event,
-// with no inbox, read with watermill-kafka's subscriber in the same way.
-func benchPlainHandler(b *testing.B, ctx context.Context, brokers []string, events int) float64 {
+// with no inbox, read with the given subscriber: the consumers' own
+// (KafkaSubscriber, the inbox's cost alone) or watermill-kafka's (the
+// stock path a team would write).
+func benchPlainHandler(b *testing.B, ctx context.Context, run string, events int, subscriber func(group string) (message.Subscriber, error)) float64 {
 	b.Helper()
 	pool := benchPool(b, ctx)
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, watermill.NopLogger{})
 	if err != nil {
 		b.Fatal(err)
 	}
-	sub, err := subscribers.KafkaSubscriber(brokers, "plain-bench", nil)
+	sub, err := subscriber("plain-bench-" + run)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -45,6 +45,11 @@ var AllDispositions = []Disposition{DispositionHeld, DispositionApplied, Disposi
 // also writes the event's inbox row, so both commit or neither does.
 type ApplyFunc func(ctx context.Context, tx pgx.Tx, e core.Envelope) error
 
+// ApplyBatchFunc applies a run of events in one call, inside the
+// transaction that writes their inbox rows, with the effect of an ApplyFunc
+// called for each in the order given.
+type ApplyBatchFunc func(ctx context.Context, tx pgx.Tx, es []core.Envelope) error
+
 // ApplyError is returned when the ApplyFunc failed; the transaction was
 // rolled back and nothing was recorded. Envelope is the event it failed on
 // (for Drain, one that was re-driven from the inbox).
@@ -806,7 +811,11 @@ type InboxBatch struct {
 // own handling (retry, poison). The position rows of every aggregate in the
 // batch are locked in one statement, sorted, so batches of several
 // instances serialise per aggregate without deadlocking each other.
-func (in *Inbox) ReceiveBatch(ctx context.Context, consumer string, ordered bool, es []core.Envelope, apply ApplyFunc) (InboxBatch, error) {
+//
+// applyAll, when not nil, applies every event to be applied in one call
+// (in that order) instead of apply once per event; an error from it is an
+// *ApplyError naming the first of them.
+func (in *Inbox) ReceiveBatch(ctx context.Context, consumer string, ordered bool, es []core.Envelope, apply ApplyFunc, applyAll ApplyBatchFunc) (InboxBatch, error) {
 	res := InboxBatch{Outcomes: make([]InboxOutcome, len(es))}
 	order := make([]int, len(es))
 	for i := range order {
@@ -873,7 +882,10 @@ func (in *Inbox) ReceiveBatch(ctx context.Context, consumer string, ordered bool
 		fresh[id] = true
 	}
 
-	var advance inboxColumns
+	var (
+		advance inboxColumns
+		toApply []core.Envelope
+	)
 	for _, i := range order {
 		e := es[i]
 		out := inboxOutcomeOf(e)
@@ -923,7 +935,9 @@ func (in *Inbox) ReceiveBatch(ctx context.Context, consumer string, ordered bool
 				continue
 			}
 		}
-		if err := apply(ctx, tx, e); err != nil {
+		if applyAll != nil {
+			toApply = append(toApply, e)
+		} else if err := apply(ctx, tx, e); err != nil {
 			return res, &ApplyError{Envelope: e, Err: err}
 		}
 		if ordered {
@@ -932,6 +946,11 @@ func (in *Inbox) ReceiveBatch(ctx context.Context, consumer string, ordered bool
 		}
 		out.Disposition = DispositionApplied
 		res.Outcomes[i] = out
+	}
+	if len(toApply) > 0 {
+		if err := applyAll(ctx, tx, toApply); err != nil {
+			return res, &ApplyError{Envelope: toApply[0], Err: err}
+		}
 	}
 	if ordered {
 		for ref, pos := range positions {

@@ -98,12 +98,14 @@ func KafkaSaramaConfig() *sarama.Config {
 	return c
 }
 
-// KafkaSubscriber returns the Kafka subscriber of one consumer: a
-// watermill-kafka subscriber in consumer group = the consumer's name,
-// oldest offset first, reading the DefaultMarshaler the relay's Kafka sink
-// writes with (message UUID = event ID, metadata = the wire headers), that
-// re-joins its group when a partition stops being delivered (groupSubscriber,
-// after DefaultStallAfter).
+// KafkaSubscriber returns the Kafka subscriber of one consumer: a sarama
+// consumer-group member (group = the consumer's name, oldest offset first)
+// that delivers up to DefaultInFlight messages per partition ahead of their
+// acknowledgements and commits only acknowledged prefixes (member), reads
+// watermill-kafka's DefaultMarshaler the relay's Kafka sink writes with
+// (message UUID = event ID, metadata = the wire headers), and re-joins its
+// group when a partition stops being delivered (groupSubscriber, after
+// DefaultStallAfter).
 // sec, when given, sets the connections' TLS and SASL (KafkaSecurity).
 func KafkaSubscriber(brokers []string, consumer string, logger watermill.LoggerAdapter, sec ...phkafka.Security) (message.Subscriber, error) {
 	return kafkaGroupSubscriber(brokers, consumer, logger, DefaultStallAfter, nil, sec...)
