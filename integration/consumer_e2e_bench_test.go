@@ -132,7 +132,9 @@ func startE2EPath(b *testing.B, ctx context.Context) *e2ePath {
 	clock := &effectClock{seen: map[string]map[string]time.Time{}}
 	router.AddMiddleware(clock.middleware)
 	reg, err := consumers.New(router, consumers.Config{Pool: pool, Logger: relayQuietLog,
-		Subscribers: func(consumer string) (message.Subscriber, error) { return subscribers.KafkaSubscriber(brokers, consumer, nil) }})
+		Subscribers: func(consumer string) (message.Subscriber, error) {
+			return subscribers.KafkaSubscriber(brokers, consumer, nil)
+		}})
 	if err != nil {
 		b.Fatal(err)
 	}
