@@ -136,7 +136,7 @@ func (c *applyClock) rate(events int) float64 {
 func benchPool(b *testing.B, ctx context.Context) *pgxpool.Pool {
 	b.Helper()
 	url, _ := pgtest.Consumer(b)
-	pool, err := postgres.Connect(ctx, url, 16)
+	pool, err := postgres.Connect(ctx, url, 8)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -164,9 +164,7 @@ func runConsumers(ctx context.Context, cfg configs.Config, o consumeOptions) err
 // openConsumerPool connects to consumer.database.url and checks that
 // `posthorn migrate --consumer` has been run.
 func openConsumerPool(ctx context.Context, cfg configs.Config) (*pgxpool.Pool, error) {
-	// Each consumer applies up to four batches at once (one per lane), plus
-	// its drains and sweeper.
-	pool, err := postgres.Connect(ctx, cfg.Consumer.Database.URL, 16)
+	pool, err := postgres.Connect(ctx, cfg.Consumer.Database.URL, 8)
 	if err != nil {
 		return nil, fmt.Errorf("config key consumer.database.url: %w", err)
 	}

@@ -190,7 +190,7 @@ func (h *claimHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 			if err != nil {
 				return err // nothing later can be delivered in order; the session restarts
 			}
-			msg.SetContext(withRecord(ctx, r.Partition, r.Offset))
+			msg.SetContext(withRecord(ctx, r))
 			if !h.send(sess, msg) {
 				return nil
 			}
@@ -236,10 +236,20 @@ func (h *claimHandler) send(sess sarama.ConsumerGroupSession, msg *message.Messa
 type (
 	partitionKey struct{}
 	offsetKey    struct{}
+	timestampKey struct{}
 )
 
-func withRecord(ctx context.Context, partition int32, offset int64) context.Context {
-	return context.WithValue(context.WithValue(ctx, partitionKey{}, partition), offsetKey{}, offset)
+func withRecord(ctx context.Context, r *sarama.ConsumerMessage) context.Context {
+	ctx = context.WithValue(ctx, timestampKey{}, r.Timestamp)
+	return context.WithValue(context.WithValue(ctx, partitionKey{}, r.Partition), offsetKey{}, r.Offset)
+}
+
+// RecordTimestamp returns the Kafka record timestamp of a message the Kafka
+// subscriber delivered (the producer's send time, as the relay's sink sets
+// it), e.g. to split a consumer's lag into the relay's part and its own.
+func RecordTimestamp(ctx context.Context) (time.Time, bool) {
+	t, ok := ctx.Value(timestampKey{}).(time.Time)
+	return t, ok && !t.IsZero()
 }
 
 // messagePartition returns the Kafka partition and offset of a message a
