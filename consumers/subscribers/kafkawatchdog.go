@@ -18,7 +18,7 @@ import (
 // DefaultStallAfter is how long a partition of a consumer's Stable group
 // may stay behind its high-water mark with an unchanged committed offset
 // before the Kafka subscriber re-joins the group (see groupSubscriber). It is well
-// above what a member's death costs the group (the 10 s session timeout,
+// above what a member's death costs the group (the 6 s session timeout,
 // then a rebalance of at most Rebalance.Timeout), so an ordinary failover
 // never triggers it.
 const DefaultStallAfter = 30 * time.Second

@@ -95,6 +95,12 @@ func KafkaSaramaConfig() *sarama.Config {
 	// for minutes (seen in the fault suite over kfake). Keep the rebalance
 	// timeout well under the read timeout.
 	c.Consumer.Group.Rebalance.Timeout = 10 * time.Second
+	// A SIGKILLed member holds its partitions until its session times out;
+	// after a consumer kill that wait is most of the time to recovery.
+	// 6 s is the broker's floor (group.min.session.timeout.ms, kfake's too;
+	// sarama's default is 10 s), with a heartbeat every 2 s.
+	c.Consumer.Group.Session.Timeout = 6 * time.Second
+	c.Consumer.Group.Heartbeat.Interval = 2 * time.Second
 	return c
 }
 
