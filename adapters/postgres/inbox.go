@@ -141,40 +141,18 @@ func (in *Inbox) Receive(ctx context.Context, consumer string, ordered bool, e c
 		return out, fmt.Errorf("inbox: insert: %w", err)
 	}
 	if tag.RowsAffected() == 0 {
-		var was Disposition
-		if err := tx.QueryRow(ctx, `
-			UPDATE consumer_inbox SET duplicates = duplicates + 1, updated_at = now()
-			WHERE consumer = $1 AND event_id = $2 RETURNING disposition`,
-			consumer, e.EventID).Scan(&was); err != nil {
-			return out, fmt.Errorf("inbox: count repeat: %w", err)
+		if err := countInboxRepeat(ctx, tx, consumer, &out); err != nil {
+			return out, err
 		}
-		out.Disposition, out.Repeat = DispositionDuplicate, true
-		out.Reason = "event ID already recorded as " + string(was)
 		return out, commitInbox(ctx, tx)
 	}
 
 	if ordered {
-		switch {
-		case e.Revision <= pos.last:
-			out.Disposition = DispositionDuplicate
-			out.Reason = fmt.Sprintf("revision %d already applied (last applied %d)", e.Revision, pos.last)
-			if err := setInboxDisposition(ctx, tx, consumer, e.EventID, DispositionDuplicate, out.Reason, 1); err != nil {
-				return out, err
-			}
-			return out, commitInbox(ctx, tx)
-		case pos.parked:
-			out.Disposition = DispositionParkedGap
-			out.Reason = "aggregate parked: " + pos.reason
-			if err := keepInInbox(ctx, tx, consumer, e, DispositionParkedGap, out.Reason); err != nil {
-				return out, err
-			}
-			return out, commitInbox(ctx, tx)
-		case e.Revision > pos.last+1:
-			out.Disposition, out.GapDetected = DispositionHeld, true
-			out.Reason = fmt.Sprintf("revision gap: last applied %d, received %d", pos.last, e.Revision)
-			if err := keepInInbox(ctx, tx, consumer, e, DispositionHeld, out.Reason); err != nil {
-				return out, err
-			}
+		waits, err := notNextInLine(ctx, tx, consumer, e, pos, &out)
+		if err != nil {
+			return out, err
+		}
+		if waits {
 			return out, commitInbox(ctx, tx)
 		}
 	}
@@ -892,15 +870,9 @@ func (in *Inbox) ReceiveBatch(ctx context.Context, consumer string, ordered bool
 		if !fresh[e.EventID] {
 			// A repeat: the event ID had a row before this batch, or an
 			// earlier delivery in this batch took it.
-			var was Disposition
-			if err := tx.QueryRow(ctx, `
-				UPDATE consumer_inbox SET duplicates = duplicates + 1, updated_at = now()
-				WHERE consumer = $1 AND event_id = $2 RETURNING disposition`,
-				consumer, e.EventID).Scan(&was); err != nil {
-				return res, fmt.Errorf("inbox: count repeat: %w", err)
+			if err := countInboxRepeat(ctx, tx, consumer, &out); err != nil {
+				return res, err
 			}
-			out.Disposition, out.Repeat = DispositionDuplicate, true
-			out.Reason = "event ID already recorded as " + string(was)
 			res.Outcomes[i] = out
 			continue
 		}
@@ -908,29 +880,11 @@ func (in *Inbox) ReceiveBatch(ctx context.Context, consumer string, ordered bool
 		var pos *inboxPosition
 		if ordered {
 			pos = positions[InboxAggregate{e.AggregateType, e.AggregateID}]
-			switch {
-			case e.Revision <= pos.last:
-				out.Disposition = DispositionDuplicate
-				out.Reason = fmt.Sprintf("revision %d already applied (last applied %d)", e.Revision, pos.last)
-				if err := setInboxDisposition(ctx, tx, consumer, e.EventID, DispositionDuplicate, out.Reason, 1); err != nil {
-					return res, err
-				}
-				res.Outcomes[i] = out
-				continue
-			case pos.parked:
-				out.Disposition = DispositionParkedGap
-				out.Reason = "aggregate parked: " + pos.reason
-				if err := keepInInbox(ctx, tx, consumer, e, DispositionParkedGap, out.Reason); err != nil {
-					return res, err
-				}
-				res.Outcomes[i] = out
-				continue
-			case e.Revision > pos.last+1:
-				out.Disposition, out.GapDetected = DispositionHeld, true
-				out.Reason = fmt.Sprintf("revision gap: last applied %d, received %d", pos.last, e.Revision)
-				if err := keepInInbox(ctx, tx, consumer, e, DispositionHeld, out.Reason); err != nil {
-					return res, err
-				}
+			waits, err := notNextInLine(ctx, tx, consumer, e, *pos, &out)
+			if err != nil {
+				return res, err
+			}
+			if waits {
 				res.Outcomes[i] = out
 				continue
 			}
@@ -990,6 +944,44 @@ func (in *Inbox) ReceiveBatch(ctx context.Context, consumer string, ordered bool
 		}
 	}
 	return res, commitInbox(ctx, tx)
+}
+
+// countInboxRepeat counts a delivery of an event ID that already has a row
+// on that row, and makes out a Duplicate repeat.
+func countInboxRepeat(ctx context.Context, tx pgx.Tx, consumer string, out *InboxOutcome) error {
+	var was Disposition
+	if err := tx.QueryRow(ctx, `
+		UPDATE consumer_inbox SET duplicates = duplicates + 1, updated_at = now()
+		WHERE consumer = $1 AND event_id = $2 RETURNING disposition`,
+		consumer, out.EventID).Scan(&was); err != nil {
+		return fmt.Errorf("inbox: count repeat: %w", err)
+	}
+	out.Disposition, out.Repeat = DispositionDuplicate, true
+	out.Reason = "event ID already recorded as " + string(was)
+	return nil
+}
+
+// notNextInLine records the disposition of an ordered consumer's new event
+// that is not next in line at pos: a revision already applied (Duplicate),
+// any event of a parked aggregate (ParkedGap, kept), or one past a gap
+// (Held, kept). It returns false, recording nothing, for revision last+1 of
+// an unparked aggregate: the caller applies it.
+func notNextInLine(ctx context.Context, tx pgx.Tx, consumer string, e core.Envelope, pos inboxPosition, out *InboxOutcome) (bool, error) {
+	switch {
+	case e.Revision <= pos.last:
+		out.Disposition = DispositionDuplicate
+		out.Reason = fmt.Sprintf("revision %d already applied (last applied %d)", e.Revision, pos.last)
+		return true, setInboxDisposition(ctx, tx, consumer, e.EventID, DispositionDuplicate, out.Reason, 1)
+	case pos.parked:
+		out.Disposition = DispositionParkedGap
+		out.Reason = "aggregate parked: " + pos.reason
+		return true, keepInInbox(ctx, tx, consumer, e, DispositionParkedGap, out.Reason)
+	case e.Revision > pos.last+1:
+		out.Disposition, out.GapDetected = DispositionHeld, true
+		out.Reason = fmt.Sprintf("revision gap: last applied %d, received %d", pos.last, e.Revision)
+		return true, keepInInbox(ctx, tx, consumer, e, DispositionHeld, out.Reason)
+	}
+	return false, nil
 }
 
 // inboxColumns are envelopes' fields as arrays, for unnest.
