@@ -35,6 +35,24 @@
 //     transient held state, before the broker message is acknowledged; an
 //     error leaves it unacknowledged, so the broker redelivers it.
 //
+// # Batches
+//
+// The deliveries waiting for a handler at the same time are applied in one
+// transaction (postgres.Inbox.ReceiveBatch): one inbox row and at most one
+// effect per event, one commit. Each event gets the disposition it would
+// have got alone, applied in (aggregate, revision) order, and every message
+// of the batch is acknowledged only after the commit. A handler may add a
+// set-based BatchHandler (WithBatchHandler) for the run; on any error the
+// batch is rolled back and its events are received one by one with the
+// Handler, so retries and poison parking are those of a single event.
+// Deliveries join the queue in the order the subscriber delivered them, and
+// each handler has four lanes split by aggregate, so one lane's commit
+// overlaps the next lane's batch while an aggregate stays in one lane.
+// Config.MaxBatch bounds a batch (1: a transaction per event). The Kafka
+// subscriber (package subscribers) delivers many messages per partition
+// ahead of their acknowledgements, so batches fill; its committed offset
+// never passes a message that is not acknowledged.
+//
 // # Revision gaps: hold, park, release
 //
 // An event that arrives ahead of its predecessor is not retried in place by

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sort"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -43,6 +44,11 @@ var AllDispositions = []Disposition{DispositionHeld, DispositionApplied, Disposi
 // ApplyFunc is a consumer's effect: it runs inside the transaction that
 // also writes the event's inbox row, so both commit or neither does.
 type ApplyFunc func(ctx context.Context, tx pgx.Tx, e core.Envelope) error
+
+// ApplyBatchFunc applies a run of events in one call, inside the
+// transaction that writes their inbox rows, with the effect of an ApplyFunc
+// called for each in the order given.
+type ApplyBatchFunc func(ctx context.Context, tx pgx.Tx, es []core.Envelope) error
 
 // ApplyError is returned when the ApplyFunc failed; the transaction was
 // rolled back and nothing was recorded. Envelope is the event it failed on
@@ -135,40 +141,18 @@ func (in *Inbox) Receive(ctx context.Context, consumer string, ordered bool, e c
 		return out, fmt.Errorf("inbox: insert: %w", err)
 	}
 	if tag.RowsAffected() == 0 {
-		var was Disposition
-		if err := tx.QueryRow(ctx, `
-			UPDATE consumer_inbox SET duplicates = duplicates + 1, updated_at = now()
-			WHERE consumer = $1 AND event_id = $2 RETURNING disposition`,
-			consumer, e.EventID).Scan(&was); err != nil {
-			return out, fmt.Errorf("inbox: count repeat: %w", err)
+		if err := countInboxRepeat(ctx, tx, consumer, &out); err != nil {
+			return out, err
 		}
-		out.Disposition, out.Repeat = DispositionDuplicate, true
-		out.Reason = "event ID already recorded as " + string(was)
 		return out, commitInbox(ctx, tx)
 	}
 
 	if ordered {
-		switch {
-		case e.Revision <= pos.last:
-			out.Disposition = DispositionDuplicate
-			out.Reason = fmt.Sprintf("revision %d already applied (last applied %d)", e.Revision, pos.last)
-			if err := setInboxDisposition(ctx, tx, consumer, e.EventID, DispositionDuplicate, out.Reason, 1); err != nil {
-				return out, err
-			}
-			return out, commitInbox(ctx, tx)
-		case pos.parked:
-			out.Disposition = DispositionParkedGap
-			out.Reason = "aggregate parked: " + pos.reason
-			if err := keepInInbox(ctx, tx, consumer, e, DispositionParkedGap, out.Reason); err != nil {
-				return out, err
-			}
-			return out, commitInbox(ctx, tx)
-		case e.Revision > pos.last+1:
-			out.Disposition, out.GapDetected = DispositionHeld, true
-			out.Reason = fmt.Sprintf("revision gap: last applied %d, received %d", pos.last, e.Revision)
-			if err := keepInInbox(ctx, tx, consumer, e, DispositionHeld, out.Reason); err != nil {
-				return out, err
-			}
+		waits, err := notNextInLine(ctx, tx, consumer, e, pos, &out)
+		if err != nil {
+			return out, err
+		}
+		if waits {
 			return out, commitInbox(ctx, tx)
 		}
 	}
@@ -660,6 +644,9 @@ type inboxPosition struct {
 	last   int64
 	parked bool
 	reason string
+	// advanced: ReceiveBatch applied an event of the aggregate and must
+	// write last back.
+	advanced bool
 }
 
 // lockInboxPosition creates the aggregate's position row if needed and locks it
@@ -778,4 +765,275 @@ func (in *Inbox) Waiting(ctx context.Context, consumer string) (held, parkedAggr
 		return 0, 0, fmt.Errorf("inbox: waiting: %w", err)
 	}
 	return held, parkedAggregates, nil
+}
+
+// InboxBatch is what ReceiveBatch recorded: one outcome per envelope, in
+// the order given, and the aggregates of an ordered consumer that now have
+// held events (the caller drains them, as after an Applied Receive).
+type InboxBatch struct {
+	Outcomes []InboxOutcome
+	Held     []InboxAggregate
+}
+
+// ReceiveBatch records a run of deliveries in ONE transaction: one inbox
+// row and at most one effect per event, one commit for all. Each event gets
+// the disposition Receive would give it had the events been received one
+// by one in (aggregate, revision) order — the order it applies them in, so
+// a run of one aggregate's consecutive revisions is applied in a single
+// transaction.
+//
+// It is all or nothing: on any error (a failing apply returns *ApplyError,
+// a deadlock or a lost connection the database's error) the transaction is
+// rolled back and nothing of the batch is recorded; the caller then
+// receives the events one by one with Receive, which gives each failure its
+// own handling (retry, poison). The position rows of every aggregate in the
+// batch are locked in one statement, sorted, so batches of several
+// instances serialise per aggregate without deadlocking each other.
+//
+// applyAll, when not nil, applies every event to be applied in one call
+// (in that order) instead of apply once per event; an error from it is an
+// *ApplyError naming the first of them.
+func (in *Inbox) ReceiveBatch(ctx context.Context, consumer string, ordered bool, es []core.Envelope, apply ApplyFunc, applyAll ApplyBatchFunc) (InboxBatch, error) {
+	res := InboxBatch{Outcomes: make([]InboxOutcome, len(es))}
+	order := make([]int, len(es))
+	for i := range order {
+		order[i] = i
+	}
+	sort.SliceStable(order, func(a, b int) bool {
+		x, y := es[order[a]], es[order[b]]
+		if x.AggregateType != y.AggregateType {
+			return x.AggregateType < y.AggregateType
+		}
+		if x.AggregateID != y.AggregateID {
+			return x.AggregateID < y.AggregateID
+		}
+		if x.Revision != y.Revision {
+			return x.Revision < y.Revision
+		}
+		return x.EventID < y.EventID
+	})
+	tx, err := in.pool.Begin(ctx)
+	if err != nil {
+		return res, fmt.Errorf("inbox: begin: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.Background()) }()
+
+	positions := map[InboxAggregate]*inboxPosition{}
+	if ordered {
+		var types, ids []string
+		for _, i := range order {
+			ref := InboxAggregate{es[i].AggregateType, es[i].AggregateID}
+			if _, ok := positions[ref]; !ok {
+				positions[ref] = nil
+				types, ids = append(types, ref.Type), append(ids, ref.ID)
+			}
+		}
+		if positions, err = lockInboxPositions(ctx, tx, consumer, types, ids); err != nil {
+			return res, err
+		}
+	}
+
+	// Insert every row first: the primary key decides which delivery owns
+	// an event (as in Receive); the provisional disposition is replaced in
+	// this transaction where needed.
+	cols := inboxColumns{}
+	for _, i := range order {
+		cols.add(es[i])
+	}
+	rows, err := tx.Query(ctx, `
+		INSERT INTO consumer_inbox (consumer, event_id, kind, type, aggregate_type, aggregate_id, revision, disposition)
+		SELECT $1, u.event_id, u.kind, u.type, u.aggregate_type, u.aggregate_id, u.revision, 'applied'
+		FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::bigint[])
+		     AS u(event_id, kind, type, aggregate_type, aggregate_id, revision)
+		ON CONFLICT (consumer, event_id) DO NOTHING
+		RETURNING event_id`,
+		consumer, cols.eventIDs, cols.kinds, cols.types, cols.aggTypes, cols.aggIDs, cols.revisions)
+	if err != nil {
+		return res, fmt.Errorf("inbox: insert: %w", err)
+	}
+	inserted, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return res, fmt.Errorf("inbox: insert: %w", err)
+	}
+	fresh := make(map[string]bool, len(inserted))
+	for _, id := range inserted {
+		fresh[id] = true
+	}
+
+	var (
+		advance inboxColumns
+		toApply []core.Envelope
+	)
+	for _, i := range order {
+		e := es[i]
+		out := inboxOutcomeOf(e)
+		if !fresh[e.EventID] {
+			// A repeat: the event ID had a row before this batch, or an
+			// earlier delivery in this batch took it.
+			if err := countInboxRepeat(ctx, tx, consumer, &out); err != nil {
+				return res, err
+			}
+			res.Outcomes[i] = out
+			continue
+		}
+		delete(fresh, e.EventID) // a second delivery in this batch is a repeat
+		var pos *inboxPosition
+		if ordered {
+			pos = positions[InboxAggregate{e.AggregateType, e.AggregateID}]
+			waits, err := notNextInLine(ctx, tx, consumer, e, *pos, &out)
+			if err != nil {
+				return res, err
+			}
+			if waits {
+				res.Outcomes[i] = out
+				continue
+			}
+		}
+		if applyAll != nil {
+			toApply = append(toApply, e)
+		} else if err := apply(ctx, tx, e); err != nil {
+			return res, &ApplyError{Envelope: e, Err: err}
+		}
+		if ordered {
+			pos.last = e.Revision
+			pos.advanced = true
+		}
+		out.Disposition = DispositionApplied
+		res.Outcomes[i] = out
+	}
+	if len(toApply) > 0 {
+		if err := applyAll(ctx, tx, toApply); err != nil {
+			return res, &ApplyError{Envelope: toApply[0], Err: err}
+		}
+	}
+	if ordered {
+		for ref, pos := range positions {
+			if pos.advanced {
+				advance.aggTypes = append(advance.aggTypes, ref.Type)
+				advance.aggIDs = append(advance.aggIDs, ref.ID)
+				advance.revisions = append(advance.revisions, pos.last)
+			}
+		}
+		if len(advance.aggIDs) > 0 {
+			if _, err := tx.Exec(ctx, `
+				UPDATE consumer_positions p SET last_revision = u.revision, updated_at = now()
+				FROM unnest($2::text[], $3::text[], $4::bigint[]) AS u(aggregate_type, aggregate_id, revision)
+				WHERE p.consumer = $1 AND p.aggregate_type = u.aggregate_type AND p.aggregate_id = u.aggregate_id`,
+				consumer, advance.aggTypes, advance.aggIDs, advance.revisions); err != nil {
+				return res, fmt.Errorf("inbox: advance positions: %w", err)
+			}
+			// Held successors of the advanced aggregates: read under their
+			// position locks, so no other instance can hold one of them
+			// unseen before this commit (it would have to lock first).
+			rows, err := tx.Query(ctx, `
+				SELECT DISTINCT i.aggregate_type, i.aggregate_id
+				FROM consumer_inbox i
+				JOIN unnest($2::text[], $3::text[]) AS u(aggregate_type, aggregate_id)
+				  ON i.aggregate_type = u.aggregate_type AND i.aggregate_id = u.aggregate_id
+				WHERE i.consumer = $1 AND i.disposition = 'held'`,
+				consumer, advance.aggTypes, advance.aggIDs)
+			if err != nil {
+				return res, fmt.Errorf("inbox: held successors: %w", err)
+			}
+			if res.Held, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (InboxAggregate, error) {
+				var a InboxAggregate
+				return a, r.Scan(&a.Type, &a.ID)
+			}); err != nil {
+				return res, fmt.Errorf("inbox: held successors: %w", err)
+			}
+		}
+	}
+	return res, commitInbox(ctx, tx)
+}
+
+// countInboxRepeat counts a delivery of an event ID that already has a row
+// on that row, and makes out a Duplicate repeat.
+func countInboxRepeat(ctx context.Context, tx pgx.Tx, consumer string, out *InboxOutcome) error {
+	var was Disposition
+	if err := tx.QueryRow(ctx, `
+		UPDATE consumer_inbox SET duplicates = duplicates + 1, updated_at = now()
+		WHERE consumer = $1 AND event_id = $2 RETURNING disposition`,
+		consumer, out.EventID).Scan(&was); err != nil {
+		return fmt.Errorf("inbox: count repeat: %w", err)
+	}
+	out.Disposition, out.Repeat = DispositionDuplicate, true
+	out.Reason = "event ID already recorded as " + string(was)
+	return nil
+}
+
+// notNextInLine records the disposition of an ordered consumer's new event
+// that is not next in line at pos: a revision already applied (Duplicate),
+// any event of a parked aggregate (ParkedGap, kept), or one past a gap
+// (Held, kept). It returns false, recording nothing, for revision last+1 of
+// an unparked aggregate: the caller applies it.
+func notNextInLine(ctx context.Context, tx pgx.Tx, consumer string, e core.Envelope, pos inboxPosition, out *InboxOutcome) (bool, error) {
+	switch {
+	case e.Revision <= pos.last:
+		out.Disposition = DispositionDuplicate
+		out.Reason = fmt.Sprintf("revision %d already applied (last applied %d)", e.Revision, pos.last)
+		return true, setInboxDisposition(ctx, tx, consumer, e.EventID, DispositionDuplicate, out.Reason, 1)
+	case pos.parked:
+		out.Disposition = DispositionParkedGap
+		out.Reason = "aggregate parked: " + pos.reason
+		return true, keepInInbox(ctx, tx, consumer, e, DispositionParkedGap, out.Reason)
+	case e.Revision > pos.last+1:
+		out.Disposition, out.GapDetected = DispositionHeld, true
+		out.Reason = fmt.Sprintf("revision gap: last applied %d, received %d", pos.last, e.Revision)
+		return true, keepInInbox(ctx, tx, consumer, e, DispositionHeld, out.Reason)
+	}
+	return false, nil
+}
+
+// inboxColumns are envelopes' fields as arrays, for unnest.
+type inboxColumns struct {
+	eventIDs, kinds, types, aggTypes, aggIDs []string
+	revisions                                []int64
+}
+
+func (c *inboxColumns) add(e core.Envelope) {
+	c.eventIDs = append(c.eventIDs, e.EventID)
+	c.kinds = append(c.kinds, string(e.Kind))
+	c.types = append(c.types, e.Type)
+	c.aggTypes = append(c.aggTypes, e.AggregateType)
+	c.aggIDs = append(c.aggIDs, e.AggregateID)
+	c.revisions = append(c.revisions, e.Revision)
+}
+
+// lockInboxPositions is lockInboxPosition for many aggregates at once: it
+// creates the missing position rows and locks all of them, in one sorted
+// order whoever calls it.
+func lockInboxPositions(ctx context.Context, tx pgx.Tx, consumer string, types, ids []string) (map[InboxAggregate]*inboxPosition, error) {
+	if _, err := tx.Exec(ctx, `
+		INSERT INTO consumer_positions (consumer, aggregate_type, aggregate_id)
+		SELECT $1, u.t, u.i FROM unnest($2::text[], $3::text[]) AS u(t, i) ORDER BY u.t, u.i
+		ON CONFLICT DO NOTHING`, consumer, types, ids); err != nil {
+		return nil, fmt.Errorf("inbox: positions: %w", err)
+	}
+	rows, err := tx.Query(ctx, `
+		SELECT p.aggregate_type, p.aggregate_id, p.last_revision, p.parked, coalesce(p.parked_reason, '')
+		FROM consumer_positions p
+		JOIN unnest($2::text[], $3::text[]) AS u(t, i) ON p.aggregate_type = u.t AND p.aggregate_id = u.i
+		WHERE p.consumer = $1
+		ORDER BY p.aggregate_type, p.aggregate_id
+		FOR UPDATE OF p`, consumer, types, ids)
+	if err != nil {
+		return nil, fmt.Errorf("inbox: lock positions: %w", err)
+	}
+	out := make(map[InboxAggregate]*inboxPosition, len(ids))
+	for rows.Next() {
+		var ref InboxAggregate
+		p := &inboxPosition{}
+		if err := rows.Scan(&ref.Type, &ref.ID, &p.last, &p.parked, &p.reason); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("inbox: lock positions: %w", err)
+		}
+		out[ref] = p
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("inbox: lock positions: %w", err)
+	}
+	if len(out) != len(ids) {
+		return nil, fmt.Errorf("inbox: lock positions: %d of %d aggregates found", len(out), len(ids))
+	}
+	return out, nil
 }

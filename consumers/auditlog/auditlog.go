@@ -8,6 +8,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -20,7 +21,43 @@ const Name = "audit-log"
 
 // Register adds the audit log to reg for the events on topic.
 func Register(reg *consumers.Registry, topic string, opts ...consumers.Option) error {
-	return reg.AddEventHandler(Name, topic, Handle, opts...)
+	return reg.AddEventHandler(Name, topic, Handle, append([]consumers.Option{consumers.WithBatchHandler(HandleBatch)}, opts...)...)
+}
+
+// HandleBatch is Handle for a run of events in one statement.
+func HandleBatch(ctx context.Context, tx pgx.Tx, es []core.Envelope) error {
+	var (
+		ids, types, aggTypes, aggIDs, payloads []string
+		journals                               []*string
+		occurred                               []*time.Time
+		revisions                              []int64
+		replays                                []bool
+	)
+	for _, e := range es {
+		if !json.Valid(e.Payload) {
+			return consumers.Permanent(fmt.Errorf("payload of %s is not JSON", e.EventID))
+		}
+		ids, types, aggTypes, aggIDs = append(ids, e.EventID), append(types, e.Type), append(aggTypes, e.AggregateType), append(aggIDs, e.AggregateID)
+		payloads, revisions, replays = append(payloads, string(e.Payload)), append(revisions, e.Revision), append(replays, e.Replay)
+		var j *string
+		if e.JournalID != "" {
+			j = &e.JournalID
+		}
+		var o *time.Time
+		if !e.OccurredAt.IsZero() {
+			t := e.OccurredAt
+			o = &t
+		}
+		journals, occurred = append(journals, j), append(occurred, o)
+	}
+	_, err := tx.Exec(ctx, `
+		INSERT INTO audit_log (event_id, type, aggregate_type, aggregate_id, revision, journal_id, occurred_at, replay, payload)
+		SELECT u.event_id, u.type, u.aggregate_type, u.aggregate_id, u.revision, u.journal_id, u.occurred_at, u.replay, u.payload::jsonb
+		FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[], $7::timestamptz[], $8::boolean[], $9::text[])
+		     AS u(event_id, type, aggregate_type, aggregate_id, revision, journal_id, occurred_at, replay, payload)
+		ON CONFLICT (event_id) DO NOTHING`,
+		ids, types, aggTypes, aggIDs, revisions, journals, occurred, replays, payloads)
+	return err
 }
 
 // Handle stores one event. A payload that is not JSON can never be stored

@@ -27,7 +27,60 @@ const Name = "balance-projection"
 
 // Register adds the projection to reg for the events on topic.
 func Register(reg *consumers.Registry, topic string, opts ...consumers.Option) error {
-	return reg.AddEventHandler(Name, topic, Handle, append([]consumers.Option{consumers.DependsOnPredecessor()}, opts...)...)
+	return reg.AddEventHandler(Name, topic, Handle,
+		append([]consumers.Option{consumers.DependsOnPredecessor(), consumers.WithBatchHandler(HandleBatch)}, opts...)...)
+}
+
+// posted decodes and checks one ledger.account.posted event (ok false: an
+// event of another type, which has no effect).
+func posted(e core.Envelope) (p core.AccountPosted, ok bool, err error) {
+	if e.Type != core.TypeAccountPosted {
+		return p, false, nil
+	}
+	if err := json.Unmarshal(e.Payload, &p); err != nil {
+		return p, false, consumers.Permanent(fmt.Errorf("payload of %s: %w", e.EventID, err))
+	}
+	if p.Account != e.AggregateID || p.Revision != e.Revision {
+		return p, false, consumers.Permanent(fmt.Errorf("payload of %s names account %q revision %d, headers %q revision %d",
+			e.EventID, p.Account, p.Revision, e.AggregateID, e.Revision))
+	}
+	if _, err := strconv.ParseInt(p.Delta, 10, 64); err != nil || p.Currency == "" {
+		return p, false, consumers.Permanent(fmt.Errorf("payload of %s: delta %q currency %q", e.EventID, p.Delta, p.Currency))
+	}
+	return p, true, nil
+}
+
+// HandleBatch is Handle for a run of events in one statement: the deltas of
+// each account and currency are summed and added at once, and its revision
+// becomes the last one of the run (the inbox gives an account's events in
+// revision order).
+func HandleBatch(ctx context.Context, tx pgx.Tx, es []core.Envelope) error {
+	var accounts, currencies, deltas []string
+	var revisions []int64
+	for _, e := range es {
+		p, ok, err := posted(e)
+		if err != nil {
+			return err
+		}
+		if ok {
+			accounts, currencies = append(accounts, p.Account), append(currencies, p.Currency)
+			deltas, revisions = append(deltas, p.Delta), append(revisions, p.Revision)
+		}
+	}
+	if len(accounts) == 0 {
+		return nil
+	}
+	_, err := tx.Exec(ctx, `
+		INSERT INTO projection_balances (account, currency, balance, revision)
+		SELECT account, currency, sum(delta::numeric), max(revision)
+		FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[]) AS u(account, currency, delta, revision)
+		GROUP BY account, currency
+		ORDER BY account, currency
+		ON CONFLICT (account, currency) DO UPDATE
+		   SET balance = projection_balances.balance + EXCLUDED.balance,
+		       revision = EXCLUDED.revision, updated_at = now()`,
+		accounts, currencies, deltas, revisions)
+	return err
 }
 
 // Handle applies one event: a ledger.account.posted adds its signed delta
@@ -35,21 +88,11 @@ func Register(reg *consumers.Registry, topic string, opts ...consumers.Option) e
 // acknowledged without effect. A payload that can never be applied is a
 // permanent error (the event is parked as poison).
 func Handle(ctx context.Context, tx pgx.Tx, e core.Envelope) error {
-	if e.Type != core.TypeAccountPosted {
-		return nil
+	p, ok, err := posted(e)
+	if !ok {
+		return err
 	}
-	var p core.AccountPosted
-	if err := json.Unmarshal(e.Payload, &p); err != nil {
-		return consumers.Permanent(fmt.Errorf("payload of %s: %w", e.EventID, err))
-	}
-	if p.Account != e.AggregateID || p.Revision != e.Revision {
-		return consumers.Permanent(fmt.Errorf("payload of %s names account %q revision %d, headers %q revision %d",
-			e.EventID, p.Account, p.Revision, e.AggregateID, e.Revision))
-	}
-	if _, err := strconv.ParseInt(p.Delta, 10, 64); err != nil || p.Currency == "" {
-		return consumers.Permanent(fmt.Errorf("payload of %s: delta %q currency %q", e.EventID, p.Delta, p.Currency))
-	}
-	_, err := tx.Exec(ctx, `
+	_, err = tx.Exec(ctx, `
 		INSERT INTO projection_balances (account, currency, balance, revision) VALUES ($1, $2, $3::numeric, $4)
 		ON CONFLICT (account, currency) DO UPDATE
 		   SET balance = projection_balances.balance + EXCLUDED.balance,

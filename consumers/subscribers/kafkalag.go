@@ -7,7 +7,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -37,20 +36,19 @@ func lagGauge(reg prometheus.Registerer) *prometheus.GaugeVec {
 	return actual.(*prometheus.GaugeVec)
 }
 
-// lagSubscriber measures a Kafka consumer's offset lag: watermill-kafka
+// lagSubscriber measures a Kafka consumer's offset lag: a member
 // puts each record's partition and offset in the message context, and
 // groupSubscriber.PartitionOffset reads the partitions' high-water marks. The
 // lag of a partition is reported once this instance has received a record
 // from it (in a group, other partitions belong to other instances).
 type lagSubscriber struct {
 	kafka    *groupSubscriber
-	inner    message.Subscriber // kafka, decorated to record offsets
 	consumer string
 	gauge    *prometheus.GaugeVec
 	interval time.Duration
 
 	mu   sync.Mutex
-	next map[string]map[int32]int64 // topic → partition → offset after the last received
+	next map[string]map[int32]int64 // topic → partition → offset after the last delivered
 
 	stop     chan struct{}
 	stopOnce sync.Once
@@ -61,22 +59,14 @@ func newLagSubscriber(k *groupSubscriber, consumer string, reg prometheus.Regist
 	if interval <= 0 {
 		interval = DefaultLagInterval
 	}
-	s := &lagSubscriber{kafka: k, consumer: consumer, gauge: lagGauge(reg), interval: interval,
-		next: make(map[string]map[int32]int64), stop: make(chan struct{})}
-	inner, err := message.MessageTransformSubscriberDecorator(s.observe)(k)
-	if err != nil {
-		return nil, err
-	}
-	s.inner = inner
-	return s, nil
+	return &lagSubscriber{kafka: k, consumer: consumer, gauge: lagGauge(reg), interval: interval,
+		next: make(map[string]map[int32]int64), stop: make(chan struct{})}, nil
 }
 
-func (s *lagSubscriber) observe(m *message.Message) {
-	ctx := m.Context()
-	p, ok1 := kafka.MessagePartitionFromCtx(ctx)
-	o, ok2 := kafka.MessagePartitionOffsetFromCtx(ctx)
-	topic, ok3 := ctx.Value(topicKey{}).(string)
-	if !ok1 || !ok2 || !ok3 {
+// observe records that m, a record of topic, has been handed to the reader.
+func (s *lagSubscriber) observe(topic string, m *message.Message) {
+	p, o, ok := messagePartition(m.Context())
+	if !ok {
 		return
 	}
 	s.mu.Lock()
@@ -89,19 +79,32 @@ func (s *lagSubscriber) observe(m *message.Message) {
 	s.mu.Unlock()
 }
 
-type topicKey struct{}
-
-// Subscribe subscribes and starts measuring the topic's lag until Close.
+// Subscribe subscribes and starts measuring the topic's lag until Close. A
+// record counts as delivered once the reader has taken it: the member
+// reads ahead of its reader (pipelined acknowledgements).
 func (s *lagSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
-	// The topic travels in the context watermill-kafka derives each
-	// message's context from, so observe knows which topic a record is of.
-	ch, err := s.inner.Subscribe(context.WithValue(ctx, topicKey{}, topic), topic)
+	in, err := s.kafka.Subscribe(ctx, topic)
 	if err != nil {
 		return nil, err
 	}
-	s.wg.Add(1)
+	out := make(chan *message.Message)
+	s.wg.Add(2)
+	go func() {
+		defer s.wg.Done()
+		defer close(out)
+		for m := range in {
+			select {
+			case out <- m:
+				s.observe(topic, m)
+			case <-ctx.Done():
+				return // m stays unacknowledged
+			case <-s.stop:
+				return
+			}
+		}
+	}()
 	go s.measure(ctx, topic)
-	return ch, nil
+	return out, nil
 }
 
 func (s *lagSubscriber) measure(ctx context.Context, topic string) {
@@ -133,7 +136,7 @@ func (s *lagSubscriber) measure(ctx context.Context, topic string) {
 // Close stops measuring and closes the Kafka subscriber.
 func (s *lagSubscriber) Close() error {
 	s.stopOnce.Do(func() { close(s.stop) })
-	err := s.inner.Close()
+	err := s.kafka.Close()
 	s.wg.Wait()
 	return err
 }

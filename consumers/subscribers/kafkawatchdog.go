@@ -11,7 +11,6 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
-	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -19,7 +18,7 @@ import (
 // DefaultStallAfter is how long a partition of a consumer's Stable group
 // may stay behind its high-water mark with an unchanged committed offset
 // before the Kafka subscriber re-joins the group (see groupSubscriber). It is well
-// above what a member's death costs the group (the 10 s session timeout,
+// above what a member's death costs the group (the 6 s session timeout,
 // then a rebalance of at most Rebalance.Timeout), so an ordinary failover
 // never triggers it.
 const DefaultStallAfter = 30 * time.Second
@@ -60,13 +59,14 @@ type groupSubscriber struct {
 	logger     watermill.LoggerAdapter
 	stallAfter time.Duration
 	rejoins    prometheus.Counter // nil: not counted
+	inFlight   int                // per partition; 0: DefaultInFlight
 
 	closing   chan struct{}
 	closeOnce sync.Once
 	wg        sync.WaitGroup
 
 	mu   sync.Mutex
-	subs map[*kafka.Subscriber]struct{} // every Kafka subscriber not yet closed
+	subs map[*member]struct{} // every member not yet closed
 }
 
 func newGroupSubscriber(brokers []string, group string, config *sarama.Config, logger watermill.LoggerAdapter, stallAfter time.Duration, rejoins prometheus.Counter) *groupSubscriber {
@@ -74,7 +74,7 @@ func newGroupSubscriber(brokers []string, group string, config *sarama.Config, l
 		stallAfter = DefaultStallAfter
 	}
 	return &groupSubscriber{brokers: brokers, group: group, config: config, logger: logger, stallAfter: stallAfter,
-		rejoins: rejoins, closing: make(chan struct{}), subs: make(map[*kafka.Subscriber]struct{})}
+		rejoins: rejoins, closing: make(chan struct{}), subs: make(map[*member]struct{})}
 }
 
 // Subscribe joins the group on topic and watches it until ctx ends or the
@@ -112,16 +112,8 @@ func (s *groupSubscriber) isClosing() bool {
 }
 
 // join subscribes a new Kafka subscriber, that is a new group member.
-func (s *groupSubscriber) join(ctx context.Context, topic string) (*kafka.Subscriber, <-chan *message.Message, error) {
-	k, err := kafka.NewSubscriber(kafka.SubscriberConfig{
-		Brokers:               s.brokers,
-		Unmarshaler:           kafka.DefaultMarshaler{},
-		OverwriteSaramaConfig: s.config,
-		ConsumerGroup:         s.group,
-	}, s.logger)
-	if err != nil {
-		return nil, nil, err
-	}
+func (s *groupSubscriber) join(ctx context.Context, topic string) (*member, <-chan *message.Message, error) {
+	k := newMember(s.brokers, s.group, s.config, s.logger, s.inFlight)
 	ch, err := k.Subscribe(ctx, topic)
 	if err != nil {
 		_ = k.Close()
@@ -139,7 +131,7 @@ func (s *groupSubscriber) join(ctx context.Context, topic string) (*kafka.Subscr
 
 // forward passes the current member's messages on to out and, when watch
 // reports a stall, replaces the member.
-func (s *groupSubscriber) forward(ctx context.Context, topic string, inner *kafka.Subscriber, in <-chan *message.Message, out chan<- *message.Message, stalled <-chan struct{}) {
+func (s *groupSubscriber) forward(ctx context.Context, topic string, inner *member, in <-chan *message.Message, out chan<- *message.Message, stalled <-chan struct{}) {
 	defer s.wg.Done()
 	defer close(out)
 	for {
@@ -179,7 +171,7 @@ func (s *groupSubscriber) forward(ctx context.Context, topic string, inner *kafk
 // retire closes a replaced member in the background: its session waits
 // for its claims to end, and a stuck one must not keep the new member from
 // delivering.
-func (s *groupSubscriber) retire(k *kafka.Subscriber) {
+func (s *groupSubscriber) retire(k *member) {
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
@@ -347,7 +339,7 @@ func highWaterMarks(client sarama.Client, topic string) (map[int32]int64, error)
 func (s *groupSubscriber) Close() error {
 	s.mu.Lock()
 	s.closeOnce.Do(func() { close(s.closing) })
-	subs := make([]*kafka.Subscriber, 0, len(s.subs))
+	subs := make([]*member, 0, len(s.subs))
 	for k := range s.subs {
 		subs = append(subs, k)
 	}

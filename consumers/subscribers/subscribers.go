@@ -95,15 +95,23 @@ func KafkaSaramaConfig() *sarama.Config {
 	// for minutes (seen in the fault suite over kfake). Keep the rebalance
 	// timeout well under the read timeout.
 	c.Consumer.Group.Rebalance.Timeout = 10 * time.Second
+	// A SIGKILLed member holds its partitions until its session times out;
+	// after a consumer kill that wait is most of the time to recovery.
+	// 6 s is the broker's floor (group.min.session.timeout.ms, kfake's too;
+	// sarama's default is 10 s), with a heartbeat every 2 s.
+	c.Consumer.Group.Session.Timeout = 6 * time.Second
+	c.Consumer.Group.Heartbeat.Interval = 2 * time.Second
 	return c
 }
 
-// KafkaSubscriber returns the Kafka subscriber of one consumer: a
-// watermill-kafka subscriber in consumer group = the consumer's name,
-// oldest offset first, reading the DefaultMarshaler the relay's Kafka sink
-// writes with (message UUID = event ID, metadata = the wire headers), that
-// re-joins its group when a partition stops being delivered (groupSubscriber,
-// after DefaultStallAfter).
+// KafkaSubscriber returns the Kafka subscriber of one consumer: a sarama
+// consumer-group member (group = the consumer's name, oldest offset first)
+// that delivers up to DefaultInFlight messages per partition ahead of their
+// acknowledgements and commits only acknowledged prefixes (member), reads
+// watermill-kafka's DefaultMarshaler the relay's Kafka sink writes with
+// (message UUID = event ID, metadata = the wire headers), and re-joins its
+// group when a partition stops being delivered (groupSubscriber, after
+// DefaultStallAfter).
 // sec, when given, sets the connections' TLS and SASL (KafkaSecurity).
 func KafkaSubscriber(brokers []string, consumer string, logger watermill.LoggerAdapter, sec ...phkafka.Security) (message.Subscriber, error) {
 	return kafkaGroupSubscriber(brokers, consumer, logger, DefaultStallAfter, nil, sec...)

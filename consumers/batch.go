@@ -1,0 +1,251 @@
+package consumers
+
+import (
+	"context"
+	"hash/maphash"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/core"
+)
+
+// Batching: the inbox applies the deliveries waiting for it in one
+// transaction (postgres.Inbox.ReceiveBatch) instead of one transaction and
+// one commit each. Watermill's router calls the middleware in a goroutine
+// per message, so the messages of one consumer that are in flight at the
+// same time — with a subscriber that delivers ahead of acknowledgements,
+// many per partition — queue up while a batch commits and form the next
+// one: the batch grows with the load, and a lone message is applied at
+// once, without waiting for company. Every message is still acknowledged
+// only after the batch holding its disposition committed.
+//
+// Order: the router's goroutines would let a message overtake the one
+// delivered before it on the way to the queue, and for an ordered consumer
+// a later revision that overtakes its predecessor is held (correct, but a
+// detour through the inbox). So the subscriber of each handler is wrapped
+// to number its messages in delivery order (sequenced), and a message joins
+// the queue only after every message delivered before it has (handOff).
+// The numbering is an optimisation, not a guarantee: a message that waited
+// longer than handOffWait for its predecessors goes ahead, and the inbox's
+// revision check keeps the effect in order either way.
+
+const (
+	// handOffWait bounds how long a message waits for the messages
+	// delivered before it to reach the queue.
+	handOffWait = time.Second
+)
+
+type seqKey struct{}
+
+// sequenced numbers a subscriber's messages in the order it delivers them.
+type sequenced struct {
+	message.Subscriber
+}
+
+func (s sequenced) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	in, err := s.Subscriber.Subscribe(ctx, topic)
+	if err != nil {
+		return nil, err
+	}
+	out := make(chan *message.Message)
+	go func() {
+		defer close(out)
+		var seq uint64
+		for m := range in {
+			m.SetContext(context.WithValue(m.Context(), seqKey{}, seq))
+			select {
+			case out <- m:
+				seq++
+			case <-ctx.Done():
+				// m stays unacknowledged; drain in so the subscriber can
+				// close its channel.
+				for range in {
+				}
+				return
+			}
+		}
+	}()
+	return out, nil
+}
+
+// handOff lets messages through in their delivery order.
+type handOff struct {
+	mu      sync.Mutex
+	next    uint64
+	passed  map[uint64]bool
+	waiting map[uint64]chan struct{} // seq → closed when next reaches it
+}
+
+func newHandOff() *handOff {
+	return &handOff{passed: map[uint64]bool{}, waiting: map[uint64]chan struct{}{}}
+}
+
+// wait blocks until every message numbered below seq has passed, ctx ends,
+// or handOffWait is over.
+func (h *handOff) wait(ctx context.Context, seq uint64) {
+	h.mu.Lock()
+	if seq <= h.next {
+		h.mu.Unlock()
+		return
+	}
+	ch := make(chan struct{})
+	h.waiting[seq] = ch
+	h.mu.Unlock()
+	timeout := time.NewTimer(handOffWait)
+	defer timeout.Stop()
+	select {
+	case <-ch:
+		return
+	case <-ctx.Done():
+	case <-timeout.C:
+	}
+	h.mu.Lock()
+	delete(h.waiting, seq)
+	h.mu.Unlock()
+}
+
+// pass records that message seq has gone through; passing twice (a retry)
+// is harmless.
+func (h *handOff) pass(seq uint64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if seq < h.next {
+		return
+	}
+	h.passed[seq] = true
+	for h.passed[h.next] {
+		delete(h.passed, h.next)
+		h.next++
+	}
+	if ch, ok := h.waiting[h.next]; ok {
+		close(ch)
+		delete(h.waiting, h.next)
+	}
+}
+
+// pending is one delivery waiting for its batch.
+type pending struct {
+	e    core.Envelope
+	done chan struct{}
+	out  postgres.InboxOutcome
+	err  error
+}
+
+// lanes splits one handler's deliveries by aggregate into independent
+// batchers, so that while one lane's batch waits for its commit the next
+// lane's is applied. An aggregate always takes the same lane, so its
+// events stay in delivery order, and two lanes never lock the same
+// aggregate's position.
+type lanes []*batcher
+
+const laneCount = 4
+
+var laneSeed = maphash.MakeSeed()
+
+func newLanes(r *Registry, hc *handlerConfig) lanes {
+	l := make(lanes, laneCount)
+	for i := range l {
+		l[i] = newBatcher(r, hc)
+	}
+	return l
+}
+
+func (l lanes) of(e core.Envelope) *batcher {
+	return l[maphash.String(laneSeed, e.AggregateType+"\x00"+e.AggregateID)%uint64(len(l))]
+}
+
+// batcher groups one lane's concurrent deliveries into inbox batches, one
+// batch at a time: whoever finds no batch running takes the queue.
+type batcher struct {
+	r      *Registry
+	hc     *handlerConfig
+	mu     sync.Mutex
+	queue  []*pending
+	leader chan struct{} // held (capacity 1) by the goroutine running a batch
+}
+
+func newBatcher(r *Registry, hc *handlerConfig) *batcher {
+	return &batcher{r: r, hc: hc, leader: make(chan struct{}, 1)}
+}
+
+// enqueue adds a delivery; receive then waits for its outcome.
+func (b *batcher) enqueue(e core.Envelope) *pending {
+	p := &pending{e: e, done: make(chan struct{})}
+	b.mu.Lock()
+	b.queue = append(b.queue, p)
+	b.mu.Unlock()
+	return p
+}
+
+// receive returns p's outcome, running batches (its own or others') while
+// no one else does.
+func (b *batcher) receive(ctx context.Context, p *pending) (postgres.InboxOutcome, error) {
+	for {
+		select {
+		case <-p.done:
+			return p.out, p.err
+		default:
+		}
+		select {
+		case <-p.done:
+			return p.out, p.err
+		case b.leader <- struct{}{}:
+			b.mu.Lock()
+			n := min(len(b.queue), b.r.cfg.MaxBatch)
+			batch := b.queue[:n:n]
+			b.queue = b.queue[n:]
+			b.mu.Unlock()
+			if n > 0 {
+				// The batch outlives the message that happens to run it.
+				b.run(context.WithoutCancel(ctx), batch)
+			}
+			<-b.leader
+		}
+	}
+}
+
+// run records one batch; if the batch transaction fails as a whole, each
+// delivery is received on its own, in order, so a failing event gets the
+// handling Receive gives it (retry, poison) and the others are not held
+// back by it. Outcomes are counted and their deliveries released as soon as
+// they are committed; draining held successors comes after.
+func (b *batcher) run(ctx context.Context, batch []*pending) {
+	hc := b.hc
+	es := make([]core.Envelope, len(batch))
+	for i, p := range batch {
+		es[i] = p.e
+	}
+	if len(batch) > 1 {
+		res, err := b.r.inbox.ReceiveBatch(ctx, hc.consumer, hc.ordered, es, b.r.safeApply(hc), b.r.applyAll(hc))
+		if err == nil {
+			for i, p := range batch {
+				p.out = res.Outcomes[i]
+				b.r.recorded(hc, p.out)
+				close(p.done)
+			}
+			for _, ref := range res.Held {
+				b.r.drain(ctx, hc, ref)
+			}
+			return
+		}
+	}
+	var drain []postgres.InboxAggregate
+	for _, p := range batch {
+		p.out, p.err = b.r.inbox.Receive(ctx, hc.consumer, hc.ordered, p.e, b.r.safeApply(hc))
+		if p.err == nil {
+			b.r.recorded(hc, p.out)
+			if p.out.Disposition == postgres.DispositionApplied && hc.ordered {
+				drain = append(drain, postgres.InboxAggregate{Type: p.e.AggregateType, ID: p.e.AggregateID})
+			}
+		}
+		close(p.done)
+	}
+	// The successors may be waiting in the inbox already. The messages
+	// themselves are done; a failing drain is retried by the sweeper.
+	for _, ref := range drain {
+		b.r.drain(ctx, hc, ref)
+	}
+}

@@ -1,0 +1,261 @@
+package subscribers
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// DefaultInFlight is how many messages of one partition a Kafka member
+// delivers ahead of their acknowledgements.
+const DefaultInFlight = 512
+
+// nackResendSleep is how long a nacked message waits before it is
+// delivered again (watermill-kafka's default is the same).
+const nackResendSleep = 100 * time.Millisecond
+
+// reconsumeSleep is how long a member waits before joining again after
+// its group session failed.
+const reconsumeSleep = time.Second
+
+// member is one Kafka consumer-group member delivering a topic as Watermill
+// messages, with pipelined acknowledgements: watermill-kafka's subscriber
+// hands out one message per partition and waits for its ack before the
+// next, so a consumer can never have more messages in flight than it has
+// partitions and every message costs a full handler round trip. A member
+// delivers up to inFlight messages of a partition ahead, in offset order,
+// and marks an offset for commit only when it and every message before it
+// on the partition are acknowledged: the committed offset never passes a
+// message without a committed disposition. A nacked message is delivered
+// again (after nackResendSleep) once everything before it is acknowledged;
+// messages after it may have been handled meanwhile, which the inbox
+// orders (a later revision is held until its predecessor is applied).
+//
+// The offsets marked are committed by sarama's auto-commit (every
+// Consumer.Offsets.AutoCommit.Interval) and when a session ends; after a
+// crash the group re-delivers from the last commit and the inbox absorbs
+// the repeats. The message context carries the record's partition and
+// offset (messagePartition).
+type member struct {
+	brokers  []string
+	group    string
+	config   *sarama.Config
+	logger   watermill.LoggerAdapter
+	inFlight int
+
+	closing   chan struct{}
+	closeOnce sync.Once
+	wg        sync.WaitGroup
+
+	mu     sync.Mutex
+	groups []sarama.ConsumerGroup
+}
+
+func newMember(brokers []string, group string, config *sarama.Config, logger watermill.LoggerAdapter, inFlight int) *member {
+	if inFlight <= 0 {
+		inFlight = DefaultInFlight
+	}
+	return &member{brokers: brokers, group: group, config: config, logger: logger, inFlight: inFlight, closing: make(chan struct{})}
+}
+
+// Subscribe joins the group on topic; the channel closes when ctx ends or
+// the member is closed.
+func (m *member) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	cg, err := sarama.NewConsumerGroup(m.brokers, m.group, m.config)
+	if err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	select {
+	case <-m.closing:
+		m.mu.Unlock()
+		_ = cg.Close()
+		return nil, errClosed
+	default:
+	}
+	m.groups = append(m.groups, cg)
+	m.wg.Add(2)
+	m.mu.Unlock()
+	out := make(chan *message.Message)
+	fields := watermill.LogFields{"consumer_group": m.group, "topic": topic}
+	go func() {
+		defer m.wg.Done()
+		for err := range cg.Errors() {
+			m.logger.Error("Kafka consumer group error", err, fields)
+		}
+	}()
+	go func() {
+		defer m.wg.Done()
+		defer close(out)
+		h := &claimHandler{ctx: ctx, out: out, closing: m.closing, inFlight: m.inFlight, topic: topic}
+		for {
+			err := cg.Consume(ctx, []string{topic}, h)
+			if errors.Is(err, sarama.ErrClosedConsumerGroup) || ctx.Err() != nil || m.isClosing() {
+				return
+			}
+			if err != nil {
+				m.logger.Error("Kafka group session failed; joining again", err, fields)
+				select {
+				case <-time.After(reconsumeSleep):
+				case <-ctx.Done():
+					return
+				case <-m.closing:
+					return
+				}
+			}
+		}
+	}()
+	return out, nil
+}
+
+func (m *member) isClosing() bool {
+	select {
+	case <-m.closing:
+		return true
+	default:
+		return false
+	}
+}
+
+// Close leaves the group (committing what is marked) and waits for the
+// member's goroutines.
+func (m *member) Close() error {
+	m.mu.Lock()
+	m.closeOnce.Do(func() { close(m.closing) })
+	groups := m.groups
+	m.groups = nil
+	m.mu.Unlock()
+	var errs []error
+	for _, cg := range groups {
+		errs = append(errs, cg.Close())
+	}
+	m.wg.Wait()
+	return errors.Join(errs...)
+}
+
+type claimHandler struct {
+	ctx      context.Context
+	out      chan<- *message.Message
+	closing  <-chan struct{}
+	inFlight int
+	topic    string
+}
+
+func (*claimHandler) Setup(sarama.ConsumerGroupSession) error   { return nil }
+func (*claimHandler) Cleanup(sarama.ConsumerGroupSession) error { return nil }
+
+type delivered struct {
+	record *sarama.ConsumerMessage
+	msg    *message.Message
+}
+
+func isDone(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
+}
+
+// ConsumeClaim delivers one partition's records in offset order, up to
+// inFlight ahead of their acknowledgements, and marks the longest
+// acknowledged prefix.
+func (h *claimHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) error {
+	ctx, cancel := context.WithCancel(h.ctx)
+	defer cancel() // unacknowledged messages of a claim that ended are delivered again to its next owner
+	var q []delivered
+	records := claim.Messages()
+	for {
+		in := records
+		if len(q) >= h.inFlight {
+			in = nil
+		}
+		var acked, nacked <-chan struct{}
+		if len(q) > 0 {
+			acked, nacked = q[0].msg.Acked(), q[0].msg.Nacked()
+		}
+		select {
+		case r, ok := <-in:
+			if !ok {
+				return nil // the claim ended (rebalance or close)
+			}
+			msg, err := kafka.DefaultMarshaler{}.Unmarshal(r)
+			if err != nil {
+				return err // nothing later can be delivered in order; the session restarts
+			}
+			msg.SetContext(withRecord(ctx, r))
+			if !h.send(sess, msg) {
+				return nil
+			}
+			q = append(q, delivered{record: r, msg: msg})
+		case <-acked:
+			for len(q) > 0 && isDone(q[0].msg.Acked()) {
+				sess.MarkMessage(q[0].record, "")
+				q = q[1:]
+			}
+		case <-nacked:
+			select {
+			case <-time.After(nackResendSleep):
+			case <-sess.Context().Done():
+				return nil
+			case <-h.closing:
+				return nil
+			}
+			again := q[0].msg.Copy()
+			again.SetContext(q[0].msg.Context())
+			if !h.send(sess, again) {
+				return nil
+			}
+			q[0].msg = again
+		case <-sess.Context().Done():
+			return nil
+		case <-h.closing:
+			return nil
+		}
+	}
+}
+
+func (h *claimHandler) send(sess sarama.ConsumerGroupSession, msg *message.Message) bool {
+	select {
+	case h.out <- msg:
+		return true
+	case <-sess.Context().Done():
+	case <-h.closing:
+	case <-h.ctx.Done():
+	}
+	return false
+}
+
+type (
+	partitionKey struct{}
+	offsetKey    struct{}
+	timestampKey struct{}
+)
+
+func withRecord(ctx context.Context, r *sarama.ConsumerMessage) context.Context {
+	ctx = context.WithValue(ctx, timestampKey{}, r.Timestamp)
+	return context.WithValue(context.WithValue(ctx, partitionKey{}, r.Partition), offsetKey{}, r.Offset)
+}
+
+// RecordTimestamp returns the Kafka record timestamp of a message the Kafka
+// subscriber delivered (the producer's send time, as the relay's sink sets
+// it), e.g. to split a consumer's lag into the relay's part and its own.
+func RecordTimestamp(ctx context.Context) (time.Time, bool) {
+	t, ok := ctx.Value(timestampKey{}).(time.Time)
+	return t, ok && !t.IsZero()
+}
+
+// messagePartition returns the Kafka partition and offset of a message a
+// member delivered.
+func messagePartition(ctx context.Context) (partition int32, offset int64, ok bool) {
+	p, ok1 := ctx.Value(partitionKey{}).(int32)
+	o, ok2 := ctx.Value(offsetKey{}).(int64)
+	return p, o, ok1 && ok2
+}

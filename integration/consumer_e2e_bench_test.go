@@ -1,0 +1,291 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/posthorn/posthorn/adapters/kafka"
+	"github.com/posthorn/posthorn/adapters/kfakebroker"
+	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
+	"github.com/posthorn/posthorn/api"
+	"github.com/posthorn/posthorn/bridge"
+	"github.com/posthorn/posthorn/consumers"
+	"github.com/posthorn/posthorn/consumers/auditlog"
+	"github.com/posthorn/posthorn/consumers/projection"
+	"github.com/posthorn/posthorn/consumers/subscribers"
+	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/demo"
+)
+
+// effectClock records, per event ID, when each consumer's handling of it
+// returned (after its inbox transaction committed).
+type effectClock struct {
+	mu     sync.Mutex
+	seen   map[string]map[string]time.Time // event ID → consumer → time
+	broker map[string]time.Time            // event ID → Kafka record timestamp
+}
+
+// middleware is a router-level middleware: it runs around every
+// consumer's handler, so it sees the commit of both consumers.
+func (c *effectClock) middleware(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		out, err := h(msg)
+		if err == nil {
+			now := time.Now()
+			consumer := message.HandlerNameFromCtx(msg.Context())
+			ts, hasTS := subscribers.RecordTimestamp(msg.Context())
+			c.mu.Lock()
+			if _, ok := c.broker[msg.UUID]; !ok && hasTS {
+				c.broker[msg.UUID] = ts
+			}
+			if c.seen[msg.UUID] == nil {
+				c.seen[msg.UUID] = map[string]time.Time{}
+			}
+			if _, ok := c.seen[msg.UUID][consumer]; !ok {
+				c.seen[msg.UUID][consumer] = now
+			}
+			c.mu.Unlock()
+		}
+		return out, err
+	}
+}
+
+// both returns when both consumers had handled id.
+func (c *effectClock) both(id string) (time.Time, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	m := c.seen[id]
+	if len(m) < 2 {
+		return time.Time{}, false
+	}
+	var last time.Time
+	for _, t := range m {
+		if t.After(last) {
+			last = t
+		}
+	}
+	return last, true
+}
+
+// e2ePath is the whole path in one process: the Posting API, the relay
+// (Kafka sink) to kfake, both example consumers reading it.
+type e2ePath struct {
+	url      string
+	ledger   *pgxpool.Pool
+	consumer *pgxpool.Pool
+	reg      *consumers.Registry
+	clock    *effectClock
+}
+
+func startE2EPath(b *testing.B, ctx context.Context) *e2ePath {
+	b.Helper()
+	brokers := benchKfake(b, kfakebroker.DefaultPartitions)
+	ledgerURL, _ := pgtest.Ledger(b)
+	apiPool, err := postgres.Connect(ctx, ledgerURL, 16)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(apiPool.Close)
+	srv, err := api.New(api.Config{Logger: relayQuietLog}, postgres.NewLedgerStore(apiPool, postgres.LedgerConfig{}))
+	if err != nil {
+		b.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	apiCtx, stopAPI := context.WithCancel(ctx)
+	apiDone := make(chan error, 1)
+	go func() { apiDone <- srv.Serve(apiCtx, ln) }()
+	b.Cleanup(func() { stopAPI(); <-apiDone })
+
+	relayPool, err := postgres.Connect(ctx, ledgerURL, 4)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(relayPool.Close)
+	sink, err := kafka.New(kafka.Config{Brokers: brokers})
+	if err != nil {
+		b.Fatal(err)
+	}
+	r, err := bridge.New(postgres.NewRelayStore(relayPool), sink, bridge.Config{
+		Owner: "e2e", SinkName: "kafka", Logger: relayQuietLog, Registerer: prometheus.NewRegistry()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := r.Start(ctx); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { r.Stop(ctx); sink.Close() })
+
+	pool := benchPool(b, ctx)
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, watermill.NopLogger{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	clock := &effectClock{seen: map[string]map[string]time.Time{}, broker: map[string]time.Time{}}
+	router.AddMiddleware(clock.middleware)
+	reg, err := consumers.New(router, consumers.Config{Pool: pool, Logger: relayQuietLog,
+		Subscribers: func(consumer string) (message.Subscriber, error) {
+			return subscribers.KafkaSubscriber(brokers, consumer, nil)
+		}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := projection.Register(reg, core.TopicEvents); err != nil {
+		b.Fatal(err)
+	}
+	if err := auditlog.Register(reg, core.TopicEvents); err != nil {
+		b.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- reg.Run(runCtx) }()
+	b.Cleanup(func() { cancel(); <-done })
+	<-reg.Running()
+	return &e2ePath{url: "http://" + ln.Addr().String(), ledger: apiPool, consumer: pool, reg: reg, clock: clock}
+}
+
+// BenchmarkConsumerEndToEnd posts through the Posting API, relays to kfake
+// and applies with both example consumers, all in one process:
+//
+//   - at a steady 1,000 postings/s for 10 s: the time from the API's 201
+//     answer (the posting committed) to both consumers' inbox transactions
+//     for each of its events having committed;
+//   - then as fast as 32 API clients post, for 20 s, sampling every second
+//     the events committed, relayed and applied by each consumer: the
+//     highest steady rate of the whole path and which stage limits it.
+//
+// 20 s instead of a minute keeps `make bench` under its 10-minute budget;
+// the per-second samples show whether a stage's lag grows.
+func BenchmarkConsumerEndToEnd(b *testing.B) {
+	ctx := context.Background()
+	p := startE2EPath(b, ctx)
+	// Every consumer has joined its group before the measured load.
+	_, err := demo.Load(ctx, demo.LoadConfig{BaseURL: p.url, Postings: 20, Accounts: 1000, AccountPrefix: "acc-warm-", KeyPrefix: "warm-"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	waitCaughtUp(b, ctx, p, 2*time.Minute)
+
+	var (
+		mu        sync.Mutex
+		committed = map[string]time.Time{}
+	)
+	const steadyPostings = 10_000
+	start := time.Now()
+	res, err := demo.Load(ctx, demo.LoadConfig{BaseURL: p.url, Postings: steadyPostings, Rate: 1000, Workers: 32,
+		Accounts: 1000, AccountPrefix: "acc-e2e-", KeyPrefix: "steady-",
+		OnPosted: func(r core.PostingResult) {
+			now := time.Now()
+			mu.Lock()
+			for _, e := range r.Events {
+				committed[e.EventID] = now
+			}
+			mu.Unlock()
+		}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	elapsed := time.Since(start)
+	waitCaughtUp(b, ctx, p, 3*time.Minute)
+	var lat, toBroker, fromBroker []time.Duration
+	for id, c := range committed {
+		t, ok := p.clock.both(id)
+		if !ok {
+			b.Fatalf("event %s not applied by both consumers", id)
+		}
+		lat = append(lat, max(t.Sub(c), 0))
+		p.clock.mu.Lock()
+		if ts, ok := p.clock.broker[id]; ok {
+			toBroker, fromBroker = append(toBroker, max(ts.Sub(c), 0)), append(fromBroker, max(t.Sub(ts), 0))
+		}
+		p.clock.mu.Unlock()
+	}
+	for _, l := range [][]time.Duration{lat, toBroker, fromBroker} {
+		slices.Sort(l)
+	}
+	pct := func(l []time.Duration, q int) float64 {
+		if len(l) == 0 {
+			return 0
+		}
+		return ms(l[min(len(l)*q/100, len(l)-1)])
+	}
+	fmt.Printf("end to end, API commit to both consumers' effect committed, at %.0f postings/s (%d postings, %d events): p50 %.1f ms, p99 %.1f ms, max %.1f ms (commit to Kafka record p50 %.1f / p99 %.1f ms, record to both effects p50 %.1f / p99 %.1f ms)\n",
+		float64(res.Postings)/elapsed.Seconds(), res.Postings, res.Events, pct(lat, 50), pct(lat, 99), ms(lat[len(lat)-1]),
+		pct(toBroker, 50), pct(toBroker, 99), pct(fromBroker, 50), pct(fromBroker, 99))
+	b.ReportMetric(pct(lat, 99), "e2e-p99-ms")
+
+	// As fast as the API takes it.
+	const window = 20 * time.Second
+	loadCtx, stop := context.WithTimeout(ctx, window)
+	defer stop()
+	base := e2eProgress(b, ctx, p)
+	samples := []demo.Progress{}
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-loadCtx.Done():
+				return
+			case <-t.C:
+				samples = append(samples, e2eProgress(b, ctx, p))
+			}
+		}
+	}()
+	t0 := time.Now()
+	maxRes, _ := demo.Load(loadCtx, demo.LoadConfig{BaseURL: p.url, Postings: 1 << 30, Workers: 32,
+		Accounts: 1000, AccountPrefix: "acc-e2e-", KeyPrefix: "max-"})
+	<-sampled
+	dur := time.Since(t0)
+	last := samples[len(samples)-1]
+	mid := samples[len(samples)/2]
+	events := last.Events - base.Events
+	relayLag := func(s demo.Progress) int64 { return s.Unrelayed }
+	consumerLag := func(s demo.Progress) int64 { return s.Lag() - s.Unrelayed } // behind the relay
+	limit := "the Posting API (ledger writes): the relay and the consumers kept up"
+	switch {
+	case relayLag(last) > 2*max(relayLag(mid), 1000):
+		limit = "the relay: its backlog grew"
+	case consumerLag(last) > 2*max(consumerLag(mid), 1000):
+		limit = "the consumers: their lag behind the relay grew"
+	}
+	fmt.Printf("end to end, highest steady rate over %s (32 API clients): %.0f postings/s, %.0f events/s; lag at %s / at the end: relay %d / %d events, consumers %d / %d events; limited by %s\n",
+		window, float64(maxRes.Postings)/dur.Seconds(), float64(events)/dur.Seconds(), window/2,
+		relayLag(mid), relayLag(last), consumerLag(mid), consumerLag(last), limit)
+}
+
+// e2eProgress reads how far each stage is.
+func e2eProgress(b *testing.B, ctx context.Context, p *e2ePath) demo.Progress {
+	b.Helper()
+	pr, err := demo.ReadProgress(ctx, p.ledger, p.consumer, []string{projection.Name, auditlog.Name})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return pr
+}
+
+func waitCaughtUp(b *testing.B, ctx context.Context, p *e2ePath, d time.Duration) {
+	b.Helper()
+	deadline := time.Now().Add(d)
+	for !e2eProgress(b, ctx, p).Delivered() {
+		if time.Now().After(deadline) {
+			b.Fatalf("consumers not caught up after %s: %+v", d, e2eProgress(b, ctx, p))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
