@@ -124,7 +124,8 @@ func StartSystem(ctx context.Context, cfg SystemConfig) (*System, error) {
 	}
 	s.store = postgres.NewLedgerStore(s.Ledger, postgres.LedgerConfig{})
 
-	brokerPort, err := FreePort()
+	nodes := max(1, cfg.BrokerNodes)
+	brokerPort, err := freePorts(nodes) // `dev kafka --nodes` takes consecutive ports
 	if err != nil {
 		return nil, err
 	}
@@ -133,7 +134,6 @@ func StartSystem(ctx context.Context, cfg SystemConfig) (*System, error) {
 		return nil, err
 	}
 	s.BrokerAddr = fmt.Sprintf("127.0.0.1:%d", brokerPort)
-	nodes := max(1, cfg.BrokerNodes)
 	brokers := make([]string, nodes)
 	for i := range brokers {
 		brokers[i] = fmt.Sprintf("127.0.0.1:%d", brokerPort+i)
@@ -395,11 +395,31 @@ func withAppName(dsn, name string) string {
 }
 
 // FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
-func FreePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+func FreePort() (int, error) { return freePorts(1) }
+
+// freePorts returns the first of n consecutive TCP ports on 127.0.0.1 that
+// were all free a moment ago.
+func freePorts(n int) (int, error) {
+	for range 50 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return 0, err
+		}
+		base := ln.Addr().(*net.TCPAddr).Port
+		held := []net.Listener{ln}
+		for i := 1; i < n; i++ {
+			l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", base+i))
+			if err != nil {
+				break
+			}
+			held = append(held, l)
+		}
+		for _, l := range held {
+			l.Close()
+		}
+		if len(held) == n {
+			return base, nil
+		}
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
+	return 0, fmt.Errorf("no %d consecutive free ports on 127.0.0.1", n)
 }
