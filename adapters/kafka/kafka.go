@@ -120,6 +120,11 @@ func New(cfg Config) (*Sink, error) {
 		// Room for a relay batch and the resend of the one before it,
 		// whose records may still be retrying when Publish gave up on them.
 		kgo.MaxBufferedRecords(20_000),
+		// A command topic (commands.<service>) is created on first use
+		// where the broker allows it (auto.create.topics.enable), as the
+		// sarama producer's metadata requests asked; kgo does not ask by
+		// default.
+		kgo.AllowAutoTopicCreation(),
 	}, sec...)
 	opts = append(opts, cfg.ClientOpts...)
 	opts = append(opts,

@@ -160,3 +160,25 @@ func TestBinaryDoesNotImportSaramaControl(t *testing.T) {
 		t.Fatal("cmd/posthorn depends on adapters/kafka/saramacontrol, the negative control")
 	}
 }
+
+// A topic the broker does not have yet (a new commands.<service>) is
+// created on first use where the broker allows it, as with the sarama
+// producer before: the sink asks for it in its metadata requests.
+func TestPublishCreatesANewTopicWhereTheBrokerAllows(t *testing.T) {
+	t.Parallel()
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cluster.Close)
+	s, err := kafka.New(kafka.Config{Brokers: cluster.ListenAddrs()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := s.Publish(ctx, []core.Envelope{sinktest.Envelope("commands.newservice", "journal-1", 1)}); err != nil {
+		t.Fatalf("publish to a topic the broker creates on first use: %v", err)
+	}
+}
