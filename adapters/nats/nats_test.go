@@ -105,14 +105,7 @@ func readFunc(cfg phnats.Config) func(ctx context.Context, topic string, n int) 
 			if err != nil {
 				return out, err
 			}
-			h := map[string]string{}
-			for k, v := range msg.Metadata {
-				h[k] = v
-			}
-			if h["event_id"] != msg.UUID {
-				h["event_id"] = "uuid " + msg.UUID + " != header " + h["event_id"]
-			}
-			out = append(out, sinktest.Record{Topic: topic, Headers: h, Payload: msg.Payload})
+			out = append(out, sinktest.MessageRecord(topic, msg))
 		}
 	}
 }

@@ -81,14 +81,7 @@ func readFunc(cfg redisstream.Config) func(ctx context.Context, topic string, n 
 			if err != nil {
 				return out, err
 			}
-			h := map[string]string{}
-			for k, v := range msg.Metadata {
-				h[k] = v
-			}
-			if h["event_id"] != msg.UUID {
-				h["event_id"] = "uuid " + msg.UUID + " != header " + h["event_id"]
-			}
-			out = append(out, sinktest.Record{Topic: topic, Headers: h, Payload: msg.Payload})
+			out = append(out, sinktest.MessageRecord(topic, msg))
 		}
 		if len(out) < n {
 			return out, ctx.Err()

@@ -28,6 +28,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
 
 	"github.com/posthorn/posthorn/core"
@@ -39,6 +40,20 @@ type Record struct {
 	Key     string
 	Headers map[string]string
 	Payload []byte
+}
+
+// MessageRecord is the Record of a Watermill message read back from topic
+// (a broker without record keys). A message UUID that differs from its
+// event_id header makes the header say so, so the header checks fail on it.
+func MessageRecord(topic string, msg *message.Message) Record {
+	h := make(map[string]string, len(msg.Metadata))
+	for k, v := range msg.Metadata {
+		h[k] = v
+	}
+	if h[core.HeaderEventID] != msg.UUID {
+		h[core.HeaderEventID] = "uuid " + msg.UUID + " != header " + h[core.HeaderEventID]
+	}
+	return Record{Topic: topic, Headers: h, Payload: msg.Payload}
 }
 
 // Harness is one sink under test and its broker-side helpers.
