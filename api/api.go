@@ -42,7 +42,6 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/core"
 )
 
@@ -60,16 +59,16 @@ const (
 // TokenHashPrefix marks a configured token given as its SHA-256 in hex.
 const TokenHashPrefix = "sha256:"
 
-// Store is what the API needs from the ledger; *postgres.LedgerStore
-// implements it.
+// Store is what the API needs from the ledger (the Postgres adapter's
+// LedgerStore implements it). Readers answer core.ErrNotFound for an
+// unknown journal or account; Post answers core.ErrIdempotencyConflict for
+// a key used with a different request.
 type Store interface {
 	Post(ctx context.Context, key string, p core.Posting) (res core.PostingResult, replayed bool, err error)
-	Posting(ctx context.Context, journalID string) (postgres.CommittedPosting, error)
-	Account(ctx context.Context, id string) (postgres.Account, error)
+	Posting(ctx context.Context, journalID string) (core.CommittedPosting, error)
+	Account(ctx context.Context, id string) (core.Account, error)
 	Ping(ctx context.Context) error
 }
-
-var _ Store = (*postgres.LedgerStore)(nil)
 
 // Config configures the server.
 type Config struct {
@@ -283,7 +282,7 @@ func (s *Server) handlePost(w http.ResponseWriter, r *http.Request) {
 	res, replayed, err := s.store.Post(r.Context(), key, p)
 	switch {
 	case err == nil:
-	case errors.Is(err, postgres.ErrIdempotencyConflict):
+	case errors.Is(err, core.ErrIdempotencyConflict):
 		s.problem(w, r, http.StatusConflict, "idempotency-conflict", "Idempotency Key Reused", "Idempotency-Key",
 			"the Idempotency-Key was already used for a different request; use a new key for a new posting")
 		return
@@ -329,7 +328,7 @@ func (s *Server) handleGetPosting(w http.ResponseWriter, r *http.Request) {
 	}
 	p, err := s.store.Posting(r.Context(), id)
 	switch {
-	case errors.Is(err, postgres.ErrNotFound):
+	case errors.Is(err, core.ErrNotFound):
 		s.problem(w, r, http.StatusNotFound, "not-found", "Not Found", "journal_id", fmt.Sprintf("no posting with journal_id %q", id))
 		return
 	case err != nil:
@@ -356,7 +355,7 @@ func (s *Server) handleGetAccount(w http.ResponseWriter, r *http.Request) {
 	}
 	acc, err := s.store.Account(r.Context(), id)
 	switch {
-	case errors.Is(err, postgres.ErrNotFound):
+	case errors.Is(err, core.ErrNotFound):
 		s.problem(w, r, http.StatusNotFound, "not-found", "Not Found", "account", fmt.Sprintf("no account %q", id))
 		return
 	case err != nil:

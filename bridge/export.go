@@ -7,7 +7,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/core"
 )
 
@@ -53,7 +52,7 @@ func (m *Metrics) Abandoned() { m.m.abandoned.Inc() }
 func (m *Metrics) NewlyParked() { m.m.parked.Inc() }
 
 // SetStatus sets the backlog, oldest-age and parked gauges from st.
-func (m *Metrics) SetStatus(st postgres.OutboxStatus) {
+func (m *Metrics) SetStatus(st core.OutboxStatus) {
 	m.m.backlog.Set(float64(st.Backlog))
 	m.m.oldestAge.Set(st.OldestUnrelayedAge)
 	m.m.parked.Set(float64(len(st.Parked)))
@@ -62,15 +61,42 @@ func (m *Metrics) SetStatus(st postgres.OutboxStatus) {
 // SetHeldByOpenTransaction sets the open-transaction gauge.
 func (m *Metrics) SetHeldByOpenTransaction(d time.Duration) { m.m.heldByOpenTx.Set(d.Seconds()) }
 
-// PublishBatch hands batch to sink. When the sink refuses the batch as a
-// whole for good without saying which record, it sends one record at a
-// time to find it (later records of a failed aggregate are not sent).
+// PublishBatch hands batch to sink, as both relays do. When the sink
+// refuses the batch as a whole for good without saying which record, it
+// sends one record at a time to find it (later records of a failed
+// aggregate are not sent).
 func PublishBatch(ctx context.Context, sink core.Sink, batch []core.Envelope) error {
 	err := sink.Publish(ctx, batch)
 	if err != nil && !isBatchError(err) && core.IsPermanent(err) && len(batch) > 1 {
-		err = (&Relay{sink: sink}).publishEach(ctx, batch)
+		err = publishEach(ctx, sink, batch)
 	}
 	return err
+}
+
+// publishEach sends records one at a time, holding back the later records
+// of an aggregate that already failed (core.BatchFailures), and reports
+// failures per record.
+func publishEach(ctx context.Context, sink core.Sink, batch []core.Envelope) error {
+	f := core.BatchFailures{NotSent: "not sent"}
+	for i, e := range batch {
+		if f.Blocked(i, e) {
+			continue
+		}
+		if err := sink.Publish(ctx, []core.Envelope{e}); err != nil {
+			if be := (*core.BatchError)(nil); errors.As(err, &be) && len(be.Failed) == 1 {
+				for _, fe := range be.Failed {
+					err = fe
+				}
+			}
+			f.Fail(i, e, err)
+		}
+	}
+	return f.Err()
+}
+
+func isBatchError(err error) bool {
+	var be *core.BatchError
+	return errors.As(err, &be)
 }
 
 // Settlement is what to do with a published batch given the sink's answer.
@@ -83,7 +109,7 @@ type Settlement struct {
 	Mark []int
 	// Parks are the aggregates to park: a record of theirs failed for good.
 	// Their later records in the batch are neither marked nor retried.
-	Parks []postgres.ParkedAggregate
+	Parks []core.ParkedAggregate
 	// Retry holds the indexes of records to send again, in batch order: the
 	// records that failed retryably and the later records of their
 	// aggregates.
@@ -113,25 +139,30 @@ func settle(batch []core.Envelope, err error) (Settlement, int) {
 			failed[i] = err
 		}
 	}
+	// The ordering rule: once a record of an aggregate failed, its later
+	// records in the batch follow that first failure (parked with it, or
+	// retried with it), whatever the sink answered for them.
 	var s Settlement
-	parked := map[aggKey]bool{}
-	retrying := map[aggKey]bool{}
+	firstFailure := map[core.AggregateKey]error{}
 	for i, e := range batch {
-		k := aggKey{e.AggregateType, e.AggregateID}
+		k := e.Aggregate()
 		ferr, isFailed := failed[i]
 		if !isFailed {
 			s.Acked++
 		}
+		if first, ok := firstFailure[k]; ok {
+			if !core.IsPermanent(first) {
+				s.Retry = append(s.Retry, i)
+			}
+			continue
+		}
 		switch {
-		case parked[k]:
-		case retrying[k]:
-			s.Retry = append(s.Retry, i)
 		case isFailed && core.IsPermanent(ferr):
-			parked[k] = true
-			s.Parks = append(s.Parks, postgres.ParkedAggregate{AggregateType: e.AggregateType,
+			firstFailure[k] = ferr
+			s.Parks = append(s.Parks, core.ParkedAggregate{AggregateType: e.AggregateType,
 				AggregateID: e.AggregateID, EventID: e.EventID, Reason: ferr.Error()})
 		case isFailed:
-			retrying[k] = true
+			firstFailure[k] = ferr
 			s.Retry = append(s.Retry, i)
 			if s.Retryable == nil {
 				s.Retryable = ferr

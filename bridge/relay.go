@@ -11,7 +11,6 @@ import (
 
 	"github.com/cenkalti/backoff/v5"
 
-	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/core"
 )
 
@@ -25,7 +24,7 @@ var errCrash = errors.New("relay crashed (test hook)")
 // documentation for its invariants.
 type Relay struct {
 	cfg   Config
-	store *postgres.RelayStore
+	store Store
 	sink  core.Sink
 	m     *metrics
 	log   *slog.Logger
@@ -36,7 +35,7 @@ type Relay struct {
 	crashed  atomic.Bool
 
 	// Owned by the loop goroutine.
-	leases       []postgres.Lease
+	leases       []core.Lease
 	deadline     time.Time
 	nextMaintain time.Time
 	retry        *backoff.ExponentialBackOff
@@ -45,7 +44,7 @@ type Relay struct {
 
 // New returns a relay over store that publishes to sink. It does not start
 // it; cfg's zero fields take their defaults and the rest are validated.
-func New(store *postgres.RelayStore, sink core.Sink, cfg Config) (*Relay, error) {
+func New(store Store, sink core.Sink, cfg Config) (*Relay, error) {
 	cfg.setDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -108,7 +107,7 @@ func (r *Relay) Owner() string { return r.cfg.Owner }
 // It is only safe to call after Stopped is closed (tests).
 func (r *Relay) Shards() []int { return leaseShards(r.leases) }
 
-func leaseShards(ls []postgres.Lease) []int {
+func leaseShards(ls []core.Lease) []int {
 	out := make([]int, len(ls))
 	for i, l := range ls {
 		out[i] = l.Shard
@@ -127,9 +126,9 @@ func (r *Relay) stopping() bool {
 
 func (r *Relay) run(ctx context.Context) {
 	poll := r.cfg.MinPollInterval
-	order := postgres.OrderByID
+	order := core.OrderByID
 	if r.cfg.Hooks != nil && r.cfg.Hooks.UnsafeOrderByXID {
-		order = postgres.OrderByXIDUnsafe
+		order = core.OrderByXIDUnsafe
 	}
 	// At most one marker is written in the background while the next batch
 	// is read and published (see markJob); inflight is that marker.
@@ -252,8 +251,6 @@ func (r *Relay) backoff(ctx context.Context) {
 	}
 }
 
-type aggKey struct{ typ, id string }
-
 // readAhead is the read of the next batch, run while the current one is
 // published. It skips the current batch's rows and those of the marker in
 // flight, so nothing is read twice. Its rows are published only after the
@@ -263,11 +260,11 @@ type aggKey struct{ typ, id string }
 // ones), so order is unchanged.
 type readAhead struct {
 	done chan struct{}
-	rows []postgres.OutboxRow
+	rows []core.OutboxRow
 	err  error
 }
 
-func (r *Relay) readAhead(ctx context.Context, shards []int, perShard int, skip []int64, order postgres.ReadOrder) *readAhead {
+func (r *Relay) readAhead(ctx context.Context, shards []int, perShard int, skip []int64, order core.ReadOrder) *readAhead {
 	a := &readAhead{done: make(chan struct{})}
 	go func() {
 		defer close(a.done)
@@ -277,7 +274,7 @@ func (r *Relay) readAhead(ctx context.Context, shards []int, perShard int, skip 
 }
 
 // wait returns the read's result once it is done (nothing for nil).
-func (a *readAhead) wait() ([]postgres.OutboxRow, error) {
+func (a *readAhead) wait() ([]core.OutboxRow, error) {
 	if a == nil {
 		return nil, nil
 	}
@@ -291,8 +288,8 @@ func (a *readAhead) wait() ([]postgres.OutboxRow, error) {
 // published after this one's ACK, per-aggregate order is unchanged. If the
 // marker fails, its rows stay unrelayed and are sent again (same IDs).
 type markJob struct {
-	refs   []postgres.RowRef
-	leases []postgres.Lease
+	refs   []core.RowRef
+	leases []core.Lease
 	done   chan struct{}
 	marked int
 	refuse int
@@ -341,7 +338,7 @@ func (r *Relay) awaitMark(j *markJob) {
 // marker job for the caller to run; otherwise it marks what may be marked,
 // parks what was rejected for good and backs off on retryable failures
 // itself. It returns errCrash only when the crash hook fired.
-func (r *Relay) relayBatch(ctx context.Context, rows []postgres.OutboxRow) (*markJob, error) {
+func (r *Relay) relayBatch(ctx context.Context, rows []core.OutboxRow) (*markJob, error) {
 	batch := make([]core.Envelope, len(rows))
 	for i, row := range rows {
 		batch[i] = row.Envelope
@@ -364,12 +361,7 @@ func (r *Relay) relayBatch(ctx context.Context, rows []postgres.OutboxRow) (*mar
 	}
 	pubCtx, cancel := context.WithDeadline(ctx, r.deadline)
 	start := time.Now()
-	err := r.sink.Publish(pubCtx, batch)
-	if err != nil && !isBatchError(err) && core.IsPermanent(err) && len(batch) > 1 {
-		// The sink refused the batch as a whole for good but did not say which
-		// record: find it by sending one record at a time.
-		err = r.publishEach(pubCtx, batch)
-	}
+	err := PublishBatch(pubCtx, r.sink, batch)
 	cancel()
 	r.m.publishSeconds.Observe(time.Since(start).Seconds())
 	r.m.batchSize.Observe(float64(len(batch)))
@@ -381,7 +373,7 @@ func (r *Relay) relayBatch(ctx context.Context, rows []postgres.OutboxRow) (*mar
 	// this batch: a later revision must not be marked while an earlier one
 	// is still to be sent.
 	st, failed := settle(batch, err)
-	var refs []postgres.RowRef
+	var refs []core.RowRef
 	for _, i := range st.Mark {
 		refs = append(refs, rows[i].RowRef)
 	}
@@ -423,14 +415,14 @@ func (r *Relay) relayBatch(ctx context.Context, rows []postgres.OutboxRow) (*mar
 		r.log.Error("aggregate parked: the sink rejected its record for good; other aggregates keep flowing; release with `posthorn outbox release`",
 			"aggregate_type", p.AggregateType, "aggregate_id", p.AggregateID, "event_id", p.EventID, "reason", p.Reason)
 	}
-	stuckParked := map[aggKey]bool{}
+	stuckParked := map[core.AggregateKey]bool{}
 	for _, p := range stuck {
 		isNew, perr := r.store.Park(ctx, p)
 		if perr != nil {
 			r.log.Error("park aggregate", "aggregate_type", p.AggregateType, "aggregate_id", p.AggregateID, "err", perr)
 			continue
 		}
-		stuckParked[aggKey{p.AggregateType, p.AggregateID}] = true
+		stuckParked[p.Key()] = true
 		if isNew {
 			r.m.parked.Inc()
 		}
@@ -455,48 +447,16 @@ func (r *Relay) relayBatch(ctx context.Context, rows []postgres.OutboxRow) (*mar
 
 // allParked reports whether every record of batch at indexes idx belongs
 // to an aggregate in parked.
-func allParked(batch []core.Envelope, idx []int, parked map[aggKey]bool) bool {
+func allParked(batch []core.Envelope, idx []int, parked map[core.AggregateKey]bool) bool {
 	if len(parked) == 0 {
 		return false
 	}
 	for _, i := range idx {
-		if !parked[aggKey{batch[i].AggregateType, batch[i].AggregateID}] {
+		if !parked[batch[i].Aggregate()] {
 			return false
 		}
 	}
 	return true
-}
-
-func isBatchError(err error) bool {
-	var be *core.BatchError
-	return errors.As(err, &be)
-}
-
-// publishEach sends records one at a time, skipping the later records of
-// an aggregate that already failed, and reports failures per record.
-func (r *Relay) publishEach(ctx context.Context, batch []core.Envelope) error {
-	failed := map[int]error{}
-	blocked := map[aggKey]bool{}
-	for i, e := range batch {
-		k := aggKey{e.AggregateType, e.AggregateID}
-		if blocked[k] {
-			failed[i] = fmt.Errorf("not sent: an earlier record of %s %s failed", e.AggregateType, e.AggregateID)
-			continue
-		}
-		if err := r.sink.Publish(ctx, []core.Envelope{e}); err != nil {
-			if be := (*core.BatchError)(nil); errors.As(err, &be) && len(be.Failed) == 1 {
-				for _, fe := range be.Failed {
-					err = fe
-				}
-			}
-			failed[i] = err
-			blocked[k] = true
-		}
-	}
-	if len(failed) > 0 {
-		return &core.BatchError{Failed: failed}
-	}
-	return nil
 }
 
 // maintainLeases heartbeats, renews the held leases, and takes or gives
@@ -530,7 +490,7 @@ func (r *Relay) maintainLeases(ctx context.Context) {
 	target := (core.Shards + live - 1) / live
 	switch {
 	case len(r.leases) > target:
-		slices.SortFunc(r.leases, func(a, b postgres.Lease) int { return a.Shard - b.Shard })
+		slices.SortFunc(r.leases, func(a, b core.Lease) int { return a.Shard - b.Shard })
 		extra := r.leases[target:]
 		if err := r.store.ReleaseLeases(ctx, r.cfg.Owner, extra); err != nil {
 			fail("release extra leases", err)
@@ -555,7 +515,7 @@ func (r *Relay) maintainLeases(ctx context.Context) {
 		}
 		r.leases = append(r.leases, got...)
 	}
-	slices.SortFunc(r.leases, func(a, b postgres.Lease) int { return a.Shard - b.Shard })
+	slices.SortFunc(r.leases, func(a, b core.Lease) int { return a.Shard - b.Shard })
 	r.deadline = sent.Add(ttl)
 	r.m.shardsOwned.Set(float64(len(r.leases)))
 	var ok error
@@ -569,7 +529,7 @@ func (r *Relay) listen(ctx context.Context) {
 	bo := backoff.NewExponentialBackOff()
 	bo.MaxInterval = 5 * time.Second
 	for ctx.Err() == nil {
-		err := r.listenOnce(ctx)
+		err := r.store.Listen(ctx, r.poke)
 		if ctx.Err() != nil {
 			return
 		}
@@ -584,30 +544,10 @@ func (r *Relay) listen(ctx context.Context) {
 	}
 }
 
-func (r *Relay) listenOnce(ctx context.Context) error {
-	pc, err := r.store.Pool().Acquire(ctx)
-	if err != nil {
-		return err
-	}
-	// The connection leaves the pool: a cancelled wait may leave it unusable.
-	conn := pc.Hijack()
-	defer conn.Close(context.WithoutCancel(ctx))
-	if _, err := conn.Exec(ctx, "LISTEN "+postgres.NotifyChannel); err != nil {
-		return err
-	}
-	r.poke()
-	for {
-		if _, err := conn.WaitForNotification(ctx); err != nil {
-			return err
-		}
-		r.poke()
-	}
-}
-
 // afterCursor keeps the rows above *cursor and moves it to the largest id
 // read: the unsafe "position > last" reading of Hooks.UnsafeCursor.
-func afterCursor(rows []postgres.OutboxRow, cursor *int64) []postgres.OutboxRow {
-	var kept []postgres.OutboxRow
+func afterCursor(rows []core.OutboxRow, cursor *int64) []core.OutboxRow {
+	var kept []core.OutboxRow
 	last := *cursor
 	for _, row := range rows {
 		if row.ID > *cursor {

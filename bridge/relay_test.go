@@ -554,7 +554,7 @@ func TestParkedAccountDoesNotStopOthers(t *testing.T) {
 	if err := f.store.Release(ctx, core.AggregateAccount, "acc-bad"); err != nil {
 		t.Fatal(err)
 	}
-	if err := f.store.Release(ctx, core.AggregateAccount, "acc-bad"); !errors.Is(err, postgres.ErrNotParked) {
+	if err := f.store.Release(ctx, core.AggregateAccount, "acc-bad"); !errors.Is(err, core.ErrNotParked) {
 		t.Fatalf("second release: %v, want ErrNotParked", err)
 	}
 	bridgetest.WaitFor(t, 10*time.Second, "parked again", func() bool {

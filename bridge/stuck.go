@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/core"
 )
 
@@ -40,7 +39,7 @@ type StuckTracker struct {
 	attempts int
 	after    time.Duration
 	now      func() time.Time
-	streaks  map[aggKey]*streak
+	streaks  map[core.AggregateKey]*streak
 	acked    int64 // records the sink took, ever
 }
 
@@ -60,24 +59,24 @@ const maxStreaks = 100_000
 // (<= 0: that bound is off; both off: never park for retryable failures,
 // the behaviour before issue 14).
 func NewStuckTracker(attempts int, after time.Duration) *StuckTracker {
-	return &StuckTracker{attempts: attempts, after: after, now: time.Now, streaks: map[aggKey]*streak{}}
+	return &StuckTracker{attempts: attempts, after: after, now: time.Now, streaks: map[core.AggregateKey]*streak{}}
 }
 
 // Observe records the outcome s of publishing batch (the sink answered
 // err) and returns the aggregates to park now.
-func (t *StuckTracker) Observe(batch []core.Envelope, err error, s Settlement) []postgres.ParkedAggregate {
+func (t *StuckTracker) Observe(batch []core.Envelope, err error, s Settlement) []core.ParkedAggregate {
 	if t == nil || (t.attempts <= 0 && t.after <= 0) {
 		return nil
 	}
 	// Records ACKed now end their aggregate's streak; so does a park for good.
 	for _, i := range s.Mark {
 		e := batch[i]
-		if st, ok := t.streaks[aggKey{e.AggregateType, e.AggregateID}]; ok && st.eventID == e.EventID {
-			delete(t.streaks, aggKey{e.AggregateType, e.AggregateID})
+		if st, ok := t.streaks[e.Aggregate()]; ok && st.eventID == e.EventID {
+			delete(t.streaks, e.Aggregate())
 		}
 	}
 	for _, p := range s.Parks {
-		delete(t.streaks, aggKey{p.AggregateType, p.AggregateID})
+		delete(t.streaks, p.Key())
 	}
 	base := t.acked
 	t.acked += int64(s.Acked)
@@ -86,17 +85,17 @@ func (t *StuckTracker) Observe(batch []core.Envelope, err error, s Settlement) [
 	}
 	perRecord := recordErrors(err)
 	now := t.now()
-	failing := map[aggKey]bool{}
+	failing := map[core.AggregateKey]bool{}
 	for _, i := range s.Retry {
-		failing[aggKey{batch[i].AggregateType, batch[i].AggregateID}] = true
+		failing[batch[i].Aggregate()] = true
 	}
 	// Several aggregates and not one record taken: an outage, not a record.
 	outage := s.Acked == 0 && len(failing) > 1
-	var parks []postgres.ParkedAggregate
-	seen := map[aggKey]bool{}
+	var parks []core.ParkedAggregate
+	seen := map[core.AggregateKey]bool{}
 	for _, i := range s.Retry {
 		e := batch[i]
-		k := aggKey{e.AggregateType, e.AggregateID}
+		k := e.Aggregate()
 		if seen[k] {
 			continue // a later record of an aggregate whose first one failed
 		}
@@ -127,7 +126,7 @@ func (t *StuckTracker) Observe(batch []core.Envelope, err error, s Settlement) [
 			continue
 		}
 		delete(t.streaks, k)
-		parks = append(parks, postgres.ParkedAggregate{AggregateType: e.AggregateType, AggregateID: e.AggregateID, EventID: e.EventID,
+		parks = append(parks, core.ParkedAggregate{AggregateType: e.AggregateType, AggregateID: e.AggregateID, EventID: e.EventID,
 			Reason: fmt.Sprintf("retryable failure for %d attempts over %s while the sink took other records (last error: %v)",
 				st.count, now.Sub(st.first).Round(time.Millisecond), st.lastErr)})
 	}

@@ -3,7 +3,6 @@ package bridge
 import (
 	"context"
 
-	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/core"
 )
 
@@ -11,8 +10,8 @@ import (
 // then the send. It exists only so the fault suite can show that this
 // order loses events when the relay dies, or the sink fails, between the
 // two; the relay never uses it otherwise.
-func (r *Relay) unsafeMarkThenPublish(ctx context.Context, rows []postgres.OutboxRow, batch []core.Envelope) error {
-	refs := make([]postgres.RowRef, len(rows))
+func (r *Relay) unsafeMarkThenPublish(ctx context.Context, rows []core.OutboxRow, batch []core.Envelope) error {
+	refs := make([]core.RowRef, len(rows))
 	for i, row := range rows {
 		refs[i] = row.RowRef
 	}

@@ -17,17 +17,13 @@ type BatchFailures struct {
 	Sink string
 
 	failed  map[int]error
-	blocked map[aggregate]bool
+	blocked map[AggregateKey]bool
 }
-
-type aggregate struct{ typ, id string }
-
-func aggregateOf(e Envelope) aggregate { return aggregate{e.AggregateType, e.AggregateID} }
 
 // Blocked reports whether an earlier record of e's aggregate failed; if so
 // it records for record i the retryable error that it was not sent.
 func (b *BatchFailures) Blocked(i int, e Envelope) bool {
-	if !b.blocked[aggregateOf(e)] {
+	if !b.blocked[e.Aggregate()] {
 		return false
 	}
 	b.set(i, fmt.Errorf("%s: an earlier record of %s %s in the batch failed", b.NotSent, e.AggregateType, e.AggregateID))
@@ -39,9 +35,9 @@ func (b *BatchFailures) Blocked(i int, e Envelope) bool {
 func (b *BatchFailures) Fail(i int, e Envelope, err error) {
 	b.set(i, err)
 	if b.blocked == nil {
-		b.blocked = map[aggregate]bool{}
+		b.blocked = map[AggregateKey]bool{}
 	}
-	b.blocked[aggregateOf(e)] = true
+	b.blocked[e.Aggregate()] = true
 }
 
 // Failed returns record i's error, nil if it has none.
@@ -52,9 +48,9 @@ func (b *BatchFailures) Failed(i int) error { return b.failed[i] }
 // it is not reported ACKed, so its marker cannot come before its
 // predecessor's.
 func (b *BatchFailures) HoldBack(batch []Envelope) {
-	failedAgg := map[aggregate]bool{}
+	failedAgg := map[AggregateKey]bool{}
 	for i, e := range batch {
-		a := aggregateOf(e)
+		a := e.Aggregate()
 		if failedAgg[a] && b.failed[i] == nil {
 			b.set(i, fmt.Errorf("%s: an earlier record of %s %s in the batch failed", b.Sink, e.AggregateType, e.AggregateID))
 		}

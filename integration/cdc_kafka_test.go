@@ -59,7 +59,7 @@ func startCDCRelay(t *testing.T, pool *pgxpool.Pool, brokers []string, owner str
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = sink.Close() })
-	r, err := cdc.New(postgres.NewRelayStore(pool), sink, cdc.Config{
+	r, err := cdc.New(postgres.NewRelayStore(pool), postgres.NewCDCSource(pool), sink, cdc.Config{
 		Owner: owner, SinkName: "kafka", LeaseTTL: 2 * time.Second,
 		RetryInitial: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})),

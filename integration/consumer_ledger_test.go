@@ -80,7 +80,7 @@ func TestConsumerProjectionMatchesLedger(t *testing.T) {
 	for i := range shards {
 		shards[i] = i
 	}
-	rows, err := postgres.NewRelayStore(ledgerPool).ReadBatch(ctx, shards, 1_000_000, postgres.OrderByID)
+	rows, err := postgres.NewRelayStore(ledgerPool).ReadBatch(ctx, shards, 1_000_000, core.OrderByID)
 	if err != nil {
 		t.Fatal(err)
 	}

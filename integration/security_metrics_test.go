@@ -144,7 +144,7 @@ func TestOpsKitMetricsAreExposedByRunningComponents(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cdcPool.Close()
-	if err := postgres.NewCDCStore(cdcPool).EnsurePublication(cctx, "posthorn_outbox"); err != nil {
+	if err := postgres.NewCDCSource(cdcPool).EnsurePublication(cctx, "posthorn_outbox"); err != nil {
 		t.Fatal(err)
 	}
 	cdcURL, _ := url.Parse(cdcOwnerURL)

@@ -12,6 +12,7 @@ import (
 	"github.com/posthorn/posthorn/adapters/postgres/pgcluster"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
+	"github.com/posthorn/posthorn/bridge/cdc"
 	"github.com/posthorn/posthorn/core"
 )
 
@@ -44,11 +45,11 @@ func TestStreamedRowMatchesReadBatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	cdc := postgres.NewCDCStore(pool)
-	if err := cdc.CheckServer(ctx); err != nil {
+	src := postgres.NewCDCSource(pool)
+	if err := src.CheckServer(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := cdc.CreateSlot(ctx, "s1"); err != nil {
+	if _, err := src.CreateSlot(ctx, "s1"); err != nil {
 		t.Fatal(err)
 	}
 	_, err = pool.Exec(ctx, `
@@ -59,7 +60,7 @@ VALUES ('0190a000-0000-7000-8000-000000000001', 'command', 'payouts.payout.execu
 	if err != nil {
 		t.Fatal(err)
 	}
-	want, err := postgres.NewRelayStore(pool).ReadBatch(ctx, []int{core.ShardOf("acc-x")}, 10, postgres.OrderByID)
+	want, err := postgres.NewRelayStore(pool).ReadBatch(ctx, []int{core.ShardOf("acc-x")}, 10, core.OrderByID)
 	if err != nil || len(want) != 1 {
 		t.Fatalf("read batch: %v %v", want, err)
 	}
@@ -68,19 +69,19 @@ VALUES ('0190a000-0000-7000-8000-000000000001', 'command', 'payouts.payout.execu
 		t.Fatal(err)
 	}
 	defer st.Close(context.Background())
-	var got *postgres.OutboxRow
-	var commit postgres.LSN
+	var got *core.OutboxRow
+	var commit cdc.LSN
 	for commit == 0 {
 		ev, err := st.Next(ctx, time.Now().Add(10*time.Second))
 		if err != nil {
 			t.Fatal(err)
 		}
 		switch ev.Kind {
-		case postgres.EventNone:
+		case cdc.EventNone:
 			t.Fatal("no row streamed within 10s")
-		case postgres.EventRow:
+		case cdc.EventRow:
 			got = &ev.Row
-		case postgres.EventCommit:
+		case cdc.EventCommit:
 			commit = ev.LSN
 		}
 	}
@@ -108,7 +109,7 @@ VALUES ('0190a000-0000-7000-8000-000000000001', 'command', 'payouts.payout.execu
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		if err := cdc.DropSlot(ctx, "s1"); err == nil {
+		if err := src.DropSlot(ctx, "s1"); err == nil {
 			break
 		} else if time.Now().After(deadline) {
 			t.Fatal(err)
@@ -118,7 +119,7 @@ VALUES ('0190a000-0000-7000-8000-000000000001', 'command', 'payouts.payout.execu
 	if _, err := postgres.OpenStream(ctx, pool, "s1", "posthorn_outbox"); !postgres.IsSlotGone(err) {
 		t.Fatalf("stream of a dropped slot: %v, want IsSlotGone", err)
 	}
-	if ss, err := cdc.SlotStatus(ctx, "s1"); err != nil || ss.Exists {
+	if ss, err := src.SlotStatus(ctx, "s1"); err != nil || ss.Exists {
 		t.Fatalf("status of a dropped slot: %+v %v", ss, err)
 	}
 }
@@ -131,8 +132,8 @@ func TestMarkRelayedCDCReportsInvisibleRows(t *testing.T) {
 	t.Parallel()
 	_, pool := pgtest.Ledger(t)
 	ctx := context.Background()
-	st := postgres.NewCDCStore(pool)
-	l, ok, err := st.AcquireCDCLease(ctx, "s", "relay-a", time.Minute)
+	st := postgres.NewCDCSource(pool)
+	l, ok, err := st.AcquireLease(ctx, "s", "relay-a", time.Minute)
 	if err != nil || !ok {
 		t.Fatalf("acquire: %v %v", ok, err)
 	}
@@ -153,14 +154,14 @@ func TestMarkRelayedCDCReportsInvisibleRows(t *testing.T) {
 	if err := pool.QueryRow(ctx, `SELECT id FROM outbox WHERE event_id = $1`, visible[0].EventID).Scan(&visibleID); err != nil {
 		t.Fatal(err)
 	}
-	marked, invisible, fenced, err := st.MarkRelayedCDC(ctx, []int64{visibleID, openID}, l)
+	marked, invisible, fenced, err := st.MarkRelayed(ctx, []int64{visibleID, openID}, l)
 	if err != nil || fenced || marked != 1 || len(invisible) != 1 || invisible[0] != openID {
 		t.Fatalf("mark with one row invisible: marked %d invisible %v fenced %v err %v; want 1, [%d]", marked, invisible, fenced, err, openID)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	marked, invisible, _, err = st.MarkRelayedCDC(ctx, []int64{visibleID, openID}, l)
+	marked, invisible, _, err = st.MarkRelayed(ctx, []int64{visibleID, openID}, l)
 	if err != nil || marked != 1 || len(invisible) != 0 {
 		t.Fatalf("after commit: marked %d invisible %v err %v; want 1 marked (the other already was), none invisible", marked, invisible, err)
 	}
@@ -168,7 +169,7 @@ func TestMarkRelayedCDCReportsInvisibleRows(t *testing.T) {
 	if _, err := pool.Exec(ctx, `UPDATE relay_cdc_leases SET expires_at = now() - interval '1s'`); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok, err := st.AcquireCDCLease(ctx, "s", "relay-b", time.Minute); err != nil || !ok {
+	if _, ok, err := st.AcquireLease(ctx, "s", "relay-b", time.Minute); err != nil || !ok {
 		t.Fatalf("takeover: %v %v", ok, err)
 	}
 	more := bridgetest.MustPost(t, pool, "acc-3")
@@ -176,7 +177,7 @@ func TestMarkRelayedCDCReportsInvisibleRows(t *testing.T) {
 	if err := pool.QueryRow(ctx, `SELECT id FROM outbox WHERE event_id = $1`, more[0].EventID).Scan(&moreID); err != nil {
 		t.Fatal(err)
 	}
-	if marked, _, fenced, err := st.MarkRelayedCDC(ctx, []int64{moreID}, l); err != nil || !fenced || marked != 0 {
+	if marked, _, fenced, err := st.MarkRelayed(ctx, []int64{moreID}, l); err != nil || !fenced || marked != 0 {
 		t.Fatalf("stale grant: marked %d fenced %v err %v; want fenced", marked, fenced, err)
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/posthorn/posthorn/api"
 	"github.com/posthorn/posthorn/core"
 )
 
@@ -126,13 +127,6 @@ func NewLedgerStore(pool *pgxpool.Pool, cfg LedgerConfig) *LedgerStore {
 	return s
 }
 
-// ErrIdempotencyConflict is returned when an Idempotency-Key was already
-// used for a different request.
-var ErrIdempotencyConflict = errors.New("idempotency key was used for a different request")
-
-// ErrNotFound is returned by the readers for an unknown journal or account.
-var ErrNotFound = errors.New("not found")
-
 // errKeyTaken means the final insert found the idempotency key taken: the
 // transaction is rolled back and the stored response decides the answer.
 var errKeyTaken = errors.New("idempotency key taken")
@@ -202,7 +196,7 @@ func (s *LedgerStore) lookupKey(ctx context.Context, key string, hash [32]byte) 
 		return core.PostingResult{}, false, fmt.Errorf("read idempotency key: %w", err)
 	}
 	if string(storedHash) != string(hash[:]) {
-		return core.PostingResult{}, false, ErrIdempotencyConflict
+		return core.PostingResult{}, false, core.ErrIdempotencyConflict
 	}
 	var res core.PostingResult
 	if err := json.Unmarshal(response, &res); err != nil {
@@ -603,44 +597,17 @@ func accountsOf(p core.Posting) []string {
 	return out
 }
 
-// CommittedLine is one line of a committed posting with the event it wrote.
-type CommittedLine struct {
-	Account   string         `json:"account"`
-	Direction core.Direction `json:"direction"`
-	Amount    string         `json:"amount"`
-	Currency  string         `json:"currency"`
-	Revision  int64          `json:"revision"`
-	EventID   string         `json:"event_id,omitempty"`
-}
-
-// CommittedCommand is one command a committed posting wrote.
-type CommittedCommand struct {
-	EventID string          `json:"event_id"`
-	Type    string          `json:"type"`
-	Payload json.RawMessage `json:"payload"`
-}
-
-// CommittedPosting is a posting as the ledger holds it.
-type CommittedPosting struct {
-	JournalID string             `json:"journal_id"`
-	Sequence  int64              `json:"sequence"`
-	PostedAt  time.Time          `json:"posted_at"`
-	Entries   []CommittedLine    `json:"entries"`
-	Metadata  map[string]string  `json:"metadata"`
-	Commands  []CommittedCommand `json:"commands"`
-}
-
 // Posting reads a committed posting, or ErrNotFound. journalID must be a
 // UUID (the API checks it). The three reads run in one repeatable-read,
 // read-only transaction so they see the same commit state.
-func (s *LedgerStore) Posting(ctx context.Context, journalID string) (CommittedPosting, error) {
-	var out CommittedPosting
+func (s *LedgerStore) Posting(ctx context.Context, journalID string) (core.CommittedPosting, error) {
+	var out core.CommittedPosting
 	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
 		var md []byte
 		err := tx.QueryRow(ctx, `SELECT id::text, sequence, posted_at, metadata FROM journals WHERE id = $1::text::uuid`, journalID).
 			Scan(&out.JournalID, &out.Sequence, &out.PostedAt, &md)
 		if errors.Is(err, pgx.ErrNoRows) {
-			return ErrNotFound
+			return core.ErrNotFound
 		}
 		if err != nil {
 			return err
@@ -653,8 +620,8 @@ func (s *LedgerStore) Posting(ctx context.Context, journalID string) (CommittedP
 		if err != nil {
 			return err
 		}
-		out.Entries, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (CommittedLine, error) {
-			var l CommittedLine
+		out.Entries, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (core.CommittedLine, error) {
+			var l core.CommittedLine
 			var amount int64
 			err := r.Scan(&l.Account, &l.Direction, &amount, &l.Currency, &l.Revision)
 			l.Amount = strconv.FormatInt(amount, 10)
@@ -676,7 +643,7 @@ ORDER BY 5`, journalID, out.JournalID)
 			return err
 		}
 		eventOf := make(map[string]string) // account/revision → event ID
-		out.Commands = []CommittedCommand{}
+		out.Commands = []core.CommittedCommand{}
 		for rows.Next() {
 			var id, kind, typ, agg string
 			var rev int64
@@ -686,7 +653,7 @@ ORDER BY 5`, journalID, out.JournalID)
 				return err
 			}
 			if core.Kind(kind) == core.KindCommand {
-				out.Commands = append(out.Commands, CommittedCommand{EventID: id, Type: typ, Payload: payload})
+				out.Commands = append(out.Commands, core.CommittedCommand{EventID: id, Type: typ, Payload: payload})
 			} else {
 				eventOf[agg+"\x00"+strconv.FormatInt(rev, 10)] = id
 			}
@@ -699,36 +666,28 @@ ORDER BY 5`, journalID, out.JournalID)
 		}
 		return nil
 	})
-	if err != nil && !errors.Is(err, ErrNotFound) {
-		return CommittedPosting{}, fmt.Errorf("read posting: %w", err)
+	if err != nil && !errors.Is(err, core.ErrNotFound) {
+		return core.CommittedPosting{}, fmt.Errorf("read posting: %w", err)
 	}
 	return out, err
 }
 
-// Account is an account's state: per-currency balances in minor units
-// (credit positive, debit negative) and its revision.
-type Account struct {
-	ID       string           `json:"account"`
-	Balances map[string]int64 `json:"-"`
-	Revision int64            `json:"revision"`
-}
-
 // Account reads an account in one statement (so balances and revision are
 // of the same commit), or ErrNotFound.
-func (s *LedgerStore) Account(ctx context.Context, id string) (Account, error) {
+func (s *LedgerStore) Account(ctx context.Context, id string) (core.Account, error) {
 	rows, err := s.pool.Query(ctx, `SELECT a.revision, b.currency, b.balance FROM accounts a
 LEFT JOIN account_balances b ON b.account_id = a.id WHERE a.id = $1`, id)
 	if err != nil {
-		return Account{}, fmt.Errorf("read account: %w", err)
+		return core.Account{}, fmt.Errorf("read account: %w", err)
 	}
 	defer rows.Close()
-	acc := Account{ID: id, Balances: map[string]int64{}}
+	acc := core.Account{ID: id, Balances: map[string]int64{}}
 	found := false
 	for rows.Next() {
 		var cur *string
 		var bal *int64
 		if err := rows.Scan(&acc.Revision, &cur, &bal); err != nil {
-			return Account{}, fmt.Errorf("read account: %w", err)
+			return core.Account{}, fmt.Errorf("read account: %w", err)
 		}
 		found = true
 		if cur != nil && bal != nil {
@@ -736,13 +695,15 @@ LEFT JOIN account_balances b ON b.account_id = a.id WHERE a.id = $1`, id)
 		}
 	}
 	if err := rows.Err(); err != nil {
-		return Account{}, fmt.Errorf("read account: %w", err)
+		return core.Account{}, fmt.Errorf("read account: %w", err)
 	}
 	if !found {
-		return Account{}, ErrNotFound
+		return core.Account{}, core.ErrNotFound
 	}
 	return acc, nil
 }
 
 // Ping reports whether the database answers (the API's /readyz).
 func (s *LedgerStore) Ping(ctx context.Context) error { return s.pool.Ping(ctx) }
+
+var _ api.Store = (*LedgerStore)(nil)

@@ -117,10 +117,10 @@ func TestPostWritesJournalLinesRevisionsAndOutboxTogether(t *testing.T) {
 			t.Errorf("Account(%s) = %+v, %v; want revision 1, EUR %d", acc, a, err, want)
 		}
 	}
-	if _, err := store.Account(ctx, "nobody"); !errors.Is(err, postgres.ErrNotFound) {
+	if _, err := store.Account(ctx, "nobody"); !errors.Is(err, core.ErrNotFound) {
 		t.Errorf("Account(nobody) err = %v, want ErrNotFound", err)
 	}
-	if _, err := store.Posting(ctx, "01900000-0000-7000-8000-000000000000"); !errors.Is(err, postgres.ErrNotFound) {
+	if _, err := store.Posting(ctx, "01900000-0000-7000-8000-000000000000"); !errors.Is(err, core.ErrNotFound) {
 		t.Errorf("Posting(unknown) err = %v, want ErrNotFound", err)
 	}
 }
@@ -338,7 +338,7 @@ func TestIdempotentPost(t *testing.T) {
 	if fmt.Sprint(first) != fmt.Sprint(again) {
 		t.Fatalf("replay differs:\n%+v\n%+v", first, again)
 	}
-	if _, _, err := store.Post(ctx, "k", transfer("a", "b", 8, "EUR")); !errors.Is(err, postgres.ErrIdempotencyConflict) {
+	if _, _, err := store.Post(ctx, "k", transfer("a", "b", 8, "EUR")); !errors.Is(err, core.ErrIdempotencyConflict) {
 		t.Fatalf("other request under the same key: err = %v, want ErrIdempotencyConflict", err)
 	}
 	var journals int

@@ -132,14 +132,14 @@ func TestRolesRelayReadsOutboxButNotJournalLinesOrBalances(t *testing.T) {
 	for i, l := range leases {
 		shards[i] = l.Shard
 	}
-	rows, err := s.ReadBatch(ctx, shards, 100, postgres.OrderByID)
+	rows, err := s.ReadBatch(ctx, shards, 100, core.OrderByID)
 	if err != nil || len(rows) != 3 {
 		t.Fatalf("read batch: %d rows, %v", len(rows), err)
 	}
-	if marked, _, err := s.MarkRelayed(ctx, []postgres.RowRef{rows[0].RowRef, rows[1].RowRef}, leases); err != nil || marked != 2 {
+	if marked, _, err := s.MarkRelayed(ctx, []core.RowRef{rows[0].RowRef, rows[1].RowRef}, leases); err != nil || marked != 2 {
 		t.Fatalf("mark: %d %v", marked, err)
 	}
-	if _, err := s.Park(ctx, postgres.ParkedAggregate{AggregateType: "account", AggregateID: "acc-x", EventID: rows[2].Envelope.EventID, Reason: "test"}); err != nil {
+	if _, err := s.Park(ctx, core.ParkedAggregate{AggregateType: "account", AggregateID: "acc-x", EventID: rows[2].Envelope.EventID, Reason: "test"}); err != nil {
 		t.Fatalf("park: %v", err)
 	}
 	if err := s.Release(ctx, "account", "acc-x"); err != nil {

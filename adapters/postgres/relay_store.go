@@ -2,8 +2,6 @@ package postgres
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"time"
 
@@ -11,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/core"
 )
 
@@ -35,37 +34,6 @@ func NewRelayStore(pool *pgxpool.Pool) *RelayStore { return &RelayStore{pool: po
 
 // Pool returns the store's pool (for LISTEN connections).
 func (s *RelayStore) Pool() *pgxpool.Pool { return s.pool }
-
-// RowRef names an outbox row and its shard: what a marker needs to find
-// the row's entry in the work queue outbox_pending.
-type RowRef struct {
-	ID    int64
-	Shard int
-}
-
-// OutboxRow is one unrelayed outbox row.
-type OutboxRow struct {
-	RowRef
-	Envelope core.Envelope
-}
-
-// ReadOrder selects the order unrelayed rows are read in.
-type ReadOrder int
-
-const (
-	// OrderByID is the only correct order: per aggregate, outbox id order is
-	// revision order because each row is inserted under its aggregate's row
-	// lock.
-	OrderByID ReadOrder = iota
-	// OrderByXIDUnsafe orders by the writing transaction's ID. It exists only
-	// as the negative control of the ordering tests: a transaction that took
-	// its ID early and waited for a row lock commits a later revision with a
-	// smaller ID, so this order can send revision r+1 before r.
-	OrderByXIDUnsafe
-)
-
-const readColumns = `o.id, o.shard, o.event_id::text, o.kind, o.type, o.topic, o.aggregate_type,
-       o.aggregate_id, o.revision, o.journal_id::text, o.headers, o.payload, o.occurred_at`
 
 // readByID is one round trip over every owned shard; each lateral subquery is
 // a range scan of the work queue outbox_pending (shard, id), each row probed
@@ -121,21 +89,21 @@ const readSettings = `SELECT set_config('enable_sort', 'off', true), set_config(
 
 // ReadBatch returns up to perShard unrelayed rows of each shard in shards,
 // skipping parked aggregates, in order.
-func (s *RelayStore) ReadBatch(ctx context.Context, shards []int, perShard int, order ReadOrder) ([]OutboxRow, error) {
+func (s *RelayStore) ReadBatch(ctx context.Context, shards []int, perShard int, order core.ReadOrder) ([]core.OutboxRow, error) {
 	return s.ReadBatchSkipping(ctx, shards, perShard, nil, order)
 }
 
 // ReadBatchSkipping is ReadBatch that also skips the rows whose ids are in
 // skip (a published batch whose marker is still being written).
-func (s *RelayStore) ReadBatchSkipping(ctx context.Context, shards []int, perShard int, skip []int64, order ReadOrder) ([]OutboxRow, error) {
+func (s *RelayStore) ReadBatchSkipping(ctx context.Context, shards []int, perShard int, skip []int64, order core.ReadOrder) ([]core.OutboxRow, error) {
 	q := readByID
-	if order == OrderByXIDUnsafe {
+	if order == core.OrderByXIDUnsafe {
 		q = readByXID
 	}
 	if skip == nil {
 		skip = []int64{}
 	}
-	var out []OutboxRow
+	var out []core.OutboxRow
 	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
 		// enable_sort off: see readByID. enable_seqscan off: with statistics
 		// from a nearly empty table (a busy start; autovacuum may not analyze
@@ -159,43 +127,21 @@ func (s *RelayStore) ReadBatchSkipping(ctx context.Context, shards []int, perSha
 	return out, nil
 }
 
-func scanOutboxRows(rows pgx.Rows) ([]OutboxRow, error) {
+func scanOutboxRows(rows pgx.Rows) ([]core.OutboxRow, error) {
 	defer rows.Close()
-	var out []OutboxRow
+	var out []core.OutboxRow
 	for rows.Next() {
-		var (
-			r         OutboxRow
-			e         = &r.Envelope
-			kind      string
-			journalID pgtype.Text
-			headers   []byte
-		)
-		if err := rows.Scan(&r.ID, &r.Shard, &e.EventID, &kind, &e.Type, &e.Topic, &e.AggregateType,
-			&e.AggregateID, &e.Revision, &journalID, &headers, &e.Payload, &e.OccurredAt); err != nil {
+		var r outboxScan
+		if err := rows.Scan(r.dest()...); err != nil {
 			return nil, err
 		}
-		e.Kind = core.Kind(kind)
-		e.JournalID = journalID.String
-		if len(headers) > 0 && string(headers) != "{}" {
-			if err := json.Unmarshal(headers, &e.Headers); err != nil {
-				return nil, fmt.Errorf("outbox row %d: headers: %w", r.ID, err)
-			}
+		row, err := r.decode()
+		if err != nil {
+			return nil, err
 		}
-		if e.Headers != nil && e.Headers[core.HeaderReplay] == "true" {
-			e.Replay = true
-		}
-		out = append(out, r)
+		out = append(out, row)
 	}
 	return out, rows.Err()
-}
-
-// Lease is a held shard lease. Token is the fencing token of this grant.
-type Lease struct {
-	Shard int
-	Token int64
-	// PreviousOwner is set on acquisition when the lease was taken over
-	// from another relay whose lease had expired.
-	PreviousOwner string
 }
 
 // Heartbeat records owner as live and returns how many relays are live
@@ -217,7 +163,7 @@ SELECT count(*) + 1 FROM relay_members WHERE owner <> $1 AND seen_at > now() - $
 
 // RenewLeases extends the leases of held that owner still holds with the
 // same token and returns those; a lease missing from the result was lost.
-func (s *RelayStore) RenewLeases(ctx context.Context, owner string, held []Lease, ttl time.Duration) ([]Lease, error) {
+func (s *RelayStore) RenewLeases(ctx context.Context, owner string, held []core.Lease, ttl time.Duration) ([]core.Lease, error) {
 	if len(held) == 0 {
 		return nil, nil
 	}
@@ -230,8 +176,8 @@ RETURNING l.shard, l.token`, owner, shards, tokens, ttl)
 	if err != nil {
 		return nil, fmt.Errorf("renew leases: %w", err)
 	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Lease, error) {
-		var l Lease
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (core.Lease, error) {
+		var l core.Lease
 		err := r.Scan(&l.Shard, &l.Token)
 		return l, err
 	})
@@ -241,7 +187,7 @@ RETURNING l.shard, l.token`, owner, shards, tokens, ttl)
 // free, expired, or held by owner itself under an older grant (a restarted
 // process), each with a new fencing token. Contended rows are skipped,
 // never waited for.
-func (s *RelayStore) AcquireLeases(ctx context.Context, owner string, n int, held []int, ttl time.Duration) ([]Lease, error) {
+func (s *RelayStore) AcquireLeases(ctx context.Context, owner string, n int, held []int, ttl time.Duration) ([]core.Lease, error) {
 	if n <= 0 {
 		return nil, nil
 	}
@@ -260,8 +206,8 @@ RETURNING l.shard, l.token, coalesce(pick.prev, '')`, owner, n, ttl, toInt32(hel
 	if err != nil {
 		return nil, fmt.Errorf("acquire leases: %w", err)
 	}
-	leases, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Lease, error) {
-		var l Lease
+	leases, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (core.Lease, error) {
+		var l core.Lease
 		err := r.Scan(&l.Shard, &l.Token, &l.PreviousOwner)
 		if l.PreviousOwner == owner {
 			l.PreviousOwner = ""
@@ -276,7 +222,7 @@ RETURNING l.shard, l.token, coalesce(pick.prev, '')`, owner, n, ttl, toInt32(hel
 
 // ReleaseLeases frees the given leases if owner still holds them under the
 // same tokens, so another relay can take them at once.
-func (s *RelayStore) ReleaseLeases(ctx context.Context, owner string, held []Lease) error {
+func (s *RelayStore) ReleaseLeases(ctx context.Context, owner string, held []core.Lease) error {
 	if len(held) == 0 {
 		return nil
 	}
@@ -304,7 +250,7 @@ func (s *RelayStore) Leave(ctx context.Context, owner string) error {
 // share-locked for the statement, so a concurrent takeover either waits for
 // the marker or the marker sees the new token. It returns how many rows
 // were marked and how many were refused.
-func (s *RelayStore) MarkRelayed(ctx context.Context, refs []RowRef, held []Lease) (marked, refused int, err error) {
+func (s *RelayStore) MarkRelayed(ctx context.Context, refs []core.RowRef, held []core.Lease) (marked, refused int, err error) {
 	if len(refs) == 0 {
 		return 0, 0, nil
 	}
@@ -340,7 +286,7 @@ func toInt32(xs []int) []int32 {
 	return out
 }
 
-func leaseArrays(held []Lease) ([]int32, []int64) {
+func leaseArrays(held []core.Lease) ([]int32, []int64) {
 	shards := make([]int32, len(held))
 	tokens := make([]int64, len(held))
 	for i, l := range held {
@@ -349,19 +295,8 @@ func leaseArrays(held []Lease) ([]int32, []int64) {
 	return shards, tokens
 }
 
-// ParkedAggregate is an aggregate the relay stopped reading because the sink
-// rejected one of its records for good.
-type ParkedAggregate struct {
-	AggregateType string    `json:"aggregate_type"`
-	AggregateID   string    `json:"aggregate_id"`
-	EventID       string    `json:"event_id"`
-	Reason        string    `json:"reason"`
-	ParkedAt      time.Time `json:"parked_at"`
-}
-
-// Park records an aggregate as parked; parking a parked aggregate keeps the
 // first reason. It reports whether the aggregate was newly parked.
-func (s *RelayStore) Park(ctx context.Context, p ParkedAggregate) (bool, error) {
+func (s *RelayStore) Park(ctx context.Context, p core.ParkedAggregate) (bool, error) {
 	tag, err := s.pool.Exec(ctx, `
 INSERT INTO relay_parked (aggregate_type, aggregate_id, event_id, reason)
 VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING`, p.AggregateType, p.AggregateID, p.EventID, p.Reason)
@@ -370,9 +305,6 @@ VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING`, p.AggregateType, p.AggregateID,
 	}
 	return tag.RowsAffected() == 1, nil
 }
-
-// ErrNotParked is returned by Release for an aggregate that is not parked.
-var ErrNotParked = errors.New("aggregate is not parked")
 
 // Release lets the relay read a parked aggregate again, starting with the
 // record that was rejected.
@@ -383,34 +315,16 @@ func (s *RelayStore) Release(ctx context.Context, aggregateType, aggregateID str
 		return fmt.Errorf("release %s %s: %w", aggregateType, aggregateID, err)
 	}
 	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("%s %s: %w", aggregateType, aggregateID, ErrNotParked)
+		return fmt.Errorf("%s %s: %w", aggregateType, aggregateID, core.ErrNotParked)
 	}
 	return nil
 }
 
-// ShardLease is one row of relay_leases as shown by status.
-type ShardLease struct {
-	Shard     int        `json:"shard"`
-	Owner     string     `json:"owner,omitempty"`
-	ExpiresAt *time.Time `json:"expires_at,omitempty"`
-	Backlog   int64      `json:"backlog"`
-}
-
-// OutboxStatus is what `posthorn outbox status` shows and the relay's gauges
-// report. Fields are added, never renamed (scripts read the JSON).
-type OutboxStatus struct {
-	Backlog            int64             `json:"backlog"`
-	OldestUnrelayedAge float64           `json:"oldest_unrelayed_age_seconds"`
-	Shards             []ShardLease      `json:"shards"`
-	Parked             []ParkedAggregate `json:"parked"`
-}
-
-// Status reads the backlog per shard (the work queue, each row probed in the
 // outbox for its age: fenced like readByID, since a hash join would scan
 // the whole retained outbox on every refresh), the age of the oldest
 // unrelayed row, the leases and the parked aggregates.
-func (s *RelayStore) Status(ctx context.Context) (OutboxStatus, error) {
-	var st OutboxStatus
+func (s *RelayStore) Status(ctx context.Context) (core.OutboxStatus, error) {
+	var st core.OutboxStatus
 	rows, err := s.pool.Query(ctx, `
 SELECT l.shard, coalesce(l.owner, ''), CASE WHEN l.owner IS NULL THEN NULL ELSE l.expires_at END,
        coalesce(b.n, 0), extract(epoch FROM now() - b.oldest)::float8
@@ -425,7 +339,7 @@ ORDER BY l.shard`)
 	}
 	for rows.Next() {
 		var (
-			sl  ShardLease
+			sl  core.ShardLease
 			age pgtype.Float8
 		)
 		if err := rows.Scan(&sl.Shard, &sl.Owner, &sl.ExpiresAt, &sl.Backlog, &age); err != nil {
@@ -447,18 +361,18 @@ ORDER BY l.shard`)
 }
 
 // Parked lists the parked aggregates, oldest first.
-func (s *RelayStore) Parked(ctx context.Context) ([]ParkedAggregate, error) {
+func (s *RelayStore) Parked(ctx context.Context) ([]core.ParkedAggregate, error) {
 	rows, err := s.pool.Query(ctx, `
 SELECT aggregate_type, aggregate_id, event_id::text, reason, parked_at FROM relay_parked ORDER BY parked_at, aggregate_id`)
 	if err != nil {
 		return nil, fmt.Errorf("parked aggregates: %w", err)
 	}
-	parked, err := pgx.CollectRows(rows, pgx.RowToStructByPos[ParkedAggregate])
+	parked, err := pgx.CollectRows(rows, pgx.RowToStructByPos[core.ParkedAggregate])
 	if err != nil {
 		return nil, fmt.Errorf("parked aggregates: %w", err)
 	}
 	if parked == nil {
-		parked = []ParkedAggregate{}
+		parked = []core.ParkedAggregate{}
 	}
 	return parked, nil
 }
@@ -483,3 +397,28 @@ WHERE datname = current_database() AND backend_xid IS NOT NULL
 	}
 	return time.Duration(secs * float64(time.Second)), nil
 }
+
+// Listen waits for outbox notifications (NotifyChannel) on a connection of
+// its own, calling notify once when it listens and once per notification,
+// until ctx ends or the connection fails.
+func (s *RelayStore) Listen(ctx context.Context, notify func()) error {
+	pc, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	// The connection leaves the pool: a cancelled wait may leave it unusable.
+	conn := pc.Hijack()
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := conn.Exec(ctx, "LISTEN "+NotifyChannel); err != nil {
+		return err
+	}
+	notify()
+	for {
+		if _, err := conn.WaitForNotification(ctx); err != nil {
+			return err
+		}
+		notify()
+	}
+}
+
+var _ bridge.Store = (*RelayStore)(nil)

@@ -16,7 +16,7 @@ import (
 
 // insertRelayRow writes one outbox row for account after its row lock, as
 // the write path does, and returns its id.
-func insertRelayRow(t *testing.T, tx pgx.Tx, account string) postgres.RowRef {
+func insertRelayRow(t *testing.T, tx pgx.Tx, account string) core.RowRef {
 	t.Helper()
 	ctx := context.Background()
 	var rev int64
@@ -33,12 +33,12 @@ VALUES (gen_random_uuid(), 'event', $1, $2, 'account', $3, $4, $5, '{}', now(), 
 		core.TypeAccountPosted, core.TopicEvents, account, rev, core.ShardOf(account)).Scan(&id); err != nil {
 		t.Fatal(err)
 	}
-	return postgres.RowRef{ID: id, Shard: core.ShardOf(account)}
+	return core.RowRef{ID: id, Shard: core.ShardOf(account)}
 }
 
-func commitRows(t *testing.T, s *postgres.RelayStore, accounts ...string) []postgres.RowRef {
+func commitRows(t *testing.T, s *postgres.RelayStore, accounts ...string) []core.RowRef {
 	t.Helper()
-	var ids []postgres.RowRef
+	var ids []core.RowRef
 	err := pgx.BeginFunc(context.Background(), s.Pool(), func(tx pgx.Tx) error {
 		for _, a := range accounts {
 			ids = append(ids, insertRelayRow(t, tx, a))
@@ -65,7 +65,7 @@ func TestRelayStoreReadsUnrelayedInOrderAndSkipsParked(t *testing.T) {
 	s := postgres.NewRelayStore(pool)
 	ctx := context.Background()
 	ids := commitRows(t, s, "acc-a", "acc-b", "acc-a", "acc-c")
-	rows, err := s.ReadBatch(ctx, allShards(), 10, postgres.OrderByID)
+	rows, err := s.ReadBatch(ctx, allShards(), 10, core.OrderByID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,14 +84,14 @@ func TestRelayStoreReadsUnrelayedInOrderAndSkipsParked(t *testing.T) {
 		t.Fatalf("acc-a's second row has revision %d", rows[2].Envelope.Revision)
 	}
 	// Per-shard limit, and the skip list.
-	rows, err = s.ReadBatchSkipping(ctx, []int{core.ShardOf("acc-a")}, 1, []int64{ids[0].ID}, postgres.OrderByID)
+	rows, err = s.ReadBatchSkipping(ctx, []int{core.ShardOf("acc-a")}, 1, []int64{ids[0].ID}, core.OrderByID)
 	if err != nil || len(rows) != 1 || rows[0].ID != ids[2].ID {
 		t.Fatalf("skipping the first row of acc-a: %v %+v", err, rows)
 	}
-	if _, err := s.Park(ctx, postgres.ParkedAggregate{AggregateType: "account", AggregateID: "acc-a", EventID: rows[0].Envelope.EventID, Reason: "test"}); err != nil {
+	if _, err := s.Park(ctx, core.ParkedAggregate{AggregateType: "account", AggregateID: "acc-a", EventID: rows[0].Envelope.EventID, Reason: "test"}); err != nil {
 		t.Fatal(err)
 	}
-	rows, err = s.ReadBatch(ctx, allShards(), 10, postgres.OrderByID)
+	rows, err = s.ReadBatch(ctx, allShards(), 10, core.OrderByID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,7 +110,7 @@ func TestRelayStoreReadsUnrelayedInOrderAndSkipsParked(t *testing.T) {
 	if err := s.Release(ctx, "account", "acc-a"); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Release(ctx, "account", "acc-a"); !errors.Is(err, postgres.ErrNotParked) {
+	if err := s.Release(ctx, "account", "acc-a"); !errors.Is(err, core.ErrNotParked) {
 		t.Fatalf("second release: %v", err)
 	}
 }

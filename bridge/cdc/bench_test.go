@@ -170,7 +170,7 @@ func benchMode(b *testing.B, c *pgcluster.Cluster, mode string) modeResult {
 		if os.Getenv("POSTHORN_BENCH_LOG") != "" {
 			out = io.MultiWriter(logs, os.Stderr)
 		}
-		r, err := cdc.New(store, sink, cdc.Config{Owner: "bench", SinkName: "memory", Slot: randName("bench_"),
+		r, err := cdc.New(store, postgres.NewCDCSource(relayPool), sink, cdc.Config{Owner: "bench", SinkName: "memory", Slot: randName("bench_"),
 			Logger: slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: slog.LevelInfo}))})
 		if err != nil {
 			b.Fatal(err)

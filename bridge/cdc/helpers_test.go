@@ -139,6 +139,7 @@ type fixture struct {
 	cluster *pgcluster.Cluster
 	pool    *pgxpool.Pool
 	store   *postgres.RelayStore
+	source  *postgres.CDCSource
 	sink    *memory.Sink
 	slot    string
 	logs    *logBuffer
@@ -152,7 +153,7 @@ func newFixture(t *testing.T, c *pgcluster.Cluster) *fixture {
 	pool := ledgerDB(t, c)
 	s := memory.New(memory.Config{})
 	t.Cleanup(func() { _ = s.Close() })
-	f := &fixture{t: t, cluster: c, pool: pool, store: postgres.NewRelayStore(pool), sink: s,
+	f := &fixture{t: t, cluster: c, pool: pool, store: postgres.NewRelayStore(pool), source: postgres.NewCDCSource(pool), sink: s,
 		slot: randName("slot_"), logs: &logBuffer{}}
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -187,7 +188,7 @@ func (f *fixture) start(owner string, mod func(*cdc.Config)) relayHandle {
 	if mod != nil {
 		mod(&cfg)
 	}
-	r, err := cdc.New(f.store, f.sink, cfg)
+	r, err := cdc.New(f.store, f.source, f.sink, cfg)
 	if err != nil {
 		f.t.Fatal(err)
 	}

@@ -2,8 +2,6 @@ package cdc
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/posthorn/posthorn/adapters/postgres"
 )
 
 // walStatuses are the values of pg_replication_slots.wal_status, plus
@@ -96,7 +94,7 @@ func newMetrics(reg prometheus.Registerer, slot string) (*metrics, error) {
 	return m, nil
 }
 
-func (m *metrics) setSlot(st postgres.SlotStatus) {
+func (m *metrics) setSlot(st SlotStatus) {
 	cur := "missing"
 	if st.Exists {
 		cur = st.WALStatus

@@ -9,9 +9,7 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/core"
 )
@@ -29,9 +27,8 @@ var (
 // package documentation for its invariants.
 type Relay struct {
 	cfg   Config
-	pool  *pgxpool.Pool // its settings open the replication connection
-	store *postgres.CDCStore
-	outbx *postgres.RelayStore
+	store Source
+	outbx OutboxStore
 	sink  core.Sink
 	bm    *bridge.Metrics
 	m     *metrics
@@ -43,24 +40,22 @@ type Relay struct {
 	lagNanos atomic.Int64 // commit time (unix ns) of the oldest unconfirmed transaction; 0 none
 
 	// Owned by the loop goroutine.
-	lease        *postgres.CDCLease
+	lease        *Lease
 	deadline     time.Time // lease expiry as this relay knows it
 	nextMaintain time.Time
 	retry        *backoff.ExponentialBackOff
 	stuck        *bridge.StuckTracker
-	parked       map[aggKey]bool
-	filterUntil  postgres.LSN // streamed rows committed up to here may already be marked
-	stream       *postgres.CDCStream
-	confirmed    postgres.LSN
+	parked       map[core.AggregateKey]bool
+	filterUntil  LSN // streamed rows committed up to here may already be marked
+	stream       Stream
+	confirmed    LSN
 	lastStatus   time.Time
 }
 
-type aggKey struct{ typ, id string }
-
-// New returns a CDC relay over the ledger database of relayStore that
-// publishes to sink. It does not start it and does not contact the server;
-// Check does.
-func New(relayStore *postgres.RelayStore, sink core.Sink, cfg Config) (*Relay, error) {
+// New returns a CDC relay that streams the outbox from source, reads and
+// parks through outbox, and publishes to sink. It does not start it and
+// does not contact the server; Check does.
+func New(outbox OutboxStore, source Source, sink core.Sink, cfg Config) (*Relay, error) {
 	cfg.setDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -79,9 +74,8 @@ func New(relayStore *postgres.RelayStore, sink core.Sink, cfg Config) (*Relay, e
 	bo.RandomizationFactor = 0.5
 	r := &Relay{
 		cfg:   cfg,
-		pool:  relayStore.Pool(),
-		store: postgres.NewCDCStore(relayStore.Pool()),
-		outbx: relayStore,
+		store: source,
+		outbx: outbox,
 		sink:  sink,
 		bm:    bm,
 		m:     m,
@@ -95,7 +89,7 @@ func New(relayStore *postgres.RelayStore, sink core.Sink, cfg Config) (*Relay, e
 	return r, nil
 }
 
-// Check reports, wrapped in postgres.ErrCDCNotAvailable, why the server
+// Check reports, wrapped in ErrNotAvailable, why the server
 // cannot serve this relay (wal_level not logical, role without
 // REPLICATION). `posthorn relay` calls it before Start.
 func (r *Relay) Check(ctx context.Context) error { return r.store.CheckServer(ctx) }
@@ -177,7 +171,7 @@ func (r *Relay) run(ctx context.Context) {
 	if r.lease != nil {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
-		if err := r.store.ReleaseCDCLease(rctx, *r.lease, r.cfg.Owner); err != nil {
+		if err := r.store.ReleaseLease(rctx, *r.lease, r.cfg.Owner); err != nil {
 			r.log.Warn("release slot lease on stop", "err", err)
 		}
 	}
@@ -187,7 +181,7 @@ func (r *Relay) run(ctx context.Context) {
 
 func (r *Relay) acquire(ctx context.Context) bool {
 	sent := time.Now()
-	l, ok, err := r.store.AcquireCDCLease(ctx, r.cfg.Slot, r.cfg.Owner, r.cfg.LeaseTTL)
+	l, ok, err := r.store.AcquireLease(ctx, r.cfg.Slot, r.cfg.Owner, r.cfg.LeaseTTL)
 	if err != nil {
 		if ctx.Err() == nil {
 			r.log.Error("acquire slot lease", "err", err)
@@ -218,7 +212,7 @@ func (r *Relay) maintain(ctx context.Context) (released bool, err error) {
 		return false, nil
 	}
 	sent := time.Now()
-	ok, err := r.store.RenewCDCLease(ctx, *r.lease, r.cfg.Owner, r.cfg.LeaseTTL)
+	ok, err := r.store.RenewLease(ctx, *r.lease, r.cfg.Owner, r.cfg.LeaseTTL)
 	if err != nil {
 		r.setReady(err)
 		if time.Now().After(r.deadline) {
@@ -250,9 +244,9 @@ func (r *Relay) loadParked(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	r.parked = make(map[aggKey]bool, len(ps))
+	r.parked = make(map[core.AggregateKey]bool, len(ps))
 	for _, p := range ps {
-		r.parked[aggKey{p.AggregateType, p.AggregateID}] = true
+		r.parked[p.Key()] = true
 	}
 	return nil
 }
@@ -309,9 +303,9 @@ func (r *Relay) session(ctx context.Context) error {
 			return err
 		}
 	}
-	st, err := postgres.OpenStream(ctx, r.pool, r.cfg.Slot, r.cfg.Publication)
+	st, err := r.store.OpenStream(ctx, r.cfg.Slot, r.cfg.Publication)
 	if err != nil {
-		if postgres.IsSlotInUse(err) {
+		if errors.Is(err, ErrSlotInUse) {
 			// A stalled previous holder still streams: it lost the lease, end
 			// it (after checking that the lease is still this relay's).
 			r.nextMaintain = time.Time{}
@@ -425,7 +419,7 @@ func (r *Relay) catchUp(ctx context.Context) error {
 		if _, err := r.maintain(ctx); err != nil {
 			return err
 		}
-		rows, err := r.outbx.ReadBatch(ctx, shards, perShard, postgres.OrderByID)
+		rows, err := r.outbx.ReadBatchSkipping(ctx, shards, perShard, nil, core.OrderByID)
 		if err != nil {
 			return err
 		}
@@ -462,8 +456,8 @@ func (r *Relay) catchUp(ctx context.Context) error {
 
 // txn is a committed transaction received from the stream.
 type txn struct {
-	rows       []postgres.OutboxRow
-	end        postgres.LSN
+	rows       []core.OutboxRow
+	end        LSN
 	commitTime time.Time
 }
 
@@ -527,15 +521,15 @@ func (r *Relay) streamLoop(ctx context.Context) error {
 			return err
 		}
 		switch ev.Kind {
-		case postgres.EventBegin:
+		case EventBegin:
 			open = &txn{commitTime: ev.CommitTime}
 			lastActivity = time.Now()
-		case postgres.EventRow:
+		case EventRow:
 			if open == nil {
 				return errors.New("replication stream: row outside a transaction")
 			}
 			open.rows = append(open.rows, ev.Row)
-		case postgres.EventCommit:
+		case EventCommit:
 			if open == nil {
 				return errors.New("replication stream: commit outside a transaction")
 			}
@@ -558,13 +552,13 @@ func (r *Relay) streamLoop(ctx context.Context) error {
 				}
 			}
 			open = nil
-		case postgres.EventHeartbeat:
+		case EventHeartbeat:
 			if open == nil && len(pending) == 0 && r.heartbeatOn() {
 				if err := r.advance(ctx, ev.LSN); err != nil {
 					return err
 				}
 			}
-		case postgres.EventKeepalive:
+		case EventKeepalive:
 			// The server has sent every transaction that committed before
 			// ev.LSN; with nothing in flight, all of them are handled.
 			if open == nil && len(pending) == 0 && r.heartbeatOn() && ev.LSN > r.confirmed {
@@ -613,11 +607,11 @@ func earliest(a, b time.Time) time.Time {
 // then confirms the last one's end: the confirmed position never passes a
 // row that is not ACKed and marked (or parked).
 func (r *Relay) flush(ctx context.Context, pending []txn) error {
-	var rows []postgres.OutboxRow
+	var rows []core.OutboxRow
 	var check []int64
 	for _, t := range pending {
 		for _, row := range t.rows {
-			if r.parked[aggKey{row.Envelope.AggregateType, row.Envelope.AggregateID}] {
+			if r.parked[row.Envelope.Aggregate()] {
 				continue // held behind its parked record; sent on release
 			}
 			rows = append(rows, row)
@@ -660,7 +654,7 @@ func (r *Relay) flush(ctx context.Context, pending []txn) error {
 }
 
 // advance confirms lsn to the server if it moves the position forward.
-func (r *Relay) advance(ctx context.Context, lsn postgres.LSN) error {
+func (r *Relay) advance(ctx context.Context, lsn LSN) error {
 	if lsn <= r.confirmed {
 		return nil
 	}
@@ -682,7 +676,7 @@ func (r *Relay) sendStatus(ctx context.Context) error {
 // ACKed (fenced by the slot lease), parks what the sink rejected for good
 // and retries the rest with backoff until it is ACKed. It returns only
 // when every row is marked or parked, or with the reason it could not.
-func (r *Relay) deliver(ctx context.Context, rows []postgres.OutboxRow) error {
+func (r *Relay) deliver(ctx context.Context, rows []core.OutboxRow) error {
 	for len(rows) > 0 {
 		n := min(len(rows), r.cfg.BatchSize)
 		if err := r.deliverBatch(ctx, rows[:n]); err != nil {
@@ -693,7 +687,7 @@ func (r *Relay) deliver(ctx context.Context, rows []postgres.OutboxRow) error {
 	return nil
 }
 
-func (r *Relay) deliverBatch(ctx context.Context, rows []postgres.OutboxRow) error {
+func (r *Relay) deliverBatch(ctx context.Context, rows []core.OutboxRow) error {
 	for len(rows) > 0 {
 		if _, err := r.maintain(ctx); err != nil {
 			return err
@@ -744,7 +738,7 @@ func (r *Relay) deliverBatch(ctx context.Context, rows []postgres.OutboxRow) err
 			if perr != nil {
 				return perr
 			}
-			r.parked[aggKey{p.AggregateType, p.AggregateID}] = true
+			r.parked[p.Key()] = true
 			if isNew {
 				r.bm.NewlyParked()
 			}
@@ -753,13 +747,13 @@ func (r *Relay) deliverBatch(ctx context.Context, rows []postgres.OutboxRow) err
 		}
 		// A record that keeps failing retryably while the sink takes others
 		// parks its aggregate instead of holding the stream for ever.
-		stuckNow := map[aggKey]bool{}
+		stuckNow := map[core.AggregateKey]bool{}
 		for _, p := range r.stuck.Observe(batch, err, s) {
 			isNew, perr := r.outbx.Park(ctx, p)
 			if perr != nil {
 				return perr
 			}
-			k := aggKey{p.AggregateType, p.AggregateID}
+			k := p.Key()
 			r.parked[k], stuckNow[k] = true, true
 			if isNew {
 				r.bm.NewlyParked()
@@ -770,7 +764,7 @@ func (r *Relay) deliverBatch(ctx context.Context, rows []postgres.OutboxRow) err
 		if len(stuckNow) > 0 {
 			kept := s.Retry[:0:0]
 			for _, j := range s.Retry {
-				if !stuckNow[aggKey{batch[j].AggregateType, batch[j].AggregateID}] {
+				if !stuckNow[batch[j].Aggregate()] {
 					kept = append(kept, j)
 				}
 			}
@@ -789,7 +783,7 @@ func (r *Relay) deliverBatch(ctx context.Context, rows []postgres.OutboxRow) err
 		}
 		r.bm.Retried()
 		r.log.Warn("sink failed; retrying with backoff", "failed", len(s.Retry), "batch", len(batch), "err", s.Retryable)
-		next := make([]postgres.OutboxRow, len(s.Retry))
+		next := make([]core.OutboxRow, len(s.Retry))
 		for i, j := range s.Retry {
 			next[i] = rows[j]
 		}
@@ -815,7 +809,7 @@ func (r *Relay) deliverBatch(ctx context.Context, rows []postgres.OutboxRow) err
 func (r *Relay) mark(ctx context.Context, ids []int64) error {
 	wait := time.Millisecond
 	for len(ids) > 0 {
-		_, invisible, fenced, err := r.store.MarkRelayedCDC(ctx, ids, *r.lease)
+		_, invisible, fenced, err := r.store.MarkRelayed(ctx, ids, *r.lease)
 		if err != nil {
 			// The records are out; without a marker nothing is confirmed and
 			// they will be sent again with the same event IDs.

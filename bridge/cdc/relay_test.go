@@ -76,12 +76,12 @@ func TestDeliversEveryCommittedEventInOrderUnderLoad(t *testing.T) {
 func TestCheckNamesWalLevel(t *testing.T) {
 	t.Parallel()
 	_, pool := pgtest.Ledger(t)
-	r, err := cdc.New(postgres.NewRelayStore(pool), nil, cdc.Config{})
+	r, err := cdc.New(postgres.NewRelayStore(pool), postgres.NewCDCSource(pool), nil, cdc.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	err = r.Check(context.Background())
-	if !errors.Is(err, postgres.ErrCDCNotAvailable) || !strings.Contains(err.Error(), "wal_level") {
+	if !errors.Is(err, cdc.ErrNotAvailable) || !strings.Contains(err.Error(), "wal_level") {
 		t.Fatalf("Check on a wal_level=replica server: %v, want ErrCDCNotAvailable naming wal_level", err)
 	}
 }
@@ -101,16 +101,16 @@ func TestCheckNamesReplicationAttribute(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	r, err := cdc.New(postgres.NewRelayStore(pool), nil, cdc.Config{})
+	r, err := cdc.New(postgres.NewRelayStore(pool), postgres.NewCDCSource(pool), nil, cdc.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	err = r.Check(ctx)
-	if !errors.Is(err, postgres.ErrCDCNotAvailable) || !strings.Contains(err.Error(), "REPLICATION") {
+	if !errors.Is(err, cdc.ErrNotAvailable) || !strings.Contains(err.Error(), "REPLICATION") {
 		t.Fatalf("Check as a role without REPLICATION: %v, want ErrCDCNotAvailable naming REPLICATION", err)
 	}
 	// Control: the cluster's superuser passes.
-	r, err = cdc.New(f.store, nil, cdc.Config{})
+	r, err = cdc.New(f.store, f.source, nil, cdc.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +131,7 @@ func TestConfigValidation(t *testing.T) {
 		{cdc.Config{BatchSize: -1}, "BatchSize"},
 		{cdc.Config{StatusInterval: -time.Second}, "StatusInterval"},
 	} {
-		_, err := cdc.New(nil, nil, tc.cfg)
+		_, err := cdc.New(nil, nil, nil, tc.cfg)
 		if !errors.Is(err, cdc.ErrInvalidConfig) || !strings.Contains(err.Error(), tc.field) {
 			t.Errorf("%+v: %v, want ErrInvalidConfig naming %s", tc.cfg, err, tc.field)
 		}

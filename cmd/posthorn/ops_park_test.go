@@ -299,7 +299,7 @@ func TestOutboxReleaseParkedCommandJournal(t *testing.T) {
 	r := newOpsCLIRig(t)
 	store := postgres.NewRelayStore(r.ledger)
 	const journal = "0190c0de-0000-7000-8000-00000000c0de"
-	for _, p := range []postgres.ParkedAggregate{
+	for _, p := range []core.ParkedAggregate{
 		{AggregateType: core.AggregateJournal, AggregateID: journal, EventID: "0190c0de-0000-7000-8000-000000000001", Reason: "unroutable"},
 		{AggregateType: core.AggregateAccount, AggregateID: "acc-9", EventID: "0190c0de-0000-7000-8000-000000000002", Reason: "too large"},
 	} {

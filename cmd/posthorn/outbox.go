@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/bridge/cdc"
 	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/ops"
 )
@@ -46,14 +47,14 @@ func connectRelayPool(ctx context.Context, dsn string) (*pgxpool.Pool, error) {
 // outboxStatus is the report of `outbox status`; later sections (uncertain
 // rows, …) are added as fields and as sections of printStatus.
 type outboxStatus struct {
-	postgres.OutboxStatus
+	core.OutboxStatus
 	// UncertainCount counts the uncertain rows (postgres.OpsStore.Uncertain:
 	// unrelayed rows of a shard whose lease expired while owned, created
 	// before it expired); Uncertain lists the first of them.
 	UncertainCount int64                   `json:"uncertain_count"`
 	Uncertain      []postgres.UncertainRow `json:"uncertain"`
 	// CDC is the replication slot of relay.cdc.slot, when it exists.
-	CDC *postgres.SlotStatus `json:"cdc,omitempty"`
+	CDC *cdc.SlotStatus `json:"cdc,omitempty"`
 }
 
 func runOutboxStatus(ctx context.Context, args []string) error {

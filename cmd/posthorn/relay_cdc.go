@@ -36,7 +36,7 @@ func runCDCRelay(ctx context.Context, cfg configs.Config) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	parkAttempts, parkAfter := cfg.Relay.RetryPark()
-	relay, err := cdc.New(postgres.NewRelayStore(pool), sink, cdc.Config{
+	relay, err := cdc.New(postgres.NewRelayStore(pool), postgres.NewCDCSource(pool), sink, cdc.Config{
 		ParkAfterAttempts: parkAttempts,
 		ParkAfter:         parkAfter,
 		Owner:             cfg.Relay.Owner,
@@ -63,8 +63,8 @@ func runCDCRelay(ctx context.Context, cfg configs.Config) error {
 
 // cdcSlotStatus reads the CDC slot for `outbox status`; nil when there is
 // no such slot (polling mode, or CDC never started).
-func cdcSlotStatus(ctx context.Context, pool *pgxpool.Pool, slot string) (*postgres.SlotStatus, error) {
-	st, err := postgres.NewCDCStore(pool).SlotStatus(ctx, slot)
+func cdcSlotStatus(ctx context.Context, pool *pgxpool.Pool, slot string) (*cdc.SlotStatus, error) {
+	st, err := postgres.NewCDCSource(pool).SlotStatus(ctx, slot)
 	if err != nil {
 		return nil, err
 	}
@@ -76,7 +76,7 @@ func cdcSlotStatus(ctx context.Context, pool *pgxpool.Pool, slot string) (*postg
 
 // printCDCStatus prints the CDC section of `outbox status`: the WAL the
 // slot holds back and how close it is to being invalidated.
-func printCDCStatus(w io.Writer, st *postgres.SlotStatus) {
+func printCDCStatus(w io.Writer, st *cdc.SlotStatus) {
 	if st == nil {
 		return
 	}

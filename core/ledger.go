@@ -1,0 +1,52 @@
+package core
+
+import (
+	"encoding/json"
+	"errors"
+	"time"
+)
+
+// What the ledger answers when a posting is read back: the types the
+// Posting API and the ledger store exchange.
+
+// ErrIdempotencyConflict is returned when an Idempotency-Key was already
+// used for a different request.
+var ErrIdempotencyConflict = errors.New("idempotency key was used for a different request")
+
+// ErrNotFound is returned by the readers for an unknown journal or account.
+var ErrNotFound = errors.New("not found")
+
+// CommittedLine is one line of a committed posting with the event it wrote.
+type CommittedLine struct {
+	Account   string    `json:"account"`
+	Direction Direction `json:"direction"`
+	Amount    string    `json:"amount"`
+	Currency  string    `json:"currency"`
+	Revision  int64     `json:"revision"`
+	EventID   string    `json:"event_id,omitempty"`
+}
+
+// CommittedCommand is one command a committed posting wrote.
+type CommittedCommand struct {
+	EventID string          `json:"event_id"`
+	Type    string          `json:"type"`
+	Payload json.RawMessage `json:"payload"`
+}
+
+// CommittedPosting is a posting as the ledger holds it.
+type CommittedPosting struct {
+	JournalID string             `json:"journal_id"`
+	Sequence  int64              `json:"sequence"`
+	PostedAt  time.Time          `json:"posted_at"`
+	Entries   []CommittedLine    `json:"entries"`
+	Metadata  map[string]string  `json:"metadata"`
+	Commands  []CommittedCommand `json:"commands"`
+}
+
+// Account is an account's state: per-currency balances in minor units
+// (credit positive, debit negative) and its revision.
+type Account struct {
+	ID       string           `json:"account"`
+	Balances map[string]int64 `json:"-"`
+	Revision int64            `json:"revision"`
+}

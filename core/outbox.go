@@ -1,0 +1,93 @@
+package core
+
+import (
+	"errors"
+	"time"
+)
+
+// The outbox as the relays, the operator commands and the ledger store see
+// it: the rows, the shard leases that fence the markers, and the parked
+// aggregates.
+
+// AggregateKey names an aggregate: the unit of ordering. Per aggregate,
+// revisions are gapless and outbox id order is revision order; everything
+// that holds records back or parks them does so per AggregateKey.
+type AggregateKey struct {
+	Type, ID string
+}
+
+// Aggregate returns the key of e's aggregate.
+func (e Envelope) Aggregate() AggregateKey { return AggregateKey{e.AggregateType, e.AggregateID} }
+
+// String is the key as one string ("type\x00id"), for hashing.
+func (k AggregateKey) String() string { return k.Type + "\x00" + k.ID }
+
+// RowRef names an outbox row and its shard: what a marker needs to find
+// the row's entry in the work queue.
+type RowRef struct {
+	ID    int64
+	Shard int
+}
+
+// OutboxRow is one unrelayed outbox row.
+type OutboxRow struct {
+	RowRef
+	Envelope Envelope
+}
+
+// ReadOrder selects the order unrelayed rows are read in.
+type ReadOrder int
+
+const (
+	// OrderByID is the only correct order: per aggregate, outbox id order is
+	// revision order because each row is inserted under its aggregate's row
+	// lock.
+	OrderByID ReadOrder = iota
+	// OrderByXIDUnsafe orders by the writing transaction's ID. It exists only
+	// as the negative control of the ordering tests: a transaction that took
+	// its ID early and waited for a row lock commits a later revision with a
+	// smaller ID, so this order can send revision r+1 before r.
+	OrderByXIDUnsafe
+)
+
+// Lease is a held shard lease. Token is the fencing token of this grant.
+type Lease struct {
+	Shard int
+	Token int64
+	// PreviousOwner is set on acquisition when the lease was taken over
+	// from another relay whose lease had expired.
+	PreviousOwner string
+}
+
+// ParkedAggregate is an aggregate the relay stopped reading because the sink
+// rejected one of its records for good.
+type ParkedAggregate struct {
+	AggregateType string    `json:"aggregate_type"`
+	AggregateID   string    `json:"aggregate_id"`
+	EventID       string    `json:"event_id"`
+	Reason        string    `json:"reason"`
+	ParkedAt      time.Time `json:"parked_at"`
+}
+
+// Key returns the parked aggregate's key.
+func (p ParkedAggregate) Key() AggregateKey { return AggregateKey{p.AggregateType, p.AggregateID} }
+
+// ErrNotParked is returned when releasing an aggregate that is not parked.
+var ErrNotParked = errors.New("aggregate is not parked")
+
+// ShardLease is one shard's lease as shown by status.
+type ShardLease struct {
+	Shard     int        `json:"shard"`
+	Owner     string     `json:"owner,omitempty"`
+	ExpiresAt *time.Time `json:"expires_at,omitempty"`
+	Backlog   int64      `json:"backlog"`
+}
+
+// OutboxStatus is what `posthorn outbox status` shows and the relay's gauges
+// report. Fields are added, never renamed (scripts read the JSON).
+type OutboxStatus struct {
+	Backlog            int64             `json:"backlog"`
+	OldestUnrelayedAge float64           `json:"oldest_unrelayed_age_seconds"`
+	Shards             []ShardLease      `json:"shards"`
+	Parked             []ParkedAggregate `json:"parked"`
+}
