@@ -1,8 +1,10 @@
 package configs
 
 import (
-	"regexp"
 	"time"
+
+	"github.com/posthorn/posthorn/bridge/cdc"
+	"github.com/posthorn/posthorn/core"
 )
 
 // CDC configures the relay's CDC mode (relay.mode: cdc): the replication
@@ -24,22 +26,18 @@ type CDC struct {
 
 func defaultCDC() CDC {
 	return CDC{
-		Slot:              "posthorn_outbox",
-		Publication:       "posthorn_outbox",
-		HeartbeatInterval: 10 * time.Second,
-		StatusInterval:    10 * time.Second,
+		Slot:              cdc.SlotDefault,
+		Publication:       cdc.PublicationDefault,
+		HeartbeatInterval: cdc.HeartbeatIntervalDefault,
+		StatusInterval:    cdc.StatusIntervalDefault,
 	}
 }
 
-// pgIdent is what Posthorn accepts as a slot or publication name: a plain
-// lower-case identifier, so it needs no quoting anywhere.
-var pgIdent = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
-
 func (c CDC) validate() error {
-	if !pgIdent.MatchString(c.Slot) {
+	if !core.IsIdentifier(c.Slot) {
 		return fieldErr("relay.cdc.slot", "is %q, want lower-case letters, digits and _ (at most 63, not starting with a digit)", c.Slot)
 	}
-	if !pgIdent.MatchString(c.Publication) {
+	if !core.IsIdentifier(c.Publication) {
 		return fieldErr("relay.cdc.publication", "is %q, want lower-case letters, digits and _ (at most 63, not starting with a digit)", c.Publication)
 	}
 	if err := positive("relay.cdc.heartbeat_interval", c.HeartbeatInterval); err != nil {

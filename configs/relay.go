@@ -1,6 +1,10 @@
 package configs
 
-import "time"
+import (
+	"time"
+
+	"github.com/posthorn/posthorn/bridge"
+)
 
 // Relay configures the bridge from the outbox to the sink.
 type Relay struct {
@@ -30,13 +34,12 @@ type Relay struct {
 
 func defaultRelay() Relay {
 	return Relay{
-		Mode:         "polling",
-		BatchSize:    5000,
-		PollInterval: 500 * time.Millisecond,
-		LeaseTTL:     10 * time.Second,
-		// bridge.ParkAfterAttemptsDefault, bridge.ParkAfterDefault
-		ParkAfterAttempts: 30,
-		ParkAfter:         5 * time.Minute,
+		Mode:              "polling",
+		BatchSize:         bridge.BatchSizeDefault,
+		PollInterval:      bridge.PollIntervalDefault,
+		LeaseTTL:          bridge.LeaseTTLDefault,
+		ParkAfterAttempts: bridge.ParkAfterAttemptsDefault,
+		ParkAfter:         bridge.ParkAfterDefault,
 		CDC:               defaultCDC(),
 	}
 }

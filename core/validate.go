@@ -557,3 +557,12 @@ XCG XDR XOF XPD XPF XPT XSU XUA YER ZAR ZMW ZWG ZWL`
 	}
 	return m
 }()
+
+// identifierRE is a plain lower-case SQL identifier: what Posthorn accepts
+// as a replication slot, publication or LOGIN role name, so that it needs
+// no quoting anywhere.
+var identifierRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
+
+// IsIdentifier reports whether s is a plain lower-case SQL identifier:
+// ^[a-z_][a-z0-9_]{0,62}$.
+func IsIdentifier(s string) bool { return identifierRE.MatchString(s) }

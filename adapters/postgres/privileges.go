@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
-	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -20,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/posthorn/posthorn/core"
 )
 
 // Role is one of Posthorn's per-component group roles (NOLOGIN). What each
@@ -143,8 +143,6 @@ func isCatalogRace(err error) bool {
 	return false
 }
 
-var loginName = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
-
 // ErrBadRoleName is returned for a LOGIN role name that is not a plain
 // lower-case SQL identifier.
 var ErrBadRoleName = errors.New("role name must match ^[a-z_][a-z0-9_]{0,62}$")
@@ -156,7 +154,7 @@ var ErrBadRoleName = errors.New("role name must match ^[a-z_][a-z0-9_]{0,62}$")
 // computed here, so statement logging on the server cannot reveal it.
 // conn must be a role with CREATEROLE.
 func CreateLogin(ctx context.Context, conn Execer, name, password string, group Role) error {
-	if !loginName.MatchString(name) {
+	if !core.IsIdentifier(name) {
 		return fmt.Errorf("login role %q: %w", name, ErrBadRoleName)
 	}
 	ident := pgx.Identifier{name}.Sanitize()

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"regexp"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -96,8 +95,6 @@ type Hooks struct {
 	UnsafeConfirmOnReceipt bool
 }
 
-var identRe = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
-
 func (c *Config) setDefaults() {
 	if c.Owner == "" {
 		host, _ := os.Hostname()
@@ -155,9 +152,9 @@ func (c *Config) validate() error {
 		return fmt.Errorf("%w: %s %s", ErrInvalidConfig, field, fmt.Sprintf(format, args...))
 	}
 	switch {
-	case !identRe.MatchString(c.Slot):
+	case !core.IsIdentifier(c.Slot):
 		return bad("Slot", "is %q, want lower-case letters, digits and _ (at most 63)", c.Slot)
-	case !identRe.MatchString(c.Publication):
+	case !core.IsIdentifier(c.Publication):
 		return bad("Publication", "is %q, want lower-case letters, digits and _ (at most 63)", c.Publication)
 	case c.BatchSize < 1 || c.BatchSize > 100000:
 		return bad("BatchSize", "is %d, want 1 to 100000", c.BatchSize)

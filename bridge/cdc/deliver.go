@@ -1,0 +1,210 @@
+package cdc
+
+import (
+	"context"
+	"time"
+
+	"github.com/posthorn/posthorn/bridge"
+	"github.com/posthorn/posthorn/core"
+)
+
+// This file publishes streamed rows, marks what the sink ACKed under the
+// slot lease, parks what it rejected for good, and keeps the gauges.
+
+// deliver publishes rows in order in batches of BatchSize, marks what was
+// ACKed (fenced by the slot lease), parks what the sink rejected for good
+// and retries the rest with backoff until it is ACKed. It returns only
+// when every row is marked or parked, or with the reason it could not.
+func (r *Relay) deliver(ctx context.Context, rows []core.OutboxRow) error {
+	for len(rows) > 0 {
+		n := min(len(rows), r.cfg.BatchSize)
+		if err := r.deliverBatch(ctx, rows[:n]); err != nil {
+			return err
+		}
+		rows = rows[n:]
+	}
+	return nil
+}
+
+func (r *Relay) deliverBatch(ctx context.Context, rows []core.OutboxRow) error {
+	for len(rows) > 0 {
+		if _, err := r.maintain(ctx); err != nil {
+			return err
+		}
+		batch := make([]core.Envelope, len(rows))
+		for i, row := range rows {
+			batch[i] = row.Envelope
+		}
+		if h := r.cfg.Hooks; h != nil && h.BeforePublish != nil {
+			if err := h.BeforePublish(batch); err != nil {
+				return errCrash
+			}
+		}
+		// A relay that was paused may have lost the lease meanwhile:
+		// publishing now could interleave with the new reader's sends.
+		if time.Until(r.deadline) < r.cfg.LeaseTTL/10 {
+			r.bm.Abandoned()
+			r.log.Warn("abandoning batch: the slot lease expires before it could be published", "rows", len(rows))
+			return errLeaseLost
+		}
+		pubCtx, cancel := context.WithDeadline(ctx, r.deadline)
+		start := time.Now()
+		err := bridge.PublishBatch(pubCtx, r.sink, batch)
+		cancel()
+		if ctx.Err() != nil {
+			return ctx.Err() // hard stop: nothing is marked or confirmed
+		}
+		s := bridge.Settle(batch, err)
+		r.bm.Published(len(batch), s.Acked, time.Since(start))
+		if s.Acked > 0 {
+			if h := r.cfg.Hooks; h != nil && h.AfterAck != nil {
+				if herr := h.AfterAck(batch); herr != nil {
+					return errCrash
+				}
+			}
+		}
+		if len(s.Mark) > 0 {
+			ids := make([]int64, len(s.Mark))
+			for i, j := range s.Mark {
+				ids[i] = rows[j].ID
+			}
+			if err := r.mark(ctx, ids); err != nil {
+				return err
+			}
+		}
+		for _, p := range s.Parks {
+			isNew, perr := r.outbx.Park(ctx, p)
+			if perr != nil {
+				return perr
+			}
+			r.parked[p.Key()] = true
+			if isNew {
+				r.bm.NewlyParked()
+			}
+			r.log.Error("aggregate parked: the sink rejected its record for good; other aggregates keep flowing; release with `posthorn outbox release`",
+				"aggregate_type", p.AggregateType, "aggregate_id", p.AggregateID, "event_id", p.EventID, "reason", p.Reason)
+		}
+		// A record that keeps failing retryably while the sink takes others
+		// parks its aggregate instead of holding the stream for ever.
+		stuckNow := map[core.AggregateKey]bool{}
+		for _, p := range r.stuck.Observe(batch, err, s) {
+			isNew, perr := r.outbx.Park(ctx, p)
+			if perr != nil {
+				return perr
+			}
+			k := p.Key()
+			r.parked[k], stuckNow[k] = true, true
+			if isNew {
+				r.bm.NewlyParked()
+			}
+			r.log.Error("aggregate parked: its record kept failing retryably while the sink took others; other aggregates keep flowing; release with `posthorn outbox release`",
+				"aggregate_type", p.AggregateType, "aggregate_id", p.AggregateID, "event_id", p.EventID, "reason", p.Reason)
+		}
+		if len(stuckNow) > 0 {
+			kept := s.Retry[:0:0]
+			for _, j := range s.Retry {
+				if !stuckNow[batch[j].Aggregate()] {
+					kept = append(kept, j)
+				}
+			}
+			if s.Retry = kept; len(kept) == 0 {
+				s.Retryable = nil
+			}
+		}
+		if s.Retryable == nil {
+			r.retry.Reset()
+			if r.stream != nil && time.Since(r.lastStatus) >= r.cfg.StatusInterval {
+				// A long delivery (a huge transaction) must not let the WAL
+				// sender time out waiting for a reply.
+				return r.sendStatus(ctx)
+			}
+			return nil
+		}
+		r.bm.Retried()
+		r.log.Warn("sink failed; retrying with backoff", "failed", len(s.Retry), "batch", len(batch), "err", s.Retryable)
+		next := make([]core.OutboxRow, len(s.Retry))
+		for i, j := range s.Retry {
+			next[i] = rows[j]
+		}
+		rows = next
+		r.backoff(ctx)
+		if r.stopping() || ctx.Err() != nil {
+			return errStopping
+		}
+		if r.stream != nil {
+			// Keep the WAL sender from timing out while the sink is down.
+			if err := r.sendStatus(ctx); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// mark writes the markers of ids. Rows the marker statement cannot see yet
+// (their commit is decoded but not yet visible to other sessions) are
+// marked again shortly, until they are: the position is never confirmed
+// past an unmarked row.
+func (r *Relay) mark(ctx context.Context, ids []int64) error {
+	wait := time.Millisecond
+	for len(ids) > 0 {
+		_, invisible, fenced, err := r.store.MarkRelayed(ctx, ids, *r.lease)
+		if err != nil {
+			// The records are out; without a marker nothing is confirmed and
+			// they will be sent again with the same event IDs.
+			return err
+		}
+		if fenced {
+			r.bm.Fenced(len(ids))
+			r.log.Warn("markers refused: the slot lease was taken over; its new reader resends", "refused", len(ids))
+			return errLeaseLost
+		}
+		ids = invisible
+		if len(ids) == 0 {
+			return nil
+		}
+		t := time.NewTimer(wait) // the committing session is about to make them visible
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		}
+		wait = min(2*wait, 100*time.Millisecond)
+		if _, err := r.maintain(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// refreshStats updates the backlog, open-transaction, slot and lag gauges.
+func (r *Relay) refreshStats(ctx context.Context) {
+	t := time.NewTicker(r.cfg.StatsInterval)
+	defer t.Stop()
+	for {
+		if st, err := r.outbx.Status(ctx); err == nil {
+			r.bm.SetStatus(st)
+		} else if ctx.Err() == nil {
+			r.log.Warn("outbox status", "err", err)
+		}
+		if age, err := r.outbx.OldestOpenTransactionAge(ctx); err == nil {
+			r.bm.SetHeldByOpenTransaction(age)
+		}
+		if st, err := r.store.SlotStatus(ctx, r.cfg.Slot); err == nil {
+			r.m.setSlot(st)
+		} else if ctx.Err() == nil {
+			r.log.Warn("slot status", "err", err)
+		}
+		if ns := r.lagNanos.Load(); ns != 0 {
+			r.m.lag.Set(time.Since(time.Unix(0, ns)).Seconds())
+		} else {
+			r.m.lag.Set(0)
+		}
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return
+		}
+	}
+}

@@ -1,0 +1,66 @@
+package core_test
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/posthorn/posthorn/"
+
+// businessPackages hold Posthorn's logic; they declare the ports they call
+// and never import an adapter (docs/architecture.md).
+var businessPackages = []string{"core", "api", "bridge", "bridge/cdc", "ops", "consumers",
+	"consumers/auditlog", "consumers/projection"}
+
+// forbidden reports the dependencies of deps that a business package must
+// not have: an adapter, or the libraries only adapters and cmd use.
+func forbidden(deps []string) []string {
+	var bad []string
+	for _, d := range deps {
+		switch {
+		case strings.HasPrefix(d, module+"adapters/"), d == module+"configs",
+			strings.HasPrefix(d, "github.com/pressly/goose"), strings.HasPrefix(d, "github.com/jackc/pglogrepl"),
+			d == "github.com/jackc/pgx/v5/pgxpool", strings.HasPrefix(d, "github.com/ThreeDotsLabs/watermill-sql"),
+			strings.HasPrefix(d, "github.com/knadh/koanf"):
+			bad = append(bad, d)
+		}
+	}
+	return bad
+}
+
+// deps lists the transitive dependencies of each package, by package.
+func deps(t *testing.T, pkgs ...string) map[string][]string {
+	t.Helper()
+	args := []string{"list", "-f", `{{.ImportPath}}{{range .Deps}} {{.}}{{end}}`}
+	for _, p := range pkgs {
+		args = append(args, module+p)
+	}
+	out, err := exec.Command("go", args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	m := map[string][]string{}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		f := strings.Fields(line)
+		m[strings.TrimPrefix(f[0], module)] = f[1:]
+	}
+	return m
+}
+
+// No business package imports an adapter, configs (koanf stays at the
+// edge), goose, pglogrepl, watermill-sql or pgx pool construction, directly
+// or through another package. Control: the binary, which wires adapters
+// in, is flagged by the same check, so the check can fail.
+func TestBusinessPackagesImportNoAdapter(t *testing.T) {
+	t.Parallel()
+	all := deps(t, append(businessPackages, "cmd/posthorn")...)
+	for _, p := range businessPackages {
+		if bad := forbidden(all[p]); len(bad) > 0 {
+			t.Errorf("%s depends on %v", p, bad)
+		}
+	}
+	if bad := forbidden(all["cmd/posthorn"]); len(bad) == 0 {
+		t.Fatal("control: cmd/posthorn shows no adapter among its dependencies: the check is broken")
+	}
+}
