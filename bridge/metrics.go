@@ -1,6 +1,7 @@
 package bridge
 
 import (
+	"github.com/posthorn/posthorn/internal/promset"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -21,68 +22,22 @@ type metrics struct {
 }
 
 func newMetrics(reg prometheus.Registerer, sink string) (*metrics, error) {
-	published := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "posthorn_relay_published_total",
-		Help: "Records the sink acknowledged.",
-	}, []string{"sink"})
-	publishSeconds := prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Name:    "posthorn_relay_publish_seconds",
-		Help:    "Time from handing a batch to the sink to its ACK.",
-		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
-	}, []string{"sink"})
+	var s promset.Set
 	m := &metrics{
-		backlog: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "posthorn_outbox_backlog_events",
-			Help: "Outbox rows not yet relayed (parked aggregates included).",
-		}),
-		oldestAge: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "posthorn_outbox_oldest_unrelayed_age_seconds",
-			Help: "Age of the oldest outbox row not yet relayed.",
-		}),
-		published:      published.WithLabelValues(sink),
-		publishSeconds: publishSeconds.WithLabelValues(sink),
-		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "posthorn_relay_batch_size",
-			Help:    "Records per published batch.",
-			Buckets: prometheus.ExponentialBuckets(1, 4, 9),
-		}),
-		retries: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "posthorn_relay_retries_total",
-			Help: "Batches retried after a retryable sink failure.",
-		}),
-		takeovers: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "posthorn_relay_lease_takeovers_total",
-			Help: "Shard leases taken over from another relay whose lease had expired.",
-		}),
-		parked: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "posthorn_relay_parked_aggregates",
-			Help: "Aggregates parked because the sink rejected one of their records for good.",
-		}),
-		heldByOpenTx: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "posthorn_relay_held_by_open_transaction_seconds",
-			Help: "Age of the oldest open transaction holding a transaction ID in the ledger database: how long not-yet-visible outbox rows may be held back.",
-		}),
-		fenced: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "posthorn_relay_fenced_markers_total",
-			Help: "Markers refused because this relay's lease token was superseded.",
-		}),
-		abandoned: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "posthorn_relay_abandoned_batches_total",
-			Help: "Batches read but not published because the lease would expire first.",
-		}),
-		shardsOwned: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "posthorn_relay_shards_owned",
-			Help: "Outbox shards this relay holds a lease on.",
-		}),
+		backlog:   s.Gauge("posthorn_outbox_backlog_events", "Outbox rows not yet relayed (parked aggregates included)."),
+		oldestAge: s.Gauge("posthorn_outbox_oldest_unrelayed_age_seconds", "Age of the oldest outbox row not yet relayed."),
+		published: s.CounterVec("posthorn_relay_published_total", "Records the sink acknowledged.", "sink").WithLabelValues(sink),
+		publishSeconds: s.HistogramVec("posthorn_relay_publish_seconds", "Time from handing a batch to the sink to its ACK.",
+			prometheus.ExponentialBuckets(0.0005, 2, 16), "sink").WithLabelValues(sink),
+		batchSize: s.Histogram("posthorn_relay_batch_size", "Records per published batch.", prometheus.ExponentialBuckets(1, 4, 9)),
+		retries:   s.Counter("posthorn_relay_retries_total", "Batches retried after a retryable sink failure."),
+		takeovers: s.Counter("posthorn_relay_lease_takeovers_total", "Shard leases taken over from another relay whose lease had expired."),
+		parked:    s.Gauge("posthorn_relay_parked_aggregates", "Aggregates parked because the sink rejected one of their records for good."),
+		heldByOpenTx: s.Gauge("posthorn_relay_held_by_open_transaction_seconds",
+			"Age of the oldest open transaction holding a transaction ID in the ledger database: how long not-yet-visible outbox rows may be held back."),
+		fenced:      s.Counter("posthorn_relay_fenced_markers_total", "Markers refused because this relay's lease token was superseded."),
+		abandoned:   s.Counter("posthorn_relay_abandoned_batches_total", "Batches read but not published because the lease would expire first."),
+		shardsOwned: s.Gauge("posthorn_relay_shards_owned", "Outbox shards this relay holds a lease on."),
 	}
-	if reg == nil {
-		return m, nil
-	}
-	for _, c := range []prometheus.Collector{m.backlog, m.oldestAge, published, publishSeconds, m.batchSize,
-		m.retries, m.takeovers, m.parked, m.heldByOpenTx, m.fenced, m.abandoned, m.shardsOwned} {
-		if err := reg.Register(c); err != nil {
-			return nil, err
-		}
-	}
-	return m, nil
+	return m, s.Register(reg)
 }

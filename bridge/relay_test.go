@@ -77,14 +77,7 @@ func (f *fixture) start(owner string, mod func(*bridge.Config)) relayHandle {
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	if err := r.Start(context.Background()); err != nil {
-		f.t.Fatal(err)
-	}
-	f.t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = r.Stop(ctx)
-	})
+	bridgetest.Start(f.t, r)
 	return relayHandle{r, reg}
 }
 

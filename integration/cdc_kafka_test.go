@@ -68,14 +68,7 @@ func startCDCRelay(t *testing.T, pool *pgxpool.Pool, brokers []string, owner str
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := r.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = r.Stop(ctx)
-	})
+	bridgetest.Start(t, r)
 	return r
 }
 

@@ -146,15 +146,8 @@ func startKafkaRelay(t *testing.T, pool *pgxpool.Pool, brokers []string, owner s
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := r.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = r.Stop(ctx)
-		_ = sink.Close()
-	})
+	t.Cleanup(func() { _ = sink.Close() })
+	bridgetest.Start(t, r)
 	return r, reg
 }
 

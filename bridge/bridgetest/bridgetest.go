@@ -131,3 +131,23 @@ func Unrelayed(t testing.TB, pool *pgxpool.Pool) int {
 	}
 	return n
 }
+
+// Relay is a relay of either mode as a test starts and stops it.
+type Relay interface {
+	Start(ctx context.Context) error
+	Stop(ctx context.Context) error
+}
+
+// Start starts r, failing the test if it cannot, and stops it (softly,
+// within 10 s) when the test ends.
+func Start(t testing.TB, r Relay) {
+	t.Helper()
+	if err := r.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = r.Stop(ctx)
+	})
+}

@@ -1,6 +1,7 @@
 package cdc
 
 import (
+	"github.com/posthorn/posthorn/internal/promset"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -25,73 +26,31 @@ type metrics struct {
 }
 
 func newMetrics(reg prometheus.Registerer, slot string) (*metrics, error) {
-	labels := prometheus.Labels{"slot": slot}
+	s := promset.Set{ConstLabels: prometheus.Labels{"slot": slot}}
 	m := &metrics{
-		slot: slot,
-		retained: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name:        "posthorn_wal_slot_retained_bytes",
-			Help:        "WAL the replication slot keeps on disk: pg_current_wal_lsn() - restart_lsn.",
-			ConstLabels: labels,
-		}),
-		safe: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name:        "posthorn_wal_slot_safe_wal_size_bytes",
-			Help:        "WAL that can still be written before the slot is in danger of being lost (pg_replication_slots.safe_wal_size); -1 when max_slot_wal_keep_size is unlimited.",
-			ConstLabels: labels,
-		}),
-		unconfirmed: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name:        "posthorn_wal_slot_unconfirmed_bytes",
-			Help:        "WAL written since the slot's confirmed position: pg_current_wal_lsn() - confirmed_flush_lsn.",
-			ConstLabels: labels,
-		}),
-		status: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name:        "posthorn_wal_slot_status",
-			Help:        "1 for the slot's current wal_status (reserved, extended, unreserved, lost) or missing.",
-			ConstLabels: labels,
-		}, []string{"status"}),
-		lag: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name:        "posthorn_cdc_lag_seconds",
-			Help:        "Age (from its commit) of the oldest transaction received from the slot and not yet confirmed; 0 when caught up.",
-			ConstLabels: labels,
-		}),
-		recoveries: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name:        "posthorn_cdc_slot_recoveries_total",
-			Help:        "Times the slot was found missing or invalidated and coverage was restored from the outbox.",
-			ConstLabels: labels,
-		}, []string{"reason"}),
-		heartbeats: prometheus.NewCounter(prometheus.CounterOpts{
-			Name:        "posthorn_cdc_heartbeats_total",
-			Help:        "Heartbeat messages emitted on an idle database so the slot can advance.",
-			ConstLabels: labels,
-		}),
-		reader: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name:        "posthorn_cdc_reader",
-			Help:        "1 while this relay holds the slot's lease and streams it, 0 while it stands by.",
-			ConstLabels: labels,
-		}),
-		caughtUp: prometheus.NewCounter(prometheus.CounterOpts{
-			Name:        "posthorn_cdc_catchup_events_total",
-			Help:        "Events sent from the outbox (not the stream) at start, after a slot loss or a release.",
-			ConstLabels: labels,
-		}),
-		skippedMarks: prometheus.NewCounter(prometheus.CounterOpts{
-			Name:        "posthorn_cdc_skipped_marked_total",
-			Help:        "Streamed rows not sent again because the outbox catch-up had already sent and marked them.",
-			ConstLabels: labels,
-		}),
+		slot:     slot,
+		retained: s.Gauge("posthorn_wal_slot_retained_bytes", "WAL the replication slot keeps on disk: pg_current_wal_lsn() - restart_lsn."),
+		safe: s.Gauge("posthorn_wal_slot_safe_wal_size_bytes",
+			"WAL that can still be written before the slot is in danger of being lost (pg_replication_slots.safe_wal_size); -1 when max_slot_wal_keep_size is unlimited."),
+		unconfirmed: s.Gauge("posthorn_wal_slot_unconfirmed_bytes",
+			"WAL written since the slot's confirmed position: pg_current_wal_lsn() - confirmed_flush_lsn."),
+		status: s.GaugeVec("posthorn_wal_slot_status",
+			"1 for the slot's current wal_status (reserved, extended, unreserved, lost) or missing.", "status"),
+		lag: s.Gauge("posthorn_cdc_lag_seconds",
+			"Age (from its commit) of the oldest transaction received from the slot and not yet confirmed; 0 when caught up."),
+		recoveries: s.CounterVec("posthorn_cdc_slot_recoveries_total",
+			"Times the slot was found missing or invalidated and coverage was restored from the outbox.", "reason"),
+		heartbeats: s.Counter("posthorn_cdc_heartbeats_total", "Heartbeat messages emitted on an idle database so the slot can advance."),
+		reader:     s.Gauge("posthorn_cdc_reader", "1 while this relay holds the slot's lease and streams it, 0 while it stands by."),
+		caughtUp: s.Counter("posthorn_cdc_catchup_events_total",
+			"Events sent from the outbox (not the stream) at start, after a slot loss or a release."),
+		skippedMarks: s.Counter("posthorn_cdc_skipped_marked_total",
+			"Streamed rows not sent again because the outbox catch-up had already sent and marked them."),
 	}
 	for _, r := range []string{"missing", "lost"} {
 		m.recoveries.WithLabelValues(r)
 	}
-	if reg == nil {
-		return m, nil
-	}
-	for _, c := range []prometheus.Collector{m.retained, m.safe, m.unconfirmed, m.status, m.lag,
-		m.recoveries, m.heartbeats, m.reader, m.caughtUp, m.skippedMarks} {
-		if err := reg.Register(c); err != nil {
-			return nil, err
-		}
-	}
-	return m, nil
+	return m, s.Register(reg)
 }
 
 func (m *metrics) setSlot(st SlotStatus) {
