@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/pgcluster"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
@@ -23,28 +21,7 @@ func TestStreamedRowMatchesReadBatch(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	c, err := pgcluster.Start(ctx, pgcluster.Options{Logical: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Stop() })
-	admin, err := pgx.Connect(ctx, c.URL("postgres"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close(ctx)
-	if _, err := admin.Exec(ctx, "CREATE DATABASE ledger"); err != nil {
-		t.Fatal(err)
-	}
-	url := c.URL("ledger")
-	if err := postgres.Migrate(ctx, url, postgres.LedgerSchema); err != nil {
-		t.Fatal(err)
-	}
-	pool, err := postgres.Connect(ctx, url, 4)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	_, _, pool := pgtest.LogicalLedger(t, pgcluster.Options{}, 4)
 	src := postgres.NewCDCSource(pool)
 	if err := src.CheckServer(ctx); err != nil {
 		t.Fatal(err)
@@ -52,7 +29,7 @@ func TestStreamedRowMatchesReadBatch(t *testing.T) {
 	if _, err := src.CreateSlot(ctx, "s1"); err != nil {
 		t.Fatal(err)
 	}
-	_, err = pool.Exec(ctx, `
+	_, err := pool.Exec(ctx, `
 INSERT INTO outbox (event_id, kind, type, topic, aggregate_type, aggregate_id, revision, shard, journal_id, headers, payload, occurred_at)
 VALUES ('0190a000-0000-7000-8000-000000000001', 'command', 'payouts.payout.execute', 'commands.payouts', 'account', 'acc-x', 3, $1,
         '0190a000-0000-7000-8000-00000000beef', '{"replay":"true","trace":"a b"}', '\x00ff7b7d', '2026-11-29 10:11:12.123456+01')`,

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"os"
 	"os/exec"
 	"strings"
@@ -10,9 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
-	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/pgcluster"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
@@ -34,30 +30,7 @@ func TestRelayCDCRefusesWithoutLogicalWAL(t *testing.T) {
 // exit 0.
 func TestRelayCDCRunsAndStatusShowsTheSlot(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	c, err := pgcluster.Start(ctx, pgcluster.Options{Logical: true, MaxSlotWALKeepSize: "256MB"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Stop() })
-	admin, err := pgx.Connect(ctx, c.URL("postgres"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close(ctx)
-	if _, err := admin.Exec(ctx, "CREATE DATABASE ledger"); err != nil {
-		t.Fatal(err)
-	}
-	url := c.URL("ledger")
-	if err := postgres.Migrate(ctx, url, postgres.LedgerSchema); err != nil {
-		t.Fatal(err)
-	}
-	pool, err := postgres.Connect(ctx, url, 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	_, url, pool := pgtest.LogicalLedger(t, pgcluster.Options{MaxSlotWALKeepSize: "256MB"}, 2)
 
 	env := append(os.Environ(), "POSTHORN_RELAY__MODE=cdc", "POSTHORN_SINK__KIND=memory", "POSTHORN_DATABASE__URL="+url)
 	cmd := exec.Command(binPath, "relay")

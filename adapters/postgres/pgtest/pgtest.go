@@ -10,11 +10,13 @@ import (
 	"net/url"
 	"os"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/pgcluster"
 )
 
 // DefaultURL is the server the tests use when POSTHORN_TEST_DATABASE_URL is unset.
@@ -111,4 +113,39 @@ func LedgerState(t testing.TB, pool *pgxpool.Pool, extra ...string) map[string]s
 	state["sum(accounts.revision)"] = revs
 	state["sum(abs(balance))"] = bals
 	return state
+}
+
+// LogicalLedger starts a throwaway cluster with wal_level=logical (opts with
+// Logical set) holding a migrated database "ledger", for the CDC tests (the
+// shared server runs wal_level=replica). It returns the cluster, the
+// ledger's URL and a pool of conns connections; all of it is removed when
+// the test ends.
+func LogicalLedger(t testing.TB, opts pgcluster.Options, conns int32) (*pgcluster.Cluster, string, *pgxpool.Pool) {
+	t.Helper()
+	opts.Logical = true
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, err := pgcluster.Start(ctx, opts)
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	t.Cleanup(func() { _ = c.Stop() })
+	admin, err := pgx.Connect(ctx, c.URL("postgres"))
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	defer admin.Close(ctx)
+	if _, err := admin.Exec(ctx, "CREATE DATABASE ledger"); err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	url := c.URL("ledger")
+	if err := postgres.Migrate(ctx, url, postgres.LedgerSchema); err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	pool, err := postgres.Connect(ctx, url, conns)
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	return c, url, pool
 }
