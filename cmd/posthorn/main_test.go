@@ -28,10 +28,14 @@ func TestMain(m *testing.M) {
 	if out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput(); err != nil {
 		panic(string(out))
 	}
-	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
-		os.RemoveAll(dir)
-		os.Exit(code)
-	}))
+	goleak.VerifyTestMain(m,
+		// sarama (under watermill-kafka, the consume test's publisher)
+		// starts go-metrics' meter ticker once per process, for good.
+		goleak.IgnoreTopFunction("github.com/rcrowley/go-metrics.(*meterArbiter).tick"),
+		goleak.Cleanup(func(code int) {
+			os.RemoveAll(dir)
+			os.Exit(code)
+		}))
 }
 
 // cliCommand is the binary with args, env added to the environment.
