@@ -89,6 +89,17 @@ func (r *opsCLIRig) post(n int) {
 	r.run("outbox", "resend", "--from-id", "1", "--to-id", fmt.Sprint(r.maxID()))
 }
 
+// postCovered posts n postings, delivers them to both consumers and
+// stops the test unless reconcile then exits 0, clean (coverage recorded).
+func (r *opsCLIRig) postCovered(n int) {
+	r.t.Helper()
+	r.post(n)
+	r.deliver("")
+	if code, rep, stderr := r.reconcile(); code != 0 || !rep.Clean {
+		r.t.Fatalf("reconcile after delivering %d postings: code %d, %+v, %s", n, code, rep, stderr)
+	}
+}
+
 // run runs the binary with the rig's environment, stops the test unless
 // it exits 0, and returns its stdout.
 func (r *opsCLIRig) run(args ...string) string {
@@ -167,11 +178,7 @@ func TestReconcileParkedIsNotCovered(t *testing.T) {
 	r := newOpsCLIRig(t)
 
 	// A covered, archived start.
-	r.post(3)
-	r.deliver("")
-	if code, rep, stderr := r.reconcile(); code != 0 || !rep.Clean {
-		t.Fatalf("first run: code %d, %+v, %s", code, rep, stderr)
-	}
+	r.postCovered(3)
 	r.run("archive")
 
 	// acc-1 parks at the projection.
@@ -251,11 +258,7 @@ func TestReconcileParkedIsNotCovered(t *testing.T) {
 func TestCleanupReverifiesArchiveSegments(t *testing.T) {
 	t.Parallel()
 	r := newOpsCLIRig(t)
-	r.post(4)
-	r.deliver("")
-	if code, rep, stderr := r.reconcile(); code != 0 || !rep.Clean {
-		t.Fatalf("reconcile: code %d, %+v, %s", code, rep, stderr)
-	}
+	r.postCovered(4)
 	r.run("archive")
 	segs, _ := filepath.Glob(filepath.Join(r.archiveDir, "segment-*"))
 	if len(segs) != 1 {
