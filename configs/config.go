@@ -88,7 +88,9 @@ type Metrics struct {
 
 // Log configures structured logging to stderr.
 type Log struct {
-	Level  string `koanf:"level"`
+	Level string `koanf:"level"`
+	// Format is auto (text lines when stderr is a terminal, JSON
+	// otherwise), text or json.
 	Format string `koanf:"format"`
 }
 
@@ -99,7 +101,7 @@ func Default() Config {
 		Sink:      defaultSink(),
 		Relay:     defaultRelay(),
 		Reconcile: Reconcile{},
-		Log:       Log{Level: "info", Format: "json"},
+		Log:       Log{Level: "info", Format: "auto"},
 		Archive:   defaultArchive(),
 		Cleanup:   defaultCleanup(),
 		Outbox:    defaultOutbox(),
@@ -294,9 +296,9 @@ func (l Log) validate() error {
 		return fieldErr("log.level", "is %q, want debug, info, warn or error", l.Level)
 	}
 	switch l.Format {
-	case "json", "text":
+	case "auto", "json", "text":
 	default:
-		return fieldErr("log.format", "is %q, want json or text", l.Format)
+		return fieldErr("log.format", "is %q, want auto, json or text", l.Format)
 	}
 	return nil
 }

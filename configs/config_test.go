@@ -98,6 +98,7 @@ func TestBadValuesNameTheKey(t *testing.T) {
 		{"bad listen", "", []string{"POSTHORN_API__LISTEN=8080"}, "api.listen"},
 		{"short token", "", []string{"POSTHORN_API__TOKENS=short"}, "api.tokens[0]"},
 		{"bad log level", "log:\n  level: loud\n", nil, "log.level"},
+		{"bad log format", "", []string{"POSTHORN_LOG__FORMAT=xml"}, "log.format"},
 		{"reconcile consumer without url", "reconcile:\n  consumers:\n    - name: a\n", nil, "reconcile.consumers[0].database_url"},
 	}
 	for _, tc := range cases {

@@ -4,8 +4,6 @@ import (
 	"bufio"
 	"encoding/json"
 	"net/http"
-	"os"
-	"os/exec"
 	"strings"
 	"syscall"
 	"testing"
@@ -18,16 +16,12 @@ import (
 func TestAPIServesAndStopsOnSIGTERM(t *testing.T) {
 	t.Parallel()
 	url, _ := pgtest.Ledger(t)
-	cmd := exec.Command(binPath, "api", "--database.url", url, "--api.listen", "127.0.0.1:0")
-	cmd.Env = append(os.Environ(), "POSTHORN_API__TOKENS=")
+	cmd := cliCommand([]string{"POSTHORN_API__TOKENS="}, "api", "--database.url", url, "--api.listen", "127.0.0.1:0")
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	startCLI(t, cmd)
 
 	// Read the JSON log until the listening line gives the address.
 	var addr string

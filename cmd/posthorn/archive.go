@@ -10,35 +10,16 @@ import (
 	"github.com/posthorn/posthorn/ops"
 )
 
-func init() {
-	register(command{name: "archive", summary: "write covered outbox rows to archive segments with a manifest (--verify re-reads and checks them)", run: runArchive})
-}
-
 func runArchive(ctx context.Context, args []string) error {
-	fs, path := flagSet("archive")
+	fs := newFlags("archive", "database.url", "archive.dir")
 	verify := fs.Bool("verify", false, "re-read every segment and check checksums, counts, ranges and the ledger's record; write nothing")
 	asJSON := fs.Bool("json", false, "print one JSON object")
-	keyFlags(fs, "database.url", "archive.dir")
-	cfg, err := loadConfig(fs, path, args)
+	p, err := fs.start(ctx, args, needs{ledger: 2, requireArchive: true})
 	if err != nil {
 		return err
 	}
-	if err := cfg.RequireDatabase(); err != nil {
-		return err
-	}
-	if err := cfg.RequireArchiveDir(); err != nil {
-		return err
-	}
-	store, err := openArchive(cfg)
-	if err != nil {
-		return err
-	}
-	pool, err := postgres.Connect(ctx, cfg.Database.URL, 2)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	ledger := postgres.NewOpsStore(pool)
+	defer p.close()
+	ledger, store := postgres.NewOpsStore(p.ledger), p.archive
 	if *verify {
 		res, err := ops.VerifyArchive(ctx, ledger, store)
 		if err != nil {
@@ -47,9 +28,9 @@ func runArchive(ctx context.Context, args []string) error {
 		if *asJSON {
 			_ = json.NewEncoder(os.Stdout).Encode(res)
 		} else {
-			fmt.Printf("archive %s: %d segments, %d rows, ids through %d\n", cfg.Archive.Dir, res.Segments, res.Rows, res.Through)
-			for _, p := range res.Problems {
-				fmt.Printf("  PROBLEM: %s\n", p)
+			fmt.Printf("archive %s: %d segments, %d rows, ids through %d\n", p.cfg.Archive.Dir, res.Segments, res.Rows, res.Through)
+			for _, problem := range res.Problems {
+				fmt.Printf("  PROBLEM: %s\n", problem)
 			}
 		}
 		if len(res.Problems) > 0 {
@@ -60,7 +41,7 @@ func runArchive(ctx context.Context, args []string) error {
 		}
 		return nil
 	}
-	res, err := ops.Archive(ctx, ops.ArchiveConfig{Ledger: ledger, Store: store, Required: requiredConsumers(cfg), SegmentRows: cfg.Archive.SegmentRows})
+	res, err := ops.Archive(ctx, ops.ArchiveConfig{Ledger: ledger, Store: store, Required: requiredConsumers(p.cfg), SegmentRows: p.cfg.Archive.SegmentRows})
 	if err != nil {
 		return err
 	}

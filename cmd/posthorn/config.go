@@ -9,18 +9,13 @@ import (
 	"github.com/knadh/koanf/v2"
 )
 
-func init() {
-	register(command{name: "config print", summary: "print the effective configuration, secrets redacted", run: runConfigPrint})
-}
-
 func runConfigPrint(ctx context.Context, args []string) error {
-	fs, path := flagSet("config print")
-	cfg, err := loadConfig(fs, path, args)
+	p, err := newFlags("config print").start(ctx, args, needs{})
 	if err != nil {
 		return err
 	}
 	k := koanf.New(".")
-	if err := k.Load(structs.Provider(cfg.Redacted(), "koanf"), nil); err != nil {
+	if err := k.Load(structs.Provider(p.cfg.Redacted(), "koanf"), nil); err != nil {
 		return err
 	}
 	out, err := k.Marshal(yaml.Parser())

@@ -14,8 +14,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/posthorn/posthorn/adapters/metricshttp"
 	"github.com/posthorn/posthorn/adapters/postgres"
@@ -26,12 +24,6 @@ import (
 	"github.com/posthorn/posthorn/consumers/subscribers"
 	"github.com/posthorn/posthorn/core"
 )
-
-func init() {
-	register(command{name: "consume", summary: "run the example consumers balance-projection and audit-log (--only NAME)", run: runConsume})
-	register(command{name: "consume release", summary: "lift a consumer's park of one account so its events re-drive in order", run: runConsumeRelease})
-	register(command{name: "consume status", summary: "dispositions, duplicates and parked accounts per consumer (--json)", run: runConsumeStatus})
-}
 
 // exampleConsumers are the built-in consumers, by name.
 var exampleConsumers = map[string]func(*consumers.Registry, string, ...consumers.Option) error{
@@ -48,14 +40,13 @@ func exampleNames() []string {
 	return names
 }
 
-// ConsumeOptions configures runConsumers beyond the configuration: the
+// consumeOptions configures runConsumers beyond the configuration: the
 // demo passes its in-process memory subscriber here.
 type consumeOptions struct {
 	only   string
 	hold   time.Duration
 	memory message.Subscriber
 	log    *slog.Logger
-	reg    *prometheus.Registry
 	// unsafeNoInbox runs the handlers without the inbox: the fault suite's
 	// negative control (--unsafe-no-inbox, only with -tags posthorn_unsafe),
 	// never for real use.
@@ -63,22 +54,20 @@ type consumeOptions struct {
 }
 
 func runConsume(ctx context.Context, args []string) error {
-	fs, path := flagSet("consume")
+	fs := newFlags("consume", "consumer.database.url", "metrics.listen", "sink.kind", "sink.kafka.brokers")
 	only := fs.String("only", "", "run only this consumer: "+fmt.Sprint(exampleNames()))
 	hold := fs.Duration("hold", 0, "how long an event ahead of its predecessor is held before its account is parked (default: config key consumer.hold, "+consumers.DefaultHoldTime.String()+")")
-	keyFlags(fs, "consumer.database.url", "metrics.listen", "sink.kind", "sink.kafka.brokers")
-	unsafeNoInbox := unsafeFlag(fs, "unsafe-no-inbox", "UNSAFE, tests only: apply without the inbox (no dedup, no gap check)")
-	cfg, err := loadConfig(fs, path, args)
+	unsafeNoInbox := unsafeFlag(fs.FlagSet, "unsafe-no-inbox", "UNSAFE, tests only: apply without the inbox (no dedup, no gap check)")
+	p, err := fs.start(ctx, args, needs{check: func(*configs.Config) error {
+		if *hold < 0 {
+			return fmt.Errorf("--hold must be positive, is %s", *hold)
+		}
+		return nil
+	}})
 	if err != nil {
 		return err
 	}
-	if *hold < 0 {
-		return fmt.Errorf("--hold must be positive, is %s", *hold)
-	}
-	if *hold == 0 {
-		*hold = cfg.Consumer.Hold
-	}
-	return runConsumers(ctx, cfg, consumeOptions{only: *only, hold: *hold, unsafeNoInbox: *unsafeNoInbox})
+	return runConsumers(ctx, p.cfg, consumeOptions{only: *only, hold: *hold, log: p.log, unsafeNoInbox: *unsafeNoInbox})
 }
 
 // runConsumers runs the example consumers until ctx is cancelled, then
@@ -99,9 +88,6 @@ func runConsumers(ctx context.Context, cfg configs.Config, o consumeOptions) err
 		o.hold = cfg.Consumer.Hold
 	}
 	log := o.log
-	if log == nil {
-		log = newLogger(cfg.Log, os.Stderr)
-	}
 	pool, err := openConsumerPool(ctx, cfg)
 	if err != nil {
 		return err
@@ -109,11 +95,7 @@ func runConsumers(ctx context.Context, cfg configs.Config, o consumeOptions) err
 	defer pool.Close()
 	postgres.WarnIfSuperuser(ctx, pool, log, "consume", postgres.RoleConsumer)
 	wlog := watermill.NewSlogLogger(log)
-	reg := o.reg
-	if reg == nil {
-		reg = prometheus.NewRegistry()
-		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	}
+	reg := newRegistry()
 	factory, err := subscribers.New(cfg.Sink, subscribers.Options{Logger: wlog, Memory: o.memory, Registerer: reg})
 	if err != nil {
 		return fmt.Errorf("config key sink.kind: %w", err)
@@ -191,28 +173,21 @@ func openConsumerPool(ctx context.Context, cfg configs.Config) (*pgxpool.Pool, e
 }
 
 func runConsumeRelease(ctx context.Context, args []string) error {
-	fs, path := flagSet("consume release")
+	fs := newFlags("consume release", "consumer.database.url")
 	consumer := fs.String("consumer", "", "consumer name, e.g. "+projection.Name+" (required)")
 	account := fs.String("account", "", "account whose park to lift (required)")
 	aggType := fs.String("aggregate-type", core.AggregateAccount, "aggregate type (journal for commands)")
-	keyFlags(fs, "consumer.database.url")
-	cfg, err := loadConfig(fs, path, args)
+	p, err := fs.start(ctx, args, needs{consumer: true, check: func(*configs.Config) error {
+		if *consumer == "" || *account == "" {
+			return errors.New("--consumer and --account are required")
+		}
+		return nil
+	}})
 	if err != nil {
 		return err
 	}
-	if *consumer == "" || *account == "" {
-		return errors.New("--consumer and --account are required")
-	}
-	if err := cfg.RequireConsumerDatabase(); err != nil {
-		return err
-	}
-	pool, err := openConsumerPool(ctx, cfg)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	in := postgres.NewInbox(pool)
-	n, err := in.Release(ctx, *consumer, *aggType, *account)
+	defer p.close()
+	n, err := postgres.NewInbox(p.consumer).Release(ctx, *consumer, *aggType, *account)
 	if err != nil {
 		return err
 	}
@@ -241,23 +216,15 @@ type parkedAccountStatus struct {
 }
 
 func runConsumeStatus(ctx context.Context, args []string) error {
-	fs, path := flagSet("consume status")
+	fs := newFlags("consume status", "consumer.database.url")
 	consumer := fs.String("consumer", "", "one consumer (default: the example consumers)")
 	asJSON := fs.Bool("json", false, "print JSON")
-	keyFlags(fs, "consumer.database.url")
-	cfg, err := loadConfig(fs, path, args)
+	p, err := fs.start(ctx, args, needs{consumer: true})
 	if err != nil {
 		return err
 	}
-	if err := cfg.RequireConsumerDatabase(); err != nil {
-		return err
-	}
-	pool, err := openConsumerPool(ctx, cfg)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	in := postgres.NewInbox(pool)
+	defer p.close()
+	in := postgres.NewInbox(p.consumer)
 	names := exampleNames()
 	if *consumer != "" {
 		names = []string{*consumer}

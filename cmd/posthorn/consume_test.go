@@ -5,8 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
-	"os/exec"
 	"strings"
 	"syscall"
 	"testing"
@@ -62,8 +60,7 @@ func TestConsumeAgainstKafkaStopsCleanly(t *testing.T) {
 		t.Fatalf("migrate --consumer: %d %s", code, stderr)
 	}
 
-	cmd := exec.Command(binPath, "consume")
-	cmd.Env = append(os.Environ(), env...)
+	cmd := cliCommand(env, "consume")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,12 +11,12 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/schollz/progressbar/v3"
-	"golang.org/x/term"
 
 	"github.com/posthorn/posthorn/adapters/kfakebroker"
 	"github.com/posthorn/posthorn/adapters/memory"
@@ -30,10 +31,6 @@ import (
 	"github.com/posthorn/posthorn/demo"
 	"github.com/posthorn/posthorn/ops"
 )
-
-func init() {
-	register(command{name: "demo", summary: "everything in one process on embedded defaults, with a summary at the end (--postings N, --json)", run: runDemo})
-}
 
 // demoSummary is the --json object of contract.md's Demo section. Fields
 // are added, never renamed.
@@ -52,43 +49,44 @@ type demoSummary struct {
 var demoConsumers = []string{projection.Name, auditlog.Name}
 
 func runDemo(ctx context.Context, args []string) error {
-	fs, path := flagSet("demo")
+	fs := newFlags("demo", "database.url", "consumer.database.url", "log.level", "sink.kind")
 	postings := fs.Int("postings", 3000, "number of random balanced transfers to post")
 	asJSON := fs.Bool("json", false, "print one JSON object on stdout (logs at warn and above only, no progress bar)")
 	workers := fs.Int("workers", demo.DefaultWorkers, "concurrent API clients")
 	accounts := fs.Int("accounts", demo.DefaultAccounts, "number of accounts the transfers move money between")
 	timeout := fs.Duration("timeout", 3*time.Minute, "how long to wait for delivery after the last posting")
 	sinkKind := fs.String("sink", "", "sink kind (default kafka: an in-process Kafka-protocol broker; memory: the in-process memory broker; others from configuration, on a broker without earlier runs' events)")
-	keyFlags(fs, "database.url", "consumer.database.url", "log.level", "sink.kind")
-	cfg, err := loadConfig(fs, path, args)
+	p, err := fs.start(ctx, args, needs{check: func(cfg *configs.Config) error {
+		if *postings < 1 {
+			return fmt.Errorf("--postings is %d, want at least 1", *postings)
+		}
+		if *workers < 1 || *accounts < 4 {
+			return fmt.Errorf("--workers must be at least 1 and --accounts at least 4 (got %d and %d)", *workers, *accounts)
+		}
+		if *sinkKind != "" {
+			cfg.Sink.Kind = *sinkKind
+			if err := cfg.Validate(); err != nil {
+				return fmt.Errorf("--sink: %w", err)
+			}
+		}
+		// The demo's human output is the progress bar and the summary; logs
+		// are at warn unless asked for, and never below warn with --json.
+		if !fs.Changed("log.level") && os.Getenv(configs.EnvPrefix+"LOG__LEVEL") == "" {
+			cfg.Log.Level = "warn"
+		}
+		if *asJSON {
+			var lvl slog.Level
+			_ = lvl.UnmarshalText([]byte(cfg.Log.Level))
+			if lvl < slog.LevelWarn {
+				cfg.Log.Level = "warn"
+			}
+		}
+		return nil
+	}})
 	if err != nil {
 		return err
 	}
-	if *postings < 1 {
-		return fmt.Errorf("--postings is %d, want at least 1", *postings)
-	}
-	if *workers < 1 || *accounts < 4 {
-		return fmt.Errorf("--workers must be at least 1 and --accounts at least 4 (got %d and %d)", *workers, *accounts)
-	}
-	if *sinkKind != "" {
-		cfg.Sink.Kind = *sinkKind
-		if err := cfg.Validate(); err != nil {
-			return fmt.Errorf("--sink: %w", err)
-		}
-	}
-	// The demo's human output is the progress bar and the summary; logs
-	// are at warn unless asked for, and never below warn with --json.
-	if !fs.Changed("log.level") && os.Getenv(configs.EnvPrefix+"LOG__LEVEL") == "" {
-		cfg.Log.Level = "warn"
-	}
-	if *asJSON {
-		var lvl slog.Level
-		_ = lvl.UnmarshalText([]byte(cfg.Log.Level))
-		if lvl < slog.LevelWarn {
-			cfg.Log.Level = "warn"
-		}
-	}
-	log := newLogger(cfg.Log, os.Stderr)
+	cfg, log := p.cfg, p.log
 	d := &demoRun{cfg: cfg, log: log, json: *asJSON, workers: *workers, accounts: *accounts, timeout: *timeout}
 	sum, err := d.run(ctx, *postings)
 	if err != nil {
@@ -136,6 +134,7 @@ type demoRun struct {
 
 	relay     *bridge.Relay
 	relaySink core.Sink
+	relayCut  *atomic.Bool // set when the demo cuts this relay short on purpose
 	relayN    int
 	consStop  context.CancelFunc
 	consDone  chan error
@@ -169,15 +168,19 @@ func (d *demoRun) run(ctx context.Context, postings int) (demoSummary, error) {
 		defer d.mem.Close()
 	}
 
-	// The Posting API on a free port.
+	// The Posting API on a free port, with authentication on as in
+	// production: without api.tokens, a token made for this run that only
+	// the demo's own clients know.
+	if len(d.cfg.API.Tokens) == 0 {
+		d.cfg.API.Tokens = []string{rand.Text()}
+		d.log.Info("demo: api.tokens is empty, so the Posting API takes a bearer token generated for this run")
+	}
 	apiPool, err := postgres.Connect(ctx, d.apiURL, apiConns)
 	if err != nil {
 		return sum, err
 	}
 	defer apiPool.Close()
-	srv, err := api.New(api.Config{Tokens: d.cfg.API.Tokens, Logger: d.log},
-		postgres.NewLedgerStore(apiPool, postgres.LedgerConfig{CommandTopicPrefix: d.cfg.Sink.CommandTopicPrefix,
-			MetadataAllowlist: d.cfg.Outbox.MetadataAllowlist, MetadataMaxBytes: d.cfg.Outbox.MetadataMaxBytes}))
+	srv, err := api.New(api.Config{Tokens: d.cfg.API.Tokens, Logger: d.log}, ledgerStore(d.cfg, apiPool))
 	if err != nil {
 		return sum, err
 	}
@@ -386,13 +389,14 @@ func (d *demoRun) startRelay(pool *pgxpool.Pool) error {
 		}
 	}
 	d.relayN++
+	cut := new(atomic.Bool)
 	r, err := bridge.New(postgres.NewRelayStore(pool), sink, bridge.Config{
 		Owner:        fmt.Sprintf("demo-relay-%d", d.relayN),
 		SinkName:     d.cfg.Sink.Kind,
 		BatchSize:    d.cfg.Relay.BatchSize,
 		PollInterval: d.cfg.Relay.PollInterval,
 		LeaseTTL:     d.cfg.Relay.LeaseTTL,
-		Logger:       d.log,
+		Logger:       slog.New(plannedCrash{Handler: d.log.Handler(), cut: cut}),
 	})
 	if err != nil {
 		sink.Close()
@@ -402,7 +406,7 @@ func (d *demoRun) startRelay(pool *pgxpool.Pool) error {
 		sink.Close()
 		return err
 	}
-	d.relay, d.relaySink = r, sink
+	d.relay, d.relaySink, d.relayCut = r, sink, cut
 	return nil
 }
 
@@ -414,6 +418,9 @@ func (d *demoRun) stopRelay(hard bool) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	if hard {
+		d.log.Info("demo: simulating a relay crash between ACK and marker: cutting "+d.relay.Owner()+" short",
+			"consequence", "its in-flight batch is sent again without a marker, and the consumers' inbox absorbs the repeats")
+		d.relayCut.Store(true)
 		cancel()
 	}
 	if err := d.relay.Stop(ctx); err != nil && !hard {
@@ -421,7 +428,7 @@ func (d *demoRun) stopRelay(hard bool) {
 	}
 	cancel()
 	d.relaySink.Close()
-	d.relay, d.relaySink = nil, nil
+	d.relay, d.relaySink, d.relayCut = nil, nil, nil
 }
 
 // startConsumers runs both example consumers as `posthorn consume` does.
@@ -453,8 +460,9 @@ func (d *demoRun) restart(pool *pgxpool.Pool, hard bool) error {
 	what := "relay and consumers stopped softly and restarted"
 	if hard {
 		what = "relay cut short (as by a crash) and restarted; consumers restarted"
+	} else {
+		d.log.Info("demo: planned restart: stopping the relay and the consumers softly, then starting new ones")
 	}
-	d.log.Info("demo: " + what)
 	d.stopRelay(hard)
 	d.stopConsumers()
 	d.restarts = append(d.restarts, what)
@@ -462,6 +470,7 @@ func (d *demoRun) restart(pool *pgxpool.Pool, hard bool) error {
 		return err
 	}
 	d.startConsumers()
+	d.log.Info("demo: " + what)
 	return nil
 }
 
@@ -504,7 +513,7 @@ func (d *demoRun) waitDelivered(ctx context.Context) error {
 
 // progressBar returns a bar on a terminal, nil otherwise (and with --json).
 func (d *demoRun) progressBar(n int, what string) *progressbar.ProgressBar {
-	if d.json || !term.IsTerminal(int(os.Stdout.Fd())) {
+	if d.json || !isTerminal(os.Stdout) {
 		return nil
 	}
 	return progressbar.NewOptions(n,
@@ -557,4 +566,46 @@ func firstToken(ts []string) string {
 		return ""
 	}
 	return ts[0]
+}
+
+// plannedCrash is the log handler of one demo relay. Once the demo cuts
+// that relay short on purpose (its simulated crash), the cancellation errors
+// the cut causes, such as the marker write it interrupts, are the planned
+// fault's consequences: they are logged at INFO and say so. Every other
+// record keeps its level, so a real failure during the demo still logs as
+// one.
+type plannedCrash struct {
+	slog.Handler
+	cut *atomic.Bool
+}
+
+func (h plannedCrash) Handle(ctx context.Context, r slog.Record) error {
+	if r.Level <= slog.LevelInfo || !h.cut.Load() || !cancelled(r) {
+		return h.Handler.Handle(ctx, r)
+	}
+	if !h.Handler.Enabled(ctx, slog.LevelInfo) {
+		return nil
+	}
+	planned := slog.NewRecord(r.Time, slog.LevelInfo, "demo: expected after the simulated crash: "+r.Message, r.PC)
+	r.Attrs(func(a slog.Attr) bool { planned.AddAttrs(a); return true })
+	return h.Handler.Handle(ctx, planned)
+}
+
+func (h plannedCrash) WithAttrs(as []slog.Attr) slog.Handler {
+	return plannedCrash{Handler: h.Handler.WithAttrs(as), cut: h.cut}
+}
+
+func (h plannedCrash) WithGroup(name string) slog.Handler {
+	return plannedCrash{Handler: h.Handler.WithGroup(name), cut: h.cut}
+}
+
+// cancelled reports whether r carries an error caused by a cancelled
+// context.
+func cancelled(r slog.Record) (yes bool) {
+	r.Attrs(func(a slog.Attr) bool {
+		err, ok := a.Value.Any().(error)
+		yes = ok && errors.Is(err, context.Canceled)
+		return !yes
+	})
+	return yes
 }

@@ -2,8 +2,13 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
 	"strings"
+	"sync/atomic"
 	"testing"
 )
 
@@ -70,5 +75,46 @@ func TestDemoRejectsBadFlags(t *testing.T) {
 	code, _, stderr = runCLI(t, nil, "demo", "--sink", "carrier-pigeon")
 	if code != 1 || !strings.Contains(stderr, "sink.kind") {
 		t.Fatalf("code %d, stderr %q", code, stderr)
+	}
+}
+
+// A relay the demo cut short on purpose logs the cancellations the cut
+// causes at INFO, saying so; before the cut, and for any other error, the
+// level stays: a real failure during the demo still logs as one.
+func TestDemoPlannedCrashLogsOnlyItsOwnConsequencesAtInfo(t *testing.T) {
+	var buf bytes.Buffer
+	cut := new(atomic.Bool)
+	log := slog.New(plannedCrash{Handler: slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelInfo}), cut: cut}).With("owner", "demo-relay-2")
+	canceled := fmt.Errorf("write relay markers: %w", context.Canceled)
+	log.Error("write relay markers", "err", canceled)
+	cut.Store(true)
+	log.Error("write relay markers", "err", canceled)
+	log.Error("read outbox", "err", errors.New("connection refused"))
+	log.Warn("release leases on stop", "err", canceled)
+	want := []struct{ level, msg string }{
+		{"ERROR", "write relay markers"},
+		{"INFO", "demo: expected after the simulated crash: write relay markers"},
+		{"ERROR", "read outbox"},
+		{"INFO", "demo: expected after the simulated crash: release leases on stop"},
+	}
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	if len(lines) != len(want) {
+		t.Fatalf("%d records, want %d:\n%s", len(lines), len(want), buf.String())
+	}
+	for i, line := range lines {
+		var rec map[string]any
+		if err := json.Unmarshal([]byte(line), &rec); err != nil {
+			t.Fatal(err)
+		}
+		if rec["level"] != want[i].level || rec["msg"] != want[i].msg || rec["owner"] != "demo-relay-2" || rec["err"] == nil {
+			t.Errorf("record %d: %s; want %s %q with owner and err", i, line, want[i].level, want[i].msg)
+		}
+	}
+	// At the demo's default level (warn) the planned consequences are not shown.
+	buf.Reset()
+	quiet := slog.New(plannedCrash{Handler: slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelWarn}), cut: cut})
+	quiet.Error("write relay markers", "err", canceled)
+	if buf.Len() != 0 {
+		t.Errorf("at warn the planned consequence was logged: %s", buf.String())
 	}
 }

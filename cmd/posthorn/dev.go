@@ -11,26 +11,22 @@ import (
 	"github.com/posthorn/posthorn/adapters/kfakebroker"
 )
 
-func init() {
-	register(command{name: "dev kafka", summary: "a standalone Kafka-protocol broker for local work (kfake): --listen, --data-dir, --nodes; SIGUSR1 moves partition leaders", run: runDevKafka})
-}
-
 // runDevKafka runs kfake as a broker process until SIGINT or SIGTERM. The
 // ready line on stdout is part of the contract: scripts and the fault suite
 // wait for it before they connect. With --nodes N it is a cluster of N
 // brokers on consecutive ports, and each SIGUSR1 elects new partition
 // leaders (the fault suite's leadership moves).
 func runDevKafka(ctx context.Context, args []string) error {
-	fs, path := flagSet("dev kafka")
+	fs := newFlags("dev kafka")
 	listen := fs.String("listen", kfakebroker.DefaultListen, "host:port to listen on (port 0 picks a free one)")
 	dataDir := fs.String("data-dir", "", "directory that keeps records, topics and offsets across restarts (default: in memory)")
 	partitions := fs.Int("partitions", kfakebroker.DefaultPartitions, "partitions of ledger.events and of auto-created topics (a fresh data dir only)")
 	nodes := fs.Int("nodes", 1, "brokers in the cluster, on consecutive ports from --listen's")
-	cfg, err := loadConfig(fs, path, args)
+	p, err := fs.start(ctx, args, needs{})
 	if err != nil {
 		return err
 	}
-	log := newLogger(cfg.Log, os.Stderr)
+	log := p.log
 	b, err := kfakebroker.Start(kfakebroker.Options{
 		Listen:     *listen,
 		DataDir:    *dataDir,

@@ -19,15 +19,12 @@ import (
 // ready line, which is what scripts wait for.
 func startDevKafka(t *testing.T, dataDir string, flags ...string) (*exec.Cmd, string) {
 	t.Helper()
-	cmd := exec.Command(binPath, append([]string{"dev", "kafka", "--listen", "127.0.0.1:0", "--data-dir", dataDir}, flags...)...)
+	cmd := cliCommand(nil, append([]string{"dev", "kafka", "--listen", "127.0.0.1:0", "--data-dir", dataDir}, flags...)...)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	startCLI(t, cmd)
 	line, err := bufio.NewReader(out).ReadString('\n')
 	const prefix = "kafka-protocol broker listening on "
 	if err != nil || !strings.HasPrefix(line, prefix) {

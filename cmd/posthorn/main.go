@@ -1,6 +1,3 @@
-// Command posthorn is the transactional-outbox relay and its tools. Each
-// subcommand lives in its own file and registers itself in init; this file
-// holds the dispatch, the shared flags, the logger and signal handling.
 package main
 
 import (
@@ -8,28 +5,44 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"os/signal"
 	"sort"
 	"syscall"
 
 	"github.com/spf13/pflag"
-
-	"github.com/posthorn/posthorn/configs"
 )
 
 // command is one subcommand. run returns an error to print and exit 1, or an
 // *exitError for another code.
 type command struct {
-	name    string
 	summary string
 	run     func(ctx context.Context, args []string) error
 }
 
-var commands = map[string]command{}
-
-func register(c command) { commands[c.name] = c }
+// commands are the subcommands by name, each run by the function of its
+// own file; two-word commands ("config print", "outbox status") are named
+// with their space.
+var commands = map[string]command{
+	"api":             {"serve the Posting API", runAPI},
+	"archive":         {"write covered outbox rows to archive segments with a manifest (--verify re-reads and checks them)", runArchive},
+	"cleanup":         {"delete outbox rows below the verified boundary (relayed, covered, archived, past the replay window); --dry-run first", runCleanup},
+	"config print":    {"print the effective configuration, secrets redacted", runConfigPrint},
+	"consume":         {"run the example consumers balance-projection and audit-log (--only NAME)", runConsume},
+	"consume release": {"lift a consumer's park of one account so its events re-drive in order", runConsumeRelease},
+	"consume status":  {"dispositions, duplicates and parked accounts per consumer (--json)", runConsumeStatus},
+	"demo":            {"everything in one process on embedded defaults, with a summary at the end (--postings N, --json)", runDemo},
+	"dev kafka":       {"a standalone Kafka-protocol broker for local work (kfake): --listen, --data-dir, --nodes; SIGUSR1 moves partition leaders", runDevKafka},
+	"migrate":         {"create or upgrade the ledger schema (--consumer, --roles)", runMigrate},
+	"outbox status":   {"backlog, oldest unrelayed age, leases, parked aggregates (--json)", runOutboxStatus},
+	"outbox release":  {"let the relay send a parked account or command journal again (--account ID | --journal ID)", runOutboxRelease},
+	"outbox resend":   {"send rows again with the same event IDs (--event-id ID …, or --from-id/--to-id); marker after the ACK", runOutboxResend},
+	"reconcile":       {"match journals, outbox and consumer dispositions up to a cut (--cut N, --json); exit 0 clean, 1 discrepancies, 2 could not run", runReconcile},
+	"relay":           {"run the bridge: outbox → sink (SIGINT/SIGTERM stop it softly)", runRelay},
+	"replay":          {"historical replay of events for a range (sequence, time, account) with the same event IDs and the replay header", runReplay},
+	"retention":       {"prune final consumer inbox rows behind the safe horizon and expired idempotency keys, in small batches (--only inbox|idempotency-keys, --json)", runRetention},
+	"version":         {"print version and build info", runVersion},
+}
 
 // exitError carries an exit code other than 1 (reconcile's 1 and 2).
 type exitError struct {
@@ -120,38 +133,4 @@ func signalContext() (context.Context, func()) {
 		os.Exit(1)
 	}()
 	return ctx, func() { signal.Stop(ch); cancel() }
-}
-
-// flagSet returns a flag set with the shared --config flag.
-func flagSet(name string) (*pflag.FlagSet, *string) {
-	fs := pflag.NewFlagSet("posthorn "+name, pflag.ContinueOnError)
-	path := fs.String("config", "", "YAML configuration file")
-	return fs, path
-}
-
-// keyFlags adds flags named by configuration keys (e.g. --database.url);
-// a flag that is set overrides the file and the environment.
-func keyFlags(fs *pflag.FlagSet, keys ...string) {
-	for _, k := range keys {
-		fs.String(k, "", "sets config key "+k)
-	}
-}
-
-// loadConfig parses args into fs and loads the configuration.
-func loadConfig(fs *pflag.FlagSet, path *string, args []string) (configs.Config, error) {
-	if err := fs.Parse(args); err != nil {
-		return configs.Config{}, err
-	}
-	return configs.Load(*path, nil, fs)
-}
-
-// newLogger returns the structured logger the configuration asks for.
-func newLogger(cfg configs.Log, w io.Writer) *slog.Logger {
-	var level slog.Level
-	_ = level.UnmarshalText([]byte(cfg.Level))
-	opts := &slog.HandlerOptions{Level: level}
-	if cfg.Format == "text" {
-		return slog.New(slog.NewTextHandler(w, opts))
-	}
-	return slog.New(slog.NewJSONHandler(w, opts))
 }

@@ -10,13 +10,15 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"go.uber.org/goleak"
 
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 )
 
 var binPath string
 
-// TestMain builds the binary once: the CLI is tested as users run it.
+// TestMain builds the binary once: the CLI is tested as users run it. No
+// test may leave a goroutine behind.
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "posthorn-bin")
 	if err != nil {
@@ -26,15 +28,37 @@ func TestMain(m *testing.M) {
 	if out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput(); err != nil {
 		panic(string(out))
 	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
+	goleak.VerifyTestMain(m,
+		// sarama (under watermill-kafka, the consume test's publisher)
+		// starts go-metrics' meter ticker once per process, for good.
+		goleak.IgnoreTopFunction("github.com/rcrowley/go-metrics.(*meterArbiter).tick"),
+		goleak.Cleanup(func(code int) {
+			os.RemoveAll(dir)
+			os.Exit(code)
+		}))
 }
 
-func runCLI(t *testing.T, env []string, args ...string) (int, string, string) {
-	t.Helper()
+// cliCommand is the binary with args, env added to the environment.
+func cliCommand(env []string, args ...string) *exec.Cmd {
 	cmd := exec.Command(binPath, args...)
 	cmd.Env = append(os.Environ(), env...)
+	return cmd
+}
+
+// startCLI starts cmd and kills it at the end of the test if it still runs.
+func startCLI(t *testing.T, cmd *exec.Cmd) {
+	t.Helper()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+}
+
+// runCLI runs the binary to its exit and returns the exit code, stdout and
+// stderr.
+func runCLI(t *testing.T, env []string, args ...string) (int, string, string) {
+	t.Helper()
+	cmd := cliCommand(env, args...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()

@@ -9,20 +9,16 @@ import (
 	"github.com/posthorn/posthorn/adapters/postgres"
 )
 
-func init() {
-	register(command{name: "migrate", summary: "create or upgrade the ledger schema (--consumer, --roles)", run: runMigrate})
-}
-
 func runMigrate(ctx context.Context, args []string) error {
-	fs, path := flagSet("migrate")
+	fs := newFlags("migrate", "database.url", "consumer.database.url")
 	consumer := fs.Bool("consumer", false, "migrate the example consumers' schema on consumer.database.url")
 	roles := fs.Bool("roles", false, "also create the per-component group roles and grant their privileges on this schema (idempotent; see README, Security)")
 	logins := fs.Bool("create-logins", false, "with --roles: also create a LOGIN role per component (posthorn_<component>_login), password from POSTHORN_ROLE_PASSWORD_<COMPONENT> when set")
-	keyFlags(fs, "database.url", "consumer.database.url")
-	cfg, err := loadConfig(fs, path, args)
+	p, err := fs.start(ctx, args, needs{})
 	if err != nil {
 		return err
 	}
+	cfg := p.cfg
 	if *consumer {
 		if err := cfg.RequireConsumerDatabase(); err != nil {
 			return err

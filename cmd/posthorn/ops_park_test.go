@@ -50,10 +50,11 @@ func newOpsCLIRig(t *testing.T) *opsCLIRig {
 	return r
 }
 
-// post writes n postings between acc-0, acc-1 and acc-2 and marks them
-// relayed through `outbox resend` (the memory sink ACKs).
-func (r *opsCLIRig) post(n int) {
+// postings writes n postings between acc-0, acc-1 and acc-2 and returns
+// their events, unrelayed.
+func (r *opsCLIRig) postings(n int) []core.PostedEvent {
 	r.t.Helper()
+	var events []core.PostedEvent
 	for range n {
 		i := r.n
 		r.n++
@@ -61,17 +62,53 @@ func (r *opsCLIRig) post(n int) {
 			{Account: fmt.Sprintf("acc-%d", i%3), Direction: core.Debit, Amount: 10, Currency: "EUR"},
 			{Account: fmt.Sprintf("acc-%d", (i+1)%3), Direction: core.Credit, Amount: 10, Currency: "EUR"},
 		}}
-		if _, _, err := r.store.Post(context.Background(), fmt.Sprintf("park-%d", i), p); err != nil {
+		res, _, err := r.store.Post(context.Background(), fmt.Sprintf("park-%d", i), p)
+		if err != nil {
 			r.t.Fatal(err)
 		}
+		events = append(events, res.Events...)
 	}
-	var maxID int64
-	if err := r.ledger.QueryRow(context.Background(), `SELECT max(id) FROM outbox`).Scan(&maxID); err != nil {
+	return events
+}
+
+// maxID is the highest outbox id.
+func (r *opsCLIRig) maxID() int64 {
+	r.t.Helper()
+	var id int64
+	if err := r.ledger.QueryRow(context.Background(), `SELECT max(id) FROM outbox`).Scan(&id); err != nil {
 		r.t.Fatal(err)
 	}
-	if code, stdout, stderr := runCLI(r.t, r.env, "outbox", "resend", "--from-id", "1", "--to-id", fmt.Sprint(maxID)); code != 0 {
-		r.t.Fatalf("resend: code %d, %s %s", code, stdout, stderr)
+	return id
+}
+
+// post writes n postings like postings and marks them relayed through
+// `outbox resend` (the memory sink ACKs).
+func (r *opsCLIRig) post(n int) {
+	r.t.Helper()
+	r.postings(n)
+	r.run("outbox", "resend", "--from-id", "1", "--to-id", fmt.Sprint(r.maxID()))
+}
+
+// postCovered posts n postings, delivers them to both consumers and
+// stops the test unless reconcile then exits 0, clean (coverage recorded).
+func (r *opsCLIRig) postCovered(n int) {
+	r.t.Helper()
+	r.post(n)
+	r.deliver("")
+	if code, rep, stderr := r.reconcile(); code != 0 || !rep.Clean {
+		r.t.Fatalf("reconcile after delivering %d postings: code %d, %+v, %s", n, code, rep, stderr)
 	}
+}
+
+// run runs the binary with the rig's environment, stops the test unless
+// it exits 0, and returns its stdout.
+func (r *opsCLIRig) run(args ...string) string {
+	r.t.Helper()
+	code, stdout, stderr := runCLI(r.t, r.env, args...)
+	if code != 0 {
+		r.t.Fatalf("%s: code %d, %s %s", strings.Join(args, " "), code, stdout, stderr)
+	}
+	return stdout
 }
 
 // deliver hands every new event to both consumers through the inbox;
@@ -107,9 +144,11 @@ func (r *opsCLIRig) deliver(park string) (parked []string) {
 	return parked
 }
 
-func (r *opsCLIRig) reconcile() (int, ops.Report, string) {
+// reconcile runs `reconcile --json` with extra flags and decodes its
+// report unless it could not run (exit 2).
+func (r *opsCLIRig) reconcile(extra ...string) (int, ops.Report, string) {
 	r.t.Helper()
-	code, stdout, stderr := runCLI(r.t, r.env, "reconcile", "--json")
+	code, stdout, stderr := runCLI(r.t, r.env, append([]string{"reconcile", "--json"}, extra...)...)
 	var rep ops.Report
 	if code != 2 {
 		if err := json.Unmarshal([]byte(stdout), &rep); err != nil {
@@ -139,14 +178,8 @@ func TestReconcileParkedIsNotCovered(t *testing.T) {
 	r := newOpsCLIRig(t)
 
 	// A covered, archived start.
-	r.post(3)
-	r.deliver("")
-	if code, rep, stderr := r.reconcile(); code != 0 || !rep.Clean {
-		t.Fatalf("first run: code %d, %+v, %s", code, rep, stderr)
-	}
-	if code, stdout, stderr := runCLI(t, r.env, "archive"); code != 0 {
-		t.Fatalf("archive: code %d, %s %s", code, stdout, stderr)
-	}
+	r.postCovered(3)
+	r.run("archive")
 
 	// acc-1 parks at the projection.
 	r.post(3)
@@ -188,11 +221,9 @@ func TestReconcileParkedIsNotCovered(t *testing.T) {
 
 	// Cleanup goes only as far as the projection's old coverage: the parked
 	// rows stay.
-	if code, stdout, stderr := runCLI(t, r.env, "archive"); code != 0 {
-		t.Fatalf("archive: code %d, %s %s", code, stdout, stderr)
-	}
-	if code, stdout, stderr := runCLI(t, r.env, "cleanup"); code != 0 || !strings.Contains(stdout, "deleted") {
-		t.Fatalf("cleanup: code %d, %s %s", code, stdout, stderr)
+	r.run("archive")
+	if stdout := r.run("cleanup"); !strings.Contains(stdout, "deleted") {
+		t.Fatalf("cleanup: %s", stdout)
 	}
 	for _, id := range parked {
 		if !r.outboxHas(id) {
@@ -201,9 +232,7 @@ func TestReconcileParkedIsNotCovered(t *testing.T) {
 	}
 
 	// Release and apply: clean, covered, and cleanup takes the rest.
-	if code, stdout, stderr := runCLI(t, r.env, "consume", "release", "--consumer", projection.Name, "--account", "acc-1"); code != 0 {
-		t.Fatalf("release: code %d, %s %s", code, stdout, stderr)
-	}
+	r.run("consume", "release", "--consumer", projection.Name, "--account", "acc-1")
 	outs, err := postgres.NewInbox(r.consumer).Drain(ctx, projection.Name, true, core.AggregateAccount, "acc-1", projection.Handle)
 	if err != nil || len(outs) != len(parked) {
 		t.Fatalf("drain after release: %d outcomes, %v; want %d", len(outs), err, len(parked))
@@ -211,11 +240,9 @@ func TestReconcileParkedIsNotCovered(t *testing.T) {
 	if code, rep, stderr := r.reconcile(); code != 0 || !rep.Clean {
 		t.Fatalf("after release and apply: code %d, %+v, %s", code, rep, stderr)
 	}
-	if code, stdout, stderr := runCLI(t, r.env, "archive"); code != 0 {
-		t.Fatalf("archive: code %d, %s %s", code, stdout, stderr)
-	}
-	if code, stdout, stderr := runCLI(t, r.env, "cleanup"); code != 0 || !strings.Contains(stdout, "deleted") {
-		t.Fatalf("cleanup: code %d, %s %s", code, stdout, stderr)
+	r.run("archive")
+	if stdout := r.run("cleanup"); !strings.Contains(stdout, "deleted") {
+		t.Fatalf("cleanup: %s", stdout)
 	}
 	for _, id := range parked {
 		if r.outboxHas(id) {
@@ -231,14 +258,8 @@ func TestReconcileParkedIsNotCovered(t *testing.T) {
 func TestCleanupReverifiesArchiveSegments(t *testing.T) {
 	t.Parallel()
 	r := newOpsCLIRig(t)
-	r.post(4)
-	r.deliver("")
-	if code, rep, stderr := r.reconcile(); code != 0 || !rep.Clean {
-		t.Fatalf("reconcile: code %d, %+v, %s", code, rep, stderr)
-	}
-	if code, stdout, stderr := runCLI(t, r.env, "archive"); code != 0 {
-		t.Fatalf("archive: code %d, %s %s", code, stdout, stderr)
-	}
+	r.postCovered(4)
+	r.run("archive")
 	segs, _ := filepath.Glob(filepath.Join(r.archiveDir, "segment-*"))
 	if len(segs) != 1 {
 		t.Fatalf("segments %v, want one", segs)
@@ -316,9 +337,7 @@ func TestOutboxReleaseParkedCommandJournal(t *testing.T) {
 	if code, stdout, stderr := runCLI(t, r.env, "outbox", "release", "--journal", journal); code != 0 || !strings.Contains(stdout, "journal "+journal+" released") {
 		t.Fatalf("release --journal: code %d, %s %s", code, stdout, stderr)
 	}
-	if code, stdout, stderr := runCLI(t, r.env, "outbox", "release", "--account", "acc-9"); code != 0 {
-		t.Fatalf("release --account: code %d, %s %s", code, stdout, stderr)
-	}
+	r.run("outbox", "release", "--account", "acc-9")
 	if left, err := store.Parked(ctx); err != nil || len(left) != 0 {
 		t.Fatalf("still parked: %+v %v", left, err)
 	}

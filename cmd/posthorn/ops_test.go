@@ -10,10 +10,8 @@ import (
 	"testing"
 
 	"github.com/posthorn/posthorn/adapters/postgres"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/consumers/auditlog"
 	"github.com/posthorn/posthorn/consumers/projection"
-	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/ops"
 )
 
@@ -24,41 +22,10 @@ import (
 func TestOpsCommands(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	ledgerURL, ledger := pgtest.Ledger(t)
-	consumerURL, consumer := pgtest.Consumer(t)
-	archiveDir := t.TempDir()
-	env := []string{
-		"POSTHORN_DATABASE__URL=" + ledgerURL,
-		"POSTHORN_CONSUMER__DATABASE__URL=" + consumerURL,
-		"POSTHORN_SINK__KIND=memory",
-		"POSTHORN_ARCHIVE__DIR=" + archiveDir,
-		"POSTHORN_CLEANUP__REPLAY_WINDOW=0s",
-	}
-	store := postgres.NewLedgerStore(ledger, postgres.LedgerConfig{})
-	var events []core.PostedEvent
-	for i := range 6 {
-		p := core.Posting{Entries: []core.Entry{
-			{Account: fmt.Sprintf("acc-%d", i%3), Direction: core.Debit, Amount: 10, Currency: "EUR"},
-			{Account: fmt.Sprintf("acc-%d", (i+1)%3), Direction: core.Credit, Amount: 10, Currency: "EUR"},
-		}}
-		res, _, err := store.Post(ctx, fmt.Sprintf("cli-%d", i), p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		events = append(events, res.Events...)
-	}
+	r := newOpsCLIRig(t)
+	env, ledger, consumer, archiveDir, reconcile := r.env, r.ledger, r.consumer, r.archiveDir, r.reconcile
+	events := r.postings(6)
 
-	reconcile := func(extra ...string) (int, ops.Report, string) {
-		t.Helper()
-		code, stdout, stderr := runCLI(t, env, append([]string{"reconcile", "--json"}, extra...)...)
-		var rep ops.Report
-		if code != 2 {
-			if err := json.Unmarshal([]byte(stdout), &rep); err != nil {
-				t.Fatalf("reconcile JSON: %v\n%s\n%s", err, stdout, stderr)
-			}
-		}
-		return code, rep, stderr
-	}
 	// Nothing relayed yet: discrepancies, exit 1.
 	code, rep, stderr := reconcile()
 	if code != 1 || rep.Consumers[0].Discrepancies.Unrelayed.Count != int64(len(events)) {
@@ -77,10 +44,7 @@ func TestOpsCommands(t *testing.T) {
 	if code != 1 || !strings.Contains(stderr, "not in the outbox") {
 		t.Fatalf("resend unknown: code %d, %s", code, stderr)
 	}
-	var maxID int64
-	if err := ledger.QueryRow(ctx, `SELECT max(id) FROM outbox`).Scan(&maxID); err != nil {
-		t.Fatal(err)
-	}
+	maxID := r.maxID()
 	code, stdout, stderr := runCLI(t, env, "outbox", "resend", "--from-id", "1", "--to-id", fmt.Sprint(maxID), "--json")
 	var rs ops.ResendResult
 	if code != 0 || json.Unmarshal([]byte(stdout), &rs) != nil || rs.Marked != len(events) {

@@ -16,15 +16,10 @@ import (
 
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/bridge/cdc"
+	"github.com/posthorn/posthorn/configs"
 	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/ops"
 )
-
-func init() {
-	register(command{name: "outbox status", summary: "backlog, oldest unrelayed age, leases, parked aggregates (--json)", run: runOutboxStatus})
-	register(command{name: "outbox release", summary: "let the relay send a parked account or command journal again (--account ID | --journal ID)", run: runOutboxRelease})
-	register(command{name: "outbox resend", summary: "send rows again with the same event IDs (--event-id ID …, or --from-id/--to-id); marker after the ACK", run: runOutboxResend})
-}
 
 // connectRelayPool opens the ledger pool under the relay's application
 // name, so the open-transaction gauge does not count the relay itself.
@@ -58,27 +53,20 @@ type outboxStatus struct {
 }
 
 func runOutboxStatus(ctx context.Context, args []string) error {
-	fs, path := flagSet("outbox status")
+	fs := newFlags("outbox status", "database.url")
 	asJSON := fs.Bool("json", false, "print one JSON object")
-	keyFlags(fs, "database.url")
-	cfg, err := loadConfig(fs, path, args)
+	p, err := fs.start(ctx, args, needs{ledger: 2})
 	if err != nil {
 		return err
 	}
-	if err := cfg.RequireDatabase(); err != nil {
-		return err
-	}
-	pool, err := postgres.Connect(ctx, cfg.Database.URL, 2)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
+	defer p.close()
+	pool := p.ledger
 	st, err := postgres.NewRelayStore(pool).Status(ctx)
 	if err != nil {
 		return err
 	}
 	report := outboxStatus{OutboxStatus: st}
-	if report.CDC, err = cdcSlotStatus(ctx, pool, cfg.Relay.CDC.Slot); err != nil {
+	if report.CDC, err = cdcSlotStatus(ctx, pool, p.cfg.Relay.CDC.Slot); err != nil {
 		return err
 	}
 	if report.Uncertain, report.UncertainCount, err = postgres.NewOpsStore(pool).Uncertain(ctx, 20); err != nil {
@@ -126,42 +114,36 @@ func printStatus(w io.Writer, st outboxStatus) {
 }
 
 func runOutboxRelease(ctx context.Context, args []string) error {
-	fs, path := flagSet("outbox release")
+	fs := newFlags("outbox release", "database.url")
 	account := fs.String("account", "", "the parked account to release")
 	journal := fs.String("journal", "", "the parked command journal to release (commands are ordered per journal)")
 	aggType := fs.String("aggregate-type", "", "release this aggregate type with --aggregate-id (e.g. "+core.AggregateJournal+")")
 	aggID := fs.String("aggregate-id", "", "the aggregate ID with --aggregate-type")
-	keyFlags(fs, "database.url")
-	cfg, err := loadConfig(fs, path, args)
-	if err != nil {
-		return err
-	}
 	var typ, id string
-	n := 0
-	if *account != "" {
-		typ, id, n = core.AggregateAccount, *account, n+1
-	}
-	if *journal != "" {
-		typ, id, n = core.AggregateJournal, *journal, n+1
-	}
-	if *aggType != "" || *aggID != "" {
-		if *aggType == "" || *aggID == "" {
-			return errors.New("--aggregate-type and --aggregate-id go together")
+	p, err := fs.start(ctx, args, needs{ledger: 2, check: func(*configs.Config) error {
+		n := 0
+		if *account != "" {
+			typ, id, n = core.AggregateAccount, *account, n+1
 		}
-		typ, id, n = *aggType, *aggID, n+1
-	}
-	if n != 1 {
-		return errors.New("give exactly one of --account ID, --journal ID, or --aggregate-type T --aggregate-id ID (posthorn outbox status lists the parked ones)")
-	}
-	if err := cfg.RequireDatabase(); err != nil {
-		return err
-	}
-	pool, err := postgres.Connect(ctx, cfg.Database.URL, 2)
+		if *journal != "" {
+			typ, id, n = core.AggregateJournal, *journal, n+1
+		}
+		if *aggType != "" || *aggID != "" {
+			if *aggType == "" || *aggID == "" {
+				return errors.New("--aggregate-type and --aggregate-id go together")
+			}
+			typ, id, n = *aggType, *aggID, n+1
+		}
+		if n != 1 {
+			return errors.New("give exactly one of --account ID, --journal ID, or --aggregate-type T --aggregate-id ID (posthorn outbox status lists the parked ones)")
+		}
+		return nil
+	}})
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	if err := postgres.NewRelayStore(pool).Release(ctx, typ, id); err != nil {
+	defer p.close()
+	if err := postgres.NewRelayStore(p.ledger).Release(ctx, typ, id); err != nil {
 		return err
 	}
 	fmt.Printf("%s %s released; the relay sends its records again from the one that was parked\n", typ, id)
@@ -189,42 +171,31 @@ func printUncertain(w io.Writer, st outboxStatus) {
 // runOutboxResend sends outbox rows again through the configured sink with
 // their original event IDs (ops.Resend).
 func runOutboxResend(ctx context.Context, args []string) error {
-	fs, path := flagSet("outbox resend")
+	fs := newFlags("outbox resend", "database.url", "sink.kind", "sink.kafka.brokers")
 	ids := fs.StringArray("event-id", nil, "event ID to resend (repeatable)")
 	from := fs.Int64("from-id", 0, "first outbox id of a range to resend (inclusive)")
 	to := fs.Int64("to-id", 0, "last outbox id of the range (inclusive)")
 	asJSON := fs.Bool("json", false, "print one JSON object")
-	keyFlags(fs, "database.url", "sink.kind", "sink.kafka.brokers")
-	cfg, err := loadConfig(fs, path, args)
+	p, err := fs.start(ctx, args, needs{ledger: 2, sink: true, check: func(*configs.Config) error {
+		switch {
+		case len(*ids) > 0 && (*from != 0 || *to != 0):
+			return errors.New("--event-id excludes --from-id/--to-id")
+		case len(*ids) == 0 && (*from < 1 || *to < *from):
+			return errors.New("give --event-id (repeatable), or --from-id and --to-id with 1 <= from <= to")
+		}
+		return nil
+	}})
 	if err != nil {
 		return err
 	}
-	switch {
-	case len(*ids) > 0 && (*from != 0 || *to != 0):
-		return errors.New("--event-id excludes --from-id/--to-id")
-	case len(*ids) == 0 && (*from < 1 || *to < *from):
-		return errors.New("give --event-id (repeatable), or --from-id and --to-id with 1 <= from <= to")
-	}
-	if err := cfg.RequireDatabase(); err != nil {
-		return err
-	}
-	pool, err := postgres.Connect(ctx, cfg.Database.URL, 2)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	sink, err := openSink(cfg.Sink)
-	if err != nil {
-		return err
-	}
-	defer sink.Close()
-	res, err := ops.Resend(ctx, ops.ResendConfig{Ledger: postgres.NewOpsStore(pool), Sink: sink, EventIDs: *ids, FromID: *from, ToID: *to})
+	defer p.close()
+	res, err := ops.Resend(ctx, ops.ResendConfig{Ledger: postgres.NewOpsStore(p.ledger), Sink: p.sink, EventIDs: *ids, FromID: *from, ToID: *to})
 	if err != nil {
 		return err
 	}
 	if *asJSON {
 		return json.NewEncoder(os.Stdout).Encode(res)
 	}
-	fmt.Printf("resent %d rows with their original event IDs through sink %s; %d unrelayed rows got their marker after the ACK\n", res.Sent, cfg.Sink.Kind, res.Marked)
+	fmt.Printf("resent %d rows with their original event IDs through sink %s; %d unrelayed rows got their marker after the ACK\n", res.Sent, p.cfg.Sink.Kind, res.Marked)
 	return nil
 }

@@ -21,10 +21,6 @@ import (
 	"github.com/posthorn/posthorn/ops"
 )
 
-func init() {
-	register(command{name: "reconcile", summary: "match journals, outbox and consumer dispositions up to a cut (--cut N, --json); exit 0 clean, 1 discrepancies, 2 could not run", run: runReconcile})
-}
-
 // couldNotRun is exit code 2: the command did not get to a verdict.
 func couldNotRun(err error) error {
 	if err == nil {
@@ -100,50 +96,51 @@ func openArchive(cfg configs.Config) (ops.ArchiveStore, error) {
 }
 
 func runReconcile(ctx context.Context, args []string) error {
-	fs, path := flagSet("reconcile")
+	fs := newFlags("reconcile", "database.url", "consumer.database.url", "archive.dir")
 	cutSeq := fs.Int64("cut", 0, "cut at this journal sequence (default: the last committed one)")
 	cutTime := fs.String("cut-time", "", "cut at the last journal posted at or before this RFC 3339 time")
 	asJSON := fs.Bool("json", false, "print one JSON object")
 	limit := fs.Int("cap", 20, "most IDs listed per discrepancy class (counts are always complete)")
 	settle := fs.Duration("settle", 10*time.Second, "how long to wait for in-flight ledger transactions before the cut counts as not provable")
 	noRecord := fs.Bool("no-record", false, "do not record the verified coverage boundary when clean")
-	keyFlags(fs, "database.url", "consumer.database.url", "archive.dir")
-	cfg, err := loadConfig(fs, path, args)
-	if err != nil {
-		return couldNotRun(err)
-	}
-	req := postgres.CutRequest{Sequence: *cutSeq, Settle: *settle}
-	switch {
-	case *cutSeq < 0:
-		return couldNotRun(fmt.Errorf("--cut must be a positive journal sequence, is %d", *cutSeq))
-	case *cutSeq > 0 && *cutTime != "":
-		return couldNotRun(errors.New("--cut and --cut-time exclude each other"))
-	case *cutTime != "":
-		t, err := time.Parse(time.RFC3339Nano, *cutTime)
-		if err != nil {
-			return couldNotRun(fmt.Errorf("--cut-time %q: want RFC 3339, e.g. 2026-11-29T20:00:00Z", *cutTime))
+	var (
+		req  postgres.CutRequest
+		list []configs.ReconcileConsumer
+	)
+	checks := func(cfg *configs.Config) (err error) {
+		req = postgres.CutRequest{Sequence: *cutSeq, Settle: *settle}
+		switch {
+		case *cutSeq < 0:
+			return fmt.Errorf("--cut must be a positive journal sequence, is %d", *cutSeq)
+		case *cutSeq > 0 && *cutTime != "":
+			return errors.New("--cut and --cut-time exclude each other")
+		case *cutTime != "":
+			t, err := time.Parse(time.RFC3339Nano, *cutTime)
+			if err != nil {
+				return fmt.Errorf("--cut-time %q: want RFC 3339, e.g. 2026-11-29T20:00:00Z", *cutTime)
+			}
+			req.Time = t
 		}
-		req.Time = t
+		if *limit < 1 {
+			return fmt.Errorf("--cap must be at least 1, is %d", *limit)
+		}
+		// Which consumers to read is configuration too: known before
+		// anything connects, after the ledger's own key.
+		if err := cfg.RequireDatabase(); err != nil {
+			return err
+		}
+		list, err = reconcileConsumers(*cfg)
+		return err
 	}
-	if *limit < 1 {
-		return couldNotRun(fmt.Errorf("--cap must be at least 1, is %d", *limit))
-	}
-	if err := cfg.RequireDatabase(); err != nil {
-		return couldNotRun(err)
-	}
-	list, err := reconcileConsumers(cfg)
+	p, err := fs.start(ctx, args, needs{ledger: 4, archive: true, check: checks})
 	if err != nil {
 		return couldNotRun(err)
 	}
-	ledger, err := postgres.Connect(ctx, cfg.Database.URL, 4)
-	if err != nil {
-		return couldNotRun(err)
-	}
-	defer ledger.Close()
+	defer p.close()
 	pools := map[string]*pgxpool.Pool{}
 	defer func() {
-		for _, p := range pools {
-			p.Close()
+		for _, pool := range pools {
+			pool.Close()
 		}
 	}()
 	var sources []ops.ConsumerSource
@@ -158,12 +155,8 @@ func runReconcile(ctx context.Context, args []string) error {
 		sources = append(sources, ops.ConsumerSource{Name: c.Name, Reader: ops.InboxReader{Inbox: postgres.NewInbox(pool), Consumer: c.Name},
 			RejectedFinal: c.RejectedFinal})
 	}
-	archive, err := openArchive(cfg)
-	if err != nil {
-		return couldNotRun(err)
-	}
 	rep, err := ops.Reconcile(ctx, ops.ReconcileConfig{
-		Ledger: postgres.NewOpsStore(ledger), Consumers: sources, Archive: archive, Cut: req, Cap: *limit, Record: !*noRecord,
+		Ledger: postgres.NewOpsStore(p.ledger), Consumers: sources, Archive: p.archive, Cut: req, Cap: *limit, Record: !*noRecord,
 	})
 	if err != nil {
 		return couldNotRun(err)

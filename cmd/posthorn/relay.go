@@ -5,11 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/posthorn/posthorn/adapters/kafka"
 	"github.com/posthorn/posthorn/adapters/memory"
@@ -20,10 +16,6 @@ import (
 	"github.com/posthorn/posthorn/consumers/subscribers"
 	"github.com/posthorn/posthorn/core"
 )
-
-func init() {
-	register(command{name: "relay", summary: "run the bridge: outbox → sink (SIGINT/SIGTERM stop it softly)", run: runRelay})
-}
 
 // sinkOpeners builds the sink of each sink.kind. Adding a kind is one entry
 // here (and its name in configs.SinkKinds).
@@ -56,38 +48,22 @@ func openSink(c configs.Sink) (core.Sink, error) {
 }
 
 func runRelay(ctx context.Context, args []string) error {
-	fs, path := flagSet("relay")
-	keyFlags(fs, "database.url", "metrics.listen", "sink.kind", "sink.kafka.brokers", "relay.owner")
+	fs := newFlags("relay", "database.url", "metrics.listen", "sink.kind", "sink.kafka.brokers", "relay.owner")
 	// Test-only: the fault suite's negative control (marker before ACK);
 	// the flag exists only in a binary built with -tags posthorn_unsafe.
-	unsafeMark := unsafeFlag(fs, "unsafe-mark-before-ack", "UNSAFE, tests only: write the marker before the broker ACK")
-	cfg, err := loadConfig(fs, path, args)
+	unsafeMark := unsafeFlag(fs.FlagSet, "unsafe-mark-before-ack", "UNSAFE, tests only: write the marker before the broker ACK")
+	p, err := fs.start(ctx, args, needs{relayLedger: true, sink: true, metrics: true})
 	if err != nil {
 		return err
 	}
-	if err := cfg.RequireDatabase(); err != nil {
-		return err
+	defer p.close()
+	if p.cfg.Relay.Mode == "cdc" {
+		return runCDCRelay(ctx, p) // relay_cdc.go
 	}
-	if cfg.Relay.Mode == "cdc" {
-		return runCDCRelay(ctx, cfg) // relay_cdc.go
-	}
-	log := newLogger(cfg.Log, os.Stderr)
-	pool, err := connectRelayPool(ctx, cfg.Database.URL)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	postgres.WarnIfSuperuser(ctx, pool, log, "relay", postgres.RoleRelay)
-	sink, err := openSink(cfg.Sink)
-	if err != nil {
-		return err
-	}
-	defer sink.Close()
-
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	cfg := p.cfg
+	postgres.WarnIfSuperuser(ctx, p.ledger, p.log, "relay", postgres.RoleRelay)
 	parkAttempts, parkAfter := cfg.Relay.RetryPark()
-	relay, err := bridge.New(postgres.NewRelayStore(pool), sink, bridge.Config{
+	relay, err := bridge.New(postgres.NewRelayStore(p.ledger), p.sink, bridge.Config{
 		ParkAfterAttempts: parkAttempts,
 		ParkAfter:         parkAfter,
 		Owner:             cfg.Relay.Owner,
@@ -95,14 +71,14 @@ func runRelay(ctx context.Context, args []string) error {
 		BatchSize:         cfg.Relay.BatchSize,
 		PollInterval:      cfg.Relay.PollInterval,
 		LeaseTTL:          cfg.Relay.LeaseTTL,
-		Logger:            log,
-		Registerer:        reg,
-		Hooks:             unsafeRelayHooks(*unsafeMark, log),
+		Logger:            p.log,
+		Registerer:        p.reg,
+		Hooks:             unsafeRelayHooks(*unsafeMark, p.log),
 	})
 	if err != nil {
 		return err
 	}
-	return serveRelay(ctx, cfg, log, reg, relay, []any{"owner", relay.Owner(), "sink", cfg.Sink.Kind},
+	return serveRelay(ctx, p, relay, []any{"owner", relay.Owner(), "sink", cfg.Sink.Kind},
 		"finishing the in-flight batch, releasing leases", "unmarked")
 }
 
@@ -118,10 +94,10 @@ type runningRelay interface {
 // serveRelay serves the relay's metrics, starts it, and on the signal
 // (ctx) stops it softly, giving it 30 s to finish its batch: the part of
 // `posthorn relay` both modes share.
-func serveRelay(ctx context.Context, cfg configs.Config, log *slog.Logger, reg *prometheus.Registry, relay runningRelay,
-	started []any, stopping, resent string) error {
-	if cfg.Metrics.Listen != "" {
-		srv, err := metricshttp.Start(cfg.Metrics.Listen, reg, relay.Ready)
+func serveRelay(ctx context.Context, p *prelude, relay runningRelay, started []any, stopping, resent string) error {
+	log := p.log
+	if p.cfg.Metrics.Listen != "" {
+		srv, err := metricshttp.Start(p.cfg.Metrics.Listen, p.reg, relay.Ready)
 		if err != nil {
 			return fmt.Errorf("config key metrics.listen: %w", err)
 		}

@@ -4,39 +4,22 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/bridge/cdc"
-	"github.com/posthorn/posthorn/configs"
 )
 
 // runCDCRelay runs `posthorn relay` with relay.mode cdc: the outbox is
 // streamed from a logical replication slot (bridge/cdc). The server is
 // checked first: wal_level must be logical and the role needs REPLICATION.
-func runCDCRelay(ctx context.Context, cfg configs.Config) error {
-	log := newLogger(cfg.Log, os.Stderr)
-	pool, err := connectRelayPool(ctx, cfg.Database.URL)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	postgres.WarnIfSuperuser(ctx, pool, log, "relay", postgres.RoleRelayCDC)
-	sink, err := openSink(cfg.Sink)
-	if err != nil {
-		return err
-	}
-	defer sink.Close()
-
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+func runCDCRelay(ctx context.Context, p *prelude) error {
+	cfg := p.cfg
+	postgres.WarnIfSuperuser(ctx, p.ledger, p.log, "relay", postgres.RoleRelayCDC)
 	parkAttempts, parkAfter := cfg.Relay.RetryPark()
-	relay, err := cdc.New(postgres.NewRelayStore(pool), postgres.NewCDCSource(pool), sink, cdc.Config{
+	relay, err := cdc.New(postgres.NewRelayStore(p.ledger), postgres.NewCDCSource(p.ledger), p.sink, cdc.Config{
 		ParkAfterAttempts: parkAttempts,
 		ParkAfter:         parkAfter,
 		Owner:             cfg.Relay.Owner,
@@ -47,8 +30,8 @@ func runCDCRelay(ctx context.Context, cfg configs.Config) error {
 		LeaseTTL:          cfg.Relay.LeaseTTL,
 		StatusInterval:    cfg.Relay.CDC.StatusInterval,
 		HeartbeatInterval: cfg.Relay.CDC.HeartbeatInterval,
-		Logger:            log,
-		Registerer:        reg,
+		Logger:            p.log,
+		Registerer:        p.reg,
 	})
 	if err != nil {
 		return err
@@ -56,7 +39,7 @@ func runCDCRelay(ctx context.Context, cfg configs.Config) error {
 	if err := relay.Check(ctx); err != nil {
 		return fmt.Errorf("config key relay.mode: cdc: %w", err)
 	}
-	return serveRelay(ctx, cfg, log, reg, relay,
+	return serveRelay(ctx, p, relay,
 		[]any{"mode", "cdc", "owner", relay.Owner(), "sink", cfg.Sink.Kind, "slot", cfg.Relay.CDC.Slot},
 		"finishing the in-flight batch, confirming its position, releasing the slot lease", "unconfirmed")
 }

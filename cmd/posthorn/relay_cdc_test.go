@@ -2,8 +2,6 @@ package main
 
 import (
 	"bytes"
-	"os"
-	"os/exec"
 	"strings"
 	"syscall"
 	"testing"
@@ -32,15 +30,10 @@ func TestRelayCDCRunsAndStatusShowsTheSlot(t *testing.T) {
 	t.Parallel()
 	_, url, pool := pgtest.LogicalLedger(t, pgcluster.Options{MaxSlotWALKeepSize: "256MB"}, 2)
 
-	env := append(os.Environ(), "POSTHORN_RELAY__MODE=cdc", "POSTHORN_SINK__KIND=memory", "POSTHORN_DATABASE__URL="+url)
-	cmd := exec.Command(binPath, "relay")
-	cmd.Env = env
+	cmd := cliCommand([]string{"POSTHORN_RELAY__MODE=cdc", "POSTHORN_SINK__KIND=memory", "POSTHORN_DATABASE__URL=" + url}, "relay")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	startCLI(t, cmd)
 	bridgetest.MustPost(t, pool, "acc-a", "acc-b")
 	bridgetest.WaitFor(t, 30*time.Second, "the CDC relay to relay the posting", func() bool {
 		return bridgetest.Unrelayed(t, pool) == 0

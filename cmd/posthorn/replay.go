@@ -9,18 +9,14 @@ import (
 	"time"
 
 	"github.com/schollz/progressbar/v3"
-	"golang.org/x/term"
 
 	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/configs"
 	"github.com/posthorn/posthorn/ops"
 )
 
-func init() {
-	register(command{name: "replay", summary: "historical replay of events for a range (sequence, time, account) with the same event IDs and the replay header", run: runReplay})
-}
-
 func runReplay(ctx context.Context, args []string) error {
-	fs, path := flagSet("replay")
+	fs := newFlags("replay", "database.url", "sink.kind", "sink.kafka.brokers", "archive.dir")
 	fromSeq := fs.Int64("from-sequence", 0, "first journal sequence of the range (inclusive)")
 	toSeq := fs.Int64("to-sequence", 0, "last journal sequence of the range (inclusive)")
 	fromTime := fs.String("from-time", "", "events that occurred at or after this RFC 3339 time")
@@ -32,58 +28,45 @@ func runReplay(ctx context.Context, args []string) error {
 	resume := fs.String("resume", "", "name of this replay: its position is saved, and a later run with the same name continues after the last ACKed batch")
 	batch := fs.Int("batch", 500, "most events per publish")
 	asJSON := fs.Bool("json", false, "print the result as one JSON object")
-	keyFlags(fs, "database.url", "sink.kind", "sink.kafka.brokers", "archive.dir")
-	cfg, err := loadConfig(fs, path, args)
-	if err != nil {
-		return err
-	}
-	spec := ops.ReplaySpec{SequenceFrom: *fromSeq, SequenceTo: *toSeq, Account: *account, Topic: *topic, IncludeCommands: *commands}
-	for _, t := range []struct {
-		flag string
-		v    string
-		dst  *time.Time
-	}{{"--from-time", *fromTime, &spec.From}, {"--to-time", *toTime, &spec.To}} {
-		if t.v == "" {
-			continue
+	var spec ops.ReplaySpec
+	checks := func(*configs.Config) (err error) {
+		spec = ops.ReplaySpec{SequenceFrom: *fromSeq, SequenceTo: *toSeq, Account: *account, Topic: *topic, IncludeCommands: *commands}
+		for _, t := range []struct {
+			flag string
+			v    string
+			dst  *time.Time
+		}{{"--from-time", *fromTime, &spec.From}, {"--to-time", *toTime, &spec.To}} {
+			if t.v == "" {
+				continue
+			}
+			if *t.dst, err = time.Parse(time.RFC3339Nano, t.v); err != nil {
+				return fmt.Errorf("%s %q: want RFC 3339, e.g. 2026-11-29T20:00:00Z", t.flag, t.v)
+			}
 		}
-		if *t.dst, err = time.Parse(time.RFC3339Nano, t.v); err != nil {
-			return fmt.Errorf("%s %q: want RFC 3339, e.g. 2026-11-29T20:00:00Z", t.flag, t.v)
+		switch {
+		case *fromSeq < 0 || *toSeq < 0:
+			return fmt.Errorf("--from-sequence and --to-sequence must be positive")
+		case *toSeq > 0 && *fromSeq > *toSeq:
+			return fmt.Errorf("--from-sequence %d is after --to-sequence %d", *fromSeq, *toSeq)
+		case *ratePerSec < 0:
+			return fmt.Errorf("--rate must not be negative, is %g", *ratePerSec)
+		case *batch < 1:
+			return fmt.Errorf("--batch must be at least 1, is %d", *batch)
 		}
+		return nil
 	}
-	switch {
-	case *fromSeq < 0 || *toSeq < 0:
-		return fmt.Errorf("--from-sequence and --to-sequence must be positive")
-	case *toSeq > 0 && *fromSeq > *toSeq:
-		return fmt.Errorf("--from-sequence %d is after --to-sequence %d", *fromSeq, *toSeq)
-	case *ratePerSec < 0:
-		return fmt.Errorf("--rate must not be negative, is %g", *ratePerSec)
-	case *batch < 1:
-		return fmt.Errorf("--batch must be at least 1, is %d", *batch)
-	}
-	if err := cfg.RequireDatabase(); err != nil {
-		return err
-	}
-	archive, err := openArchive(cfg)
+	p, err := fs.start(ctx, args, needs{ledger: 2, archive: true, sink: true, check: checks})
 	if err != nil {
 		return err
 	}
-	pool, err := postgres.Connect(ctx, cfg.Database.URL, 2)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	sink, err := openSink(cfg.Sink)
-	if err != nil {
-		return err
-	}
-	defer sink.Close()
-	log := newLogger(cfg.Log, os.Stderr)
+	defer p.close()
+	log := p.log
 
 	// A progress bar on a terminal; plain log lines otherwise.
 	var bar *progressbar.ProgressBar
 	lastLog := time.Time{}
 	progress := func(sent, total int64) {
-		if term.IsTerminal(int(os.Stdout.Fd())) && !*asJSON {
+		if isTerminal(os.Stdout) && !*asJSON {
 			if bar == nil {
 				bar = progressbar.NewOptions64(total, progressbar.OptionSetDescription("replay"),
 					progressbar.OptionShowCount(), progressbar.OptionShowIts(),
@@ -98,7 +81,7 @@ func runReplay(ctx context.Context, args []string) error {
 		}
 	}
 	res, err := ops.Replay(ctx, ops.ReplayConfig{
-		Ledger: postgres.NewOpsStore(pool), Archive: archive, Sink: sink, Spec: spec, Name: *resume,
+		Ledger: postgres.NewOpsStore(p.ledger), Archive: p.archive, Sink: p.sink, Spec: spec, Name: *resume,
 		Rate: *ratePerSec, Batch: *batch, Progress: progress,
 	})
 	if bar != nil {
@@ -127,6 +110,6 @@ func runReplay(ctx context.Context, args []string) error {
 		fmt.Printf("replay %s already finished: %d events sent, through outbox id %d\n", *resume, res.Sent, res.LastID)
 		return nil
 	}
-	fmt.Printf("replayed %d events (%d from the archive) through outbox id %d to sink %s\n", res.Sent, res.FromArchive, res.LastID, cfg.Sink.Kind)
+	fmt.Printf("replayed %d events (%d from the archive) through outbox id %d to sink %s\n", res.Sent, res.FromArchive, res.LastID, p.cfg.Sink.Kind)
 	return nil
 }

@@ -16,56 +16,45 @@ import (
 	"github.com/posthorn/posthorn/ops"
 )
 
-func init() {
-	register(command{name: "retention", summary: "prune final consumer inbox rows behind the safe horizon and expired idempotency keys, in small batches (--only inbox|idempotency-keys, --json)", run: runRetention})
-}
-
 func runRetention(ctx context.Context, args []string) error {
-	fs, path := flagSet("retention")
+	fs := newFlags("retention", "database.url", "consumer.database.url", "retention.batch_size", "retention.inbox_margin", "retention.idempotency_key_ttl")
 	only := fs.String("only", "", "run only inbox or idempotency-keys retention (default: both that are configured)")
 	asJSON := fs.Bool("json", false, "print one JSON object")
-	keyFlags(fs, "database.url", "consumer.database.url", "retention.batch_size", "retention.inbox_margin", "retention.idempotency_key_ttl")
-	cfg, err := loadConfig(fs, path, args)
+	inbox, keys := true, true
+	p, err := fs.start(ctx, args, needs{check: func(cfg *configs.Config) error {
+		switch *only {
+		case "":
+			inbox, keys = cfg.Consumer.Database.URL != "", cfg.Database.URL != ""
+			if !inbox && !keys {
+				return errors.New("nothing to prune: set consumer.database.url (inbox) or database.url (idempotency keys)")
+			}
+		case "inbox":
+			keys = false
+		case "idempotency-keys":
+			inbox = false
+		default:
+			return fmt.Errorf("--only %q: want inbox or idempotency-keys", *only)
+		}
+		return nil
+	}})
 	if err != nil {
 		return err
 	}
-	inbox, keys := true, true
-	switch *only {
-	case "":
-		inbox, keys = cfg.Consumer.Database.URL != "", cfg.Database.URL != ""
-		if !inbox && !keys {
-			return errors.New("nothing to prune: set consumer.database.url (inbox) or database.url (idempotency keys)")
-		}
-	case "inbox":
-		keys = false
-	case "idempotency-keys":
-		inbox = false
-	default:
-		return fmt.Errorf("--only %q: want inbox or idempotency-keys", *only)
-	}
-	rc := retentionConfig(cfg, nil, nil)
+	defer p.close()
 	if inbox {
-		if err := cfg.RequireConsumerDatabase(); err != nil {
+		if err := p.openConsumer(ctx); err != nil {
 			return err
 		}
-		pool, err := openConsumerPool(ctx, cfg)
-		if err != nil {
-			return err
-		}
-		defer pool.Close()
-		rc.Inbox = postgres.NewInbox(pool)
-		rc.Consumers = exampleNames()
 	}
 	if keys {
-		if err := cfg.RequireDatabase(); err != nil {
+		if err := p.openLedger(ctx, 2); err != nil {
 			return err
 		}
-		pool, err := postgres.Connect(ctx, cfg.Database.URL, 2)
-		if err != nil {
-			return err
-		}
-		defer pool.Close()
-		rc.Ledger = postgres.NewOpsStore(pool)
+	}
+	cfg := p.cfg
+	rc := retentionConfig(cfg, p.consumer, p.ledger)
+	if inbox {
+		rc.Consumers = exampleNames()
 	}
 	res, err := ops.Retain(ctx, rc)
 	if err != nil {

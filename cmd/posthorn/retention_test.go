@@ -20,11 +20,7 @@ func TestRetentionCommandAndReconcileAfterIt(t *testing.T) {
 	ctx := context.Background()
 	r := newOpsCLIRig(t)
 	r.env = append(r.env, "POSTHORN_RETENTION__INBOX_MARGIN=1h", "POSTHORN_RETENTION__IDEMPOTENCY_KEY_TTL=24h")
-	r.post(4)
-	r.deliver("")
-	if code, rep, stderr := r.reconcile(); code != 0 || !rep.Clean {
-		t.Fatalf("reconcile: code %d, %+v, %s", code, rep, stderr)
-	}
+	r.postCovered(4)
 	// Two days pass.
 	for _, q := range []string{`UPDATE outbox SET created_at = created_at - interval '48 hours'`,
 		`UPDATE idempotency_keys SET created_at = created_at - interval '48 hours'`} {

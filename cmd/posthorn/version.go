@@ -9,13 +9,8 @@ import (
 // version is set at build time with -ldflags "-X main.version=…".
 var version = "dev"
 
-func init() {
-	register(command{name: "version", summary: "print version and build info", run: runVersion})
-}
-
 func runVersion(ctx context.Context, args []string) error {
-	fs, _ := flagSet("version")
-	if err := fs.Parse(args); err != nil {
+	if err := newFlags("version").Parse(args); err != nil {
 		return err
 	}
 	fmt.Printf("posthorn %s\n", version)

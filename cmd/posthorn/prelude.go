@@ -1,0 +1,217 @@
+package main
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"os"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/spf13/pflag"
+	"golang.org/x/term"
+
+	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/configs"
+	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/ops"
+)
+
+// cmdFlags is a subcommand's flag set: its own flags, the shared --config,
+// and flags named by configuration keys (--database.url …), which override
+// the file and the environment when they are set.
+type cmdFlags struct {
+	*pflag.FlagSet
+	config *string
+}
+
+// newFlags returns the flag set of the subcommand name with the --config
+// flag and one flag per configuration key in keys.
+func newFlags(name string, keys ...string) cmdFlags {
+	fs := pflag.NewFlagSet("posthorn "+name, pflag.ContinueOnError)
+	f := cmdFlags{FlagSet: fs, config: fs.String("config", "", "YAML configuration file")}
+	for _, k := range keys {
+		fs.String(k, "", "sets config key "+k)
+	}
+	return f
+}
+
+// needs is what a subcommand's prelude opens beyond the configuration and
+// the logger, which every subcommand gets. Each pool, store or sink named
+// here makes its configuration key required.
+type needs struct {
+	// check runs once the flags are parsed and the configuration is loaded,
+	// before anything is opened: the command's own flag checks, and what its
+	// flags change in the configuration (the demo's --sink).
+	check func(*configs.Config) error
+	// ledger is the size of the database.url pool; 0 opens none.
+	ledger int32
+	// relayLedger opens the database.url pool under the relay's
+	// application name instead (connectRelayPool).
+	relayLedger bool
+	// consumer opens the consumer.database.url pool (openConsumerPool).
+	consumer bool
+	// archive opens archive.dir when it is set; requireArchive also
+	// requires it.
+	archive, requireArchive bool
+	// sink opens the sink of sink.kind.
+	sink bool
+	// metrics creates a Prometheus registry with the Go and process
+	// collectors.
+	metrics bool
+}
+
+// prelude is what a subcommand works with once start returns: the
+// configuration, the logger, and what its needs asked for (nil otherwise).
+// close releases everything it opened, last opened first.
+type prelude struct {
+	cfg      configs.Config
+	log      *slog.Logger
+	ledger   *pgxpool.Pool
+	consumer *pgxpool.Pool
+	archive  ops.ArchiveStore
+	sink     core.Sink
+	reg      *prometheus.Registry
+	closers  []func()
+}
+
+// start parses args, loads the configuration, runs n.check, checks the
+// keys n requires, builds the logger and opens what n names, in that
+// order, so a bad flag or key stops the command before it connects to
+// anything. On an error, whatever was opened is closed again.
+func (f cmdFlags) start(ctx context.Context, args []string, n needs) (*prelude, error) {
+	if err := f.Parse(args); err != nil {
+		return nil, err
+	}
+	cfg, err := configs.Load(*f.config, nil, f.FlagSet)
+	if err != nil {
+		return nil, err
+	}
+	if n.check != nil {
+		if err := n.check(&cfg); err != nil {
+			return nil, err
+		}
+	}
+	p := &prelude{cfg: cfg, log: newLogger(cfg.Log, os.Stderr)}
+	if err := p.open(ctx, n); err != nil {
+		p.close()
+		return nil, err
+	}
+	return p, nil
+}
+
+func (p *prelude) open(ctx context.Context, n needs) error {
+	if n.ledger > 0 || n.relayLedger {
+		if err := p.cfg.RequireDatabase(); err != nil {
+			return err
+		}
+	}
+	if n.requireArchive {
+		if err := p.cfg.RequireArchiveDir(); err != nil {
+			return err
+		}
+	}
+	if n.archive || n.requireArchive {
+		st, err := openArchive(p.cfg)
+		if err != nil {
+			return err
+		}
+		p.archive = st
+	}
+	switch {
+	case n.relayLedger:
+		pool, err := connectRelayPool(ctx, p.cfg.Database.URL)
+		if err != nil {
+			return err
+		}
+		p.ledger = pool
+		p.closers = append(p.closers, pool.Close)
+	case n.ledger > 0:
+		if err := p.openLedger(ctx, n.ledger); err != nil {
+			return err
+		}
+	}
+	if n.consumer {
+		if err := p.openConsumer(ctx); err != nil {
+			return err
+		}
+	}
+	if n.sink {
+		sink, err := openSink(p.cfg.Sink)
+		if err != nil {
+			return err
+		}
+		p.sink = sink
+		p.closers = append(p.closers, func() { _ = sink.Close() })
+	}
+	if n.metrics {
+		p.reg = newRegistry()
+	}
+	return nil
+}
+
+// openLedger requires database.url and opens p.ledger with conns
+// connections.
+func (p *prelude) openLedger(ctx context.Context, conns int32) error {
+	if err := p.cfg.RequireDatabase(); err != nil {
+		return err
+	}
+	pool, err := postgres.Connect(ctx, p.cfg.Database.URL, conns)
+	if err != nil {
+		return err
+	}
+	p.ledger = pool
+	p.closers = append(p.closers, pool.Close)
+	return nil
+}
+
+// openConsumer requires consumer.database.url and opens p.consumer.
+func (p *prelude) openConsumer(ctx context.Context) error {
+	if err := p.cfg.RequireConsumerDatabase(); err != nil {
+		return err
+	}
+	pool, err := openConsumerPool(ctx, p.cfg)
+	if err != nil {
+		return err
+	}
+	p.consumer = pool
+	p.closers = append(p.closers, pool.Close)
+	return nil
+}
+
+// close releases what start opened.
+func (p *prelude) close() {
+	for i := len(p.closers) - 1; i >= 0; i-- {
+		p.closers[i]()
+	}
+	p.closers = nil
+}
+
+// newRegistry is the metrics registry of a long-running command: its own
+// metrics beside the Go runtime's and the process's.
+func newRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
+}
+
+// newLogger returns the structured logger the configuration asks for. With
+// log.format auto it writes text lines when w is a terminal, for a person,
+// and JSON otherwise, for a log pipeline.
+func newLogger(cfg configs.Log, w io.Writer) *slog.Logger {
+	var level slog.Level
+	_ = level.UnmarshalText([]byte(cfg.Level))
+	opts := &slog.HandlerOptions{Level: level}
+	if cfg.Format == "text" || cfg.Format == "auto" && isTerminal(w) {
+		return slog.New(slog.NewTextHandler(w, opts))
+	}
+	return slog.New(slog.NewJSONHandler(w, opts))
+}
+
+// isTerminal reports whether w is a terminal: progress bars and text logs
+// for a person there, plain lines and JSON for anything else.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	return ok && term.IsTerminal(int(f.Fd()))
+}
