@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/posthorn/posthorn/core"
@@ -172,4 +173,15 @@ func settle(batch []core.Envelope, err error) (Settlement, int) {
 		}
 	}
 	return s, len(failed)
+}
+
+// NewRetry returns the relays' retry backoff: exponential from initial up
+// to max, each wait randomized by half, so relays that failed together do
+// not retry together.
+func NewRetry(initial, max time.Duration) *backoff.ExponentialBackOff {
+	bo := backoff.NewExponentialBackOff()
+	bo.InitialInterval = initial
+	bo.MaxInterval = max
+	bo.RandomizationFactor = 0.5
+	return bo
 }

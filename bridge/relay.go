@@ -53,10 +53,6 @@ func New(store Store, sink core.Sink, cfg Config) (*Relay, error) {
 	if err != nil {
 		return nil, fmt.Errorf("relay metrics: %w", err)
 	}
-	bo := backoff.NewExponentialBackOff()
-	bo.InitialInterval = cfg.RetryInitial
-	bo.MaxInterval = cfg.RetryMax
-	bo.RandomizationFactor = 0.5
 	r := &Relay{
 		cfg:   cfg,
 		store: store,
@@ -65,7 +61,7 @@ func New(store Store, sink core.Sink, cfg Config) (*Relay, error) {
 		log:   cfg.Logger.With("component", "relay", "owner", cfg.Owner),
 		life:  NewLifecycle(),
 		wake:  make(chan struct{}, 1),
-		retry: bo,
+		retry: NewRetry(cfg.RetryInitial, cfg.RetryMax),
 		stuck: NewStuckTracker(cfg.ParkAfterAttempts, cfg.ParkAfter),
 	}
 	notReady := errors.New("relay not started")

@@ -68,10 +68,6 @@ func New(outbox OutboxStore, source Source, sink core.Sink, cfg Config) (*Relay,
 	if err != nil {
 		return nil, fmt.Errorf("CDC metrics: %w", err)
 	}
-	bo := backoff.NewExponentialBackOff()
-	bo.InitialInterval = cfg.RetryInitial
-	bo.MaxInterval = cfg.RetryMax
-	bo.RandomizationFactor = 0.5
 	r := &Relay{
 		cfg:   cfg,
 		store: source,
@@ -81,7 +77,7 @@ func New(outbox OutboxStore, source Source, sink core.Sink, cfg Config) (*Relay,
 		m:     m,
 		log:   cfg.Logger.With("component", "relay", "mode", "cdc", "owner", cfg.Owner, "slot", cfg.Slot),
 		life:  bridge.NewLifecycle(),
-		retry: bo,
+		retry: bridge.NewRetry(cfg.RetryInitial, cfg.RetryMax),
 		stuck: bridge.NewStuckTracker(cfg.ParkAfterAttempts, cfg.ParkAfter),
 	}
 	notReady := errors.New("relay not started")
