@@ -279,27 +279,33 @@ func TestTransactionIDInversionKeepsRevisionOrder(t *testing.T) {
 	}
 }
 
+// lateCommit holds a transaction open with a row inserted, whose id is
+// smaller than those of the 30 rows it then commits on other accounts, and
+// waits until the relay delivered those 30; the caller commits late.
+func (f *fixture) lateCommit(ctx context.Context) (late pgx.Tx, lateRow, others []bridgetest.Posted) {
+	f.t.Helper()
+	late, err := f.pool.Begin(ctx)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.t.Cleanup(func() { _ = late.Rollback(ctx) })
+	lateRow, err = bridgetest.Post(ctx, late, "acc-late")
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	for i := range 30 {
+		others = append(others, bridgetest.MustPost(f.t, f.pool, fmt.Sprintf("acc-%d", i))...)
+	}
+	f.waitDelivered(len(others))
+	return late, lateRow, others
+}
+
 func TestLateCommitIsRelayedNotSkipped(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, memory.Config{})
 	ctx := context.Background()
 	r := f.start("relay", nil)
-	// Hold a transaction open with a row inserted: its id is smaller than
-	// those of the rows committed after it.
-	late, err := f.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer late.Rollback(ctx)
-	lateRow, err := bridgetest.Post(ctx, late, "acc-late")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var others []bridgetest.Posted
-	for i := range 30 {
-		others = append(others, bridgetest.MustPost(t, f.pool, fmt.Sprintf("acc-%d", i))...)
-	}
-	f.waitDelivered(len(others))
+	late, lateRow, others := f.lateCommit(ctx)
 	bridgetest.WaitFor(t, 10*time.Second, "later rows marked", func() bool { return bridgetest.Unrelayed(t, f.pool) == 0 })
 	bridgetest.WaitFor(t, 10*time.Second, "held-by-open-transaction gauge", func() bool {
 		return gauge(t, r.reg, "posthorn_relay_held_by_open_transaction_seconds") > 0
@@ -324,20 +330,7 @@ func TestLateCommitNegativeControlCursorSkipsIt(t *testing.T) {
 	f := newFixture(t, memory.Config{})
 	ctx := context.Background()
 	f.start("relay", func(c *bridge.Config) { c.Hooks = &bridge.Hooks{UnsafeCursor: true} })
-	late, err := f.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer late.Rollback(ctx)
-	lateRow, err := bridgetest.Post(ctx, late, "acc-late")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var others []bridgetest.Posted
-	for i := range 30 {
-		others = append(others, bridgetest.MustPost(t, f.pool, fmt.Sprintf("acc-%d", i))...)
-	}
-	f.waitDelivered(len(others))
+	late, lateRow, others := f.lateCommit(ctx)
 	if err := late.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
