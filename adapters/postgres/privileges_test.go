@@ -109,11 +109,7 @@ func TestRolesAPIWritesPostingsButCannotDeleteOrMark(t *testing.T) {
 func TestRolesRelayReadsOutboxButNotJournalLinesOrBalances(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	url, owner := pgtest.Ledger(t)
-	roletest.Apply(t, url, postgres.LedgerSchema)
-	if _, _, err := postgres.NewLedgerStore(owner, postgres.LedgerConfig{}).Post(ctx, "k-1", samplePosting()); err != nil {
-		t.Fatal(err)
-	}
+	url, owner := postedLedgerWithRoles(t)
 	relay := roletest.Pool(t, roletest.Login(t, url, postgres.RoleRelay, ""))
 	s := postgres.NewRelayStore(relay)
 
@@ -222,11 +218,7 @@ func TestRolesSeeOtherRolesTransactions(t *testing.T) {
 func TestRolesReconcilerReadsAndRecordsCoverageOnly(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	url, owner := pgtest.Ledger(t)
-	roletest.Apply(t, url, postgres.LedgerSchema)
-	if _, _, err := postgres.NewLedgerStore(owner, postgres.LedgerConfig{}).Post(ctx, "k-1", samplePosting()); err != nil {
-		t.Fatal(err)
-	}
+	url, owner := postedLedgerWithRoles(t)
 	rec := roletest.Pool(t, roletest.Login(t, url, postgres.RoleReconciler, ""))
 	ops := postgres.NewOpsStore(rec)
 	cut, err := ops.OpenCut(ctx, postgres.CutRequest{Settle: 5 * time.Second})
@@ -471,11 +463,7 @@ func TestSCRAMVerifierMatchesPostgres(t *testing.T) {
 
 func TestRolesMaintainerDeletesOutboxRowsOnly(t *testing.T) {
 	t.Parallel()
-	url, owner := pgtest.Ledger(t)
-	roletest.Apply(t, url, postgres.LedgerSchema)
-	if _, _, err := postgres.NewLedgerStore(owner, postgres.LedgerConfig{}).Post(context.Background(), "k-1", samplePosting()); err != nil {
-		t.Fatal(err)
-	}
+	url, owner := postedLedgerWithRoles(t)
 	m := roletest.Pool(t, roletest.Login(t, url, postgres.RoleMaintainer, ""))
 	assertRefused(t, owner, m, []refusal{
 		{"read journal lines", `SELECT * FROM journal_lines`},
@@ -487,4 +475,16 @@ func TestRolesMaintainerDeletesOutboxRowsOnly(t *testing.T) {
 VALUES (gen_random_uuid(), 'event', 't', 't', 'account', 'x', 99, 0, '', now())`},
 		{"write coverage", `INSERT INTO ops_coverage (consumer, cut_sequence, covered_outbox_id) VALUES ('x', 1, 1)`},
 	})
+}
+
+// postedLedgerWithRoles returns the URL and the owner's pool of a fresh
+// ledger database with the component roles applied and one sample posting.
+func postedLedgerWithRoles(t *testing.T) (string, *pgxpool.Pool) {
+	t.Helper()
+	url, owner := pgtest.Ledger(t)
+	roletest.Apply(t, url, postgres.LedgerSchema)
+	if _, _, err := postgres.NewLedgerStore(owner, postgres.LedgerConfig{}).Post(context.Background(), "k-1", samplePosting()); err != nil {
+		t.Fatal(err)
+	}
+	return url, owner
 }
