@@ -403,18 +403,7 @@ func TestHealthAndReadiness(t *testing.T) {
 
 func TestServeStopsWhenContextIsCancelled(t *testing.T) {
 	t.Parallel()
-	_, pool := pgtest.Ledger(t)
-	srv, err := api.New(api.Config{Logger: slog.New(slog.DiscardHandler)}, postgres.NewLedgerStore(pool, postgres.LedgerConfig{}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ctx, ln) }()
+	ln, cancel, done := serve(t, api.Config{Logger: slog.New(slog.DiscardHandler)})
 	res, err := http.Get("http://" + ln.Addr().String() + "/healthz")
 	if err != nil {
 		t.Fatal(err)
@@ -427,4 +416,23 @@ func TestServeStopsWhenContextIsCancelled(t *testing.T) {
 	if _, err := http.Get("http://" + ln.Addr().String() + "/healthz"); err == nil {
 		t.Error("still serving after shutdown")
 	}
+}
+
+// serve starts a server with cfg on a fresh ledger and a free local port;
+// cancel stops it and done then yields what Serve returned.
+func serve(t *testing.T, cfg api.Config) (ln net.Listener, cancel context.CancelFunc, done <-chan error) {
+	t.Helper()
+	_, pool := pgtest.Ledger(t)
+	srv, err := api.New(cfg, postgres.NewLedgerStore(pool, postgres.LedgerConfig{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err = net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ctx, ln) }()
+	return ln, cancel, served
 }

@@ -1,7 +1,6 @@
 package api_test
 
 import (
-	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -23,8 +22,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/posthorn/posthorn/adapters/postgres"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/api"
 	"github.com/posthorn/posthorn/configs"
 )
@@ -113,19 +110,7 @@ func TestServeTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, pool := pgtest.Ledger(t)
-	srv, err := api.New(api.Config{Tokens: []string{tokenA}, TLS: tlsCfg, Logger: slog.New(slog.DiscardHandler)},
-		postgres.NewLedgerStore(pool, postgres.LedgerConfig{}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ctx, ln) }()
+	ln, cancel, done := serve(t, api.Config{Tokens: []string{tokenA}, TLS: tlsCfg, Logger: slog.New(slog.DiscardHandler)})
 	defer func() {
 		cancel()
 		if err := <-done; err != nil {
