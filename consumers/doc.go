@@ -38,7 +38,7 @@
 // # Batches
 //
 // The deliveries waiting for a handler at the same time are applied in one
-// transaction (postgres.Inbox.ReceiveBatch): one inbox row and at most one
+// transaction (Inbox.ReceiveBatch): one inbox row and at most one
 // effect per event, one commit. Each event gets the disposition it would
 // have got alone, applied in (aggregate, revision) order, and every message
 // of the batch is acknowledged only after the commit. A handler may add a

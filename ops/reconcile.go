@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/core"
 )
 
 // Disposition is one disposition a consumer recorded for an event ID.
@@ -42,13 +42,13 @@ type DispositionReader interface {
 // final dispositions (inbox retention): it says which of the events without
 // a disposition its retention may have removed.
 type PrunedReader interface {
-	Pruned(ctx context.Context, events []postgres.ExpectedEvent) (map[string]bool, error)
+	Pruned(ctx context.Context, events []ExpectedEvent) (map[string]bool, error)
 }
 
 // InboxReader reads a consumer's dispositions from its inbox
 // (adapters/postgres.Inbox).
 type InboxReader struct {
-	Inbox    *postgres.Inbox
+	Inbox    Inbox
 	Consumer string
 }
 
@@ -72,11 +72,11 @@ func (r InboxReader) EventIDs(ctx context.Context, batch int, fn func([]string) 
 	return r.Inbox.InboxEventIDs(ctx, r.Consumer, batch, fn)
 }
 
-// Pruned implements PrunedReader (postgres.Inbox.Pruned).
-func (r InboxReader) Pruned(ctx context.Context, events []postgres.ExpectedEvent) (map[string]bool, error) {
-	cands := make([]postgres.PrunedCandidate, len(events))
+// Pruned implements PrunedReader (Inbox.Pruned).
+func (r InboxReader) Pruned(ctx context.Context, events []ExpectedEvent) (map[string]bool, error) {
+	cands := make([]PrunedCandidate, len(events))
 	for i, e := range events {
-		cands[i] = postgres.PrunedCandidate{EventID: e.EventID, AggregateType: e.AggregateType, AggregateID: e.AggregateID,
+		cands[i] = PrunedCandidate{EventID: e.EventID, AggregateType: e.AggregateType, AggregateID: e.AggregateID,
 			Revision: e.Revision, CreatedAt: e.CreatedAt}
 	}
 	return r.Inbox.Pruned(ctx, r.Consumer, cands)
@@ -100,12 +100,12 @@ type ConsumerSource struct {
 
 // ReconcileConfig configures Reconcile.
 type ReconcileConfig struct {
-	Ledger    *postgres.OpsStore
+	Ledger    Store
 	Consumers []ConsumerSource
 	// Archive, when set, is searched for inbox event IDs the outbox no
 	// longer has (cleaned up), so they are not reported as unknown.
 	Archive ArchiveStore
-	Cut     postgres.CutRequest
+	Cut     CutRequest
 	// Cap is how many IDs each discrepancy lists (default 20); counts are
 	// always complete.
 	Cap int
@@ -185,11 +185,11 @@ type ConsumerReport struct {
 	Parked             int64  `json:"parked"`
 	// Pruned counts events whose disposition inbox retention removed after
 	// an earlier run had proven them (at or below the recorded coverage).
-	Pruned        int64              `json:"pruned"`
-	Rejected      int64              `json:"rejected"`
-	Discrepancies Discrepancies      `json:"discrepancies"`
-	Clean         bool               `json:"clean"`
-	Coverage      *postgres.Coverage `json:"coverage,omitempty"`
+	Pruned        int64         `json:"pruned"`
+	Rejected      int64         `json:"rejected"`
+	Discrepancies Discrepancies `json:"discrepancies"`
+	Clean         bool          `json:"clean"`
+	Coverage      *Coverage     `json:"coverage,omitempty"`
 }
 
 // CutInfo describes the cut a report is about.
@@ -318,18 +318,18 @@ func Reconcile(ctx context.Context, cfg ReconcileConfig) (Report, error) {
 				for _, d := range ds {
 					r.DuplicatesAbsorbed += d.Duplicates
 					switch d.Disposition {
-					case string(postgres.DispositionApplied):
+					case string(core.DispositionApplied):
 						nApplied++
 						final = true
-					case string(postgres.DispositionDuplicate):
+					case string(core.DispositionDuplicate):
 						final = true
-					case string(postgres.DispositionParkedGap), string(postgres.DispositionParkedPoison):
+					case string(core.DispositionParkedGap), string(core.DispositionParkedPoison):
 						// Parked is not covered: the event waits for an
 						// operator, and deleting its outbox row would lose
 						// what the release needs to re-drive it.
 						r.Parked++
 						waiting = &WaitingEvent{EventID: e.EventID, Consumer: c.Name, Disposition: d.Disposition, Reason: d.Reason}
-					case string(postgres.DispositionRejected):
+					case string(core.DispositionRejected):
 						r.Rejected++
 						if c.RejectedFinal {
 							final = true
@@ -337,7 +337,7 @@ func Reconcile(ctx context.Context, cfg ReconcileConfig) (Report, error) {
 							waiting = &WaitingEvent{EventID: e.EventID, Consumer: c.Name, Disposition: d.Disposition,
 								Reason: d.Reason + " (rejected is final only with reconcile.consumers[].rejected_final)"}
 						}
-					case string(postgres.DispositionHeld):
+					case string(core.DispositionHeld):
 						waiting = &WaitingEvent{EventID: e.EventID, Consumer: c.Name, Disposition: d.Disposition,
 							Reason: "held: waiting for its predecessor inside the hold time"}
 					}
@@ -446,12 +446,12 @@ func unknownEventIDs(ctx context.Context, cfg ReconcileConfig, r DispositionRead
 // had proven them: only events at or below c's recorded coverage qualify,
 // and only by the rule retention deletes with (PrunedReader). Anything else
 // without a disposition stays unproven.
-func prunedOf(ctx context.Context, c ConsumerSource, batch []postgres.ExpectedEvent, disp map[string][]Disposition, covered int64) (map[string]bool, error) {
+func prunedOf(ctx context.Context, c ConsumerSource, batch []ExpectedEvent, disp map[string][]Disposition, covered int64) (map[string]bool, error) {
 	pr, ok := c.Reader.(PrunedReader)
 	if !ok || covered <= 0 {
 		return nil, nil
 	}
-	var cands []postgres.ExpectedEvent
+	var cands []ExpectedEvent
 	for _, e := range batch {
 		if e.ID <= covered && len(disp[e.EventID]) == 0 {
 			cands = append(cands, e)

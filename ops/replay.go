@@ -9,7 +9,6 @@ import (
 
 	"golang.org/x/time/rate"
 
-	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/core"
 )
 
@@ -29,8 +28,8 @@ type ReplaySpec struct {
 	IncludeCommands bool `json:"include_commands,omitempty"`
 }
 
-func (s ReplaySpec) filter() postgres.RowFilter {
-	return postgres.RowFilter{SequenceFrom: s.SequenceFrom, SequenceTo: s.SequenceTo, From: s.From, To: s.To,
+func (s ReplaySpec) filter() RowFilter {
+	return RowFilter{SequenceFrom: s.SequenceFrom, SequenceTo: s.SequenceTo, From: s.From, To: s.To,
 		Account: s.Account, EventsOnly: !s.IncludeCommands, RelayedOnly: true}
 }
 
@@ -57,7 +56,7 @@ func (s ReplaySpec) matches(r ArchivedRow) bool {
 
 // ReplayConfig configures Replay.
 type ReplayConfig struct {
-	Ledger *postgres.OpsStore
+	Ledger Store
 	// Archive holds rows already cleaned up from the outbox; required only
 	// when the range reaches below the cleanup boundary.
 	Archive ArchiveStore
@@ -114,7 +113,7 @@ func Replay(ctx context.Context, cfg ReplayConfig) (ReplayResult, error) {
 		return res, err
 	}
 	after := int64(0)
-	progress := postgres.ReplayProgress{Name: cfg.Name, Spec: spec}
+	progress := ReplayProgress{Name: cfg.Name, Spec: spec}
 	if cfg.Name != "" {
 		saved, found, err := cfg.Ledger.LoadReplay(ctx, cfg.Name)
 		if err != nil {
@@ -146,7 +145,7 @@ func Replay(ctx context.Context, cfg ReplayConfig) (ReplayResult, error) {
 			total = res.Sent + n
 		}
 	}
-	send := func(rows []postgres.StoredRow) error {
+	send := func(rows []StoredRow) error {
 		if len(rows) == 0 {
 			return nil
 		}
@@ -186,7 +185,7 @@ func Replay(ctx context.Context, cfg ReplayConfig) (ReplayResult, error) {
 		if cfg.Archive == nil {
 			return res, fmt.Errorf("%w (boundary: outbox id %d)", ErrArchiveRequired, cleaned.DeletedThroughID)
 		}
-		var pending []postgres.StoredRow
+		var pending []StoredRow
 		err := ReadArchive(ctx, cfg.Archive, after, cleaned.DeletedThroughID, func(r ArchivedRow) error {
 			if !cfg.Spec.matches(r) {
 				return nil

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/core"
 )
 
@@ -23,7 +22,7 @@ var (
 
 // ResendConfig configures Resend: either EventIDs or FromID..ToID.
 type ResendConfig struct {
-	Ledger   *postgres.OpsStore
+	Ledger   Store
 	Sink     core.Sink
 	EventIDs []string
 	// FromID and ToID select outbox ids, inclusive.
@@ -51,7 +50,7 @@ func Resend(ctx context.Context, cfg ResendConfig) (ResendResult, error) {
 	if cfg.Batch <= 0 {
 		cfg.Batch = 500
 	}
-	var f postgres.RowFilter
+	var f RowFilter
 	switch {
 	case len(cfg.EventIDs) > 0 && (cfg.FromID != 0 || cfg.ToID != 0):
 		return res, errors.New("give event IDs or an id range, not both")
@@ -62,7 +61,7 @@ func Resend(ctx context.Context, cfg ResendConfig) (ResendResult, error) {
 	default:
 		return res, errors.New("give event IDs, or an id range with 0 < from <= to")
 	}
-	var rows []postgres.StoredRow
+	var rows []StoredRow
 	for {
 		batch, err := cfg.Ledger.ReadRows(ctx, f, 10000)
 		if err != nil {

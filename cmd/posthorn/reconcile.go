@@ -112,7 +112,7 @@ func runReconcile(ctx context.Context, args []string) error {
 	if err != nil {
 		return couldNotRun(err)
 	}
-	req := postgres.CutRequest{Sequence: *cutSeq, Settle: *settle}
+	req := ops.CutRequest{Sequence: *cutSeq, Settle: *settle}
 	switch {
 	case *cutSeq < 0:
 		return couldNotRun(fmt.Errorf("--cut must be a positive journal sequence, is %d", *cutSeq))

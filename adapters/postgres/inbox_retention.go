@@ -7,32 +7,15 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/posthorn/posthorn/ops"
 )
 
-// Retention: the consumer inbox and the ledger's idempotency keys are
-// pruned in small batches (each one short statement of its own, so no lock
-// is held for long and a cancelled run leaves a consistent state), behind
-// a horizon past which a repeat can no longer arrive or is still
-// recognised without the row (see PruneInbox).
-
-// InboxHorizon is how far PruneInbox may go for one consumer.
-type InboxHorizon struct {
-	// Ordered: a final row of an aggregate with a position (an ordered
-	// consumer) may go once its revision is below the position's last
-	// applied revision (a repeat is then recognised by revision alone) and
-	// it was last touched before Ordered.
-	Ordered time.Time
-	// Unordered: a final row of an aggregate without a position may go once
-	// it was last touched before Unordered (the replay window plus a
-	// margin: no replay is expected to resend it).
-	Unordered time.Time
-}
-
-// PruneResult says what one retention run removed.
-type PruneResult struct {
-	Deleted int64 `json:"deleted"`
-	Batches int   `json:"batches"`
-}
+// Retention: the consumer inbox (here) and the ledger's idempotency keys
+// (OpsStore.PruneIdempotencyKeys) are pruned in small batches (each one
+// short statement of its own, so no lock is held for long and a cancelled
+// run leaves a consistent state), behind a horizon past which a repeat can
+// no longer arrive or is still recognised without the row (see PruneInbox).
 
 // PruneInbox deletes consumer's final inbox rows (applied, duplicate)
 // behind h, oldest first, in batches of at most batch rows, each its own
@@ -40,8 +23,8 @@ type PruneResult struct {
 // is recorded first (consumer_retention), so that reconciliation, which
 // finds the pruned events without a disposition, can tell them from
 // missing ones (Inbox.Pruned). A cancelled ctx stops between batches.
-func (in *Inbox) PruneInbox(ctx context.Context, consumer string, h InboxHorizon, batch int) (PruneResult, error) {
-	var res PruneResult
+func (in *Inbox) PruneInbox(ctx context.Context, consumer string, h ops.InboxHorizon, batch int) (ops.PruneResult, error) {
+	var res ops.PruneResult
 	if batch < 1 {
 		return res, errors.New("prune inbox: batch must be at least 1")
 	}
@@ -110,24 +93,12 @@ UPDATE consumer_retention SET deleted_rows = deleted_rows + $2, updated_at = now
 	return res, nil
 }
 
-// PrunedCandidate is an event reconciliation expected and found no inbox
-// row for.
-type PrunedCandidate struct {
-	EventID       string
-	AggregateType string
-	AggregateID   string
-	Revision      int64
-	// CreatedAt is the outbox row's: the consumer received it later, so a
-	// row last touched before a horizon was created before it too.
-	CreatedAt time.Time
-}
-
 // Pruned returns which of cands PruneInbox may have removed for consumer:
 // by the rule it deletes with, read against the recorded horizon. Nothing
 // is pruned for a consumer retention never ran for. The caller decides
 // whether that proves anything (reconciliation accepts it only for events
 // an earlier run already proved).
-func (in *Inbox) Pruned(ctx context.Context, consumer string, cands []PrunedCandidate) (map[string]bool, error) {
+func (in *Inbox) Pruned(ctx context.Context, consumer string, cands []ops.PrunedCandidate) (map[string]bool, error) {
 	out := map[string]bool{}
 	if len(cands) == 0 {
 		return out, nil
@@ -163,33 +134,4 @@ WHERE CASE WHEN p.last_revision IS NOT NULL THEN c.revision > 0 AND c.revision <
 		out[id] = true
 	}
 	return out, nil
-}
-
-// PruneIdempotencyKeys deletes the Posting API's idempotency keys created
-// before before, oldest first, in batches of at most batch keys, each its
-// own statement (through idempotency_keys_created_at). A request that
-// repeats an expired key is then a new posting. A cancelled ctx stops
-// between batches.
-func (s *OpsStore) PruneIdempotencyKeys(ctx context.Context, before time.Time, batch int) (PruneResult, error) {
-	var res PruneResult
-	if batch < 1 {
-		return res, errors.New("prune idempotency keys: batch must be at least 1")
-	}
-	for {
-		tag, err := s.pool.Exec(ctx, `
-DELETE FROM idempotency_keys WHERE key IN (
-    SELECT key FROM idempotency_keys WHERE created_at < $1 ORDER BY created_at LIMIT $2)`, before, batch)
-		if err != nil {
-			return res, fmt.Errorf("prune idempotency keys: %w", err)
-		}
-		n := tag.RowsAffected()
-		if n == 0 {
-			return res, nil
-		}
-		res.Deleted += n
-		res.Batches++
-		if err := ctx.Err(); err != nil {
-			return res, err
-		}
-	}
 }

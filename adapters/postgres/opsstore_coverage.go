@@ -1,0 +1,44 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/posthorn/posthorn/ops"
+)
+
+// RecordCoverage advances the consumer's verified boundary (never lowers
+// it) and returns the boundary now recorded.
+func (s *OpsStore) RecordCoverage(ctx context.Context, consumer string, cut, coveredID int64) (ops.Coverage, error) {
+	c := ops.Coverage{Consumer: consumer}
+	err := s.pool.QueryRow(ctx, `
+INSERT INTO ops_coverage AS c (consumer, cut_sequence, covered_outbox_id) VALUES ($1, $2, $3)
+ON CONFLICT (consumer) DO UPDATE
+   SET cut_sequence = greatest(c.cut_sequence, EXCLUDED.cut_sequence),
+       covered_outbox_id = greatest(c.covered_outbox_id, EXCLUDED.covered_outbox_id),
+       verified_at = now()
+RETURNING cut_sequence, covered_outbox_id, verified_at`, consumer, cut, coveredID).Scan(&c.CutSequence, &c.CoveredOutboxID, &c.VerifiedAt)
+	if err != nil {
+		return c, fmt.Errorf("record coverage of %s: %w", consumer, err)
+	}
+	return c, nil
+}
+
+// Coverages returns every consumer's verified boundary, by name.
+func (s *OpsStore) Coverages(ctx context.Context) (map[string]ops.Coverage, error) {
+	rows, err := s.pool.Query(ctx, `SELECT consumer, cut_sequence, covered_outbox_id, verified_at FROM ops_coverage`)
+	if err != nil {
+		return nil, fmt.Errorf("coverage: %w", err)
+	}
+	list, err := pgx.CollectRows(rows, pgx.RowToStructByPos[ops.Coverage])
+	if err != nil {
+		return nil, fmt.Errorf("coverage: %w", err)
+	}
+	out := make(map[string]ops.Coverage, len(list))
+	for _, c := range list {
+		out[c.Consumer] = c
+	}
+	return out, nil
+}
