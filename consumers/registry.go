@@ -550,15 +550,7 @@ func (r *Registry) sweep(ctx context.Context, hc *handlerConfig) {
 // SweepOnce runs one sweep of consumer's handlers now (Run does this every
 // SweepInterval).
 func (r *Registry) SweepOnce(ctx context.Context, consumer string) error {
-	r.mu.Lock()
-	var hcs []*handlerConfig
-	for _, hc := range r.handlers {
-		if hc.consumer == consumer && !hc.noInbox {
-			hcs = append(hcs, hc)
-		}
-	}
-	r.mu.Unlock()
-	for _, hc := range hcs {
+	for _, hc := range r.inboxHandlers(consumer) {
 		if hc.ordered {
 			parked, err := r.inbox.ParkExpiredHolds(ctx, hc.consumer, hc.hold)
 			for _, p := range parked {
@@ -588,6 +580,19 @@ func (r *Registry) SweepOnce(ctx context.Context, consumer string) error {
 	return nil
 }
 
+// inboxHandlers are consumer's handlers that record in the inbox.
+func (r *Registry) inboxHandlers(consumer string) []*handlerConfig {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var hcs []*handlerConfig
+	for _, hc := range r.handlers {
+		if hc.consumer == consumer && !hc.noInbox {
+			hcs = append(hcs, hc)
+		}
+	}
+	return hcs
+}
+
 // Release lifts the park of one account for consumer and re-drives its
 // events in revision order at once (from this process; without it the
 // consumer's sweeper does so within SweepInterval). It returns how many
@@ -605,15 +610,7 @@ func (r *Registry) ReleaseAggregate(ctx context.Context, consumer, aggregateType
 	}
 	r.log.Info("consumer released an aggregate", "consumer", consumer, "aggregate_type", aggregateType,
 		"aggregate_id", aggregateID, "events", n)
-	r.mu.Lock()
-	var hcs []*handlerConfig
-	for _, hc := range r.handlers {
-		if hc.consumer == consumer && !hc.noInbox {
-			hcs = append(hcs, hc)
-		}
-	}
-	r.mu.Unlock()
-	for _, hc := range hcs {
+	for _, hc := range r.inboxHandlers(consumer) {
 		r.drain(ctx, hc, Aggregate{Type: aggregateType, ID: aggregateID})
 	}
 	return n, nil

@@ -29,8 +29,50 @@ import (
 // applyAll, when not nil, applies every event to be applied in one call
 // (in that order) instead of apply once per event; an error from it is an
 // *consumers.ApplyError naming the first of them.
+//
+// The steps: sort the events into (aggregate, revision) order; lock the
+// positions of their aggregates (ordered); insert every inbox row; decide
+// each event's disposition, applying those next in line; apply the run with
+// applyAll; advance the positions and find the aggregates with held
+// successors (ordered); commit.
 func (in *Inbox) ReceiveBatch(ctx context.Context, consumer string, ordered bool, es []core.Envelope, apply consumers.Handler, applyAll consumers.BatchHandler) (consumers.BatchOutcome, error) {
 	res := consumers.BatchOutcome{Outcomes: make([]consumers.Outcome, len(es))}
+	order := applyOrder(es)
+	tx, err := in.pool.Begin(ctx)
+	if err != nil {
+		return res, fmt.Errorf("inbox: begin: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.Background()) }()
+
+	b := inboxBatch{tx: tx, consumer: consumer, ordered: ordered, es: es, order: order, res: &res}
+	if ordered {
+		if b.positions, err = lockBatchPositions(ctx, tx, consumer, es, order); err != nil {
+			return res, err
+		}
+	}
+	if err := b.insertRows(ctx); err != nil {
+		return res, err
+	}
+	toApply, err := b.decide(ctx, apply, applyAll != nil)
+	if err != nil {
+		return res, err
+	}
+	if len(toApply) > 0 {
+		if err := applyAll(ctx, tx, toApply); err != nil {
+			return res, &consumers.ApplyError{Envelope: toApply[0], Err: err}
+		}
+	}
+	if ordered {
+		if res.Held, err = b.advancePositions(ctx); err != nil {
+			return res, err
+		}
+	}
+	return res, commitInbox(ctx, tx)
+}
+
+// applyOrder is the order ReceiveBatch records es in: by aggregate, then
+// revision, then event ID (stable, so repeats keep their delivery order).
+func applyOrder(es []core.Envelope) []int {
 	order := make([]int, len(es))
 	for i := range order {
 		order[i] = i
@@ -48,138 +90,153 @@ func (in *Inbox) ReceiveBatch(ctx context.Context, consumer string, ordered bool
 		}
 		return x.EventID < y.EventID
 	})
-	tx, err := in.pool.Begin(ctx)
-	if err != nil {
-		return res, fmt.Errorf("inbox: begin: %w", err)
-	}
-	defer func() { _ = tx.Rollback(context.Background()) }()
+	return order
+}
 
-	positions := map[consumers.Aggregate]*inboxPosition{}
-	if ordered {
-		var types, ids []string
-		for _, i := range order {
-			ref := consumers.Aggregate{Type: es[i].AggregateType, ID: es[i].AggregateID}
-			if _, ok := positions[ref]; !ok {
-				positions[ref] = nil
-				types, ids = append(types, ref.Type), append(ids, ref.ID)
-			}
-		}
-		if positions, err = lockInboxPositions(ctx, tx, consumer, types, ids); err != nil {
-			return res, err
-		}
-	}
-
-	// Insert every row first: the primary key decides which delivery owns
-	// an event (as in Receive); the provisional disposition is replaced in
-	// this transaction where needed.
-	cols := inboxColumns{}
+// lockBatchPositions locks the positions of every aggregate of es, in one
+// sorted statement (lockInboxPositions).
+func lockBatchPositions(ctx context.Context, tx pgx.Tx, consumer string, es []core.Envelope, order []int) (map[consumers.Aggregate]*inboxPosition, error) {
+	seen := map[consumers.Aggregate]bool{}
+	var types, ids []string
 	for _, i := range order {
-		cols.add(es[i])
+		ref := consumers.Aggregate{Type: es[i].AggregateType, ID: es[i].AggregateID}
+		if !seen[ref] {
+			seen[ref] = true
+			types, ids = append(types, ref.Type), append(ids, ref.ID)
+		}
 	}
-	rows, err := tx.Query(ctx, `
+	return lockInboxPositions(ctx, tx, consumer, types, ids)
+}
+
+// inboxBatch is one ReceiveBatch in its transaction.
+type inboxBatch struct {
+	tx       pgx.Tx
+	consumer string
+	ordered  bool
+	es       []core.Envelope
+	order    []int
+	res      *consumers.BatchOutcome
+	// positions are the locked positions of an ordered consumer's
+	// aggregates; decide advances them in memory.
+	positions map[consumers.Aggregate]*inboxPosition
+	// fresh holds the event IDs whose row this batch inserted.
+	fresh map[string]bool
+}
+
+// insertRows inserts every row first: the primary key decides which
+// delivery owns an event (as in Receive); the provisional disposition is
+// replaced in this transaction where needed.
+func (b *inboxBatch) insertRows(ctx context.Context) error {
+	cols := inboxColumns{}
+	for _, i := range b.order {
+		cols.add(b.es[i])
+	}
+	rows, err := b.tx.Query(ctx, `
 		INSERT INTO consumer_inbox (consumer, event_id, kind, type, aggregate_type, aggregate_id, revision, disposition)
 		SELECT $1, u.event_id, u.kind, u.type, u.aggregate_type, u.aggregate_id, u.revision, 'applied'
 		FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::bigint[])
 		     AS u(event_id, kind, type, aggregate_type, aggregate_id, revision)
 		ON CONFLICT (consumer, event_id) DO NOTHING
 		RETURNING event_id`,
-		consumer, cols.eventIDs, cols.kinds, cols.types, cols.aggTypes, cols.aggIDs, cols.revisions)
+		b.consumer, cols.eventIDs, cols.kinds, cols.types, cols.aggTypes, cols.aggIDs, cols.revisions)
 	if err != nil {
-		return res, fmt.Errorf("inbox: insert: %w", err)
+		return fmt.Errorf("inbox: insert: %w", err)
 	}
 	inserted, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
-		return res, fmt.Errorf("inbox: insert: %w", err)
+		return fmt.Errorf("inbox: insert: %w", err)
 	}
-	fresh := make(map[string]bool, len(inserted))
+	b.fresh = make(map[string]bool, len(inserted))
 	for _, id := range inserted {
-		fresh[id] = true
+		b.fresh[id] = true
 	}
+	return nil
+}
 
-	var (
-		advance inboxColumns
-		toApply []core.Envelope
-	)
-	for _, i := range order {
-		e := es[i]
+// decide records each event's outcome in order: a repeat, one not next in
+// line (ordered), or applied — with apply at once, or, when deferred,
+// returned for the caller to apply as one run.
+func (b *inboxBatch) decide(ctx context.Context, apply consumers.Handler, deferred bool) ([]core.Envelope, error) {
+	var toApply []core.Envelope
+	for _, i := range b.order {
+		e := b.es[i]
 		out := consumers.OutcomeOf(e)
-		if !fresh[e.EventID] {
+		if !b.fresh[e.EventID] {
 			// A repeat: the event ID had a row before this batch, or an
 			// earlier delivery in this batch took it.
-			if err := countInboxRepeat(ctx, tx, consumer, &out); err != nil {
-				return res, err
+			if err := countInboxRepeat(ctx, b.tx, b.consumer, &out); err != nil {
+				return nil, err
 			}
-			res.Outcomes[i] = out
+			b.res.Outcomes[i] = out
 			continue
 		}
-		delete(fresh, e.EventID) // a second delivery in this batch is a repeat
+		delete(b.fresh, e.EventID) // a second delivery in this batch is a repeat
 		var pos *inboxPosition
-		if ordered {
-			pos = positions[consumers.Aggregate{Type: e.AggregateType, ID: e.AggregateID}]
-			waits, err := notNextInLine(ctx, tx, consumer, e, *pos, &out)
+		if b.ordered {
+			pos = b.positions[consumers.Aggregate{Type: e.AggregateType, ID: e.AggregateID}]
+			waits, err := notNextInLine(ctx, b.tx, b.consumer, e, *pos, &out)
 			if err != nil {
-				return res, err
+				return nil, err
 			}
 			if waits {
-				res.Outcomes[i] = out
+				b.res.Outcomes[i] = out
 				continue
 			}
 		}
-		if applyAll != nil {
+		if deferred {
 			toApply = append(toApply, e)
-		} else if err := apply(ctx, tx, e); err != nil {
-			return res, &consumers.ApplyError{Envelope: e, Err: err}
+		} else if err := apply(ctx, b.tx, e); err != nil {
+			return nil, &consumers.ApplyError{Envelope: e, Err: err}
 		}
-		if ordered {
+		if b.ordered {
 			pos.last = e.Revision
 			pos.advanced = true
 		}
 		out.Disposition = core.DispositionApplied
-		res.Outcomes[i] = out
+		b.res.Outcomes[i] = out
 	}
-	if len(toApply) > 0 {
-		if err := applyAll(ctx, tx, toApply); err != nil {
-			return res, &consumers.ApplyError{Envelope: toApply[0], Err: err}
+	return toApply, nil
+}
+
+// advancePositions writes back the positions decide advanced and returns
+// those of their aggregates that have held successors.
+func (b *inboxBatch) advancePositions(ctx context.Context) ([]consumers.Aggregate, error) {
+	var advance inboxColumns
+	for ref, pos := range b.positions {
+		if pos.advanced {
+			advance.aggTypes = append(advance.aggTypes, ref.Type)
+			advance.aggIDs = append(advance.aggIDs, ref.ID)
+			advance.revisions = append(advance.revisions, pos.last)
 		}
 	}
-	if ordered {
-		for ref, pos := range positions {
-			if pos.advanced {
-				advance.aggTypes = append(advance.aggTypes, ref.Type)
-				advance.aggIDs = append(advance.aggIDs, ref.ID)
-				advance.revisions = append(advance.revisions, pos.last)
-			}
-		}
-		if len(advance.aggIDs) > 0 {
-			if _, err := tx.Exec(ctx, `
-				UPDATE consumer_positions p SET last_revision = u.revision, updated_at = now()
-				FROM unnest($2::text[], $3::text[], $4::bigint[]) AS u(aggregate_type, aggregate_id, revision)
-				WHERE p.consumer = $1 AND p.aggregate_type = u.aggregate_type AND p.aggregate_id = u.aggregate_id`,
-				consumer, advance.aggTypes, advance.aggIDs, advance.revisions); err != nil {
-				return res, fmt.Errorf("inbox: advance positions: %w", err)
-			}
-			// Held successors of the advanced aggregates: read under their
-			// position locks, so no other instance can hold one of them
-			// unseen before this commit (it would have to lock first).
-			rows, err := tx.Query(ctx, `
-				SELECT DISTINCT i.aggregate_type, i.aggregate_id
-				FROM consumer_inbox i
-				JOIN unnest($2::text[], $3::text[]) AS u(aggregate_type, aggregate_id)
-				  ON i.aggregate_type = u.aggregate_type AND i.aggregate_id = u.aggregate_id
-				WHERE i.consumer = $1 AND i.disposition = 'held'`,
-				consumer, advance.aggTypes, advance.aggIDs)
-			if err != nil {
-				return res, fmt.Errorf("inbox: held successors: %w", err)
-			}
-			if res.Held, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (consumers.Aggregate, error) {
-				var a consumers.Aggregate
-				return a, r.Scan(&a.Type, &a.ID)
-			}); err != nil {
-				return res, fmt.Errorf("inbox: held successors: %w", err)
-			}
-		}
+	if len(advance.aggIDs) == 0 {
+		return nil, nil
 	}
-	return res, commitInbox(ctx, tx)
+	if _, err := b.tx.Exec(ctx, `
+		UPDATE consumer_positions p SET last_revision = u.revision, updated_at = now()
+		FROM unnest($2::text[], $3::text[], $4::bigint[]) AS u(aggregate_type, aggregate_id, revision)
+		WHERE p.consumer = $1 AND p.aggregate_type = u.aggregate_type AND p.aggregate_id = u.aggregate_id`,
+		b.consumer, advance.aggTypes, advance.aggIDs, advance.revisions); err != nil {
+		return nil, fmt.Errorf("inbox: advance positions: %w", err)
+	}
+	// Held successors of the advanced aggregates: read under their
+	// position locks, so no other instance can hold one of them
+	// unseen before this commit (it would have to lock first).
+	rows, err := b.tx.Query(ctx, `
+		SELECT DISTINCT i.aggregate_type, i.aggregate_id
+		FROM consumer_inbox i
+		JOIN unnest($2::text[], $3::text[]) AS u(aggregate_type, aggregate_id)
+		  ON i.aggregate_type = u.aggregate_type AND i.aggregate_id = u.aggregate_id
+		WHERE i.consumer = $1 AND i.disposition = 'held'`,
+		b.consumer, advance.aggTypes, advance.aggIDs)
+	if err != nil {
+		return nil, fmt.Errorf("inbox: held successors: %w", err)
+	}
+	held, err := pgx.CollectRows(rows, pgx.RowToStructByPos[consumers.Aggregate])
+	if err != nil {
+		return nil, fmt.Errorf("inbox: held successors: %w", err)
+	}
+	return held, nil
 }
 
 // inboxColumns are envelopes' fields as arrays, for unnest.

@@ -28,10 +28,7 @@ func (in *Inbox) ParkExpiredHolds(ctx context.Context, consumer string, hold tim
 	if err != nil {
 		return nil, fmt.Errorf("inbox: expired holds: %w", err)
 	}
-	refs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (consumers.Aggregate, error) {
-		var a consumers.Aggregate
-		return a, r.Scan(&a.Type, &a.ID)
-	})
+	refs, err := pgx.CollectRows(rows, pgx.RowToStructByPos[consumers.Aggregate])
 	if err != nil {
 		return nil, fmt.Errorf("inbox: expired holds: %w", err)
 	}
@@ -118,10 +115,7 @@ func (in *Inbox) Runnable(ctx context.Context, consumer string, ordered bool) ([
 	if err != nil {
 		return nil, fmt.Errorf("inbox: runnable: %w", err)
 	}
-	refs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (consumers.Aggregate, error) {
-		var a consumers.Aggregate
-		return a, r.Scan(&a.Type, &a.ID)
-	})
+	refs, err := pgx.CollectRows(rows, pgx.RowToStructByPos[consumers.Aggregate])
 	if err != nil {
 		return nil, fmt.Errorf("inbox: runnable: %w", err)
 	}
