@@ -10,8 +10,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/posthorn/posthorn/adapters/postgres"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/consumers"
 	"github.com/posthorn/posthorn/core"
 )
@@ -22,9 +20,7 @@ import (
 // applied, a gap held, an event of a parked aggregate kept behind the park.
 func TestReceiveBatchDispositionsAsOneByOne(t *testing.T) {
 	t.Parallel()
-	_, pool := pgtest.Consumer(t)
-	in := postgres.NewInbox(pool)
-	apply, read := effects(t, pool)
+	in, apply, read := newInbox(t)
 	ctx := context.Background()
 	mustReceive(t, in, "c", true, inboxEvent("acc-a", 1), apply, core.DispositionApplied)
 	mustReceive(t, in, "c", true, inboxEvent("acc-c", 1), apply, core.DispositionApplied)
@@ -90,9 +86,7 @@ func TestReceiveBatchDispositionsAsOneByOne(t *testing.T) {
 // rolls back every row and effect of the batch and names the event.
 func TestReceiveBatchApplyErrorRecordsNothing(t *testing.T) {
 	t.Parallel()
-	_, pool := pgtest.Consumer(t)
-	in := postgres.NewInbox(pool)
-	apply, read := effects(t, pool)
+	in, apply, read := newInbox(t)
 	ctx := context.Background()
 	boom := errors.New("boom")
 	failing := func(ctx context.Context, tx pgx.Tx, e core.Envelope) error {
@@ -133,9 +127,7 @@ func TestReceiveBatchApplyErrorRecordsNothing(t *testing.T) {
 // revision order, and do not deadlock (the positions are locked sorted).
 func TestReceiveBatchConcurrentInstancesOneEffect(t *testing.T) {
 	t.Parallel()
-	_, pool := pgtest.Consumer(t)
-	in := postgres.NewInbox(pool)
-	apply, read := effects(t, pool)
+	in, apply, read := newInbox(t)
 	ctx := context.Background()
 	const accounts, revs = 20, 5
 	var all []core.Envelope

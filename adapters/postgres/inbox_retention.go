@@ -31,26 +31,67 @@ func (in *Inbox) PruneInbox(ctx context.Context, consumer string, h ops.InboxHor
 	if h.Unordered.After(h.Ordered) {
 		h.Unordered = h.Ordered // the ordered bound is the outer one of both
 	}
+	if err := in.recordHorizon(ctx, consumer, h); err != nil {
+		return res, err
+	}
+	// Keyset over (updated_at, event_id) through consumer_inbox_final_age: a
+	// row kept (the last applied revision of an aggregate) is passed once,
+	// not read again by every later batch.
+	var after inboxKey
+	for {
+		n, last, err := in.pruneBatch(ctx, consumer, h, after, batch)
+		if err != nil {
+			return res, err
+		}
+		if last == nil {
+			break // nothing left behind the horizon
+		}
+		after = *last
+		res.Batches++
+		if n > 0 {
+			res.Deleted += n
+			if _, err := in.pool.Exec(context.WithoutCancel(ctx), `
+UPDATE consumer_retention SET deleted_rows = deleted_rows + $2, updated_at = now() WHERE consumer = $1`, consumer, n); err != nil {
+				return res, fmt.Errorf("prune inbox: count: %w", err)
+			}
+		}
+		if err := ctx.Err(); err != nil {
+			return res, err
+		}
+	}
+	return res, nil
+}
+
+// recordHorizon records h for consumer (consumer_retention); it never
+// moves back.
+func (in *Inbox) recordHorizon(ctx context.Context, consumer string, h ops.InboxHorizon) error {
 	if _, err := in.pool.Exec(ctx, `
 INSERT INTO consumer_retention AS r (consumer, ordered_before, unordered_before) VALUES ($1, $2, $3)
 ON CONFLICT (consumer) DO UPDATE
    SET ordered_before = greatest(r.ordered_before, EXCLUDED.ordered_before),
        unordered_before = greatest(r.unordered_before, EXCLUDED.unordered_before), updated_at = now()`,
 		consumer, h.Ordered, h.Unordered); err != nil {
-		return res, fmt.Errorf("prune inbox: record horizon: %w", err)
+		return fmt.Errorf("prune inbox: record horizon: %w", err)
 	}
-	// Keyset over (updated_at, event_id) through consumer_inbox_final_age: a
-	// row kept (the last applied revision of an aggregate) is passed once,
-	// not read again by every later batch. The delete finds its rows by the
-	// ctid the scan read in the same statement (a TID scan, not a second
-	// primary-key probe per row), rechecking the key and disposition.
-	var afterAt time.Time
-	afterID := ""
-	for {
-		var n int64
-		var lastAt *time.Time
-		var lastID *string
-		err := in.pool.QueryRow(ctx, `
+	return nil
+}
+
+// inboxKey is a position in consumer_inbox_final_age.
+type inboxKey struct {
+	updatedAt time.Time
+	eventID   string
+}
+
+// pruneBatch scans up to batch final rows after the key and deletes those
+// behind h, in one statement; it returns how many it deleted and the last
+// key scanned (nil: none was). The delete finds its rows by the ctid the
+// scan read in the same statement (a TID scan, not a second primary-key
+// probe per row), rechecking the key and disposition.
+func (in *Inbox) pruneBatch(ctx context.Context, consumer string, h ops.InboxHorizon, after inboxKey, batch int) (int64, *inboxKey, error) {
+	var n int64
+	var lastAt *time.Time
+	var lastID *string
+	err := in.pool.QueryRow(ctx, `
 WITH scan AS (
     SELECT i.ctid AS tid, i.event_id, i.updated_at,
            CASE WHEN p.last_revision IS NOT NULL THEN i.revision > 0 AND i.revision < p.last_revision
@@ -70,27 +111,14 @@ d AS (
 SELECT (SELECT count(*) FROM d),
        (SELECT updated_at FROM scan ORDER BY updated_at DESC, event_id DESC LIMIT 1),
        (SELECT event_id FROM scan ORDER BY updated_at DESC, event_id DESC LIMIT 1)`,
-			consumer, h.Ordered, h.Unordered, afterAt, afterID, batch).Scan(&n, &lastAt, &lastID)
-		if err != nil {
-			return res, fmt.Errorf("prune inbox of %s: %w", consumer, err)
-		}
-		if lastAt == nil {
-			break // nothing left behind the horizon
-		}
-		afterAt, afterID = *lastAt, *lastID
-		res.Batches++
-		if n > 0 {
-			res.Deleted += n
-			if _, err := in.pool.Exec(context.WithoutCancel(ctx), `
-UPDATE consumer_retention SET deleted_rows = deleted_rows + $2, updated_at = now() WHERE consumer = $1`, consumer, n); err != nil {
-				return res, fmt.Errorf("prune inbox: count: %w", err)
-			}
-		}
-		if err := ctx.Err(); err != nil {
-			return res, err
-		}
+		consumer, h.Ordered, h.Unordered, after.updatedAt, after.eventID, batch).Scan(&n, &lastAt, &lastID)
+	if err != nil {
+		return 0, nil, fmt.Errorf("prune inbox of %s: %w", consumer, err)
 	}
-	return res, nil
+	if lastAt == nil {
+		return n, nil, nil
+	}
+	return n, &inboxKey{updatedAt: *lastAt, eventID: *lastID}, nil
 }
 
 // Pruned returns which of cands PruneInbox may have removed for consumer:

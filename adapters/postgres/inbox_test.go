@@ -26,6 +26,15 @@ func inboxEvent(acc string, rev int64) core.Envelope {
 	}
 }
 
+// newInbox is the inbox of a fresh consumer database and the effects
+// table of its handler.
+func newInbox(t *testing.T) (*postgres.Inbox, consumers.Handler, func() []string) {
+	t.Helper()
+	_, pool := pgtest.Consumer(t)
+	apply, read := effects(t, pool)
+	return postgres.NewInbox(pool), apply, read
+}
+
 // effects records applied events in a table of the consumer database, in
 // the handler's transaction, so a rolled back apply leaves no trace.
 func effects(t *testing.T, pool *pgxpool.Pool) (consumers.Handler, func() []string) {
@@ -66,9 +75,7 @@ func mustReceive(t *testing.T, in *postgres.Inbox, consumer string, ordered bool
 
 func TestInboxRepeatIsAbsorbedAndCounted(t *testing.T) {
 	t.Parallel()
-	_, pool := pgtest.Consumer(t)
-	in := postgres.NewInbox(pool)
-	apply, read := effects(t, pool)
+	in, apply, read := newInbox(t)
 	e := inboxEvent("acc-a", 1)
 	mustReceive(t, in, "c", false, e, apply, core.DispositionApplied)
 	for range 2 {
@@ -109,9 +116,7 @@ func TestInboxConcurrentInstancesApplyOnce(t *testing.T) {
 	for _, ordered := range []bool{false, true} {
 		t.Run(fmt.Sprintf("ordered=%v", ordered), func(t *testing.T) {
 			t.Parallel()
-			_, pool := pgtest.Consumer(t)
-			in := postgres.NewInbox(pool)
-			apply, read := effects(t, pool)
+			in, apply, read := newInbox(t)
 			e := inboxEvent("acc-race", 1)
 			entered := make(chan struct{}, 2)
 			release := make(chan struct{})
@@ -155,9 +160,7 @@ func TestInboxConcurrentInstancesApplyOnce(t *testing.T) {
 
 func TestInboxGapHeldThenDrainedInOrder(t *testing.T) {
 	t.Parallel()
-	_, pool := pgtest.Consumer(t)
-	in := postgres.NewInbox(pool)
-	apply, read := effects(t, pool)
+	in, apply, read := newInbox(t)
 	ctx := context.Background()
 	mustReceive(t, in, "p", true, inboxEvent("acc", 3), apply, core.DispositionHeld)
 	mustReceive(t, in, "p", true, inboxEvent("acc", 2), apply, core.DispositionHeld)
@@ -189,9 +192,7 @@ func TestInboxGapHeldThenDrainedInOrder(t *testing.T) {
 // unordered consumer applies revision 3 first.
 func TestInboxUnorderedAppliesOutOfOrder(t *testing.T) {
 	t.Parallel()
-	_, pool := pgtest.Consumer(t)
-	in := postgres.NewInbox(pool)
-	apply, read := effects(t, pool)
+	in, apply, read := newInbox(t)
 	mustReceive(t, in, "a", false, inboxEvent("acc", 3), apply, core.DispositionApplied)
 	mustReceive(t, in, "a", false, inboxEvent("acc", 1), apply, core.DispositionApplied)
 	if got := read(); fmt.Sprint(got) != "[acc-r3 acc-r1]" {
@@ -201,9 +202,7 @@ func TestInboxUnorderedAppliesOutOfOrder(t *testing.T) {
 
 func TestInboxParkAfterHoldAndRelease(t *testing.T) {
 	t.Parallel()
-	_, pool := pgtest.Consumer(t)
-	in := postgres.NewInbox(pool)
-	apply, read := effects(t, pool)
+	in, apply, read := newInbox(t)
 	ctx := context.Background()
 	mustReceive(t, in, "p", true, inboxEvent("acc", 1), apply, core.DispositionApplied)
 	mustReceive(t, in, "p", true, inboxEvent("acc", 3), apply, core.DispositionHeld)
@@ -255,9 +254,7 @@ func TestInboxParkAfterHoldAndRelease(t *testing.T) {
 
 func TestInboxPoisonParksAggregateOnly(t *testing.T) {
 	t.Parallel()
-	_, pool := pgtest.Consumer(t)
-	in := postgres.NewInbox(pool)
-	apply, read := effects(t, pool)
+	in, apply, read := newInbox(t)
 	ctx := context.Background()
 	boom := errors.New("cannot apply")
 	failing := func(ctx context.Context, tx pgx.Tx, e core.Envelope) error {
