@@ -131,7 +131,7 @@ func (b *inboxBatch) insertRows(ctx context.Context) error {
 	for _, i := range b.order {
 		cols.add(b.es[i])
 	}
-	rows, err := b.tx.Query(ctx, `
+	inserted, err := queryRows(ctx, b.tx, pgx.RowTo[string], `
 		INSERT INTO consumer_inbox (consumer, event_id, kind, type, aggregate_type, aggregate_id, revision, disposition)
 		SELECT $1, u.event_id, u.kind, u.type, u.aggregate_type, u.aggregate_id, u.revision, 'applied'
 		FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::bigint[])
@@ -139,10 +139,6 @@ func (b *inboxBatch) insertRows(ctx context.Context) error {
 		ON CONFLICT (consumer, event_id) DO NOTHING
 		RETURNING event_id`,
 		b.consumer, cols.eventIDs, cols.kinds, cols.types, cols.aggTypes, cols.aggIDs, cols.revisions)
-	if err != nil {
-		return fmt.Errorf("inbox: insert: %w", err)
-	}
-	inserted, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
 		return fmt.Errorf("inbox: insert: %w", err)
 	}
@@ -222,17 +218,13 @@ func (b *inboxBatch) advancePositions(ctx context.Context) ([]consumers.Aggregat
 	// Held successors of the advanced aggregates: read under their
 	// position locks, so no other instance can hold one of them
 	// unseen before this commit (it would have to lock first).
-	rows, err := b.tx.Query(ctx, `
+	held, err := queryRows(ctx, b.tx, pgx.RowToStructByPos[consumers.Aggregate], `
 		SELECT DISTINCT i.aggregate_type, i.aggregate_id
 		FROM consumer_inbox i
 		JOIN unnest($2::text[], $3::text[]) AS u(aggregate_type, aggregate_id)
 		  ON i.aggregate_type = u.aggregate_type AND i.aggregate_id = u.aggregate_id
 		WHERE i.consumer = $1 AND i.disposition = 'held'`,
 		b.consumer, advance.aggTypes, advance.aggIDs)
-	if err != nil {
-		return nil, fmt.Errorf("inbox: held successors: %w", err)
-	}
-	held, err := pgx.CollectRows(rows, pgx.RowToStructByPos[consumers.Aggregate])
 	if err != nil {
 		return nil, fmt.Errorf("inbox: held successors: %w", err)
 	}

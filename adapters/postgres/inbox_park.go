@@ -16,7 +16,7 @@ import (
 // revisions, and its held events become ParkedGap. They stay in the inbox
 // with their payloads until Release.
 func (in *Inbox) ParkExpiredHolds(ctx context.Context, consumer string, hold time.Duration) ([]consumers.Parked, error) {
-	rows, err := in.pool.Query(ctx, `
+	refs, err := queryRows(ctx, in.pool, pgx.RowToStructByPos[consumers.Aggregate], `
 		SELECT i.aggregate_type, i.aggregate_id
 		FROM consumer_inbox i
 		JOIN consumer_positions p USING (consumer, aggregate_type, aggregate_id)
@@ -25,10 +25,6 @@ func (in *Inbox) ParkExpiredHolds(ctx context.Context, consumer string, hold tim
 		HAVING min(i.held_since) <= now() - $2 * interval '1 microsecond'
 		   AND min(i.revision) > p.last_revision + 1`,
 		consumer, hold.Microseconds())
-	if err != nil {
-		return nil, fmt.Errorf("inbox: expired holds: %w", err)
-	}
-	refs, err := pgx.CollectRows(rows, pgx.RowToStructByPos[consumers.Aggregate])
 	if err != nil {
 		return nil, fmt.Errorf("inbox: expired holds: %w", err)
 	}
@@ -111,11 +107,7 @@ func (in *Inbox) Runnable(ctx context.Context, consumer string, ordered bool) ([
 		GROUP BY i.aggregate_type, i.aggregate_id, p.last_revision
 		HAVING min(i.revision) <= p.last_revision + 1`
 	}
-	rows, err := in.pool.Query(ctx, q, consumer)
-	if err != nil {
-		return nil, fmt.Errorf("inbox: runnable: %w", err)
-	}
-	refs, err := pgx.CollectRows(rows, pgx.RowToStructByPos[consumers.Aggregate])
+	refs, err := queryRows(ctx, in.pool, pgx.RowToStructByPos[consumers.Aggregate], q, consumer)
 	if err != nil {
 		return nil, fmt.Errorf("inbox: runnable: %w", err)
 	}

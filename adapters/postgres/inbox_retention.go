@@ -145,16 +145,12 @@ func (in *Inbox) Pruned(ctx context.Context, consumer string, cands []ops.Pruned
 	for i, c := range cands {
 		ids[i], types[i], aggs[i], revs[i], created[i] = c.EventID, c.AggregateType, c.AggregateID, c.Revision, c.CreatedAt
 	}
-	rows, err := in.pool.Query(ctx, `
+	got, err := queryRows(ctx, in.pool, pgx.RowTo[string], `
 SELECT c.event_id FROM unnest($2::text[], $3::text[], $4::text[], $5::bigint[], $6::timestamptz[]) AS c(event_id, aggregate_type, aggregate_id, revision, created_at)
 LEFT JOIN consumer_positions p ON p.consumer = $1 AND p.aggregate_type = c.aggregate_type AND p.aggregate_id = c.aggregate_id
 WHERE CASE WHEN p.last_revision IS NOT NULL THEN c.revision > 0 AND c.revision < p.last_revision AND c.created_at < $7
            ELSE c.created_at < $8 END`,
 		consumer, ids, types, aggs, revs, created, ordered, unordered)
-	if err != nil {
-		return nil, fmt.Errorf("inbox: pruned: %w", err)
-	}
-	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
 		return nil, fmt.Errorf("inbox: pruned: %w", err)
 	}

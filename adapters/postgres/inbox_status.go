@@ -15,14 +15,10 @@ import (
 // an event ID without a row is absent from the map (the consumer has not
 // seen it).
 func (in *Inbox) Dispositions(ctx context.Context, consumer string, eventIDs []string) (map[string]core.InboxRecord, error) {
-	rows, err := in.pool.Query(ctx, `
+	recs, err := queryRows(ctx, in.pool, scanInboxRecord, `
 		SELECT event_id, aggregate_type, aggregate_id, revision, disposition, coalesce(reason, ''),
 		       duplicates, received_at, updated_at
 		FROM consumer_inbox WHERE consumer = $1 AND event_id = ANY($2)`, consumer, eventIDs)
-	if err != nil {
-		return nil, fmt.Errorf("inbox: dispositions: %w", err)
-	}
-	recs, err := pgx.CollectRows(rows, scanInboxRecord)
 	if err != nil {
 		return nil, fmt.Errorf("inbox: dispositions: %w", err)
 	}
@@ -35,15 +31,11 @@ func (in *Inbox) Dispositions(ctx context.Context, consumer string, eventIDs []s
 
 // List returns up to limit rows of consumer with disposition d, oldest first.
 func (in *Inbox) List(ctx context.Context, consumer string, d core.Disposition, limit int) ([]core.InboxRecord, error) {
-	rows, err := in.pool.Query(ctx, `
+	recs, err := queryRows(ctx, in.pool, scanInboxRecord, `
 		SELECT event_id, aggregate_type, aggregate_id, revision, disposition, coalesce(reason, ''),
 		       duplicates, received_at, updated_at
 		FROM consumer_inbox WHERE consumer = $1 AND disposition = $2
 		ORDER BY received_at, event_id LIMIT $3`, consumer, string(d), limit)
-	if err != nil {
-		return nil, fmt.Errorf("inbox: list: %w", err)
-	}
-	recs, err := pgx.CollectRows(rows, scanInboxRecord)
 	if err != nil {
 		return nil, fmt.Errorf("inbox: list: %w", err)
 	}
@@ -102,20 +94,13 @@ func (in *Inbox) Count(ctx context.Context, consumer string) (InboxCounts, error
 
 // Parked lists the consumer's parked aggregates with their reasons.
 func (in *Inbox) Parked(ctx context.Context, consumer string) ([]consumers.Parked, error) {
-	rows, err := in.pool.Query(ctx, `
+	out, err := queryRows(ctx, in.pool, pgx.RowToStructByPos[consumers.Parked], `
 		SELECT p.aggregate_type, p.aggregate_id, coalesce(p.parked_reason, ''), p.parked_at,
 		       (SELECT count(*) FROM consumer_inbox i
 		         WHERE i.consumer = p.consumer AND i.aggregate_type = p.aggregate_type
 		           AND i.aggregate_id = p.aggregate_id AND i.disposition IN ('parked_gap', 'parked_poison'))
 		FROM consumer_positions p WHERE p.consumer = $1 AND p.parked
 		ORDER BY p.parked_at, p.aggregate_id`, consumer)
-	if err != nil {
-		return nil, fmt.Errorf("inbox: parked: %w", err)
-	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (consumers.Parked, error) {
-		var p consumers.Parked
-		return p, r.Scan(&p.Type, &p.ID, &p.Reason, &p.ParkedAt, &p.Events)
-	})
 	if err != nil {
 		return nil, fmt.Errorf("inbox: parked: %w", err)
 	}
@@ -153,13 +138,9 @@ func (in *Inbox) Waiting(ctx context.Context, consumer string) (held, parkedAggr
 func (in *Inbox) InboxEventIDs(ctx context.Context, consumer string, batch int, fn func(ids []string) error) error {
 	after := ""
 	for {
-		rows, err := in.pool.Query(ctx, `
+		ids, err := queryRows(ctx, in.pool, pgx.RowTo[string], `
 SELECT event_id FROM consumer_inbox WHERE consumer = $1 AND event_id > $2 ORDER BY event_id LIMIT $3`,
 			consumer, after, batch)
-		if err != nil {
-			return fmt.Errorf("inbox event ids: %w", err)
-		}
-		ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
 		if err != nil {
 			return fmt.Errorf("inbox event ids: %w", err)
 		}
@@ -176,14 +157,10 @@ SELECT event_id FROM consumer_inbox WHERE consumer = $1 AND event_id > $2 ORDER 
 // AppliedTwice returns groups of event IDs that the consumer applied for
 // the same aggregate revision: one effect per revision was expected.
 func (in *Inbox) AppliedTwice(ctx context.Context, consumer string) ([][]string, error) {
-	rows, err := in.pool.Query(ctx, `
+	out, err := queryRows(ctx, in.pool, pgx.RowTo[[]string], `
 SELECT array_agg(event_id ORDER BY event_id) FROM consumer_inbox
 WHERE consumer = $1 AND disposition = 'applied' AND revision > 0
 GROUP BY aggregate_type, aggregate_id, revision HAVING count(*) > 1`, consumer)
-	if err != nil {
-		return nil, fmt.Errorf("applied twice: %w", err)
-	}
-	out, err := pgx.CollectRows(rows, pgx.RowTo[[]string])
 	if err != nil {
 		return nil, fmt.Errorf("applied twice: %w", err)
 	}

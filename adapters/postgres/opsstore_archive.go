@@ -40,13 +40,9 @@ VALUES ($1, $2, $3, $4, $5, $6, $7)`, seg.Segment, seg.FirstID, seg.LastID, seg.
 
 // ArchiveSegments lists the recorded segments in id order.
 func (s *OpsStore) ArchiveSegments(ctx context.Context) ([]ops.ArchiveSegment, error) {
-	rows, err := s.pool.Query(ctx, `
+	out, err := queryRows(ctx, s.pool, pgx.RowToStructByPos[ops.ArchiveSegment], `
 SELECT segment, first_id, last_id, rows, coalesce(first_event_id, ''), coalesce(last_event_id, ''), sha256, verified_at
 FROM ops_archive_segments ORDER BY first_id`)
-	if err != nil {
-		return nil, fmt.Errorf("archive segments: %w", err)
-	}
-	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[ops.ArchiveSegment])
 	if err != nil {
 		return nil, fmt.Errorf("archive segments: %w", err)
 	}

@@ -28,11 +28,7 @@ RETURNING cut_sequence, covered_outbox_id, verified_at`, consumer, cut, coveredI
 
 // Coverages returns every consumer's verified boundary, by name.
 func (s *OpsStore) Coverages(ctx context.Context) (map[string]ops.Coverage, error) {
-	rows, err := s.pool.Query(ctx, `SELECT consumer, cut_sequence, covered_outbox_id, verified_at FROM ops_coverage`)
-	if err != nil {
-		return nil, fmt.Errorf("coverage: %w", err)
-	}
-	list, err := pgx.CollectRows(rows, pgx.RowToStructByPos[ops.Coverage])
+	list, err := queryRows(ctx, s.pool, pgx.RowToStructByPos[ops.Coverage], `SELECT consumer, cut_sequence, covered_outbox_id, verified_at FROM ops_coverage`)
 	if err != nil {
 		return nil, fmt.Errorf("coverage: %w", err)
 	}

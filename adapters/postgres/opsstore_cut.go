@@ -190,18 +190,11 @@ ORDER BY o.id LIMIT 1`, c.sequence).Scan(&first)
 // ExpectedEvents returns up to limit events (kind event) of the cut's
 // journals above the floor with outbox id > after, in id order.
 func (c *cutSnapshot) ExpectedEvents(ctx context.Context, after int64, limit int) ([]ops.ExpectedEvent, error) {
-	rows, err := c.tx.Query(ctx, `
+	out, err := queryRows(ctx, c.tx, pgx.RowToStructByPos[ops.ExpectedEvent], `
 SELECT o.id, o.event_id::text, j.sequence, o.created_at, `+Relayed+`, o.aggregate_type, o.aggregate_id, o.revision
 FROM outbox o JOIN journals j ON j.id = o.journal_id
 WHERE o.id > $1 AND o.kind = 'event' AND j.sequence > $2 AND j.sequence <= $3
 ORDER BY o.id LIMIT $4`, after, c.floor, c.sequence, limit)
-	if err != nil {
-		return nil, fmt.Errorf("expected events: %w", err)
-	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ops.ExpectedEvent, error) {
-		var e ops.ExpectedEvent
-		return e, r.Scan(&e.ID, &e.EventID, &e.Sequence, &e.CreatedAt, &e.Relayed, &e.AggregateType, &e.AggregateID, &e.Revision)
-	})
 	if err != nil {
 		return nil, fmt.Errorf("expected events: %w", err)
 	}
@@ -226,13 +219,9 @@ func (s *OpsStore) UnknownEventIDs(ctx context.Context, ids []string) ([]string,
 	if len(valid) == 0 {
 		return unknown, nil
 	}
-	rows, err := s.pool.Query(ctx, `
+	more, err := queryRows(ctx, s.pool, pgx.RowTo[string], `
 SELECT u FROM unnest($1::text[]) AS u
 WHERE NOT EXISTS (SELECT 1 FROM outbox o WHERE o.event_id = u::uuid)`, valid)
-	if err != nil {
-		return nil, fmt.Errorf("unknown event ids: %w", err)
-	}
-	more, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
 		return nil, fmt.Errorf("unknown event ids: %w", err)
 	}

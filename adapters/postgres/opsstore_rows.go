@@ -162,15 +162,11 @@ SELECT count(*) FROM outbox_pending p JOIN outbox o ON o.id = p.id JOIN relay_le
 WHERE l.owner IS NOT NULL AND l.expires_at < now() AND o.created_at < l.expires_at`).Scan(&total); err != nil {
 		return nil, 0, fmt.Errorf("uncertain rows: %w", err)
 	}
-	rows, err := s.pool.Query(ctx, `
+	out, err := queryRows(ctx, s.pool, pgx.RowToStructByPos[UncertainRow], `
 SELECT o.id, o.event_id::text, o.shard, o.aggregate_id, o.revision, l.owner, l.expires_at, o.created_at
 FROM outbox_pending p JOIN outbox o ON o.id = p.id JOIN relay_leases l ON l.shard = p.shard
 WHERE l.owner IS NOT NULL AND l.expires_at < now() AND o.created_at < l.expires_at
 ORDER BY o.id LIMIT $1`, limit)
-	if err != nil {
-		return nil, 0, fmt.Errorf("uncertain rows: %w", err)
-	}
-	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[UncertainRow])
 	if err != nil {
 		return nil, 0, fmt.Errorf("uncertain rows: %w", err)
 	}
