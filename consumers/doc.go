@@ -6,6 +6,10 @@
 // event's envelope, and writes its effect through the transaction. The
 // inbox row and the effect commit together in that transaction.
 //
+// The inbox is a port (Inbox) the Registry is given in Config.Inbox;
+// adapters/postgres.Inbox implements it on the consumers' own database.
+// consumers imports no adapter.
+//
 // # Registration
 //
 // Events (kind "event", topic core.TopicEvents or any topic outside the
