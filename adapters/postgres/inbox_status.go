@@ -15,25 +15,17 @@ import (
 // an event ID without a row is absent from the map (the consumer has not
 // seen it).
 func (in *Inbox) Dispositions(ctx context.Context, consumer string, eventIDs []string) (map[string]core.InboxRecord, error) {
-	recs, err := queryRows(ctx, in.pool, scanInboxRecord, `
-		SELECT event_id, aggregate_type, aggregate_id, revision, disposition, coalesce(reason, ''),
-		       duplicates, received_at, updated_at
+	recs, err := queryRows(ctx, in.pool, scanInboxRecord, `SELECT `+inboxRecordColumns+`
 		FROM consumer_inbox WHERE consumer = $1 AND event_id = ANY($2)`, consumer, eventIDs)
 	if err != nil {
 		return nil, fmt.Errorf("inbox: dispositions: %w", err)
 	}
-	m := make(map[string]core.InboxRecord, len(recs))
-	for _, r := range recs {
-		m[r.EventID] = r
-	}
-	return m, nil
+	return byKey(recs, func(r core.InboxRecord) string { return r.EventID }), nil
 }
 
 // List returns up to limit rows of consumer with disposition d, oldest first.
 func (in *Inbox) List(ctx context.Context, consumer string, d core.Disposition, limit int) ([]core.InboxRecord, error) {
-	recs, err := queryRows(ctx, in.pool, scanInboxRecord, `
-		SELECT event_id, aggregate_type, aggregate_id, revision, disposition, coalesce(reason, ''),
-		       duplicates, received_at, updated_at
+	recs, err := queryRows(ctx, in.pool, scanInboxRecord, `SELECT `+inboxRecordColumns+`
 		FROM consumer_inbox WHERE consumer = $1 AND disposition = $2
 		ORDER BY received_at, event_id LIMIT $3`, consumer, string(d), limit)
 	if err != nil {
@@ -41,6 +33,10 @@ func (in *Inbox) List(ctx context.Context, consumer string, d core.Disposition, 
 	}
 	return recs, nil
 }
+
+// inboxRecordColumns are the columns scanInboxRecord reads.
+const inboxRecordColumns = `event_id, aggregate_type, aggregate_id, revision, disposition, coalesce(reason, ''),
+		       duplicates, received_at, updated_at`
 
 func scanInboxRecord(r pgx.CollectableRow) (core.InboxRecord, error) {
 	var rec core.InboxRecord

@@ -32,9 +32,5 @@ func (s *OpsStore) Coverages(ctx context.Context) (map[string]ops.Coverage, erro
 	if err != nil {
 		return nil, fmt.Errorf("coverage: %w", err)
 	}
-	out := make(map[string]ops.Coverage, len(list))
-	for _, c := range list {
-		out[c.Consumer] = c
-	}
-	return out, nil
+	return byKey(list, func(c ops.Coverage) string { return c.Consumer }), nil
 }

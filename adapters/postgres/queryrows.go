@@ -20,3 +20,12 @@ func queryRows[T any](ctx context.Context, q querier, fn pgx.RowToFunc[T], sql s
 	}
 	return pgx.CollectRows(rows, fn)
 }
+
+// byKey maps each of list by its key (a later duplicate key wins).
+func byKey[T any](list []T, key func(T) string) map[string]T {
+	m := make(map[string]T, len(list))
+	for _, v := range list {
+		m[key(v)] = v
+	}
+	return m
+}
