@@ -18,8 +18,8 @@ func (s *OpsStore) RecordSegment(ctx context.Context, seg ops.ArchiveSegment) er
 		if _, err := tx.Exec(ctx, `LOCK TABLE ops_archive_segments IN EXCLUSIVE MODE`); err != nil {
 			return fmt.Errorf("record segment: %w", err)
 		}
-		var through int64
-		if err := tx.QueryRow(ctx, `SELECT coalesce(max(last_id), 0) FROM ops_archive_segments`).Scan(&through); err != nil {
+		through, err := archiveThrough(ctx, tx)
+		if err != nil {
 			return fmt.Errorf("record segment: %w", err)
 		}
 		if seg.FirstID != through+1 {
@@ -52,11 +52,21 @@ FROM ops_archive_segments ORDER BY first_id`)
 // ArchiveThrough is the recorded archive coverage: every outbox row with
 // id <= the result is in a verified segment (0: none).
 func (s *OpsStore) ArchiveThrough(ctx context.Context) (int64, error) {
-	var n int64
-	if err := s.pool.QueryRow(ctx, `SELECT coalesce(max(last_id), 0) FROM ops_archive_segments`).Scan(&n); err != nil {
+	n, err := archiveThrough(ctx, s.pool)
+	if err != nil {
 		return 0, fmt.Errorf("archive coverage: %w", err)
 	}
 	return n, nil
+}
+
+// archiveThrough reads the archive coverage through q: the pool, or
+// RecordSegment's transaction under its lock.
+func archiveThrough(ctx context.Context, q interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}) (int64, error) {
+	var n int64
+	err := q.QueryRow(ctx, `SELECT coalesce(max(last_id), 0) FROM ops_archive_segments`).Scan(&n)
+	return n, err
 }
 
 // FirstUnrelayedID is the smallest id of an unrelayed row (0: none).
