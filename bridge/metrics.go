@@ -1,8 +1,9 @@
 package bridge
 
 import (
-	"github.com/posthorn/posthorn/internal/promset"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/posthorn/posthorn/internal/promset"
 )
 
 // metrics are the relay's Prometheus series (names fixed by contract.md).

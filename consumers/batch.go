@@ -8,12 +8,11 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/core"
 )
 
 // Batching: the inbox applies the deliveries waiting for it in one
-// transaction (postgres.Inbox.ReceiveBatch) instead of one transaction and
+// transaction (Inbox.ReceiveBatch) instead of one transaction and
 // one commit each. Watermill's router calls the middleware in a goroutine
 // per message, so the messages of one consumer that are in flight at the
 // same time — with a subscriber that delivers ahead of acknowledgements,
@@ -130,7 +129,7 @@ func (h *handOff) pass(seq uint64) {
 type pending struct {
 	e    core.Envelope
 	done chan struct{}
-	out  postgres.InboxOutcome
+	out  Outcome
 	err  error
 }
 
@@ -182,7 +181,7 @@ func (b *batcher) enqueue(e core.Envelope) *pending {
 
 // receive returns p's outcome, running batches (its own or others') while
 // no one else does.
-func (b *batcher) receive(ctx context.Context, p *pending) (postgres.InboxOutcome, error) {
+func (b *batcher) receive(ctx context.Context, p *pending) (Outcome, error) {
 	for {
 		select {
 		case <-p.done:
@@ -232,13 +231,13 @@ func (b *batcher) run(ctx context.Context, batch []*pending) {
 			return
 		}
 	}
-	var drain []postgres.InboxAggregate
+	var drain []Aggregate
 	for _, p := range batch {
 		p.out, p.err = b.r.inbox.Receive(ctx, hc.consumer, hc.ordered, p.e, b.r.safeApply(hc))
 		if p.err == nil {
 			b.r.recorded(hc, p.out)
-			if p.out.Disposition == postgres.DispositionApplied && hc.ordered {
-				drain = append(drain, postgres.InboxAggregate{Type: p.e.AggregateType, ID: p.e.AggregateID})
+			if p.out.Disposition == core.DispositionApplied && hc.ordered {
+				drain = append(drain, Aggregate{Type: p.e.AggregateType, ID: p.e.AggregateID})
 			}
 		}
 		close(p.done)

@@ -6,6 +6,10 @@
 // event's envelope, and writes its effect through the transaction. The
 // inbox row and the effect commit together in that transaction.
 //
+// The inbox is a port (Inbox) the Registry is given in Config.Inbox;
+// adapters/postgres.Inbox implements it on the consumers' own database.
+// consumers imports no adapter.
+//
 // # Registration
 //
 // Events (kind "event", topic core.TopicEvents or any topic outside the
@@ -38,7 +42,7 @@
 // # Batches
 //
 // The deliveries waiting for a handler at the same time are applied in one
-// transaction (postgres.Inbox.ReceiveBatch): one inbox row and at most one
+// transaction (Inbox.ReceiveBatch): one inbox row and at most one
 // effect per event, one commit. Each event gets the disposition it would
 // have got alone, applied in (aggregate, revision) order, and every message
 // of the batch is acknowledged only after the commit. A handler may add a

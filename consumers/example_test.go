@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/consumers"
 	"github.com/posthorn/posthorn/core"
 )
@@ -30,6 +31,7 @@ func ExampleRegistry() {
 	var sub message.Subscriber // e.g. subscribers.KafkaSubscriber(brokers, "invoices", logger)
 	reg, err := consumers.New(router, consumers.Config{
 		Pool:        pool,
+		Inbox:       postgres.NewInbox(pool),
 		Subscribers: func(string) (message.Subscriber, error) { return sub, nil },
 	})
 	if err != nil {

@@ -7,7 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/core"
 )
 
 // metrics are shared by every consumer registered on one Prometheus
@@ -89,8 +89,8 @@ func register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
 // init makes every disposition of consumer visible at zero, so rates and
 // alerts work before the first event.
 func (m *metrics) init(consumer string) {
-	for _, d := range []postgres.Disposition{postgres.DispositionApplied, postgres.DispositionDuplicate,
-		postgres.DispositionParkedGap, postgres.DispositionParkedPoison, postgres.DispositionRejected} {
+	for _, d := range []core.Disposition{core.DispositionApplied, core.DispositionDuplicate,
+		core.DispositionParkedGap, core.DispositionParkedPoison, core.DispositionRejected} {
 		m.messages.WithLabelValues(consumer, string(d))
 	}
 	m.gaps.WithLabelValues(consumer)
@@ -99,8 +99,8 @@ func (m *metrics) init(consumer string) {
 	m.dupRatio.WithLabelValues(consumer)
 }
 
-func (m *metrics) record(consumer string, d postgres.Disposition, n int) {
-	if d == postgres.DispositionHeld || n == 0 {
+func (m *metrics) record(consumer string, d core.Disposition, n int) {
+	if d == core.DispositionHeld || n == 0 {
 		return
 	}
 	m.messages.WithLabelValues(consumer, string(d)).Add(float64(n))
@@ -111,7 +111,7 @@ func (m *metrics) record(consumer string, d postgres.Disposition, n int) {
 		m.totals[consumer] = r
 	}
 	r.all += float64(n)
-	if d == postgres.DispositionDuplicate {
+	if d == core.DispositionDuplicate {
 		r.dup += float64(n)
 	}
 	v := r.dup / r.all

@@ -12,10 +12,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/core"
 )
 
@@ -68,11 +66,21 @@ const (
 	DefaultMaxBatch        = 512
 )
 
+// TxBeginner starts a transaction on the consumers' database; a
+// *pgxpool.Pool is one.
+type TxBeginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
 // Config configures a Registry.
 type Config struct {
-	// Pool is the consumers' own database, migrated with
-	// postgres.ConsumerSchema. Required.
-	Pool *pgxpool.Pool
+	// Pool is the consumers' own database (a *pgxpool.Pool migrated with
+	// adapters/postgres.ConsumerSchema): WithoutInbox handlers run in plain
+	// transactions on it. Required.
+	Pool TxBeginner
+	// Inbox is the store on Pool that records every delivery
+	// (adapters/postgres.NewInbox). Required.
+	Inbox Inbox
 	// Subscribers gives each consumer its subscriber. Required unless every
 	// handler is registered WithSubscriber.
 	Subscribers SubscriberFactory
@@ -189,7 +197,7 @@ type handlerConfig struct {
 type Registry struct {
 	router  *message.Router
 	cfg     Config
-	inbox   *postgres.Inbox
+	inbox   Inbox
 	metrics *metrics
 	log     *slog.Logger
 
@@ -206,19 +214,19 @@ func New(router *message.Router, cfg Config) (*Registry, error) {
 	if cfg.Pool == nil {
 		return nil, errors.New("consumers: Config.Pool is required")
 	}
+	if cfg.Inbox == nil {
+		return nil, errors.New("consumers: Config.Inbox is required")
+	}
 	cfg.setDefaults()
 	return &Registry{
 		router:  router,
 		cfg:     cfg,
-		inbox:   postgres.NewInbox(cfg.Pool),
+		inbox:   cfg.Inbox,
 		metrics: newMetrics(cfg.Registerer),
 		log:     cfg.Logger,
 		owners:  make(map[string]string),
 	}, nil
 }
-
-// Inbox is the store behind the registry: dispositions, counts, parks.
-func (r *Registry) Inbox() *postgres.Inbox { return r.inbox }
 
 // Router is the Watermill router the handlers are added to.
 func (r *Registry) Router() *message.Router { return r.router }
@@ -340,7 +348,7 @@ func (r *Registry) middleware(hc *handlerConfig) message.NoPublishHandlerFunc {
 }
 
 // apply wraps the team's handler with the latency and lag metrics.
-func (r *Registry) apply(hc *handlerConfig) postgres.ApplyFunc {
+func (r *Registry) apply(hc *handlerConfig) Handler {
 	return func(ctx context.Context, tx pgx.Tx, e core.Envelope) error {
 		start := time.Now()
 		err := hc.handler(ctx, tx, e)
@@ -354,7 +362,7 @@ func (r *Registry) apply(hc *handlerConfig) postgres.ApplyFunc {
 // failed handles a failed Receive: a permanent handler error parks the
 // event and acknowledges; anything else goes back to Retry.
 func (r *Registry) failed(ctx context.Context, hc *handlerConfig, err error) error {
-	var ae *postgres.ApplyError
+	var ae *ApplyError
 	if !errors.As(err, &ae) || !IsPermanent(ae.Err) {
 		return err
 	}
@@ -377,7 +385,7 @@ func (r *Registry) reject(ctx context.Context, hc *handlerConfig, msg *message.M
 	if id == "" {
 		// Nothing to key an inbox row on: count, log and drop, since
 		// redelivering it can never make it applicable.
-		r.metrics.record(hc.consumer, postgres.DispositionRejected, 1)
+		r.metrics.record(hc.consumer, core.DispositionRejected, 1)
 		r.log.Warn("consumer rejected a record without an event ID", "consumer", hc.consumer, "topic", hc.topic, "reason", reason)
 		return nil
 	}
@@ -394,64 +402,33 @@ func (r *Registry) applyWithoutInbox(ctx context.Context, hc *handlerConfig, e c
 	if err != nil {
 		return err
 	}
-	r.metrics.record(hc.consumer, postgres.DispositionApplied, 1)
+	r.metrics.record(hc.consumer, core.DispositionApplied, 1)
 	return nil
 }
 
 // recorded turns one outcome into metrics and log lines.
-func (r *Registry) recorded(hc *handlerConfig, out postgres.InboxOutcome) {
+func (r *Registry) recorded(hc *handlerConfig, out Outcome) {
 	r.metrics.record(hc.consumer, out.Disposition, 1)
 	attrs := []any{"consumer", hc.consumer, "event_id", out.EventID, "aggregate_type", out.AggregateType,
 		"aggregate_id", out.AggregateID, "revision", out.Revision, "reason", out.Reason}
 	switch out.Disposition {
-	case postgres.DispositionHeld:
+	case core.DispositionHeld:
 		r.metrics.gaps.WithLabelValues(hc.consumer).Inc()
 		r.log.Info("consumer holds an event received ahead of its predecessor", attrs...)
-	case postgres.DispositionParkedGap:
+	case core.DispositionParkedGap:
 		r.log.Warn("consumer parked an event behind a parked aggregate", attrs...)
-	case postgres.DispositionParkedPoison:
+	case core.DispositionParkedPoison:
 		r.log.Error("consumer parked a poison event", attrs...)
-	case postgres.DispositionRejected:
+	case core.DispositionRejected:
 		r.log.Warn("consumer rejected a record", attrs...)
-	case postgres.DispositionDuplicate:
+	case core.DispositionDuplicate:
 		r.log.Debug("consumer absorbed a duplicate", attrs...)
-	}
-}
-
-// drain re-drives the held events of one aggregate; failures are logged
-// and left to the sweeper, except permanent ones, which park.
-func (r *Registry) drain(ctx context.Context, hc *handlerConfig, ref postgres.InboxAggregate) {
-	for {
-		outs, err := r.inbox.Drain(ctx, hc.consumer, hc.ordered, ref.Type, ref.ID, r.safeApply(hc))
-		for _, o := range outs {
-			r.recorded(hc, o)
-		}
-		if err == nil {
-			return
-		}
-		var ae *postgres.ApplyError
-		if errors.As(err, &ae) && IsPermanent(ae.Err) {
-			out, perr := r.inbox.ParkPoison(ctx, hc.consumer, hc.ordered, ae.Envelope, ae.Err.Error())
-			if perr == nil {
-				r.recorded(hc, out)
-				if !hc.ordered {
-					continue // other held events of the aggregate do not depend on it
-				}
-				return
-			}
-			err = perr
-		}
-		if ctx.Err() == nil {
-			r.log.Warn("consumer could not re-drive held events; the sweeper retries", "consumer", hc.consumer,
-				"aggregate_type", ref.Type, "aggregate_id", ref.ID, "error", err)
-		}
-		return
 	}
 }
 
 // applyAll is the handler's BatchHandler with the metrics and a panic
 // turned into an error; nil when the handler has none.
-func (r *Registry) applyAll(hc *handlerConfig) postgres.ApplyBatchFunc {
+func (r *Registry) applyAll(hc *handlerConfig) BatchHandler {
 	if hc.batch == nil {
 		return nil
 	}
@@ -476,7 +453,7 @@ func (r *Registry) applyAll(hc *handlerConfig) postgres.ApplyBatchFunc {
 
 // safeApply is apply for re-drives, which run outside Watermill's
 // Recoverer: a panic becomes an error so the sweeper survives it.
-func (r *Registry) safeApply(hc *handlerConfig) postgres.ApplyFunc {
+func (r *Registry) safeApply(hc *handlerConfig) Handler {
 	apply := r.apply(hc)
 	return func(ctx context.Context, tx pgx.Tx, e core.Envelope) (err error) {
 		defer func() {
@@ -520,93 +497,3 @@ func (r *Registry) Run(ctx context.Context) error {
 
 // Running is closed once the router has subscribed every handler.
 func (r *Registry) Running() <-chan struct{} { return r.router.Running() }
-
-// sweep is one consumer's background loop: park aggregates whose hold
-// expired, re-drive held events whose predecessor is applied (released
-// parks, drains another instance left unfinished), and refresh the gauges.
-func (r *Registry) sweep(ctx context.Context, hc *handlerConfig) {
-	t := time.NewTicker(r.cfg.SweepInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		if err := r.SweepOnce(ctx, hc.consumer); err != nil && ctx.Err() == nil {
-			r.log.Warn("consumer sweep failed", "consumer", hc.consumer, "error", err)
-		}
-	}
-}
-
-// SweepOnce runs one sweep of consumer's handlers now (Run does this every
-// SweepInterval).
-func (r *Registry) SweepOnce(ctx context.Context, consumer string) error {
-	r.mu.Lock()
-	var hcs []*handlerConfig
-	for _, hc := range r.handlers {
-		if hc.consumer == consumer && !hc.noInbox {
-			hcs = append(hcs, hc)
-		}
-	}
-	r.mu.Unlock()
-	for _, hc := range hcs {
-		if hc.ordered {
-			parked, err := r.inbox.ParkExpiredHolds(ctx, hc.consumer, hc.hold)
-			for _, p := range parked {
-				r.metrics.record(hc.consumer, postgres.DispositionParkedGap, p.Events)
-				r.log.Warn("consumer parked an aggregate: its predecessor did not arrive within the hold time",
-					"consumer", hc.consumer, "aggregate_type", p.Type, "aggregate_id", p.ID,
-					"events", p.Events, "hold", hc.hold.String(), "reason", p.Reason)
-			}
-			if err != nil {
-				return err
-			}
-		}
-		refs, err := r.inbox.Runnable(ctx, hc.consumer, hc.ordered)
-		if err != nil {
-			return err
-		}
-		for _, ref := range refs {
-			r.drain(ctx, hc, ref)
-		}
-		held, parked, err := r.inbox.Waiting(ctx, hc.consumer)
-		if err != nil {
-			return err
-		}
-		r.metrics.held.WithLabelValues(hc.consumer).Set(float64(held))
-		r.metrics.parked.WithLabelValues(hc.consumer).Set(float64(parked))
-	}
-	return nil
-}
-
-// Release lifts the park of one account for consumer and re-drives its
-// events in revision order at once (from this process; without it the
-// consumer's sweeper does so within SweepInterval). It returns how many
-// parked events were released.
-func (r *Registry) Release(ctx context.Context, consumer, account string) (int, error) {
-	return r.ReleaseAggregate(ctx, consumer, core.AggregateAccount, account)
-}
-
-// ReleaseAggregate is Release for any aggregate type (commands are ordered
-// within their journal).
-func (r *Registry) ReleaseAggregate(ctx context.Context, consumer, aggregateType, aggregateID string) (int, error) {
-	n, err := r.inbox.Release(ctx, consumer, aggregateType, aggregateID)
-	if err != nil {
-		return 0, err
-	}
-	r.log.Info("consumer released an aggregate", "consumer", consumer, "aggregate_type", aggregateType,
-		"aggregate_id", aggregateID, "events", n)
-	r.mu.Lock()
-	var hcs []*handlerConfig
-	for _, hc := range r.handlers {
-		if hc.consumer == consumer && !hc.noInbox {
-			hcs = append(hcs, hc)
-		}
-	}
-	r.mu.Unlock()
-	for _, hc := range hcs {
-		r.drain(ctx, hc, postgres.InboxAggregate{Type: aggregateType, ID: aggregateID})
-	}
-	return n, nil
-}

@@ -30,6 +30,7 @@ func newRegistry(t *testing.T, pool *pgxpool.Pool, ch *gochannel.GoChannel, cfg 
 		t.Fatal(err)
 	}
 	cfg.Pool = pool
+	cfg.Inbox = postgres.NewInbox(pool)
 	cfg.Subscribers = func(string) (message.Subscriber, error) { return ch, nil }
 	reg, err := consumers.New(router, cfg)
 	if err != nil {
@@ -61,7 +62,7 @@ func event(acc string, rev int64, kind core.Kind) *message.Message {
 		AggregateType: core.AggregateAccount, AggregateID: acc, Revision: rev, Payload: []byte(`{}`)}.ToMessage()
 }
 
-func waitDisposition(t *testing.T, in *postgres.Inbox, consumer, id string, want postgres.Disposition) postgres.InboxRecord {
+func waitDisposition(t *testing.T, in *postgres.Inbox, consumer, id string, want core.Disposition) core.InboxRecord {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
@@ -139,10 +140,10 @@ func TestRuntimeKindMismatchIsRejected(t *testing.T) {
 	if err := ch.Publish(core.TopicEvents, bad); err != nil {
 		t.Fatal(err)
 	}
-	rec := waitDisposition(t, reg.Inbox(), "payouts", "acc-1", postgres.DispositionRejected)
+	rec := waitDisposition(t, postgres.NewInbox(pool), "payouts", "acc-1", core.DispositionRejected)
 	t.Logf("reason: %s", rec.Reason)
-	waitDisposition(t, reg.Inbox(), "audit", "acc-2", postgres.DispositionRejected)
-	rec = waitDisposition(t, reg.Inbox(), "audit", "no-headers", postgres.DispositionRejected)
+	waitDisposition(t, postgres.NewInbox(pool), "audit", "acc-2", core.DispositionRejected)
+	rec = waitDisposition(t, postgres.NewInbox(pool), "audit", "no-headers", core.DispositionRejected)
 	t.Logf("reason: %s", rec.Reason)
 	if n := called.Load(); n != 0 {
 		t.Fatalf("handler called %d times for mismatching records", n)
@@ -151,7 +152,7 @@ func TestRuntimeKindMismatchIsRejected(t *testing.T) {
 	if err := ch.Publish("commands.payouts", event("cmd", 1, core.KindCommand)); err != nil {
 		t.Fatal(err)
 	}
-	waitDisposition(t, reg.Inbox(), "payouts", "cmd-1", postgres.DispositionApplied)
+	waitDisposition(t, postgres.NewInbox(pool), "payouts", "cmd-1", core.DispositionApplied)
 }
 
 // A transient handler error (and a panic) is retried with backoff and then
@@ -185,7 +186,7 @@ func TestTransientErrorsAndPanicsAreRetried(t *testing.T) {
 	if err := ch.Publish(core.TopicEvents, event("acc", 1, core.KindEvent)); err != nil {
 		t.Fatal(err)
 	}
-	waitDisposition(t, reg.Inbox(), "flaky", "acc-1", postgres.DispositionApplied)
+	waitDisposition(t, postgres.NewInbox(pool), "flaky", "acc-1", core.DispositionApplied)
 	var n int
 	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM fx`).Scan(&n); err != nil || n != 1 {
 		t.Fatalf("effects %d (%v), want 1 after %d attempts", n, err, attempts.Load())
@@ -207,15 +208,15 @@ func TestSweeperRedrivesAfterOutOfProcessRelease(t *testing.T) {
 	if err := ch.Publish(core.TopicEvents, event("acc", 2, core.KindEvent)); err != nil {
 		t.Fatal(err)
 	}
-	waitDisposition(t, reg.Inbox(), "ordered", "acc-2", postgres.DispositionParkedGap)
+	waitDisposition(t, postgres.NewInbox(pool), "ordered", "acc-2", core.DispositionParkedGap)
 	if err := ch.Publish(core.TopicEvents, event("acc", 1, core.KindEvent)); err != nil {
 		t.Fatal(err)
 	}
-	waitDisposition(t, reg.Inbox(), "ordered", "acc-1", postgres.DispositionParkedGap)
+	waitDisposition(t, postgres.NewInbox(pool), "ordered", "acc-1", core.DispositionParkedGap)
 	other := postgres.NewInbox(pool) // as `posthorn consume release` does
 	if n, err := other.Release(context.Background(), "ordered", core.AggregateAccount, "acc"); err != nil || n != 2 {
 		t.Fatalf("release: %d, %v", n, err)
 	}
-	waitDisposition(t, reg.Inbox(), "ordered", "acc-2", postgres.DispositionApplied)
-	waitDisposition(t, reg.Inbox(), "ordered", "acc-1", postgres.DispositionApplied)
+	waitDisposition(t, postgres.NewInbox(pool), "ordered", "acc-2", core.DispositionApplied)
+	waitDisposition(t, postgres.NewInbox(pool), "ordered", "acc-1", core.DispositionApplied)
 }

@@ -203,7 +203,7 @@ func Verify(ctx context.Context, ledger, consumer *pgxpool.Pool, o VerifyOptions
 			case !ok:
 				missing++
 				note(0, id)
-			case row.disposition != string(postgres.DispositionApplied):
+			case row.disposition != string(core.DispositionApplied):
 				notApplied++
 				note(1, id+" is "+row.disposition)
 			default:
@@ -283,7 +283,7 @@ func checkOrder(ctx context.Context, ledger, consumer *pgxpool.Pool, name string
 	}
 	applied := map[string][]int64{}
 	for _, row := range seen {
-		if row.disposition == string(postgres.DispositionApplied) {
+		if row.disposition == string(core.DispositionApplied) {
 			applied[row.account] = append(applied[row.account], row.revision)
 		}
 	}

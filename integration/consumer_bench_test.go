@@ -161,7 +161,8 @@ func benchConsumers(b *testing.B, ctx context.Context, run string, names []strin
 		b.Fatal(err)
 	}
 	reg, err := consumers.New(router, consumers.Config{
-		Pool: pool,
+		Pool:  pool,
+		Inbox: postgres.NewInbox(pool),
 		Subscribers: func(consumer string) (message.Subscriber, error) {
 			return how.subscriber(consumer + "-bench-" + run)
 		},
@@ -213,11 +214,11 @@ func benchConsumers(b *testing.B, ctx context.Context, run string, names []strin
 	}()
 	bridgetest.WaitFor(b, 5*time.Minute, run+": every event applied by every consumer", func() bool {
 		for _, n := range names {
-			c, err := reg.Inbox().Count(ctx, n)
+			c, err := postgres.NewInbox(pool).Count(ctx, n)
 			if err != nil {
 				b.Fatal(err)
 			}
-			if c.Events[postgres.DispositionApplied] < int64(events) {
+			if c.Events[core.DispositionApplied] < int64(events) {
 				return false
 			}
 		}

@@ -136,7 +136,7 @@ func startE2EPath(b *testing.B, ctx context.Context) *e2ePath {
 	}
 	clock := &effectClock{seen: map[string]map[string]time.Time{}, broker: map[string]time.Time{}}
 	router.AddMiddleware(clock.middleware)
-	reg, err := consumers.New(router, consumers.Config{Pool: pool, Logger: relayQuietLog,
+	reg, err := consumers.New(router, consumers.Config{Pool: pool, Inbox: postgres.NewInbox(pool), Logger: relayQuietLog,
 		Subscribers: func(consumer string) (message.Subscriber, error) {
 			return subscribers.KafkaSubscriber(brokers, consumer, nil)
 		}})

@@ -171,6 +171,7 @@ func startConsumer(t *testing.T, tr consumerTransport, pool *pgxpool.Pool, o rig
 	}
 	reg, err := consumers.New(router, consumers.Config{
 		Pool:        pool,
+		Inbox:       postgres.NewInbox(pool),
 		Subscribers: func(c string) (message.Subscriber, error) { return tr.subscriber(t, c, o.instance), nil },
 		Registerer:  prom,
 		HoldTime:    o.hold,
@@ -305,7 +306,7 @@ func balance(t *testing.T, pool *pgxpool.Pool, account, currency string) int64 {
 	return b.Int64()
 }
 
-func disposition(t *testing.T, pool *pgxpool.Pool, consumer, eventID string) postgres.Disposition {
+func disposition(t *testing.T, pool *pgxpool.Pool, consumer, eventID string) core.Disposition {
 	t.Helper()
 	recs, err := postgres.NewInbox(pool).Dispositions(context.Background(), consumer, []string{eventID})
 	if err != nil {

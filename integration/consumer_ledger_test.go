@@ -106,7 +106,7 @@ func TestConsumerProjectionMatchesLedger(t *testing.T) {
 	tr.publish(t, msgs...)
 	waitFor(t, "every outbox event applied", 3*time.Minute, func() (bool, string) {
 		p, a := counts(t, consumerPool, projection.Name), counts(t, consumerPool, auditlog.Name)
-		return p.Events[postgres.DispositionApplied] == int64(events) && a.Events[postgres.DispositionApplied] == int64(events),
+		return p.Events[core.DispositionApplied] == int64(events) && a.Events[core.DispositionApplied] == int64(events),
 			fmt.Sprintf("projection %+v, audit %+v", p, a)
 	})
 	p := counts(t, consumerPool, projection.Name)

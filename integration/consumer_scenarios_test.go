@@ -50,8 +50,8 @@ func TestConsumerEveryEventAppliedOnce(t *testing.T) {
 		total := int64(accounts * revisions)
 		waitFor(t, "every event applied by every consumer", waitLong, func() (bool, string) {
 			p, a, o := counts(t, pool, projection.Name), counts(t, pool, auditlog.Name), counts(t, pool, probeConsumer)
-			return p.Events[postgres.DispositionApplied] == total && a.Events[postgres.DispositionApplied] == total &&
-					o.Events[postgres.DispositionApplied] == total,
+			return p.Events[core.DispositionApplied] == total && a.Events[core.DispositionApplied] == total &&
+					o.Events[core.DispositionApplied] == total,
 				fmt.Sprintf("projection %v, audit %v, probe %v", p.Events, a.Events, o.Events)
 		})
 		for acc, sum := range want {
@@ -86,13 +86,13 @@ func TestConsumerDuplicateDeliveryOneEffect(t *testing.T) {
 		tr.publish(t, m, m, m) // a resend and a replay of the same event ID
 		waitFor(t, "one applied and two duplicates", waitLong, func() (bool, string) {
 			c := counts(t, pool, projection.Name)
-			return c.Events[postgres.DispositionApplied] == 1 && c.DuplicatesAbsorbed == 2, fmt.Sprintf("%+v", c)
+			return c.Events[core.DispositionApplied] == 1 && c.DuplicatesAbsorbed == 2, fmt.Sprintf("%+v", c)
 		})
 		if got := balance(t, pool, "acc-dup", "EUR"); got != 1250 {
 			t.Fatalf("balance %d after 3 deliveries, want one effect: 1250", got)
 		}
-		recs, err := rig.reg.Inbox().Dispositions(context.Background(), projection.Name, []string{m.UUID})
-		if err != nil || recs[m.UUID].Disposition != postgres.DispositionApplied || recs[m.UUID].Duplicates != 2 {
+		recs, err := postgres.NewInbox(rig.pool).Dispositions(context.Background(), projection.Name, []string{m.UUID})
+		if err != nil || recs[m.UUID].Disposition != core.DispositionApplied || recs[m.UUID].Duplicates != 2 {
 			t.Fatalf("disposition %+v, %v", recs[m.UUID], err)
 		}
 		if got := counterValue(t, rig.prom, "posthorn_consumer_messages_total",
@@ -127,12 +127,12 @@ func TestConsumerOutOfOrderHeldThenAppliedInOrder(t *testing.T) {
 		tr.publish(t, posted("ooo", acc, 1, "EUR", 100))
 		waitFor(t, "revision 1 applied", waitLong, func() (bool, string) {
 			d := disposition(t, pool, probeConsumer, "ooo-acc-ooo-1")
-			return d == postgres.DispositionApplied, string(d)
+			return d == core.DispositionApplied, string(d)
 		})
 		tr.publish(t, posted("ooo", acc, 3, "EUR", 300))
 		waitFor(t, "revision 3 held", waitLong, func() (bool, string) {
 			p, o := disposition(t, pool, projection.Name, "ooo-acc-ooo-3"), disposition(t, pool, probeConsumer, "ooo-acc-ooo-3")
-			return p == postgres.DispositionHeld && o == postgres.DispositionHeld, fmt.Sprintf("projection %s, probe %s", p, o)
+			return p == core.DispositionHeld && o == core.DispositionHeld, fmt.Sprintf("projection %s, probe %s", p, o)
 		})
 		if got := balance(t, pool, acc, "EUR"); got != 100 {
 			t.Fatalf("balance %d while revision 3 is held, want 100", got)
@@ -150,7 +150,7 @@ func TestConsumerOutOfOrderHeldThenAppliedInOrder(t *testing.T) {
 			map[string]string{"consumer": projection.Name}); got != 1 {
 			t.Fatalf("gap counter %v, want 1", got)
 		}
-		if c := counts(t, pool, projection.Name); c.ParkedAggregates != 0 || c.Events[postgres.DispositionApplied] != 3 {
+		if c := counts(t, pool, projection.Name); c.ParkedAggregates != 0 || c.Events[core.DispositionApplied] != 3 {
 			t.Fatalf("counts %+v", c)
 		}
 	})
@@ -165,7 +165,7 @@ func TestConsumerMissingPredecessorParkedThenReleased(t *testing.T) {
 		waitFor(t, "the account parked after the hold time", waitLong, func() (bool, string) {
 			var state string
 			for _, c := range []string{projection.Name, probeConsumer} {
-				parked, err := rig.reg.Inbox().Parked(ctx, c)
+				parked, err := postgres.NewInbox(rig.pool).Parked(ctx, c)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -176,10 +176,10 @@ func TestConsumerMissingPredecessorParkedThenReleased(t *testing.T) {
 			}
 			return true, state
 		})
-		parked, _ := rig.reg.Inbox().Parked(ctx, projection.Name)
+		parked, _ := postgres.NewInbox(rig.pool).Parked(ctx, projection.Name)
 		t.Logf("parked: %s", parked[0].Reason)
 		for _, id := range []string{"gap-acc-gap-3", "gap-acc-gap-4"} {
-			if d := disposition(t, pool, projection.Name, id); d != postgres.DispositionParkedGap {
+			if d := disposition(t, pool, projection.Name, id); d != core.DispositionParkedGap {
 				t.Fatalf("%s is %s, want parked_gap", id, d)
 			}
 		}
@@ -196,7 +196,7 @@ func TestConsumerMissingPredecessorParkedThenReleased(t *testing.T) {
 		tr.publish(t, posted("gap", "acc-other", 1, "EUR", 7))
 		waitFor(t, "another account applied", waitLong, func() (bool, string) {
 			b := balance(t, pool, "acc-other", "EUR")
-			a := counts(t, pool, auditlog.Name).Events[postgres.DispositionApplied]
+			a := counts(t, pool, auditlog.Name).Events[core.DispositionApplied]
 			return b == 7 && a == 4, fmt.Sprintf("acc-other %d, audit applied %d", b, a)
 		})
 
@@ -207,7 +207,7 @@ func TestConsumerMissingPredecessorParkedThenReleased(t *testing.T) {
 		tr.publish(t, replayed)
 		waitFor(t, "the replayed event kept behind the park", waitLong, func() (bool, string) {
 			d := disposition(t, pool, projection.Name, replayed.UUID)
-			return d == postgres.DispositionParkedGap, string(d)
+			return d == core.DispositionParkedGap, string(d)
 		})
 		if got := balance(t, pool, acc, "EUR"); got != 1 {
 			t.Fatalf("balance %d before release, want 1", got)
@@ -223,7 +223,7 @@ func TestConsumerMissingPredecessorParkedThenReleased(t *testing.T) {
 		if got := probeOrder(t, pool, acc); fmt.Sprint(got) != "[1 2 3 4]" {
 			t.Fatalf("applied order %v, want [1 2 3 4]", got)
 		}
-		if c := counts(t, pool, projection.Name); c.ParkedAggregates != 0 || c.Events[postgres.DispositionApplied] != 5 {
+		if c := counts(t, pool, projection.Name); c.ParkedAggregates != 0 || c.Events[core.DispositionApplied] != 5 {
 			t.Fatalf("counts after release %+v", c)
 		}
 	})
@@ -249,7 +249,7 @@ func TestConsumerTwoInstancesRaceOneEffect(t *testing.T) {
 		// total absorbed repeats, whatever the interleaving.
 		waitFor(t, "every event applied once and absorbed once", waitLong, func() (bool, string) {
 			c := counts(t, pool, projection.Name)
-			return c.Events[postgres.DispositionApplied] == total && c.DuplicatesAbsorbed == total, fmt.Sprintf("%+v", c)
+			return c.Events[core.DispositionApplied] == total && c.DuplicatesAbsorbed == total, fmt.Sprintf("%+v", c)
 		})
 		for acc, sum := range want {
 			if got := balance(t, pool, acc, "USD"); got != sum {
@@ -279,16 +279,16 @@ func TestConsumerPoisonParksAndRejectsWrongKind(t *testing.T) {
 		tr.publish(t, bad, later, good, cmd)
 		waitFor(t, "poison parked, good applied, command rejected", waitLong, func() (bool, string) {
 			c := counts(t, pool, projection.Name)
-			return c.Events[postgres.DispositionParkedPoison] == 1 && c.Events[postgres.DispositionRejected] == 1 &&
-					c.Events[postgres.DispositionApplied] == 1 && c.Events[postgres.DispositionParkedGap]+c.Events[postgres.DispositionHeld] == 1,
+			return c.Events[core.DispositionParkedPoison] == 1 && c.Events[core.DispositionRejected] == 1 &&
+					c.Events[core.DispositionApplied] == 1 && c.Events[core.DispositionParkedGap]+c.Events[core.DispositionHeld] == 1,
 				fmt.Sprintf("%+v", c)
 		})
-		recs, err := rig.reg.Inbox().Dispositions(ctx, projection.Name, []string{bad.UUID, cmd.UUID})
+		recs, err := postgres.NewInbox(rig.pool).Dispositions(ctx, projection.Name, []string{bad.UUID, cmd.UUID})
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Logf("poison reason: %s; rejected reason: %s", recs[bad.UUID].Reason, recs[cmd.UUID].Reason)
-		if recs[bad.UUID].Disposition != postgres.DispositionParkedPoison || recs[bad.UUID].Reason == "" {
+		if recs[bad.UUID].Disposition != core.DispositionParkedPoison || recs[bad.UUID].Reason == "" {
 			t.Fatalf("bad event %+v", recs[bad.UUID])
 		}
 		if got := balance(t, pool, "acc-good", "EUR"); got != 9 {
@@ -298,7 +298,7 @@ func TestConsumerPoisonParksAndRejectsWrongKind(t *testing.T) {
 		// bad event (valid JSON) and revision 2, and rejects the command.
 		waitFor(t, "audit log", waitLong, func() (bool, string) {
 			c := counts(t, pool, auditlog.Name)
-			return c.Events[postgres.DispositionApplied] == 3 && c.Events[postgres.DispositionRejected] == 1, fmt.Sprintf("%+v", c)
+			return c.Events[core.DispositionApplied] == 3 && c.Events[core.DispositionRejected] == 1, fmt.Sprintf("%+v", c)
 		})
 	})
 }
@@ -342,15 +342,15 @@ func TestConsumerRestartMidStreamAppliesOnce(t *testing.T) {
 	tr.publish(t, msgs...)
 	total := int64(accounts * revisions)
 	waitFor(t, "some events applied before the stop", waitLong, func() (bool, string) {
-		n := counts(t, pool, projection.Name).Events[postgres.DispositionApplied]
+		n := counts(t, pool, projection.Name).Events[core.DispositionApplied]
 		return n >= 10, fmt.Sprint(n)
 	})
 	first.stop()
-	stoppedAt := counts(t, pool, projection.Name).Events[postgres.DispositionApplied]
+	stoppedAt := counts(t, pool, projection.Name).Events[core.DispositionApplied]
 	startConsumer(t, tr, pool, rigOptions{audit: true})
 	waitFor(t, "every event applied after the restart", waitLong, func() (bool, string) {
 		p, a := counts(t, pool, projection.Name), counts(t, pool, auditlog.Name)
-		return p.Events[postgres.DispositionApplied] == total && a.Events[postgres.DispositionApplied] == total,
+		return p.Events[core.DispositionApplied] == total && a.Events[core.DispositionApplied] == total,
 			fmt.Sprintf("projection %+v, audit %+v", p, a)
 	})
 	t.Logf("stopped after %d of %d; duplicates absorbed after restart: %d", stoppedAt, total, counts(t, pool, projection.Name).DuplicatesAbsorbed)

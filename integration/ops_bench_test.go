@@ -51,7 +51,7 @@ func BenchmarkOps(b *testing.B) {
 		b.Fatal(err)
 	}
 	opsStore := postgres.NewOpsStore(ledger)
-	rows, err := opsStore.ReadRows(ctx, postgres.RowFilter{EventsOnly: true}, 1_000_000)
+	rows, err := opsStore.ReadRows(ctx, ops.RowFilter{EventsOnly: true}, 1_000_000)
 	if err != nil {
 		b.Fatal(err)
 	}

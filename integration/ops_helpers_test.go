@@ -51,6 +51,7 @@ func startOpsConsumers(t *testing.T, sink *memory.Sink, pool *pgxpool.Pool, opts
 	}
 	reg, err := consumers.New(router, consumers.Config{
 		Pool:        pool,
+		Inbox:       postgres.NewInbox(pool),
 		Subscribers: func(string) (message.Subscriber, error) { return sink.Subscriber(), nil },
 	})
 	if err != nil {
@@ -181,7 +182,7 @@ func (r *opsRig) waitApplied(t *testing.T, events int) {
 	t.Helper()
 	bridgetest.WaitFor(t, opsWait, fmt.Sprintf("both consumers applied %d events", events), func() bool {
 		p, a := inboxCountsOf(t, r.consumer, projection.Name), inboxCountsOf(t, r.consumer, auditlog.Name)
-		return p.Events[postgres.DispositionApplied] == int64(events) && a.Events[postgres.DispositionApplied] == int64(events)
+		return p.Events[core.DispositionApplied] == int64(events) && a.Events[core.DispositionApplied] == int64(events)
 	})
 }
 

@@ -9,7 +9,6 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/consumers/auditlog"
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/ops"
@@ -107,8 +106,8 @@ func TestOpsReconcileRefusesCutBeyondCommitted(t *testing.T) {
 	r := newOpsRig(t)
 	r.post(t, 2)
 	_, err := ops.Reconcile(context.Background(), ops.ReconcileConfig{Ledger: r.ops, Consumers: r.sources(),
-		Cut: postgres.CutRequest{Sequence: r.posted[1].Sequence + 5}})
-	if err == nil || !errors.Is(err, postgres.ErrCutNotProvable) {
+		Cut: ops.CutRequest{Sequence: r.posted[1].Sequence + 5}})
+	if err == nil || !errors.Is(err, ops.ErrCutNotProvable) {
 		t.Fatalf("err %v, want ErrCutNotProvable", err)
 	}
 }
@@ -135,7 +134,7 @@ func assertClass(t *testing.T, what string, c ops.Class, want ...string) {
 	}
 }
 
-func coverageRows(t *testing.T, r *opsRig) map[string]postgres.Coverage {
+func coverageRows(t *testing.T, r *opsRig) map[string]ops.Coverage {
 	t.Helper()
 	c, err := r.ops.Coverages(context.Background())
 	if err != nil {
@@ -144,7 +143,7 @@ func coverageRows(t *testing.T, r *opsRig) map[string]postgres.Coverage {
 	return c
 }
 
-func equalCoverage(a, b map[string]postgres.Coverage) bool {
+func equalCoverage(a, b map[string]ops.Coverage) bool {
 	if len(a) != len(b) {
 		return false
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/posthorn/posthorn/adapters/fsarchive"
 	"github.com/posthorn/posthorn/adapters/memory"
 	"github.com/posthorn/posthorn/adapters/postgres"
@@ -154,7 +155,7 @@ func waitAppliedOn(t *testing.T, consumer *pgxpool.Pool, events int) {
 	t.Helper()
 	bridgetest.WaitFor(t, opsWait, fmt.Sprintf("both consumers applied %d events", events), func() bool {
 		p, a := inboxCountsOf(t, consumer, projection.Name), inboxCountsOf(t, consumer, auditlog.Name)
-		return p.Events[postgres.DispositionApplied] == int64(events) && a.Events[postgres.DispositionApplied] == int64(events)
+		return p.Events[core.DispositionApplied] == int64(events) && a.Events[core.DispositionApplied] == int64(events)
 	})
 }
 

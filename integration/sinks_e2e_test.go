@@ -192,7 +192,7 @@ func runSinkEndToEnd(t *testing.T, b sinkBroker) (missing, notApplied int) {
 			next++
 		}
 	}
-	applied := func() int64 { return counts(t, consumerPool, projection.Name).Events[postgres.DispositionApplied] }
+	applied := func() int64 { return counts(t, consumerPool, projection.Name).Events[core.DispositionApplied] }
 	outage := func(what string, during int) {
 		t.Helper()
 		up := b.down(t)
@@ -253,7 +253,7 @@ func runSinkEndToEnd(t *testing.T, b sinkBroker) (missing, notApplied int) {
 		return a == total || time.Since(stable) > 15*time.Second, fmt.Sprintf("applied %d of %d", a, total)
 	})
 	c := counts(t, consumerPool, projection.Name)
-	if a := c.Events[postgres.DispositionApplied]; a != total {
+	if a := c.Events[core.DispositionApplied]; a != total {
 		missing := total - seen()
 		t.Logf("%s: %d of %d events applied; %d never delivered, %d held or parked behind the gaps", b.sink.Kind, a, total, missing, total-a-missing)
 		return int(missing), int(total - a)
@@ -291,7 +291,7 @@ func startSinkConsumer(t *testing.T, sc configs.Sink, pool *pgxpool.Pool) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reg, err := consumers.New(router, consumers.Config{Pool: pool, Subscribers: factory, Registerer: prometheus.NewRegistry(), HoldTime: time.Minute})
+	reg, err := consumers.New(router, consumers.Config{Pool: pool, Inbox: postgres.NewInbox(pool), Subscribers: factory, Registerer: prometheus.NewRegistry(), HoldTime: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,7 +15,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/core"
 )
 
@@ -75,7 +74,7 @@ type ArchivedRow struct {
 	Relayed         bool              `json:"relayed"`
 }
 
-func archivedRow(r postgres.StoredRow) ArchivedRow {
+func archivedRow(r StoredRow) ArchivedRow {
 	e := r.Envelope
 	return ArchivedRow{ID: r.ID, EventID: e.EventID, Kind: e.Kind, Type: e.Type, Topic: e.Topic,
 		AggregateType: e.AggregateType, AggregateID: e.AggregateID, Revision: e.Revision, Shard: r.Shard,
@@ -84,8 +83,8 @@ func archivedRow(r postgres.StoredRow) ArchivedRow {
 }
 
 // Stored converts an archived row back into the outbox row it was.
-func (a ArchivedRow) Stored() postgres.StoredRow {
-	return postgres.StoredRow{ID: a.ID, Shard: a.Shard, JournalSequence: a.JournalSequence, CreatedAt: a.CreatedAt,
+func (a ArchivedRow) Stored() StoredRow {
+	return StoredRow{ID: a.ID, Shard: a.Shard, JournalSequence: a.JournalSequence, CreatedAt: a.CreatedAt,
 		Relayed: a.Relayed, Envelope: core.Envelope{EventID: a.EventID, Kind: a.Kind, Type: a.Type, Topic: a.Topic,
 			AggregateType: a.AggregateType, AggregateID: a.AggregateID, Revision: a.Revision, JournalID: a.JournalID,
 			OccurredAt: a.OccurredAt, Headers: a.Headers, Payload: a.Payload}}
@@ -101,7 +100,7 @@ var (
 
 // ArchiveConfig configures Archive.
 type ArchiveConfig struct {
-	Ledger *postgres.OpsStore
+	Ledger Store
 	Store  ArchiveStore
 	// Required consumers must have verified coverage of every archived row.
 	Required []string
@@ -120,19 +119,19 @@ type ArchiveResult struct {
 
 // requiredCoverage returns the lowest verified boundary of the required
 // consumers, or ErrNoCoverage naming the first without one.
-func requiredCoverage(ctx context.Context, ledger *postgres.OpsStore, required []string) (postgres.Coverage, error) {
+func requiredCoverage(ctx context.Context, ledger Store, required []string) (Coverage, error) {
 	if len(required) == 0 {
-		return postgres.Coverage{}, fmt.Errorf("%w: no required consumers configured", ErrNoCoverage)
+		return Coverage{}, fmt.Errorf("%w: no required consumers configured", ErrNoCoverage)
 	}
 	covs, err := ledger.Coverages(ctx)
 	if err != nil {
-		return postgres.Coverage{}, err
+		return Coverage{}, err
 	}
-	var low postgres.Coverage
+	var low Coverage
 	for i, name := range required {
 		c, ok := covs[name]
 		if !ok {
-			return postgres.Coverage{}, fmt.Errorf("%w: consumer %s has no verified coverage (run posthorn reconcile until it is clean)", ErrNoCoverage, name)
+			return Coverage{}, fmt.Errorf("%w: consumer %s has no verified coverage (run posthorn reconcile until it is clean)", ErrNoCoverage, name)
 		}
 		if i == 0 || c.CoveredOutboxID < low.CoveredOutboxID {
 			low.CoveredOutboxID = c.CoveredOutboxID
@@ -176,7 +175,7 @@ func Archive(ctx context.Context, cfg ArchiveConfig) (ArchiveResult, error) {
 		return res, err
 	}
 	for through < target {
-		rows, err := cfg.Ledger.ReadRows(ctx, postgres.RowFilter{AfterID: through, ThroughID: target}, cfg.SegmentRows)
+		rows, err := cfg.Ledger.ReadRows(ctx, RowFilter{AfterID: through, ThroughID: target}, cfg.SegmentRows)
 		if err != nil {
 			return res, err
 		}
@@ -203,7 +202,7 @@ func Archive(ctx context.Context, cfg ArchiveConfig) (ArchiveResult, error) {
 		if err := verifyManifestHas(ctx, cfg.Store, seg); err != nil {
 			return res, err
 		}
-		if err := cfg.Ledger.RecordSegment(ctx, postgres.ArchiveSegment{Segment: seg.Name, FirstID: seg.FirstID,
+		if err := cfg.Ledger.RecordSegment(ctx, ArchiveSegment{Segment: seg.Name, FirstID: seg.FirstID,
 			LastID: seg.LastID, Rows: seg.Rows, FirstEventID: seg.FirstEventID, LastEventID: seg.LastEventID,
 			SHA256: seg.SHA256}); err != nil {
 			return res, err
@@ -220,7 +219,7 @@ func segmentName(first, last int64) string {
 	return fmt.Sprintf("segment-%020d-%020d.jsonl.gz", first, last)
 }
 
-func encodeSegment(first, last int64, rows []postgres.StoredRow) (ManifestSegment, []byte, error) {
+func encodeSegment(first, last int64, rows []StoredRow) (ManifestSegment, []byte, error) {
 	var buf bytes.Buffer
 	zw := gzip.NewWriter(&buf)
 	enc := json.NewEncoder(zw)
@@ -343,7 +342,7 @@ type VerifyResult struct {
 // checksum, rows and id range, that the segments are contiguous, and that
 // every segment the ledger recorded is in the manifest with the same
 // checksum. Problems are listed, not returned as an error.
-func VerifyArchive(ctx context.Context, ledger *postgres.OpsStore, store ArchiveStore) (VerifyResult, error) {
+func VerifyArchive(ctx context.Context, ledger Store, store ArchiveStore) (VerifyResult, error) {
 	res := VerifyResult{Problems: []string{}}
 	m, err := LoadManifest(ctx, store)
 	if err != nil {
@@ -392,7 +391,7 @@ func VerifyArchive(ctx context.Context, ledger *postgres.OpsStore, store Archive
 // file is present, hashes to that checksum and holds exactly those rows in
 // its id range. Cleanup calls it before deleting: it deletes only rows it
 // can still read back. Problems are listed, not returned as an error.
-func VerifyRange(ctx context.Context, ledger *postgres.OpsStore, store ArchiveStore, firstID, lastID int64) ([]string, error) {
+func VerifyRange(ctx context.Context, ledger Store, store ArchiveStore, firstID, lastID int64) ([]string, error) {
 	problems := []string{}
 	recorded, err := ledger.ArchiveSegments(ctx)
 	if err != nil {

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"strings"
 	"time"
-
-	"github.com/posthorn/posthorn/adapters/postgres"
 )
 
 // ErrCleanupRefused is returned (wrapped, with the reason) when a condition
@@ -17,7 +15,7 @@ var ErrCleanupRefused = errors.New("cleanup refused")
 
 // CleanupConfig configures Cleanup.
 type CleanupConfig struct {
-	Ledger *postgres.OpsStore
+	Ledger Store
 	// Archive is re-verified (VerifyRange) over the rows to delete before
 	// anything goes; required.
 	Archive      ArchiveStore
@@ -30,15 +28,15 @@ type CleanupConfig struct {
 
 // CleanupResult says what Cleanup deleted (or, dry, would delete).
 type CleanupResult struct {
-	DryRun          bool                 `json:"dry_run"`
-	ArchiveThrough  int64                `json:"archive_through"`
-	CoveredThrough  int64                `json:"covered_through"`
-	CoveredSequence int64                `json:"covered_sequence"`
-	Plan            postgres.CleanupPlan `json:"plan"`
-	Deleted         int64                `json:"deleted"`
-	Batches         int                  `json:"batches"`
-	DeletedFirstID  int64                `json:"deleted_first_id,omitempty"`
-	DeletedLastID   int64                `json:"deleted_last_id,omitempty"`
+	DryRun          bool        `json:"dry_run"`
+	ArchiveThrough  int64       `json:"archive_through"`
+	CoveredThrough  int64       `json:"covered_through"`
+	CoveredSequence int64       `json:"covered_sequence"`
+	Plan            CleanupPlan `json:"plan"`
+	Deleted         int64       `json:"deleted"`
+	Batches         int         `json:"batches"`
+	DeletedFirstID  int64       `json:"deleted_first_id,omitempty"`
+	DeletedLastID   int64       `json:"deleted_last_id,omitempty"`
 	// ArchiveProblems lists what the re-verification of the archive found
 	// (cleanup then deletes nothing).
 	ArchiveProblems []string `json:"archive_problems,omitempty"`

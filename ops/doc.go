@@ -6,10 +6,16 @@
 //
 // A cut N is "every journal with sequence <= N that is visible". The
 // sequence is taken by a posting's last statement, close to but not exactly
-// in commit order, so a cut is only used once it is provable: OpenCut (in
-// adapters/postgres) waits until no transaction that may still commit a
-// sequence <= N is in flight, then takes one REPEATABLE READ read-only
-// snapshot; everything about the ledger in a reconciliation is read from it.
+// in commit order, so a cut is only used once it is provable: Store.OpenCut
+// waits until no transaction that may still commit a sequence <= N is in
+// flight, then takes one REPEATABLE READ read-only snapshot; everything
+// about the ledger in a reconciliation is read from it.
+//
+// # Ports
+//
+// ops imports no adapter: it declares the stores it calls, Store (the
+// ledger database) and Inbox (a consumer's inbox), with the types they
+// exchange, in store.go; adapters/postgres implements both.
 //
 // # Coverage
 //

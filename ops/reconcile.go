@@ -7,105 +7,17 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/core"
 )
-
-// Disposition is one disposition a consumer recorded for an event ID.
-type Disposition struct {
-	// Disposition is applied, duplicate, parked_gap, parked_poison,
-	// rejected, or the transient held.
-	Disposition string
-	// Duplicates counts the repeats absorbed for this event ID.
-	Duplicates int64
-	// Reason is the consumer's reason for a parked, held or rejected
-	// disposition (empty otherwise).
-	Reason string
-}
-
-// DispositionReader is the port through which reconciliation reads one
-// consumer's dispositions. The first adapter is InboxReader (the consumer's
-// inbox tables, through a read-only DSN).
-type DispositionReader interface {
-	// Dispositions returns what was recorded for each of eventIDs; an ID
-	// without any is absent. More than one entry for an ID is possible in
-	// stores without a unique key, and is a discrepancy.
-	Dispositions(ctx context.Context, eventIDs []string) (map[string][]Disposition, error)
-	// EventIDs calls fn with every event ID the consumer recorded, in
-	// batches of up to batch.
-	EventIDs(ctx context.Context, batch int, fn func(ids []string) error) error
-	// AppliedTwice returns groups of event IDs applied for the same
-	// aggregate revision.
-	AppliedTwice(ctx context.Context) ([][]string, error)
-}
-
-// PrunedReader is implemented by a DispositionReader whose store prunes
-// final dispositions (inbox retention): it says which of the events without
-// a disposition its retention may have removed.
-type PrunedReader interface {
-	Pruned(ctx context.Context, events []postgres.ExpectedEvent) (map[string]bool, error)
-}
-
-// InboxReader reads a consumer's dispositions from its inbox
-// (adapters/postgres.Inbox).
-type InboxReader struct {
-	Inbox    *postgres.Inbox
-	Consumer string
-}
-
-var _ DispositionReader = InboxReader{}
-
-// Dispositions implements DispositionReader.
-func (r InboxReader) Dispositions(ctx context.Context, ids []string) (map[string][]Disposition, error) {
-	recs, err := r.Inbox.Dispositions(ctx, r.Consumer, ids)
-	if err != nil {
-		return nil, err
-	}
-	out := make(map[string][]Disposition, len(recs))
-	for id, rec := range recs {
-		out[id] = []Disposition{{Disposition: string(rec.Disposition), Duplicates: int64(rec.Duplicates), Reason: rec.Reason}}
-	}
-	return out, nil
-}
-
-// EventIDs implements DispositionReader.
-func (r InboxReader) EventIDs(ctx context.Context, batch int, fn func([]string) error) error {
-	return r.Inbox.InboxEventIDs(ctx, r.Consumer, batch, fn)
-}
-
-// Pruned implements PrunedReader (postgres.Inbox.Pruned).
-func (r InboxReader) Pruned(ctx context.Context, events []postgres.ExpectedEvent) (map[string]bool, error) {
-	cands := make([]postgres.PrunedCandidate, len(events))
-	for i, e := range events {
-		cands[i] = postgres.PrunedCandidate{EventID: e.EventID, AggregateType: e.AggregateType, AggregateID: e.AggregateID,
-			Revision: e.Revision, CreatedAt: e.CreatedAt}
-	}
-	return r.Inbox.Pruned(ctx, r.Consumer, cands)
-}
-
-// AppliedTwice implements DispositionReader.
-func (r InboxReader) AppliedTwice(ctx context.Context) ([][]string, error) {
-	return r.Inbox.AppliedTwice(ctx, r.Consumer)
-}
-
-// ConsumerSource names a consumer and its disposition reader.
-type ConsumerSource struct {
-	Name   string
-	Reader DispositionReader
-	// RejectedFinal makes `rejected` a final disposition for this consumer
-	// (reconcile.consumers[].rejected_final): it declares that an event it
-	// cannot apply is, for it, correctly handled. Otherwise a rejected event
-	// is unproven, like a parked or held one.
-	RejectedFinal bool
-}
 
 // ReconcileConfig configures Reconcile.
 type ReconcileConfig struct {
-	Ledger    *postgres.OpsStore
+	Ledger    Store
 	Consumers []ConsumerSource
 	// Archive, when set, is searched for inbox event IDs the outbox no
 	// longer has (cleaned up), so they are not reported as unknown.
 	Archive ArchiveStore
-	Cut     postgres.CutRequest
+	Cut     CutRequest
 	// Cap is how many IDs each discrepancy lists (default 20); counts are
 	// always complete.
 	Cap int
@@ -185,11 +97,11 @@ type ConsumerReport struct {
 	Parked             int64  `json:"parked"`
 	// Pruned counts events whose disposition inbox retention removed after
 	// an earlier run had proven them (at or below the recorded coverage).
-	Pruned        int64              `json:"pruned"`
-	Rejected      int64              `json:"rejected"`
-	Discrepancies Discrepancies      `json:"discrepancies"`
-	Clean         bool               `json:"clean"`
-	Coverage      *postgres.Coverage `json:"coverage,omitempty"`
+	Pruned        int64         `json:"pruned"`
+	Rejected      int64         `json:"rejected"`
+	Discrepancies Discrepancies `json:"discrepancies"`
+	Clean         bool          `json:"clean"`
+	Coverage      *Coverage     `json:"coverage,omitempty"`
 }
 
 // CutInfo describes the cut a report is about.
@@ -217,6 +129,12 @@ var ErrNoConsumers = errors.New("no consumers to reconcile")
 // could not run (the report is then incomplete); discrepancies are not
 // errors: Report.Clean says whether there were any. With Record, each
 // consumer whose report is clean gets its boundary recorded.
+//
+// The steps: open a provable cut; find the journal lines without events;
+// match the cut's expected events, batch by batch, against every
+// consumer's dispositions (matchBatch); then, outside the cut, find each
+// consumer's events applied twice and its unknown event IDs
+// (finishConsumers); last, record the clean consumers' coverage.
 func Reconcile(ctx context.Context, cfg ReconcileConfig) (Report, error) {
 	if cfg.Cap <= 0 {
 		cfg.Cap = 20
@@ -243,36 +161,13 @@ func Reconcile(ctx context.Context, cfg ReconcileConfig) (Report, error) {
 	if rep.Cut.CoveredOutboxID, err = cut.CoveredOutboxID(ctx); err != nil {
 		return rep, err
 	}
-	lines, nLines, err := cut.LinesWithoutEvents(ctx, cfg.Cap)
+	journals, err := journalsWithoutEvents(ctx, cut, cfg.Cap)
 	if err != nil {
 		return rep, err
 	}
-	var journals Class
-	seen := map[string]bool{}
-	for _, l := range lines {
-		if !seen[l.JournalID] {
-			seen[l.JournalID] = true
-			journals.IDs = append(journals.IDs, l.JournalID)
-		}
-	}
-	journals.Count = nLines // lines; the IDs are their journals
-
-	reps := make([]ConsumerReport, len(cfg.Consumers))
-	for i, c := range cfg.Consumers {
-		reps[i] = ConsumerReport{Name: c.Name}
-		reps[i].Discrepancies.JournalWithoutEvents = journals
-	}
-	// Coverage already recorded: a disposition pruned since is still proven.
-	prev, err := cfg.Ledger.Coverages(ctx)
+	m, err := newMatching(ctx, cfg, journals)
 	if err != nil {
 		return rep, err
-	}
-	var unrelayed Class
-	var oldest time.Time
-	// byEvent maps an expected event to its report index for the applied-twice check.
-	applied := make([]map[string]bool, len(cfg.Consumers))
-	for i := range applied {
-		applied[i] = map[string]bool{}
 	}
 	for after := int64(0); ; {
 		batch, err := cut.ExpectedEvents(ctx, after, cfg.Batch)
@@ -283,128 +178,209 @@ func Reconcile(ctx context.Context, cfg ReconcileConfig) (Report, error) {
 			break
 		}
 		after = batch[len(batch)-1].ID
-		ids := make([]string, len(batch))
-		for i, e := range batch {
-			ids[i] = e.EventID
-			if !e.Relayed {
-				unrelayed.add(cfg.Cap, e.EventID)
-				if oldest.IsZero() || e.CreatedAt.Before(oldest) {
-					oldest = e.CreatedAt
-				}
-			}
-		}
-		for ci, c := range cfg.Consumers {
-			disp, err := c.Reader.Dispositions(ctx, ids)
-			if err != nil {
-				return rep, fmt.Errorf("consumer %s: %w", c.Name, err)
-			}
-			pruned, err := prunedOf(ctx, c, batch, disp, prev[c.Name].CoveredOutboxID)
-			if err != nil {
-				return rep, fmt.Errorf("consumer %s: %w", c.Name, err)
-			}
-			r := &reps[ci]
-			for _, e := range batch {
-				r.Expected++
-				if e.Relayed {
-					r.Relayed++
-				}
-				ds := disp[e.EventID]
-				final, nApplied := false, 0
-				if pruned[e.EventID] {
-					r.Pruned++
-					final = true
-				}
-				var waiting *WaitingEvent
-				for _, d := range ds {
-					r.DuplicatesAbsorbed += d.Duplicates
-					switch d.Disposition {
-					case string(postgres.DispositionApplied):
-						nApplied++
-						final = true
-					case string(postgres.DispositionDuplicate):
-						final = true
-					case string(postgres.DispositionParkedGap), string(postgres.DispositionParkedPoison):
-						// Parked is not covered: the event waits for an
-						// operator, and deleting its outbox row would lose
-						// what the release needs to re-drive it.
-						r.Parked++
-						waiting = &WaitingEvent{EventID: e.EventID, Consumer: c.Name, Disposition: d.Disposition, Reason: d.Reason}
-					case string(postgres.DispositionRejected):
-						r.Rejected++
-						if c.RejectedFinal {
-							final = true
-						} else {
-							waiting = &WaitingEvent{EventID: e.EventID, Consumer: c.Name, Disposition: d.Disposition,
-								Reason: d.Reason + " (rejected is final only with reconcile.consumers[].rejected_final)"}
-						}
-					case string(postgres.DispositionHeld):
-						waiting = &WaitingEvent{EventID: e.EventID, Consumer: c.Name, Disposition: d.Disposition,
-							Reason: "held: waiting for its predecessor inside the hold time"}
-					}
-				}
-				if nApplied > 0 {
-					r.Applied++
-					applied[ci][e.EventID] = true
-				}
-				if nApplied > 1 {
-					r.Discrepancies.MultipleApplied.add(cfg.Cap, e.EventID)
-				}
-				if !final && (e.Relayed || waiting != nil) {
-					r.Discrepancies.Unproven.add(cfg.Cap, e.EventID)
-					if waiting != nil && len(r.Discrepancies.Waiting) < cfg.Cap {
-						if waiting.Reason == "" {
-							waiting.Reason = "(no reason recorded)"
-						}
-						r.Discrepancies.Waiting = append(r.Discrepancies.Waiting, *waiting)
-					}
-				}
-			}
+		if err := m.matchBatch(ctx, batch); err != nil {
+			return rep, err
 		}
 	}
-	if !oldest.IsZero() {
-		unrelayed.OldestAgeSeconds = cut.TakenAt.Sub(oldest).Seconds()
+	if !m.oldest.IsZero() {
+		m.unrelayed.OldestAgeSeconds = cut.TakenAt.Sub(m.oldest).Seconds()
 	}
 	cut.Close() // the rest reads the consumers and the live outbox
 
-	for ci, c := range cfg.Consumers {
-		r := &reps[ci]
-		r.Discrepancies.Unrelayed = unrelayed
+	if err := m.finishConsumers(ctx); err != nil {
+		return rep, err
+	}
+	rep.Consumers = m.reps
+	err = recordClean(ctx, cfg, &rep)
+	return rep, err
+}
+
+// recordClean sets rep.Clean and, with cfg.Record, records the boundary of
+// every clean consumer.
+func recordClean(ctx context.Context, cfg ReconcileConfig, rep *Report) error {
+	rep.Clean = true
+	for i := range rep.Consumers {
+		r := &rep.Consumers[i]
+		rep.Clean = rep.Clean && r.Clean
+		if r.Clean && cfg.Record {
+			cov, err := cfg.Ledger.RecordCoverage(ctx, r.Name, rep.Cut.Sequence, rep.Cut.CoveredOutboxID)
+			if err != nil {
+				return err
+			}
+			r.Coverage = &cov
+		}
+	}
+	return nil
+}
+
+// journalsWithoutEvents is the class of the cut's journal lines without
+// their event: the count is of lines, the IDs are of their journals.
+func journalsWithoutEvents(ctx context.Context, cut *Cut, limit int) (Class, error) {
+	lines, nLines, err := cut.LinesWithoutEvents(ctx, limit)
+	if err != nil {
+		return Class{}, err
+	}
+	var journals Class
+	seen := map[string]bool{}
+	for _, l := range lines {
+		if !seen[l.JournalID] {
+			seen[l.JournalID] = true
+			journals.IDs = append(journals.IDs, l.JournalID)
+		}
+	}
+	journals.Count = nLines
+	return journals, nil
+}
+
+// matching is one reconciliation's tally while it reads the cut.
+type matching struct {
+	cfg  ReconcileConfig
+	reps []ConsumerReport
+	// applied holds, per consumer, the events of the cut it applied, for
+	// naming an applied-twice group by its event of the cut.
+	applied []map[string]bool
+	// prev is the coverage recorded before this run.
+	prev      map[string]Coverage
+	unrelayed Class
+	oldest    time.Time
+}
+
+// newMatching starts the tally of every consumer with the cut's journals
+// without events.
+func newMatching(ctx context.Context, cfg ReconcileConfig, journals Class) (*matching, error) {
+	m := &matching{cfg: cfg, reps: make([]ConsumerReport, len(cfg.Consumers)), applied: make([]map[string]bool, len(cfg.Consumers))}
+	for i, c := range cfg.Consumers {
+		m.reps[i] = ConsumerReport{Name: c.Name}
+		m.reps[i].Discrepancies.JournalWithoutEvents = journals
+		m.applied[i] = map[string]bool{}
+	}
+	// Coverage already recorded: a disposition pruned since is still proven.
+	var err error
+	if m.prev, err = cfg.Ledger.Coverages(ctx); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// matchBatch tallies one batch of the cut's expected events: the unrelayed
+// ones, and for every consumer what it recorded for each.
+func (m *matching) matchBatch(ctx context.Context, batch []ExpectedEvent) error {
+	ids := make([]string, len(batch))
+	for i, e := range batch {
+		ids[i] = e.EventID
+		if !e.Relayed {
+			m.unrelayed.add(m.cfg.Cap, e.EventID)
+			if m.oldest.IsZero() || e.CreatedAt.Before(m.oldest) {
+				m.oldest = e.CreatedAt
+			}
+		}
+	}
+	for ci, c := range m.cfg.Consumers {
+		disp, err := c.Reader.Dispositions(ctx, ids)
+		if err != nil {
+			return fmt.Errorf("consumer %s: %w", c.Name, err)
+		}
+		pruned, err := prunedOf(ctx, c, batch, disp, m.prev[c.Name].CoveredOutboxID)
+		if err != nil {
+			return fmt.Errorf("consumer %s: %w", c.Name, err)
+		}
+		for _, e := range batch {
+			m.tally(ci, e, disp[e.EventID], pruned[e.EventID])
+		}
+	}
+	return nil
+}
+
+// tally adds what consumer ci recorded for e (ds; pruned: retention removed
+// its proven disposition) to the consumer's report.
+func (m *matching) tally(ci int, e ExpectedEvent, ds []Disposition, pruned bool) {
+	c, r := m.cfg.Consumers[ci], &m.reps[ci]
+	r.Expected++
+	if e.Relayed {
+		r.Relayed++
+	}
+	final, nApplied := false, 0
+	if pruned {
+		r.Pruned++
+		final = true
+	}
+	var waiting *WaitingEvent
+	for _, d := range ds {
+		r.DuplicatesAbsorbed += d.Duplicates
+		switch d.Disposition {
+		case string(core.DispositionApplied):
+			nApplied++
+			final = true
+		case string(core.DispositionDuplicate):
+			final = true
+		case string(core.DispositionParkedGap), string(core.DispositionParkedPoison):
+			// Parked is not covered: the event waits for an
+			// operator, and deleting its outbox row would lose
+			// what the release needs to re-drive it.
+			r.Parked++
+			waiting = &WaitingEvent{EventID: e.EventID, Consumer: c.Name, Disposition: d.Disposition, Reason: d.Reason}
+		case string(core.DispositionRejected):
+			r.Rejected++
+			if c.RejectedFinal {
+				final = true
+			} else {
+				waiting = &WaitingEvent{EventID: e.EventID, Consumer: c.Name, Disposition: d.Disposition,
+					Reason: d.Reason + " (rejected is final only with reconcile.consumers[].rejected_final)"}
+			}
+		case string(core.DispositionHeld):
+			waiting = &WaitingEvent{EventID: e.EventID, Consumer: c.Name, Disposition: d.Disposition,
+				Reason: "held: waiting for its predecessor inside the hold time"}
+		}
+	}
+	if nApplied > 0 {
+		r.Applied++
+		m.applied[ci][e.EventID] = true
+	}
+	if nApplied > 1 {
+		r.Discrepancies.MultipleApplied.add(m.cfg.Cap, e.EventID)
+	}
+	if !final && (e.Relayed || waiting != nil) {
+		r.Discrepancies.Unproven.add(m.cfg.Cap, e.EventID)
+		if waiting != nil && len(r.Discrepancies.Waiting) < m.cfg.Cap {
+			if waiting.Reason == "" {
+				waiting.Reason = "(no reason recorded)"
+			}
+			r.Discrepancies.Waiting = append(r.Discrepancies.Waiting, *waiting)
+		}
+	}
+}
+
+// finishConsumers completes every consumer's report outside the cut: the
+// unrelayed events, the revisions applied twice and the unknown event IDs,
+// and whether the report is clean.
+func (m *matching) finishConsumers(ctx context.Context) error {
+	for ci, c := range m.cfg.Consumers {
+		r := &m.reps[ci]
+		r.Discrepancies.Unrelayed = m.unrelayed
 		groups, err := c.Reader.AppliedTwice(ctx)
 		if err != nil {
-			return rep, fmt.Errorf("consumer %s: %w", c.Name, err)
+			return fmt.Errorf("consumer %s: %w", c.Name, err)
 		}
 		for _, g := range groups {
 			// Report the group by its event of the cut (the ledger's), or
 			// by its first ID when none is.
 			id := g[0]
 			for _, e := range g {
-				if applied[ci][e] {
+				if m.applied[ci][e] {
 					id = e
 					break
 				}
 			}
-			r.Discrepancies.MultipleApplied.add(cfg.Cap, id)
+			r.Discrepancies.MultipleApplied.add(m.cfg.Cap, id)
 		}
-		unknown, err := unknownEventIDs(ctx, cfg, c.Reader)
+		unknown, err := unknownEventIDs(ctx, m.cfg, c.Reader)
 		if err != nil {
-			return rep, fmt.Errorf("consumer %s: %w", c.Name, err)
+			return fmt.Errorf("consumer %s: %w", c.Name, err)
 		}
-		r.Discrepancies.Unknown.add(cfg.Cap, unknown...)
+		r.Discrepancies.Unknown.add(m.cfg.Cap, unknown...)
 		r.Clean = r.Discrepancies.total() == 0
 	}
-	rep.Consumers = reps
-	rep.Clean = true
-	for i := range reps {
-		rep.Clean = rep.Clean && reps[i].Clean
-		if reps[i].Clean && cfg.Record {
-			cov, err := cfg.Ledger.RecordCoverage(ctx, reps[i].Name, rep.Cut.Sequence, rep.Cut.CoveredOutboxID)
-			if err != nil {
-				return rep, err
-			}
-			reps[i].Coverage = &cov
-		}
-	}
-	return rep, nil
+	return nil
 }
 
 // maxUnknownCandidates bounds the IDs kept for the archive lookup.
@@ -446,12 +422,12 @@ func unknownEventIDs(ctx context.Context, cfg ReconcileConfig, r DispositionRead
 // had proven them: only events at or below c's recorded coverage qualify,
 // and only by the rule retention deletes with (PrunedReader). Anything else
 // without a disposition stays unproven.
-func prunedOf(ctx context.Context, c ConsumerSource, batch []postgres.ExpectedEvent, disp map[string][]Disposition, covered int64) (map[string]bool, error) {
+func prunedOf(ctx context.Context, c ConsumerSource, batch []ExpectedEvent, disp map[string][]Disposition, covered int64) (map[string]bool, error) {
 	pr, ok := c.Reader.(PrunedReader)
 	if !ok || covered <= 0 {
 		return nil, nil
 	}
-	var cands []postgres.ExpectedEvent
+	var cands []ExpectedEvent
 	for _, e := range batch {
 		if e.ID <= covered && len(disp[e.EventID]) == 0 {
 			cands = append(cands, e)

@@ -9,7 +9,6 @@ import (
 
 	"golang.org/x/time/rate"
 
-	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/core"
 )
 
@@ -29,8 +28,8 @@ type ReplaySpec struct {
 	IncludeCommands bool `json:"include_commands,omitempty"`
 }
 
-func (s ReplaySpec) filter() postgres.RowFilter {
-	return postgres.RowFilter{SequenceFrom: s.SequenceFrom, SequenceTo: s.SequenceTo, From: s.From, To: s.To,
+func (s ReplaySpec) filter() RowFilter {
+	return RowFilter{SequenceFrom: s.SequenceFrom, SequenceTo: s.SequenceTo, From: s.From, To: s.To,
 		Account: s.Account, EventsOnly: !s.IncludeCommands, RelayedOnly: true}
 }
 
@@ -57,7 +56,7 @@ func (s ReplaySpec) matches(r ArchivedRow) bool {
 
 // ReplayConfig configures Replay.
 type ReplayConfig struct {
-	Ledger *postgres.OpsStore
+	Ledger Store
 	// Archive holds rows already cleaned up from the outbox; required only
 	// when the range reaches below the cleanup boundary.
 	Archive ArchiveStore
@@ -99,138 +98,167 @@ var (
 // Commands are skipped unless Spec.IncludeCommands. With Name, the position
 // is saved after each ACKed batch; an interrupted replay resumes there, and
 // at worst resends the batch in flight (same event IDs).
+//
+// The steps: resume a named replay's saved position; count the rows to send
+// when the outbox alone holds them; send the rows below the cleanup
+// boundary from the archive, then the rest from the outbox, batch by batch
+// (send); mark the named replay done.
 func Replay(ctx context.Context, cfg ReplayConfig) (ReplayResult, error) {
-	var res ReplayResult
 	if cfg.Batch <= 0 {
 		cfg.Batch = 500
 	}
-	var limiter *rate.Limiter
+	r := &replayer{cfg: cfg, total: -1}
 	if cfg.Rate > 0 {
-		cfg.Batch = max(1, min(cfg.Batch, int(cfg.Rate)))
-		limiter = rate.NewLimiter(rate.Limit(cfg.Rate), cfg.Batch)
+		r.cfg.Batch = max(1, min(cfg.Batch, int(cfg.Rate)))
+		r.limiter = rate.NewLimiter(rate.Limit(cfg.Rate), r.cfg.Batch)
 	}
-	spec, err := json.Marshal(cfg.Spec)
-	if err != nil {
-		return res, err
-	}
-	after := int64(0)
-	progress := postgres.ReplayProgress{Name: cfg.Name, Spec: spec}
-	if cfg.Name != "" {
-		saved, found, err := cfg.Ledger.LoadReplay(ctx, cfg.Name)
-		if err != nil {
-			return res, err
-		}
-		if found {
-			if !jsonEqual(saved.Spec, spec) {
-				return res, fmt.Errorf("%w: %s was %s", ErrReplaySpecChanged, cfg.Name, saved.Spec)
-			}
-			if saved.Done {
-				res.AlreadyDone, res.LastID, res.Sent = true, saved.LastID, saved.Sent
-				return res, nil
-			}
-			after, res.ResumedAfter, progress = saved.LastID, saved.LastID, saved
-			res.Sent = saved.Sent
-		} else if err := cfg.Ledger.SaveReplay(ctx, progress); err != nil {
-			return res, err
-		}
+	after, done, err := r.resume(ctx)
+	if err != nil || done {
+		return r.res, err
 	}
 	cleaned, err := cfg.Ledger.Cleaned(ctx)
 	if err != nil {
-		return res, err
+		return r.res, err
 	}
-	total := int64(-1)
 	if after >= cleaned.DeletedThroughID { // countable in the outbox alone
 		f := cfg.Spec.filter()
 		f.AfterID = after
 		if n, err := cfg.Ledger.CountRows(ctx, f); err == nil {
-			total = res.Sent + n
+			r.total = r.res.Sent + n
 		}
 	}
-	send := func(rows []postgres.StoredRow) error {
-		if len(rows) == 0 {
-			return nil
-		}
-		batch := make([]core.Envelope, len(rows))
-		for i, r := range rows {
-			e := r.Envelope
-			e.Replay = true
-			if cfg.Spec.Topic != "" {
-				e.Topic = cfg.Spec.Topic
-			}
-			batch[i] = e
-		}
-		if limiter != nil {
-			if err := limiter.WaitN(ctx, len(batch)); err != nil {
-				return err
-			}
-		}
-		if err := cfg.Sink.Publish(ctx, batch); err != nil {
-			return fmt.Errorf("publish replay batch (ids %d..%d): %w", rows[0].ID, rows[len(rows)-1].ID, err)
-		}
-		res.Sent += int64(len(rows))
-		res.LastID = rows[len(rows)-1].ID
-		if cfg.Name != "" {
-			progress.LastID, progress.Sent = res.LastID, res.Sent
-			if err := cfg.Ledger.SaveReplay(context.WithoutCancel(ctx), progress); err != nil {
-				return err
-			}
-		}
-		if cfg.Progress != nil {
-			cfg.Progress(res.Sent, total)
-		}
-		return nil
-	}
-
 	// Below the cleanup boundary: the archive.
 	if after < cleaned.DeletedThroughID {
 		if cfg.Archive == nil {
-			return res, fmt.Errorf("%w (boundary: outbox id %d)", ErrArchiveRequired, cleaned.DeletedThroughID)
+			return r.res, fmt.Errorf("%w (boundary: outbox id %d)", ErrArchiveRequired, cleaned.DeletedThroughID)
 		}
-		var pending []postgres.StoredRow
-		err := ReadArchive(ctx, cfg.Archive, after, cleaned.DeletedThroughID, func(r ArchivedRow) error {
-			if !cfg.Spec.matches(r) {
-				return nil
-			}
-			pending = append(pending, r.Stored())
-			if len(pending) < cfg.Batch {
-				return nil
-			}
-			err := send(pending)
-			res.FromArchive += int64(len(pending))
-			pending = pending[:0]
-			return err
-		})
-		if err == nil {
-			err = send(pending)
-			res.FromArchive += int64(len(pending))
-		}
-		if err != nil {
-			return res, err
+		if err := r.fromArchive(ctx, after, cleaned.DeletedThroughID); err != nil {
+			return r.res, err
 		}
 		after = cleaned.DeletedThroughID
 	}
 	// Above it: the outbox.
 	f := cfg.Spec.filter()
 	for {
-		f.AfterID = max(after, res.LastID)
-		rows, err := cfg.Ledger.ReadRows(ctx, f, cfg.Batch)
+		f.AfterID = max(after, r.res.LastID)
+		rows, err := cfg.Ledger.ReadRows(ctx, f, r.cfg.Batch)
 		if err != nil {
-			return res, err
+			return r.res, err
 		}
 		if len(rows) == 0 {
 			break
 		}
-		if err := send(rows); err != nil {
-			return res, err
+		if err := r.send(ctx, rows); err != nil {
+			return r.res, err
 		}
 	}
 	if cfg.Name != "" {
-		progress.LastID, progress.Sent, progress.Done = max(res.LastID, progress.LastID), res.Sent, true
-		if err := cfg.Ledger.SaveReplay(ctx, progress); err != nil {
-			return res, err
+		r.progress.LastID, r.progress.Sent, r.progress.Done = max(r.res.LastID, r.progress.LastID), r.res.Sent, true
+		if err := cfg.Ledger.SaveReplay(ctx, r.progress); err != nil {
+			return r.res, err
 		}
 	}
-	return res, nil
+	return r.res, nil
+}
+
+// replayer is one Replay under way.
+type replayer struct {
+	cfg      ReplayConfig
+	limiter  *rate.Limiter
+	res      ReplayResult
+	progress ReplayProgress
+	// total is how many rows the replay sends in all (-1: unknown).
+	total int64
+}
+
+// resume returns the outbox id after which the replay starts: 0, or for a
+// named replay its saved position (a new name's start is saved first).
+// done is set when the named replay already finished.
+func (r *replayer) resume(ctx context.Context) (after int64, done bool, err error) {
+	spec, err := json.Marshal(r.cfg.Spec)
+	if err != nil {
+		return 0, false, err
+	}
+	r.progress = ReplayProgress{Name: r.cfg.Name, Spec: spec}
+	if r.cfg.Name == "" {
+		return 0, false, nil
+	}
+	saved, found, err := r.cfg.Ledger.LoadReplay(ctx, r.cfg.Name)
+	if err != nil {
+		return 0, false, err
+	}
+	if !found {
+		return 0, false, r.cfg.Ledger.SaveReplay(ctx, r.progress)
+	}
+	if !jsonEqual(saved.Spec, spec) {
+		return 0, false, fmt.Errorf("%w: %s was %s", ErrReplaySpecChanged, r.cfg.Name, saved.Spec)
+	}
+	if saved.Done {
+		r.res.AlreadyDone, r.res.LastID, r.res.Sent = true, saved.LastID, saved.Sent
+		return 0, true, nil
+	}
+	r.res.ResumedAfter, r.progress, r.res.Sent = saved.LastID, saved, saved.Sent
+	return saved.LastID, false, nil
+}
+
+// fromArchive sends the archived rows of the spec in (after, through].
+func (r *replayer) fromArchive(ctx context.Context, after, through int64) error {
+	var pending []StoredRow
+	err := ReadArchive(ctx, r.cfg.Archive, after, through, func(a ArchivedRow) error {
+		if !r.cfg.Spec.matches(a) {
+			return nil
+		}
+		pending = append(pending, a.Stored())
+		if len(pending) < r.cfg.Batch {
+			return nil
+		}
+		err := r.send(ctx, pending)
+		r.res.FromArchive += int64(len(pending))
+		pending = pending[:0]
+		return err
+	})
+	if err == nil {
+		err = r.send(ctx, pending)
+		r.res.FromArchive += int64(len(pending))
+	}
+	return err
+}
+
+// send publishes one batch as a replay, waits for the rate, and saves the
+// position once it is ACKed.
+func (r *replayer) send(ctx context.Context, rows []StoredRow) error {
+	if len(rows) == 0 {
+		return nil
+	}
+	batch := make([]core.Envelope, len(rows))
+	for i, row := range rows {
+		e := row.Envelope
+		e.Replay = true
+		if r.cfg.Spec.Topic != "" {
+			e.Topic = r.cfg.Spec.Topic
+		}
+		batch[i] = e
+	}
+	if r.limiter != nil {
+		if err := r.limiter.WaitN(ctx, len(batch)); err != nil {
+			return err
+		}
+	}
+	if err := r.cfg.Sink.Publish(ctx, batch); err != nil {
+		return fmt.Errorf("publish replay batch (ids %d..%d): %w", rows[0].ID, rows[len(rows)-1].ID, err)
+	}
+	r.res.Sent += int64(len(rows))
+	r.res.LastID = rows[len(rows)-1].ID
+	if r.cfg.Name != "" {
+		r.progress.LastID, r.progress.Sent = r.res.LastID, r.res.Sent
+		if err := r.cfg.Ledger.SaveReplay(context.WithoutCancel(ctx), r.progress); err != nil {
+			return err
+		}
+	}
+	if r.cfg.Progress != nil {
+		r.cfg.Progress(r.res.Sent, r.total)
+	}
+	return nil
 }
 
 func jsonEqual(a, b []byte) bool {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/core"
 )
 
@@ -23,7 +22,7 @@ var (
 
 // ResendConfig configures Resend: either EventIDs or FromID..ToID.
 type ResendConfig struct {
-	Ledger   *postgres.OpsStore
+	Ledger   Store
 	Sink     core.Sink
 	EventIDs []string
 	// FromID and ToID select outbox ids, inclusive.
@@ -46,71 +45,22 @@ type ResendResult struct {
 // refuses unknown event IDs, an empty range, and an unrelayed row whose
 // aggregate has an earlier unrelayed row not in the resend (sending it
 // first would break per-account order). Rows go in id order.
+//
+// The steps: read the selected rows (resendRows); refuse unknown event IDs
+// and an empty selection; refuse to overtake an unrelayed predecessor
+// (checkOvertake); publish in batches, marking the unrelayed rows of each
+// once it is ACKed.
 func Resend(ctx context.Context, cfg ResendConfig) (ResendResult, error) {
 	var res ResendResult
 	if cfg.Batch <= 0 {
 		cfg.Batch = 500
 	}
-	var f postgres.RowFilter
-	switch {
-	case len(cfg.EventIDs) > 0 && (cfg.FromID != 0 || cfg.ToID != 0):
-		return res, errors.New("give event IDs or an id range, not both")
-	case len(cfg.EventIDs) > 0:
-		f.EventIDs = cfg.EventIDs
-	case cfg.FromID > 0 && cfg.ToID >= cfg.FromID:
-		f.AfterID, f.ThroughID = cfg.FromID-1, cfg.ToID
-	default:
-		return res, errors.New("give event IDs, or an id range with 0 < from <= to")
+	rows, err := resendRows(ctx, cfg)
+	if err != nil {
+		return res, err
 	}
-	var rows []postgres.StoredRow
-	for {
-		batch, err := cfg.Ledger.ReadRows(ctx, f, 10000)
-		if err != nil {
-			return res, err
-		}
-		if len(batch) == 0 {
-			break
-		}
-		rows = append(rows, batch...)
-		f.AfterID = batch[len(batch)-1].ID
-	}
-	if len(cfg.EventIDs) > 0 {
-		have := make(map[string]bool, len(rows))
-		for _, r := range rows {
-			have[r.Envelope.EventID] = true
-		}
-		var missing []string
-		for _, id := range cfg.EventIDs {
-			if !have[strings.ToLower(id)] {
-				missing = append(missing, id)
-			}
-		}
-		if len(missing) > 0 {
-			return res, fmt.Errorf("%w: %s (cleaned-up rows are resent by posthorn replay from the archive)", ErrUnknownEventIDs, strings.Join(missing, ", "))
-		}
-	}
-	if len(rows) == 0 {
-		return res, fmt.Errorf("%w: ids %d..%d", ErrNothingToResend, cfg.FromID, cfg.ToID)
-	}
-	inSet := make(map[int64]bool, len(rows))
-	for _, r := range rows {
-		inSet[r.ID] = true
-	}
-	checked := map[string]bool{}
-	for _, r := range rows {
-		key := r.Envelope.AggregateType + "\x00" + r.Envelope.AggregateID
-		if r.Relayed || checked[key] {
-			continue
-		}
-		checked[key] = true // rows are in id order: the first unrelayed one of each aggregate decides
-		p, err := cfg.Ledger.FirstUnrelayedBefore(ctx, r.Envelope.AggregateType, r.Envelope.AggregateID, r.ID)
-		if err != nil {
-			return res, err
-		}
-		if p != nil && !inSet[p.ID] {
-			return res, fmt.Errorf("%w: event %s (%s %s revision %d) follows unrelayed event %s (revision %d); include it or let the relay send it",
-				ErrWouldOvertake, r.Envelope.EventID, r.Envelope.AggregateType, r.Envelope.AggregateID, r.Envelope.Revision, p.EventID, p.Revision)
-		}
+	if err := checkOvertake(ctx, cfg.Ledger, rows); err != nil {
+		return res, err
 	}
 	for start := 0; start < len(rows); start += cfg.Batch {
 		chunk := rows[start:min(start+cfg.Batch, len(rows))]
@@ -138,6 +88,80 @@ func Resend(ctx context.Context, cfg ResendConfig) (ResendResult, error) {
 		}
 	}
 	return res, nil
+}
+
+// resendRows reads every row the config selects, in id order: all of its
+// event IDs (ErrUnknownEventIDs names those the outbox lacks), or its id
+// range (ErrNothingToResend when it holds none).
+func resendRows(ctx context.Context, cfg ResendConfig) ([]StoredRow, error) {
+	var f RowFilter
+	switch {
+	case len(cfg.EventIDs) > 0 && (cfg.FromID != 0 || cfg.ToID != 0):
+		return nil, errors.New("give event IDs or an id range, not both")
+	case len(cfg.EventIDs) > 0:
+		f.EventIDs = cfg.EventIDs
+	case cfg.FromID > 0 && cfg.ToID >= cfg.FromID:
+		f.AfterID, f.ThroughID = cfg.FromID-1, cfg.ToID
+	default:
+		return nil, errors.New("give event IDs, or an id range with 0 < from <= to")
+	}
+	var rows []StoredRow
+	for {
+		batch, err := cfg.Ledger.ReadRows(ctx, f, 10000)
+		if err != nil {
+			return nil, err
+		}
+		if len(batch) == 0 {
+			break
+		}
+		rows = append(rows, batch...)
+		f.AfterID = batch[len(batch)-1].ID
+	}
+	if len(cfg.EventIDs) > 0 {
+		have := make(map[string]bool, len(rows))
+		for _, r := range rows {
+			have[r.Envelope.EventID] = true
+		}
+		var missing []string
+		for _, id := range cfg.EventIDs {
+			if !have[strings.ToLower(id)] {
+				missing = append(missing, id)
+			}
+		}
+		if len(missing) > 0 {
+			return nil, fmt.Errorf("%w: %s (cleaned-up rows are resent by posthorn replay from the archive)", ErrUnknownEventIDs, strings.Join(missing, ", "))
+		}
+	}
+	if len(rows) == 0 {
+		return nil, fmt.Errorf("%w: ids %d..%d", ErrNothingToResend, cfg.FromID, cfg.ToID)
+	}
+	return rows, nil
+}
+
+// checkOvertake returns ErrWouldOvertake when an unrelayed row of rows
+// follows an unrelayed row of its aggregate that is not being resent.
+func checkOvertake(ctx context.Context, ledger Store, rows []StoredRow) error {
+	inSet := make(map[int64]bool, len(rows))
+	for _, r := range rows {
+		inSet[r.ID] = true
+	}
+	checked := map[string]bool{}
+	for _, r := range rows {
+		key := r.Envelope.AggregateType + "\x00" + r.Envelope.AggregateID
+		if r.Relayed || checked[key] {
+			continue
+		}
+		checked[key] = true // rows are in id order: the first unrelayed one of each aggregate decides
+		p, err := ledger.FirstUnrelayedBefore(ctx, r.Envelope.AggregateType, r.Envelope.AggregateID, r.ID)
+		if err != nil {
+			return err
+		}
+		if p != nil && !inSet[p.ID] {
+			return fmt.Errorf("%w: event %s (%s %s revision %d) follows unrelayed event %s (revision %d); include it or let the relay send it",
+				ErrWouldOvertake, r.Envelope.EventID, r.Envelope.AggregateType, r.Envelope.AggregateID, r.Envelope.Revision, p.EventID, p.Revision)
+		}
+	}
+	return nil
 }
 
 // resent marks e as an operator's resend (core.HeaderResend), so that a

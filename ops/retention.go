@@ -6,18 +6,16 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
-
-	"github.com/posthorn/posthorn/adapters/postgres"
 )
 
 // RetentionConfig configures PruneInboxes and PruneIdempotencyKeys.
 type RetentionConfig struct {
 	// Inbox is the consumers' inbox; nil skips inbox retention.
-	Inbox *postgres.Inbox
+	Inbox Inbox
 	// Consumers are the consumers whose inbox rows are pruned.
 	Consumers []string
 	// Ledger is the ledger; nil skips idempotency-key retention.
-	Ledger *postgres.OpsStore
+	Ledger Store
 	// ReplayWindow is cleanup.replay_window: a replay may resend events this
 	// old, so an unordered consumer keeps its rows for it plus Margin.
 	ReplayWindow time.Duration
@@ -35,8 +33,8 @@ type RetentionConfig struct {
 
 // RetentionResult is what one run removed.
 type RetentionResult struct {
-	Inbox           map[string]postgres.PruneResult `json:"inbox,omitempty"`
-	IdempotencyKeys *postgres.PruneResult           `json:"idempotency_keys,omitempty"`
+	Inbox           map[string]PruneResult `json:"inbox,omitempty"`
+	IdempotencyKeys *PruneResult           `json:"idempotency_keys,omitempty"`
 }
 
 func (c *RetentionConfig) defaults() {
@@ -53,10 +51,10 @@ func (c *RetentionConfig) defaults() {
 // repeat is recognised by revision) and older than Margin; an unordered
 // consumer's once they are older than the replay window plus Margin (no
 // replay resends them; an older replay would be applied again).
-func (c RetentionConfig) InboxHorizon() postgres.InboxHorizon {
+func (c RetentionConfig) InboxHorizon() InboxHorizon {
 	c.defaults()
 	now := c.Now()
-	return postgres.InboxHorizon{Ordered: now.Add(-c.Margin), Unordered: now.Add(-(c.ReplayWindow + c.Margin))}
+	return InboxHorizon{Ordered: now.Add(-c.Margin), Unordered: now.Add(-(c.ReplayWindow + c.Margin))}
 }
 
 // Retain runs inbox retention for every consumer (when Inbox is set) and
@@ -65,7 +63,7 @@ func Retain(ctx context.Context, cfg RetentionConfig) (RetentionResult, error) {
 	cfg.defaults()
 	var res RetentionResult
 	if cfg.Inbox != nil {
-		res.Inbox = map[string]postgres.PruneResult{}
+		res.Inbox = map[string]PruneResult{}
 		h := cfg.InboxHorizon()
 		for _, name := range cfg.Consumers {
 			r, err := cfg.Inbox.PruneInbox(ctx, name, h, cfg.BatchSize)

@@ -12,6 +12,7 @@ import (
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/ops"
 )
 
 // A journal whose transaction took its sequence before a later journal
@@ -24,7 +25,7 @@ func TestOpenCutWaitsForInFlightSequence(t *testing.T) {
 	ctx := context.Background()
 	_, pool := pgtest.Ledger(t)
 	store := postgres.NewLedgerStore(pool, postgres.LedgerConfig{})
-	ops := postgres.NewOpsStore(pool)
+	opsStore := postgres.NewOpsStore(pool)
 	post := func(key string) core.PostingResult {
 		t.Helper()
 		res, _, err := store.Post(ctx, key, core.Posting{Entries: []core.Entry{
@@ -61,8 +62,8 @@ func TestOpenCutWaitsForInFlightSequence(t *testing.T) {
 		t.Fatalf("plain snapshot sees %d journals, want 2 (the slow one missing): the fault this test is about did not occur", n)
 	}
 
-	_, err = ops.OpenCut(ctx, postgres.CutRequest{Settle: 200 * time.Millisecond})
-	if !errors.Is(err, postgres.ErrCutNotProvable) {
+	_, err = opsStore.OpenCut(ctx, ops.CutRequest{Settle: 200 * time.Millisecond})
+	if !errors.Is(err, ops.ErrCutNotProvable) {
 		t.Fatalf("cut with a transaction in flight: %v, want ErrCutNotProvable", err)
 	}
 
@@ -70,7 +71,7 @@ func TestOpenCutWaitsForInFlightSequence(t *testing.T) {
 	// answer must be the same): the cut includes it.
 	committed := make(chan error, 1)
 	go func() { committed <- slow.Commit(ctx) }()
-	cut, err := ops.OpenCut(ctx, postgres.CutRequest{Settle: 30 * time.Second})
+	cut, err := opsStore.OpenCut(ctx, ops.CutRequest{Settle: 30 * time.Second})
 	if cerr := <-committed; cerr != nil {
 		t.Fatal(cerr)
 	}

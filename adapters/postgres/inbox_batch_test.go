@@ -10,8 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/posthorn/posthorn/adapters/postgres"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
+	"github.com/posthorn/posthorn/consumers"
 	"github.com/posthorn/posthorn/core"
 )
 
@@ -21,12 +20,10 @@ import (
 // applied, a gap held, an event of a parked aggregate kept behind the park.
 func TestReceiveBatchDispositionsAsOneByOne(t *testing.T) {
 	t.Parallel()
-	_, pool := pgtest.Consumer(t)
-	in := postgres.NewInbox(pool)
-	apply, read := effects(t, pool)
+	in, apply, read := newInbox(t)
 	ctx := context.Background()
-	mustReceive(t, in, "c", true, inboxEvent("acc-a", 1), apply, postgres.DispositionApplied)
-	mustReceive(t, in, "c", true, inboxEvent("acc-c", 1), apply, postgres.DispositionApplied)
+	mustReceive(t, in, "c", true, inboxEvent("acc-a", 1), apply, core.DispositionApplied)
+	mustReceive(t, in, "c", true, inboxEvent("acc-c", 1), apply, core.DispositionApplied)
 	if _, err := in.ParkPoison(ctx, "c", true, inboxEvent("acc-p", 1), "bad payload"); err != nil {
 		t.Fatal(err)
 	}
@@ -46,9 +43,9 @@ func TestReceiveBatchDispositionsAsOneByOne(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []postgres.Disposition{postgres.DispositionApplied, postgres.DispositionApplied, postgres.DispositionApplied,
-		postgres.DispositionDuplicate, postgres.DispositionDuplicate, postgres.DispositionDuplicate,
-		postgres.DispositionHeld, postgres.DispositionParkedGap}
+	want := []core.Disposition{core.DispositionApplied, core.DispositionApplied, core.DispositionApplied,
+		core.DispositionDuplicate, core.DispositionDuplicate, core.DispositionDuplicate,
+		core.DispositionHeld, core.DispositionParkedGap}
 	for i, o := range res.Outcomes {
 		if o.Disposition != want[i] || o.EventID != batch[i].EventID {
 			t.Errorf("outcome %d (%s): %+v, want %s", i, batch[i].EventID, o, want[i])
@@ -60,7 +57,7 @@ func TestReceiveBatchDispositionsAsOneByOne(t *testing.T) {
 	if got, want := read(), []string{"acc-a-r1", "acc-c-r1", "acc-a-r2", "acc-a-r3", "acc-b-r1"}; !slices.Equal(got, want) {
 		t.Errorf("effects %v, want %v (each once, an account's revisions in order)", got, want)
 	}
-	if !slices.Equal(res.Held, []postgres.InboxAggregate{{Type: core.AggregateAccount, ID: "acc-a"}}) {
+	if !slices.Equal(res.Held, []consumers.Aggregate{{Type: core.AggregateAccount, ID: "acc-a"}}) {
 		t.Errorf("held aggregates %v, want acc-a", res.Held)
 	}
 	for acc, want := range map[string]int64{"acc-a": 3, "acc-b": 1, "acc-c": 1, "acc-p": 0} {
@@ -76,7 +73,7 @@ func TestReceiveBatchDispositionsAsOneByOne(t *testing.T) {
 		t.Errorf("repeats not counted on their rows: %+v", recs)
 	}
 	// The held revision is re-driven once its predecessor is applied.
-	mustReceive(t, in, "c", true, inboxEvent("acc-a", 4), apply, postgres.DispositionApplied)
+	mustReceive(t, in, "c", true, inboxEvent("acc-a", 4), apply, core.DispositionApplied)
 	if outs, err := in.Drain(ctx, "c", true, core.AggregateAccount, "acc-a", apply); err != nil || len(outs) != 1 {
 		t.Fatalf("drain: %v %+v", err, outs)
 	}
@@ -89,9 +86,7 @@ func TestReceiveBatchDispositionsAsOneByOne(t *testing.T) {
 // rolls back every row and effect of the batch and names the event.
 func TestReceiveBatchApplyErrorRecordsNothing(t *testing.T) {
 	t.Parallel()
-	_, pool := pgtest.Consumer(t)
-	in := postgres.NewInbox(pool)
-	apply, read := effects(t, pool)
+	in, apply, read := newInbox(t)
 	ctx := context.Background()
 	boom := errors.New("boom")
 	failing := func(ctx context.Context, tx pgx.Tx, e core.Envelope) error {
@@ -105,7 +100,7 @@ func TestReceiveBatchApplyErrorRecordsNothing(t *testing.T) {
 	}
 	batch := []core.Envelope{inboxEvent("acc-a", 1), inboxEvent("acc-b", 1), inboxEvent("acc-c", 1)}
 	_, err := in.ReceiveBatch(ctx, "c", true, batch, failing, nil)
-	var ae *postgres.ApplyError
+	var ae *consumers.ApplyError
 	if !errors.As(err, &ae) || ae.Envelope.EventID != "acc-b-r1" || !errors.Is(err, boom) {
 		t.Fatalf("err %v, want the ApplyError of acc-b-r1", err)
 	}
@@ -132,9 +127,7 @@ func TestReceiveBatchApplyErrorRecordsNothing(t *testing.T) {
 // revision order, and do not deadlock (the positions are locked sorted).
 func TestReceiveBatchConcurrentInstancesOneEffect(t *testing.T) {
 	t.Parallel()
-	_, pool := pgtest.Consumer(t)
-	in := postgres.NewInbox(pool)
-	apply, read := effects(t, pool)
+	in, apply, read := newInbox(t)
 	ctx := context.Background()
 	const accounts, revs = 20, 5
 	var all []core.Envelope

@@ -13,6 +13,7 @@ import (
 
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
+	"github.com/posthorn/posthorn/consumers"
 	"github.com/posthorn/posthorn/core"
 )
 
@@ -25,9 +26,18 @@ func inboxEvent(acc string, rev int64) core.Envelope {
 	}
 }
 
+// newInbox is the inbox of a fresh consumer database and the effects
+// table of its handler.
+func newInbox(t *testing.T) (*postgres.Inbox, consumers.Handler, func() []string) {
+	t.Helper()
+	_, pool := pgtest.Consumer(t)
+	apply, read := effects(t, pool)
+	return postgres.NewInbox(pool), apply, read
+}
+
 // effects records applied events in a table of the consumer database, in
 // the handler's transaction, so a rolled back apply leaves no trace.
-func effects(t *testing.T, pool *pgxpool.Pool) (postgres.ApplyFunc, func() []string) {
+func effects(t *testing.T, pool *pgxpool.Pool) (consumers.Handler, func() []string) {
 	t.Helper()
 	ctx := context.Background()
 	if _, err := pool.Exec(ctx, `CREATE TABLE effects (n bigserial, event_id text)`); err != nil {
@@ -51,7 +61,7 @@ func effects(t *testing.T, pool *pgxpool.Pool) (postgres.ApplyFunc, func() []str
 	return apply, read
 }
 
-func mustReceive(t *testing.T, in *postgres.Inbox, consumer string, ordered bool, e core.Envelope, apply postgres.ApplyFunc, want postgres.Disposition) postgres.InboxOutcome {
+func mustReceive(t *testing.T, in *postgres.Inbox, consumer string, ordered bool, e core.Envelope, apply consumers.Handler, want core.Disposition) consumers.Outcome {
 	t.Helper()
 	out, err := in.Receive(context.Background(), consumer, ordered, e, apply)
 	if err != nil {
@@ -65,13 +75,11 @@ func mustReceive(t *testing.T, in *postgres.Inbox, consumer string, ordered bool
 
 func TestInboxRepeatIsAbsorbedAndCounted(t *testing.T) {
 	t.Parallel()
-	_, pool := pgtest.Consumer(t)
-	in := postgres.NewInbox(pool)
-	apply, read := effects(t, pool)
+	in, apply, read := newInbox(t)
 	e := inboxEvent("acc-a", 1)
-	mustReceive(t, in, "c", false, e, apply, postgres.DispositionApplied)
+	mustReceive(t, in, "c", false, e, apply, core.DispositionApplied)
 	for range 2 {
-		out := mustReceive(t, in, "c", false, e, apply, postgres.DispositionDuplicate)
+		out := mustReceive(t, in, "c", false, e, apply, core.DispositionDuplicate)
 		if !out.Repeat {
 			t.Fatal("a repeat of a known event ID is not flagged as one")
 		}
@@ -83,7 +91,7 @@ func TestInboxRepeatIsAbsorbedAndCounted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r := recs[e.EventID]; r.Disposition != postgres.DispositionApplied || r.Duplicates != 2 {
+	if r := recs[e.EventID]; r.Disposition != core.DispositionApplied || r.Duplicates != 2 {
 		t.Fatalf("record %+v, want applied with 2 duplicates", r)
 	}
 	if _, ok := recs["unknown"]; ok {
@@ -93,11 +101,11 @@ func TestInboxRepeatIsAbsorbedAndCounted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.DuplicatesAbsorbed != 2 || c.Events[postgres.DispositionApplied] != 1 {
+	if c.DuplicatesAbsorbed != 2 || c.Events[core.DispositionApplied] != 1 {
 		t.Fatalf("counts %+v", c)
 	}
 	// Another consumer is independent: it applies the same event.
-	mustReceive(t, in, "other", false, e, apply, postgres.DispositionApplied)
+	mustReceive(t, in, "other", false, e, apply, core.DispositionApplied)
 }
 
 // Two instances receiving the same event at once: the primary key makes
@@ -108,9 +116,7 @@ func TestInboxConcurrentInstancesApplyOnce(t *testing.T) {
 	for _, ordered := range []bool{false, true} {
 		t.Run(fmt.Sprintf("ordered=%v", ordered), func(t *testing.T) {
 			t.Parallel()
-			_, pool := pgtest.Consumer(t)
-			in := postgres.NewInbox(pool)
-			apply, read := effects(t, pool)
+			in, apply, read := newInbox(t)
 			e := inboxEvent("acc-race", 1)
 			entered := make(chan struct{}, 2)
 			release := make(chan struct{})
@@ -120,7 +126,7 @@ func TestInboxConcurrentInstancesApplyOnce(t *testing.T) {
 				return apply(ctx, tx, e)
 			}
 			var wg sync.WaitGroup
-			outs := make([]postgres.InboxOutcome, 2)
+			outs := make([]consumers.Outcome, 2)
 			errs := make([]error, 2)
 			for i := range 2 {
 				wg.Go(func() { outs[i], errs[i] = in.Receive(context.Background(), "c", ordered, e, slow) })
@@ -143,9 +149,9 @@ func TestInboxConcurrentInstancesApplyOnce(t *testing.T) {
 			if got := read(); len(got) != 1 {
 				t.Fatalf("effects %v, want one", got)
 			}
-			ds := []postgres.Disposition{outs[0].Disposition, outs[1].Disposition}
-			if !(ds[0] == postgres.DispositionApplied && ds[1] == postgres.DispositionDuplicate) &&
-				!(ds[1] == postgres.DispositionApplied && ds[0] == postgres.DispositionDuplicate) {
+			ds := []core.Disposition{outs[0].Disposition, outs[1].Disposition}
+			if !(ds[0] == core.DispositionApplied && ds[1] == core.DispositionDuplicate) &&
+				!(ds[1] == core.DispositionApplied && ds[0] == core.DispositionDuplicate) {
 				t.Fatalf("dispositions %v, want one applied and one duplicate", ds)
 			}
 		})
@@ -154,16 +160,14 @@ func TestInboxConcurrentInstancesApplyOnce(t *testing.T) {
 
 func TestInboxGapHeldThenDrainedInOrder(t *testing.T) {
 	t.Parallel()
-	_, pool := pgtest.Consumer(t)
-	in := postgres.NewInbox(pool)
-	apply, read := effects(t, pool)
+	in, apply, read := newInbox(t)
 	ctx := context.Background()
-	mustReceive(t, in, "p", true, inboxEvent("acc", 3), apply, postgres.DispositionHeld)
-	mustReceive(t, in, "p", true, inboxEvent("acc", 2), apply, postgres.DispositionHeld)
+	mustReceive(t, in, "p", true, inboxEvent("acc", 3), apply, core.DispositionHeld)
+	mustReceive(t, in, "p", true, inboxEvent("acc", 2), apply, core.DispositionHeld)
 	if got := read(); len(got) != 0 {
 		t.Fatalf("applied %v ahead of revision 1", got)
 	}
-	mustReceive(t, in, "p", true, inboxEvent("acc", 1), apply, postgres.DispositionApplied)
+	mustReceive(t, in, "p", true, inboxEvent("acc", 1), apply, core.DispositionApplied)
 	outs, err := in.Drain(ctx, "p", true, core.AggregateAccount, "acc", apply)
 	if err != nil {
 		t.Fatal(err)
@@ -178,7 +182,7 @@ func TestInboxGapHeldThenDrainedInOrder(t *testing.T) {
 	// A lower revision under a new event ID is a duplicate, not an effect.
 	old := inboxEvent("acc", 2)
 	old.EventID = "acc-r2-resent-with-new-id"
-	mustReceive(t, in, "p", true, old, apply, postgres.DispositionDuplicate)
+	mustReceive(t, in, "p", true, old, apply, core.DispositionDuplicate)
 	if last, _ := in.LastRevision(ctx, "p", core.AggregateAccount, "acc"); last != 3 {
 		t.Fatalf("last revision %d, want 3", last)
 	}
@@ -188,11 +192,9 @@ func TestInboxGapHeldThenDrainedInOrder(t *testing.T) {
 // unordered consumer applies revision 3 first.
 func TestInboxUnorderedAppliesOutOfOrder(t *testing.T) {
 	t.Parallel()
-	_, pool := pgtest.Consumer(t)
-	in := postgres.NewInbox(pool)
-	apply, read := effects(t, pool)
-	mustReceive(t, in, "a", false, inboxEvent("acc", 3), apply, postgres.DispositionApplied)
-	mustReceive(t, in, "a", false, inboxEvent("acc", 1), apply, postgres.DispositionApplied)
+	in, apply, read := newInbox(t)
+	mustReceive(t, in, "a", false, inboxEvent("acc", 3), apply, core.DispositionApplied)
+	mustReceive(t, in, "a", false, inboxEvent("acc", 1), apply, core.DispositionApplied)
 	if got := read(); fmt.Sprint(got) != "[acc-r3 acc-r1]" {
 		t.Fatalf("effects %v", got)
 	}
@@ -200,12 +202,10 @@ func TestInboxUnorderedAppliesOutOfOrder(t *testing.T) {
 
 func TestInboxParkAfterHoldAndRelease(t *testing.T) {
 	t.Parallel()
-	_, pool := pgtest.Consumer(t)
-	in := postgres.NewInbox(pool)
-	apply, read := effects(t, pool)
+	in, apply, read := newInbox(t)
 	ctx := context.Background()
-	mustReceive(t, in, "p", true, inboxEvent("acc", 1), apply, postgres.DispositionApplied)
-	mustReceive(t, in, "p", true, inboxEvent("acc", 3), apply, postgres.DispositionHeld)
+	mustReceive(t, in, "p", true, inboxEvent("acc", 1), apply, core.DispositionApplied)
+	mustReceive(t, in, "p", true, inboxEvent("acc", 3), apply, core.DispositionHeld)
 
 	// Inside the hold time nothing parks.
 	if parked, err := in.ParkExpiredHolds(ctx, "p", time.Hour); err != nil || len(parked) != 0 {
@@ -218,8 +218,8 @@ func TestInboxParkAfterHoldAndRelease(t *testing.T) {
 	t.Logf("park reason: %s", parked[0].Reason)
 	// Later events wait behind the park; so does the missing one when it
 	// finally arrives (a replay): nothing is applied while parked.
-	mustReceive(t, in, "p", true, inboxEvent("acc", 4), apply, postgres.DispositionParkedGap)
-	mustReceive(t, in, "p", true, inboxEvent("acc", 2), apply, postgres.DispositionParkedGap)
+	mustReceive(t, in, "p", true, inboxEvent("acc", 4), apply, core.DispositionParkedGap)
+	mustReceive(t, in, "p", true, inboxEvent("acc", 2), apply, core.DispositionParkedGap)
 	if got := read(); fmt.Sprint(got) != "[acc-r1]" {
 		t.Fatalf("effects %v while parked", got)
 	}
@@ -228,7 +228,7 @@ func TestInboxParkAfterHoldAndRelease(t *testing.T) {
 		t.Fatalf("parked list %+v, %v", list, err)
 	}
 	recs, _ := in.Dispositions(ctx, "p", []string{"acc-r3"})
-	if recs["acc-r3"].Disposition != postgres.DispositionParkedGap {
+	if recs["acc-r3"].Disposition != core.DispositionParkedGap {
 		t.Fatalf("acc-r3 is %+v", recs["acc-r3"])
 	}
 
@@ -247,16 +247,14 @@ func TestInboxParkAfterHoldAndRelease(t *testing.T) {
 		t.Fatalf("effects %v after release, want revisions 1..4 in order", got)
 	}
 	c, _ := in.Count(ctx, "p")
-	if c.ParkedAggregates != 0 || c.Events[postgres.DispositionApplied] != 4 {
+	if c.ParkedAggregates != 0 || c.Events[core.DispositionApplied] != 4 {
 		t.Fatalf("counts %+v", c)
 	}
 }
 
 func TestInboxPoisonParksAggregateOnly(t *testing.T) {
 	t.Parallel()
-	_, pool := pgtest.Consumer(t)
-	in := postgres.NewInbox(pool)
-	apply, read := effects(t, pool)
+	in, apply, read := newInbox(t)
 	ctx := context.Background()
 	boom := errors.New("cannot apply")
 	failing := func(ctx context.Context, tx pgx.Tx, e core.Envelope) error {
@@ -266,16 +264,16 @@ func TestInboxPoisonParksAggregateOnly(t *testing.T) {
 		return apply(ctx, tx, e)
 	}
 	_, err := in.Receive(ctx, "p", true, inboxEvent("bad", 1), failing)
-	var ae *postgres.ApplyError
+	var ae *consumers.ApplyError
 	if !errors.As(err, &ae) || !errors.Is(err, boom) {
 		t.Fatalf("err %v, want ApplyError wrapping the handler's", err)
 	}
 	out, err := in.ParkPoison(ctx, "p", true, ae.Envelope, err.Error())
-	if err != nil || out.Disposition != postgres.DispositionParkedPoison {
+	if err != nil || out.Disposition != core.DispositionParkedPoison {
 		t.Fatalf("park poison: %+v, %v", out, err)
 	}
-	mustReceive(t, in, "p", true, inboxEvent("bad", 2), failing, postgres.DispositionParkedGap)
-	mustReceive(t, in, "p", true, inboxEvent("good", 1), failing, postgres.DispositionApplied)
+	mustReceive(t, in, "p", true, inboxEvent("bad", 2), failing, core.DispositionParkedGap)
+	mustReceive(t, in, "p", true, inboxEvent("good", 1), failing, core.DispositionApplied)
 	if got := read(); fmt.Sprint(got) != "[good-r1]" {
 		t.Fatalf("effects %v", got)
 	}
@@ -298,14 +296,14 @@ func TestInboxReject(t *testing.T) {
 	ctx := context.Background()
 	e := inboxEvent("acc", 1)
 	out, err := in.Reject(ctx, "c", e.EventID, e, map[string]string{"kind": "command"}, []byte("x"), "wrong kind")
-	if err != nil || out.Disposition != postgres.DispositionRejected {
+	if err != nil || out.Disposition != core.DispositionRejected {
 		t.Fatalf("%+v, %v", out, err)
 	}
 	out, err = in.Reject(ctx, "c", e.EventID, e, nil, nil, "wrong kind")
 	if err != nil || !out.Repeat {
 		t.Fatalf("%+v, %v", out, err)
 	}
-	list, err := in.List(ctx, "c", postgres.DispositionRejected, 10)
+	list, err := in.List(ctx, "c", core.DispositionRejected, 10)
 	if err != nil || len(list) != 1 || list[0].Reason != "wrong kind" || list[0].Duplicates != 1 {
 		t.Fatalf("%+v, %v", list, err)
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/adapters/postgres/roles/roletest"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/ops"
 )
 
 // refusal is a statement a role must be refused. Each is also run as the
@@ -220,8 +221,8 @@ func TestRolesReconcilerReadsAndRecordsCoverageOnly(t *testing.T) {
 	ctx := context.Background()
 	url, owner := postedLedgerWithRoles(t)
 	rec := roletest.Pool(t, roletest.Login(t, url, postgres.RoleReconciler, ""))
-	ops := postgres.NewOpsStore(rec)
-	cut, err := ops.OpenCut(ctx, postgres.CutRequest{Settle: 5 * time.Second})
+	store := postgres.NewOpsStore(rec)
+	cut, err := store.OpenCut(ctx, ops.CutRequest{Settle: 5 * time.Second})
 	if err != nil {
 		t.Fatalf("open cut as posthorn_reconciler: %v", err)
 	}
@@ -236,7 +237,7 @@ func TestRolesReconcilerReadsAndRecordsCoverageOnly(t *testing.T) {
 		t.Fatalf("covered outbox id: %v", err)
 	}
 	cut.Close()
-	if _, err := ops.RecordCoverage(ctx, "balance-projection", cut.Sequence, covered); err != nil {
+	if _, err := store.RecordCoverage(ctx, "balance-projection", cut.Sequence, covered); err != nil {
 		t.Fatalf("record coverage: %v", err)
 	}
 	assertRefused(t, owner, rec, []refusal{
@@ -267,7 +268,7 @@ func TestRolesConsumerOwnsItsInboxAndCannotTouchTheLedger(t *testing.T) {
 		_, err := tx.Exec(ctx, `INSERT INTO projection_balances (account, currency, balance, revision) VALUES ('acc-alice', 'EUR', 5, 1)`)
 		return err
 	})
-	if err != nil || out.Disposition != postgres.DispositionApplied {
+	if err != nil || out.Disposition != core.DispositionApplied {
 		t.Fatalf("receive as posthorn_consumer: %+v %v", out, err)
 	}
 	if _, err := in.Count(ctx, "balance-projection"); err != nil {
@@ -286,7 +287,7 @@ func TestRolesConsumerOwnsItsInboxAndCannotTouchTheLedger(t *testing.T) {
 	})
 	// Inbox retention runs as the consumer (issue 14): it deletes final rows
 	// behind the horizon and records it.
-	if _, err := in.PruneInbox(ctx, "balance-projection", postgres.InboxHorizon{Ordered: time.Now().Add(-time.Hour), Unordered: time.Now().Add(-time.Hour)}, 100); err != nil {
+	if _, err := in.PruneInbox(ctx, "balance-projection", ops.InboxHorizon{Ordered: time.Now().Add(-time.Hour), Unordered: time.Now().Add(-time.Hour)}, 100); err != nil {
 		t.Fatalf("inbox retention as posthorn_consumer: %v", err)
 	}
 	assertRefused(t, consumerOwner, cons, []refusal{

@@ -10,6 +10,7 @@ import (
 
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
+	"github.com/posthorn/posthorn/ops"
 )
 
 // Retention measured on 1M rows (issue 14, fix 6). Loading the rows takes
@@ -28,7 +29,7 @@ func skipUnless1M(b *testing.B) {
 	}
 }
 
-func benchPrune(b *testing.B, pool *pgxpool.Pool, load []string, prune func() (postgres.PruneResult, error), want int64) {
+func benchPrune(b *testing.B, pool *pgxpool.Pool, load []string, prune func() (ops.PruneResult, error), want int64) {
 	b.Helper()
 	ctx := context.Background()
 	for range b.N {
@@ -70,8 +71,8 @@ func BenchmarkRetention1MInboxOrdered(b *testing.B) {
 		 SELECT 'bench', 'account', 'acc-' || a, 100 FROM generate_series(0, 9999) a`,
 		`VACUUM ANALYZE consumer_inbox`,
 	}
-	h := postgres.InboxHorizon{Ordered: time.Now().Add(-time.Hour), Unordered: time.Now().Add(-time.Hour)}
-	benchPrune(b, pool, load, func() (postgres.PruneResult, error) {
+	h := ops.InboxHorizon{Ordered: time.Now().Add(-time.Hour), Unordered: time.Now().Add(-time.Hour)}
+	benchPrune(b, pool, load, func() (ops.PruneResult, error) {
 		return in.PruneInbox(context.Background(), "bench", h, 1000)
 	}, 1_000_000-10_000)
 }
@@ -89,8 +90,8 @@ func BenchmarkRetention1MInboxUnordered(b *testing.B) {
 		 FROM generate_series(0, 999999) g`,
 		`VACUUM ANALYZE consumer_inbox`,
 	}
-	h := postgres.InboxHorizon{Ordered: time.Now().Add(-time.Hour), Unordered: time.Now().Add(-8 * 24 * time.Hour)}
-	benchPrune(b, pool, load, func() (postgres.PruneResult, error) {
+	h := ops.InboxHorizon{Ordered: time.Now().Add(-time.Hour), Unordered: time.Now().Add(-8 * 24 * time.Hour)}
+	benchPrune(b, pool, load, func() (ops.PruneResult, error) {
 		return in.PruneInbox(context.Background(), "bench", h, 1000)
 	}, 1_000_000)
 }
@@ -99,7 +100,7 @@ func BenchmarkRetention1MInboxUnordered(b *testing.B) {
 func BenchmarkRetention1MIdempotencyKeys(b *testing.B) {
 	skipUnless1M(b)
 	_, pool := pgtest.Ledger(b)
-	ops := postgres.NewOpsStore(pool)
+	store := postgres.NewOpsStore(pool)
 	load := []string{
 		`TRUNCATE idempotency_keys`,
 		`INSERT INTO journals (id, sequence, posted_at)
@@ -108,7 +109,7 @@ func BenchmarkRetention1MIdempotencyKeys(b *testing.B) {
 		 SELECT 'key-' || j.sequence, '\x00', j.id, '{}', now() - interval '40 days' FROM journals j`,
 		`VACUUM ANALYZE idempotency_keys`,
 	}
-	benchPrune(b, pool, load, func() (postgres.PruneResult, error) {
-		return ops.PruneIdempotencyKeys(context.Background(), time.Now().Add(-30*24*time.Hour), 1000)
+	benchPrune(b, pool, load, func() (ops.PruneResult, error) {
+		return store.PruneIdempotencyKeys(context.Background(), time.Now().Add(-30*24*time.Hour), 1000)
 	}, 1_000_000)
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/ops"
 )
 
 func retentionEnvelope(agg string, rev int64) core.Envelope {
@@ -65,7 +66,7 @@ func TestPruneInboxKeepsWhatARepeatNeeds(t *testing.T) {
 	}
 	// acc-b: revision 2 arrives before 1 and is held; acc-c is parked.
 	heldEv := retentionEnvelope("acc-b", 2)
-	if out, err := in.Receive(ctx, ord, true, heldEv, noop); err != nil || out.Disposition != postgres.DispositionHeld {
+	if out, err := in.Receive(ctx, ord, true, heldEv, noop); err != nil || out.Disposition != core.DispositionHeld {
 		t.Fatalf("held: %+v %v", out, err)
 	}
 	poison := retentionEnvelope("acc-c", 1)
@@ -82,7 +83,7 @@ func TestPruneInboxKeepsWhatARepeatNeeds(t *testing.T) {
 	}
 	now := time.Now()
 	// Margin 1 h; the replay window keeps the unordered rows (3 days).
-	h := postgres.InboxHorizon{Ordered: now.Add(-time.Hour), Unordered: now.Add(-72 * time.Hour)}
+	h := ops.InboxHorizon{Ordered: now.Add(-time.Hour), Unordered: now.Add(-72 * time.Hour)}
 	res, err := in.PruneInbox(ctx, ord, h, 2)
 	if err != nil {
 		t.Fatal(err)
@@ -100,13 +101,13 @@ func TestPruneInboxKeepsWhatARepeatNeeds(t *testing.T) {
 	// A repeat of a pruned ordered event is recognised: no second effect.
 	applied := 0
 	count := func(context.Context, pgx.Tx, core.Envelope) error { applied++; return nil }
-	if out, err := in.Receive(ctx, ord, true, evs[1], count); err != nil || out.Disposition != postgres.DispositionDuplicate || applied != 0 {
+	if out, err := in.Receive(ctx, ord, true, evs[1], count); err != nil || out.Disposition != core.DispositionDuplicate || applied != 0 {
 		t.Fatalf("repeat of pruned revision 2: %+v %v, applied %d; want a duplicate", out, err, applied)
 	}
 	// Pruned: the ordered consumer's revisions 1, 3 and 4 (2 has a row again).
-	var cands []postgres.PrunedCandidate
+	var cands []ops.PrunedCandidate
 	for _, e := range evs {
-		cands = append(cands, postgres.PrunedCandidate{EventID: e.EventID, AggregateType: e.AggregateType, AggregateID: e.AggregateID,
+		cands = append(cands, ops.PrunedCandidate{EventID: e.EventID, AggregateType: e.AggregateType, AggregateID: e.AggregateID,
 			Revision: e.Revision, CreatedAt: now.Add(-49 * time.Hour)})
 	}
 	got, err := in.Pruned(ctx, ord, cands)

@@ -1,8 +1,9 @@
 package cdc
 
 import (
-	"github.com/posthorn/posthorn/internal/promset"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/posthorn/posthorn/internal/promset"
 )
 
 // walStatuses are the values of pg_replication_slots.wal_status, plus

@@ -107,6 +107,7 @@ func runConsumers(ctx context.Context, cfg configs.Config, o consumeOptions) err
 	}
 	registry, err := consumers.New(router, consumers.Config{
 		Pool:               pool,
+		Inbox:              postgres.NewInbox(pool),
 		Subscribers:        factory,
 		Registerer:         reg,
 		Logger:             log,

@@ -14,6 +14,7 @@ import (
 
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
+	"github.com/posthorn/posthorn/consumers"
 	"github.com/posthorn/posthorn/consumers/auditlog"
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
@@ -117,7 +118,7 @@ func (r *opsCLIRig) run(args ...string) string {
 func (r *opsCLIRig) deliver(park string) (parked []string) {
 	r.t.Helper()
 	ctx := context.Background()
-	rows, err := postgres.NewOpsStore(r.ledger).ReadRows(ctx, postgres.RowFilter{EventsOnly: true, AfterID: r.lastID}, 1000)
+	rows, err := postgres.NewOpsStore(r.ledger).ReadRows(ctx, ops.RowFilter{EventsOnly: true, AfterID: r.lastID}, 1000)
 	if err != nil {
 		r.t.Fatal(err)
 	}
@@ -125,7 +126,7 @@ func (r *opsCLIRig) deliver(park string) (parked []string) {
 	for _, row := range rows {
 		r.lastID = max(r.lastID, row.ID)
 		e := row.Envelope
-		var out postgres.InboxOutcome
+		var out consumers.Outcome
 		if e.AggregateID == park && len(parked) == 0 {
 			out, err = inbox.ParkPoison(ctx, projection.Name, true, e, "handler failed: test poison")
 		} else {
@@ -134,7 +135,7 @@ func (r *opsCLIRig) deliver(park string) (parked []string) {
 		if err != nil {
 			r.t.Fatal(err)
 		}
-		if out.Disposition == postgres.DispositionParkedPoison || out.Disposition == postgres.DispositionParkedGap {
+		if out.Disposition == core.DispositionParkedPoison || out.Disposition == core.DispositionParkedGap {
 			parked = append(parked, e.EventID)
 		}
 		if _, err := inbox.Receive(ctx, auditlog.Name, false, e, auditlog.Handle); err != nil {

@@ -57,7 +57,7 @@ func TestOpsCommands(t *testing.T) {
 
 	// The consumers receive every event through their real handlers.
 	inbox := postgres.NewInbox(consumer)
-	rows, err := postgres.NewOpsStore(ledger).ReadRows(ctx, postgres.RowFilter{EventsOnly: true}, 1000)
+	rows, err := postgres.NewOpsStore(ledger).ReadRows(ctx, ops.RowFilter{EventsOnly: true}, 1000)
 	if err != nil {
 		t.Fatal(err)
 	}

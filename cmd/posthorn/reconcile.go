@@ -104,11 +104,11 @@ func runReconcile(ctx context.Context, args []string) error {
 	settle := fs.Duration("settle", 10*time.Second, "how long to wait for in-flight ledger transactions before the cut counts as not provable")
 	noRecord := fs.Bool("no-record", false, "do not record the verified coverage boundary when clean")
 	var (
-		req  postgres.CutRequest
+		req  ops.CutRequest
 		list []configs.ReconcileConsumer
 	)
 	checks := func(cfg *configs.Config) (err error) {
-		req = postgres.CutRequest{Sequence: *cutSeq, Settle: *settle}
+		req = ops.CutRequest{Sequence: *cutSeq, Settle: *settle}
 		switch {
 		case *cutSeq < 0:
 			return fmt.Errorf("--cut must be a positive journal sequence, is %d", *cutSeq)

@@ -16,7 +16,6 @@ import (
 	"strconv"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/posthorn/posthorn/consumers"
 	"github.com/posthorn/posthorn/core"
@@ -101,8 +100,13 @@ func Handle(ctx context.Context, tx pgx.Tx, e core.Envelope) error {
 	return err
 }
 
+// Querier runs a query on the consumers' database; a *pgxpool.Pool is one.
+type Querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
 // Balances reads every projected balance: account → currency → minor units.
-func Balances(ctx context.Context, pool *pgxpool.Pool) (map[string]map[string]*big.Int, error) {
+func Balances(ctx context.Context, pool Querier) (map[string]map[string]*big.Int, error) {
 	rows, err := pool.Query(ctx, `SELECT account, currency, balance::text FROM projection_balances`)
 	if err != nil {
 		return nil, err

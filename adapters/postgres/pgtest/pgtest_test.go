@@ -2,8 +2,9 @@ package pgtest_test
 
 import (
 	"context"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"testing"
+
+	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 )
 
 func TestLedger(t *testing.T) {

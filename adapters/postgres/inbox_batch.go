@@ -1,0 +1,286 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"sort"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/posthorn/posthorn/consumers"
+	"github.com/posthorn/posthorn/core"
+)
+
+// ReceiveBatch records a run of deliveries in ONE transaction: one inbox
+// row and at most one effect per event, one commit for all. Each event gets
+// the disposition Receive would give it had the events been received one
+// by one in (aggregate, revision) order — the order it applies them in, so
+// a run of one aggregate's consecutive revisions is applied in a single
+// transaction.
+//
+// It is all or nothing: on any error (a failing apply returns *consumers.ApplyError,
+// a deadlock or a lost connection the database's error) the transaction is
+// rolled back and nothing of the batch is recorded; the caller then
+// receives the events one by one with Receive, which gives each failure its
+// own handling (retry, poison). The position rows of every aggregate in the
+// batch are locked in one statement, sorted, so batches of several
+// instances serialise per aggregate without deadlocking each other.
+//
+// applyAll, when not nil, applies every event to be applied in one call
+// (in that order) instead of apply once per event; an error from it is an
+// *consumers.ApplyError naming the first of them.
+//
+// The steps: sort the events into (aggregate, revision) order; lock the
+// positions of their aggregates (ordered); insert every inbox row; decide
+// each event's disposition, applying those next in line; apply the run with
+// applyAll; advance the positions and find the aggregates with held
+// successors (ordered); commit.
+func (in *Inbox) ReceiveBatch(ctx context.Context, consumer string, ordered bool, es []core.Envelope, apply consumers.Handler, applyAll consumers.BatchHandler) (consumers.BatchOutcome, error) {
+	res := consumers.BatchOutcome{Outcomes: make([]consumers.Outcome, len(es))}
+	order := applyOrder(es)
+	tx, err := in.pool.Begin(ctx)
+	if err != nil {
+		return res, fmt.Errorf("inbox: begin: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.Background()) }()
+
+	b := inboxBatch{tx: tx, consumer: consumer, ordered: ordered, es: es, order: order, res: &res}
+	if ordered {
+		if b.positions, err = lockBatchPositions(ctx, tx, consumer, es, order); err != nil {
+			return res, err
+		}
+	}
+	if err := b.insertRows(ctx); err != nil {
+		return res, err
+	}
+	toApply, err := b.decide(ctx, apply, applyAll != nil)
+	if err != nil {
+		return res, err
+	}
+	if len(toApply) > 0 {
+		if err := applyAll(ctx, tx, toApply); err != nil {
+			return res, &consumers.ApplyError{Envelope: toApply[0], Err: err}
+		}
+	}
+	if ordered {
+		if res.Held, err = b.advancePositions(ctx); err != nil {
+			return res, err
+		}
+	}
+	return res, commitInbox(ctx, tx)
+}
+
+// applyOrder is the order ReceiveBatch records es in: by aggregate, then
+// revision, then event ID (stable, so repeats keep their delivery order).
+func applyOrder(es []core.Envelope) []int {
+	order := make([]int, len(es))
+	for i := range order {
+		order[i] = i
+	}
+	sort.SliceStable(order, func(a, b int) bool {
+		x, y := es[order[a]], es[order[b]]
+		if x.AggregateType != y.AggregateType {
+			return x.AggregateType < y.AggregateType
+		}
+		if x.AggregateID != y.AggregateID {
+			return x.AggregateID < y.AggregateID
+		}
+		if x.Revision != y.Revision {
+			return x.Revision < y.Revision
+		}
+		return x.EventID < y.EventID
+	})
+	return order
+}
+
+// lockBatchPositions locks the positions of every aggregate of es, in one
+// sorted statement (lockInboxPositions).
+func lockBatchPositions(ctx context.Context, tx pgx.Tx, consumer string, es []core.Envelope, order []int) (map[consumers.Aggregate]*inboxPosition, error) {
+	seen := map[consumers.Aggregate]bool{}
+	var types, ids []string
+	for _, i := range order {
+		ref := consumers.Aggregate{Type: es[i].AggregateType, ID: es[i].AggregateID}
+		if !seen[ref] {
+			seen[ref] = true
+			types, ids = append(types, ref.Type), append(ids, ref.ID)
+		}
+	}
+	return lockInboxPositions(ctx, tx, consumer, types, ids)
+}
+
+// inboxBatch is one ReceiveBatch in its transaction.
+type inboxBatch struct {
+	tx       pgx.Tx
+	consumer string
+	ordered  bool
+	es       []core.Envelope
+	order    []int
+	res      *consumers.BatchOutcome
+	// positions are the locked positions of an ordered consumer's
+	// aggregates; decide advances them in memory.
+	positions map[consumers.Aggregate]*inboxPosition
+	// fresh holds the event IDs whose row this batch inserted.
+	fresh map[string]bool
+}
+
+// insertRows inserts every row first: the primary key decides which
+// delivery owns an event (as in Receive); the provisional disposition is
+// replaced in this transaction where needed.
+func (b *inboxBatch) insertRows(ctx context.Context) error {
+	cols := inboxColumns{}
+	for _, i := range b.order {
+		cols.add(b.es[i])
+	}
+	inserted, err := queryRows(ctx, b.tx, pgx.RowTo[string], `
+		INSERT INTO consumer_inbox (consumer, event_id, kind, type, aggregate_type, aggregate_id, revision, disposition)
+		SELECT $1, u.event_id, u.kind, u.type, u.aggregate_type, u.aggregate_id, u.revision, 'applied'
+		FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::bigint[])
+		     AS u(event_id, kind, type, aggregate_type, aggregate_id, revision)
+		ON CONFLICT (consumer, event_id) DO NOTHING
+		RETURNING event_id`,
+		b.consumer, cols.eventIDs, cols.kinds, cols.types, cols.aggTypes, cols.aggIDs, cols.revisions)
+	if err != nil {
+		return fmt.Errorf("inbox: insert: %w", err)
+	}
+	b.fresh = make(map[string]bool, len(inserted))
+	for _, id := range inserted {
+		b.fresh[id] = true
+	}
+	return nil
+}
+
+// decide records each event's outcome in order: a repeat, one not next in
+// line (ordered), or applied — with apply at once, or, when deferred,
+// returned for the caller to apply as one run.
+func (b *inboxBatch) decide(ctx context.Context, apply consumers.Handler, deferred bool) ([]core.Envelope, error) {
+	var toApply []core.Envelope
+	for _, i := range b.order {
+		e := b.es[i]
+		out := consumers.OutcomeOf(e)
+		if !b.fresh[e.EventID] {
+			// A repeat: the event ID had a row before this batch, or an
+			// earlier delivery in this batch took it.
+			if err := countInboxRepeat(ctx, b.tx, b.consumer, &out); err != nil {
+				return nil, err
+			}
+			b.res.Outcomes[i] = out
+			continue
+		}
+		delete(b.fresh, e.EventID) // a second delivery in this batch is a repeat
+		var pos *inboxPosition
+		if b.ordered {
+			pos = b.positions[consumers.Aggregate{Type: e.AggregateType, ID: e.AggregateID}]
+			waits, err := notNextInLine(ctx, b.tx, b.consumer, e, *pos, &out)
+			if err != nil {
+				return nil, err
+			}
+			if waits {
+				b.res.Outcomes[i] = out
+				continue
+			}
+		}
+		if deferred {
+			toApply = append(toApply, e)
+		} else if err := apply(ctx, b.tx, e); err != nil {
+			return nil, &consumers.ApplyError{Envelope: e, Err: err}
+		}
+		if b.ordered {
+			pos.last = e.Revision
+			pos.advanced = true
+		}
+		out.Disposition = core.DispositionApplied
+		b.res.Outcomes[i] = out
+	}
+	return toApply, nil
+}
+
+// advancePositions writes back the positions decide advanced and returns
+// those of their aggregates that have held successors.
+func (b *inboxBatch) advancePositions(ctx context.Context) ([]consumers.Aggregate, error) {
+	var advance inboxColumns
+	for ref, pos := range b.positions {
+		if pos.advanced {
+			advance.aggTypes = append(advance.aggTypes, ref.Type)
+			advance.aggIDs = append(advance.aggIDs, ref.ID)
+			advance.revisions = append(advance.revisions, pos.last)
+		}
+	}
+	if len(advance.aggIDs) == 0 {
+		return nil, nil
+	}
+	if _, err := b.tx.Exec(ctx, `
+		UPDATE consumer_positions p SET last_revision = u.revision, updated_at = now()
+		FROM unnest($2::text[], $3::text[], $4::bigint[]) AS u(aggregate_type, aggregate_id, revision)
+		WHERE p.consumer = $1 AND p.aggregate_type = u.aggregate_type AND p.aggregate_id = u.aggregate_id`,
+		b.consumer, advance.aggTypes, advance.aggIDs, advance.revisions); err != nil {
+		return nil, fmt.Errorf("inbox: advance positions: %w", err)
+	}
+	// Held successors of the advanced aggregates: read under their
+	// position locks, so no other instance can hold one of them
+	// unseen before this commit (it would have to lock first).
+	held, err := queryRows(ctx, b.tx, pgx.RowToStructByPos[consumers.Aggregate], `
+		SELECT DISTINCT i.aggregate_type, i.aggregate_id
+		FROM consumer_inbox i
+		JOIN unnest($2::text[], $3::text[]) AS u(aggregate_type, aggregate_id)
+		  ON i.aggregate_type = u.aggregate_type AND i.aggregate_id = u.aggregate_id
+		WHERE i.consumer = $1 AND i.disposition = 'held'`,
+		b.consumer, advance.aggTypes, advance.aggIDs)
+	if err != nil {
+		return nil, fmt.Errorf("inbox: held successors: %w", err)
+	}
+	return held, nil
+}
+
+// inboxColumns are envelopes' fields as arrays, for unnest.
+type inboxColumns struct {
+	eventIDs, kinds, types, aggTypes, aggIDs []string
+	revisions                                []int64
+}
+
+func (c *inboxColumns) add(e core.Envelope) {
+	c.eventIDs = append(c.eventIDs, e.EventID)
+	c.kinds = append(c.kinds, string(e.Kind))
+	c.types = append(c.types, e.Type)
+	c.aggTypes = append(c.aggTypes, e.AggregateType)
+	c.aggIDs = append(c.aggIDs, e.AggregateID)
+	c.revisions = append(c.revisions, e.Revision)
+}
+
+// lockInboxPositions is lockInboxPosition for many aggregates at once: it
+// creates the missing position rows and locks all of them, in one sorted
+// order whoever calls it.
+func lockInboxPositions(ctx context.Context, tx pgx.Tx, consumer string, types, ids []string) (map[consumers.Aggregate]*inboxPosition, error) {
+	if _, err := tx.Exec(ctx, `
+		INSERT INTO consumer_positions (consumer, aggregate_type, aggregate_id)
+		SELECT $1, u.t, u.i FROM unnest($2::text[], $3::text[]) AS u(t, i) ORDER BY u.t, u.i
+		ON CONFLICT DO NOTHING`, consumer, types, ids); err != nil {
+		return nil, fmt.Errorf("inbox: positions: %w", err)
+	}
+	rows, err := tx.Query(ctx, `
+		SELECT p.aggregate_type, p.aggregate_id, p.last_revision, p.parked, coalesce(p.parked_reason, '')
+		FROM consumer_positions p
+		JOIN unnest($2::text[], $3::text[]) AS u(t, i) ON p.aggregate_type = u.t AND p.aggregate_id = u.i
+		WHERE p.consumer = $1
+		ORDER BY p.aggregate_type, p.aggregate_id
+		FOR UPDATE OF p`, consumer, types, ids)
+	if err != nil {
+		return nil, fmt.Errorf("inbox: lock positions: %w", err)
+	}
+	out := make(map[consumers.Aggregate]*inboxPosition, len(ids))
+	for rows.Next() {
+		var ref consumers.Aggregate
+		p := &inboxPosition{}
+		if err := rows.Scan(&ref.Type, &ref.ID, &p.last, &p.parked, &p.reason); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("inbox: lock positions: %w", err)
+		}
+		out[ref] = p
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("inbox: lock positions: %w", err)
+	}
+	if len(out) != len(ids) {
+		return nil, fmt.Errorf("inbox: lock positions: %d of %d aggregates found", len(out), len(ids))
+	}
+	return out, nil
+}

@@ -1,0 +1,164 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/posthorn/posthorn/consumers"
+	"github.com/posthorn/posthorn/core"
+)
+
+// Dispositions returns the inbox rows of the given event IDs for consumer;
+// an event ID without a row is absent from the map (the consumer has not
+// seen it).
+func (in *Inbox) Dispositions(ctx context.Context, consumer string, eventIDs []string) (map[string]core.InboxRecord, error) {
+	recs, err := queryRows(ctx, in.pool, scanInboxRecord, `SELECT `+inboxRecordColumns+`
+		FROM consumer_inbox WHERE consumer = $1 AND event_id = ANY($2)`, consumer, eventIDs)
+	if err != nil {
+		return nil, fmt.Errorf("inbox: dispositions: %w", err)
+	}
+	return byKey(recs, func(r core.InboxRecord) string { return r.EventID }), nil
+}
+
+// List returns up to limit rows of consumer with disposition d, oldest first.
+func (in *Inbox) List(ctx context.Context, consumer string, d core.Disposition, limit int) ([]core.InboxRecord, error) {
+	recs, err := queryRows(ctx, in.pool, scanInboxRecord, `SELECT `+inboxRecordColumns+`
+		FROM consumer_inbox WHERE consumer = $1 AND disposition = $2
+		ORDER BY received_at, event_id LIMIT $3`, consumer, string(d), limit)
+	if err != nil {
+		return nil, fmt.Errorf("inbox: list: %w", err)
+	}
+	return recs, nil
+}
+
+// inboxRecordColumns are the columns scanInboxRecord reads.
+const inboxRecordColumns = `event_id, aggregate_type, aggregate_id, revision, disposition, coalesce(reason, ''),
+		       duplicates, received_at, updated_at`
+
+func scanInboxRecord(r pgx.CollectableRow) (core.InboxRecord, error) {
+	var rec core.InboxRecord
+	var d string
+	err := r.Scan(&rec.EventID, &rec.AggregateType, &rec.AggregateID, &rec.Revision, &d, &rec.Reason,
+		&rec.Duplicates, &rec.ReceivedAt, &rec.UpdatedAt)
+	rec.Disposition = core.Disposition(d)
+	return rec, err
+}
+
+// InboxCounts summarises one consumer's inbox.
+type InboxCounts struct {
+	// Events is the number of event IDs per disposition.
+	Events map[core.Disposition]int64
+	// DuplicatesAbsorbed is every repeat the inbox kept from the handler:
+	// repeats of known event IDs plus events whose revision was already
+	// applied.
+	DuplicatesAbsorbed int64
+	// ParkedAggregates is how many aggregates are parked.
+	ParkedAggregates int64
+}
+
+// Count returns the consumer's InboxCounts.
+func (in *Inbox) Count(ctx context.Context, consumer string) (InboxCounts, error) {
+	c := InboxCounts{Events: make(map[core.Disposition]int64)}
+	rows, err := in.pool.Query(ctx, `
+		SELECT disposition, count(*), sum(duplicates) FROM consumer_inbox
+		WHERE consumer = $1 GROUP BY disposition`, consumer)
+	if err != nil {
+		return c, fmt.Errorf("inbox: count: %w", err)
+	}
+	for rows.Next() {
+		var d string
+		var n, dup int64
+		if err := rows.Scan(&d, &n, &dup); err != nil {
+			rows.Close()
+			return c, fmt.Errorf("inbox: count: %w", err)
+		}
+		c.Events[core.Disposition(d)] = n
+		c.DuplicatesAbsorbed += dup
+	}
+	if err := rows.Err(); err != nil {
+		return c, fmt.Errorf("inbox: count: %w", err)
+	}
+	if err := in.pool.QueryRow(ctx, `SELECT count(*) FROM consumer_positions WHERE consumer = $1 AND parked`,
+		consumer).Scan(&c.ParkedAggregates); err != nil {
+		return c, fmt.Errorf("inbox: count: %w", err)
+	}
+	return c, nil
+}
+
+// Parked lists the consumer's parked aggregates with their reasons.
+func (in *Inbox) Parked(ctx context.Context, consumer string) ([]consumers.Parked, error) {
+	out, err := queryRows(ctx, in.pool, pgx.RowToStructByPos[consumers.Parked], `
+		SELECT p.aggregate_type, p.aggregate_id, coalesce(p.parked_reason, ''), p.parked_at,
+		       (SELECT count(*) FROM consumer_inbox i
+		         WHERE i.consumer = p.consumer AND i.aggregate_type = p.aggregate_type
+		           AND i.aggregate_id = p.aggregate_id AND i.disposition IN ('parked_gap', 'parked_poison'))
+		FROM consumer_positions p WHERE p.consumer = $1 AND p.parked
+		ORDER BY p.parked_at, p.aggregate_id`, consumer)
+	if err != nil {
+		return nil, fmt.Errorf("inbox: parked: %w", err)
+	}
+	return out, nil
+}
+
+// LastRevision is the last applied revision of an ordered consumer's
+// aggregate (0 if none).
+func (in *Inbox) LastRevision(ctx context.Context, consumer, aggregateType, aggregateID string) (int64, error) {
+	var last int64
+	err := in.pool.QueryRow(ctx, `SELECT last_revision FROM consumer_positions
+		WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3`,
+		consumer, aggregateType, aggregateID).Scan(&last)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, nil
+	}
+	return last, err
+}
+
+// Waiting returns how many of consumer's events are held and how many of
+// its aggregates are parked: cheap (partial indexes), for gauges.
+func (in *Inbox) Waiting(ctx context.Context, consumer string) (held, parkedAggregates int64, err error) {
+	err = in.pool.QueryRow(ctx, `
+		SELECT (SELECT count(*) FROM consumer_inbox WHERE consumer = $1 AND disposition = 'held'),
+		       (SELECT count(*) FROM consumer_positions WHERE consumer = $1 AND parked)`,
+		consumer).Scan(&held, &parkedAggregates)
+	if err != nil {
+		return 0, 0, fmt.Errorf("inbox: waiting: %w", err)
+	}
+	return held, parkedAggregates, nil
+}
+
+// InboxEventIDs calls fn with the consumer's recorded event IDs in batches
+// of up to batch, in event ID order (keyset over the inbox primary key).
+func (in *Inbox) InboxEventIDs(ctx context.Context, consumer string, batch int, fn func(ids []string) error) error {
+	after := ""
+	for {
+		ids, err := queryRows(ctx, in.pool, pgx.RowTo[string], `
+SELECT event_id FROM consumer_inbox WHERE consumer = $1 AND event_id > $2 ORDER BY event_id LIMIT $3`,
+			consumer, after, batch)
+		if err != nil {
+			return fmt.Errorf("inbox event ids: %w", err)
+		}
+		if len(ids) == 0 {
+			return nil
+		}
+		if err := fn(ids); err != nil {
+			return err
+		}
+		after = ids[len(ids)-1]
+	}
+}
+
+// AppliedTwice returns groups of event IDs that the consumer applied for
+// the same aggregate revision: one effect per revision was expected.
+func (in *Inbox) AppliedTwice(ctx context.Context, consumer string) ([][]string, error) {
+	out, err := queryRows(ctx, in.pool, pgx.RowTo[[]string], `
+SELECT array_agg(event_id ORDER BY event_id) FROM consumer_inbox
+WHERE consumer = $1 AND disposition = 'applied' AND revision > 0
+GROUP BY aggregate_type, aggregate_id, revision HAVING count(*) > 1`, consumer)
+	if err != nil {
+		return nil, fmt.Errorf("applied twice: %w", err)
+	}
+	return out, nil
+}

@@ -1,0 +1,91 @@
+package ops
+
+import "context"
+
+// Disposition is one disposition a consumer recorded for an event ID.
+type Disposition struct {
+	// Disposition is applied, duplicate, parked_gap, parked_poison,
+	// rejected, or the transient held.
+	Disposition string
+	// Duplicates counts the repeats absorbed for this event ID.
+	Duplicates int64
+	// Reason is the consumer's reason for a parked, held or rejected
+	// disposition (empty otherwise).
+	Reason string
+}
+
+// DispositionReader is the port through which reconciliation reads one
+// consumer's dispositions. The first adapter is InboxReader (the consumer's
+// inbox tables, through a read-only DSN).
+type DispositionReader interface {
+	// Dispositions returns what was recorded for each of eventIDs; an ID
+	// without any is absent. More than one entry for an ID is possible in
+	// stores without a unique key, and is a discrepancy.
+	Dispositions(ctx context.Context, eventIDs []string) (map[string][]Disposition, error)
+	// EventIDs calls fn with every event ID the consumer recorded, in
+	// batches of up to batch.
+	EventIDs(ctx context.Context, batch int, fn func(ids []string) error) error
+	// AppliedTwice returns groups of event IDs applied for the same
+	// aggregate revision.
+	AppliedTwice(ctx context.Context) ([][]string, error)
+}
+
+// PrunedReader is implemented by a DispositionReader whose store prunes
+// final dispositions (inbox retention): it says which of the events without
+// a disposition its retention may have removed.
+type PrunedReader interface {
+	Pruned(ctx context.Context, events []ExpectedEvent) (map[string]bool, error)
+}
+
+// InboxReader reads a consumer's dispositions from its inbox
+// (adapters/postgres.Inbox).
+type InboxReader struct {
+	Inbox    Inbox
+	Consumer string
+}
+
+var _ DispositionReader = InboxReader{}
+
+// Dispositions implements DispositionReader.
+func (r InboxReader) Dispositions(ctx context.Context, ids []string) (map[string][]Disposition, error) {
+	recs, err := r.Inbox.Dispositions(ctx, r.Consumer, ids)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string][]Disposition, len(recs))
+	for id, rec := range recs {
+		out[id] = []Disposition{{Disposition: string(rec.Disposition), Duplicates: int64(rec.Duplicates), Reason: rec.Reason}}
+	}
+	return out, nil
+}
+
+// EventIDs implements DispositionReader.
+func (r InboxReader) EventIDs(ctx context.Context, batch int, fn func([]string) error) error {
+	return r.Inbox.InboxEventIDs(ctx, r.Consumer, batch, fn)
+}
+
+// Pruned implements PrunedReader (Inbox.Pruned).
+func (r InboxReader) Pruned(ctx context.Context, events []ExpectedEvent) (map[string]bool, error) {
+	cands := make([]PrunedCandidate, len(events))
+	for i, e := range events {
+		cands[i] = PrunedCandidate{EventID: e.EventID, AggregateType: e.AggregateType, AggregateID: e.AggregateID,
+			Revision: e.Revision, CreatedAt: e.CreatedAt}
+	}
+	return r.Inbox.Pruned(ctx, r.Consumer, cands)
+}
+
+// AppliedTwice implements DispositionReader.
+func (r InboxReader) AppliedTwice(ctx context.Context) ([][]string, error) {
+	return r.Inbox.AppliedTwice(ctx, r.Consumer)
+}
+
+// ConsumerSource names a consumer and its disposition reader.
+type ConsumerSource struct {
+	Name   string
+	Reader DispositionReader
+	// RejectedFinal makes `rejected` a final disposition for this consumer
+	// (reconcile.consumers[].rejected_final): it declares that an event it
+	// cannot apply is, for it, correctly handled. Otherwise a rejected event
+	// is unproven, like a parked or held one.
+	RejectedFinal bool
+}
