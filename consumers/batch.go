@@ -153,7 +153,7 @@ func newLanes(r *Registry, hc *handlerConfig) lanes {
 }
 
 func (l lanes) of(e core.Envelope) *batcher {
-	return l[maphash.String(laneSeed, e.AggregateType+"\x00"+e.AggregateID)%uint64(len(l))]
+	return l[maphash.String(laneSeed, e.Aggregate().String())%uint64(len(l))]
 }
 
 // batcher groups one lane's concurrent deliveries into inbox batches, one
@@ -231,13 +231,13 @@ func (b *batcher) run(ctx context.Context, batch []*pending) {
 			return
 		}
 	}
-	var drain []Aggregate
+	var drain []core.AggregateKey
 	for _, p := range batch {
 		p.out, p.err = b.r.inbox.Receive(ctx, hc.consumer, hc.ordered, p.e, b.r.safeApply(hc))
 		if p.err == nil {
 			b.r.recorded(hc, p.out)
 			if p.out.Disposition == core.DispositionApplied && hc.ordered {
-				drain = append(drain, Aggregate{Type: p.e.AggregateType, ID: p.e.AggregateID})
+				drain = append(drain, p.e.Aggregate())
 			}
 		}
 		close(p.done)

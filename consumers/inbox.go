@@ -38,7 +38,7 @@ type Inbox interface {
 	// oldest held event waited longer than hold for its predecessor.
 	ParkExpiredHolds(ctx context.Context, consumer string, hold time.Duration) ([]Parked, error)
 	// Runnable lists the aggregates with held events Drain would apply now.
-	Runnable(ctx context.Context, consumer string, ordered bool) ([]Aggregate, error)
+	Runnable(ctx context.Context, consumer string, ordered bool) ([]core.AggregateKey, error)
 	// Waiting counts the consumer's held events and parked aggregates.
 	Waiting(ctx context.Context, consumer string) (held, parkedAggregates int64, err error)
 	// Release lifts the park of one aggregate and returns how many events
@@ -83,15 +83,9 @@ func OutcomeOf(e core.Envelope) Outcome {
 	return Outcome{EventID: e.EventID, AggregateType: e.AggregateType, AggregateID: e.AggregateID, Revision: e.Revision}
 }
 
-// Aggregate names one aggregate.
-type Aggregate struct {
-	Type string
-	ID   string
-}
-
 // Parked is an aggregate parked by ParkExpiredHolds or ParkPoison.
 type Parked struct {
-	Aggregate
+	core.AggregateKey
 	Reason   string
 	ParkedAt time.Time
 	// Events is how many of its events wait in the inbox.
@@ -103,5 +97,5 @@ type Parked struct {
 // held events (the caller drains them, as after an Applied Receive).
 type BatchOutcome struct {
 	Outcomes []Outcome
-	Held     []Aggregate
+	Held     []core.AggregateKey
 }

@@ -1,13 +1,13 @@
 package consumers
 
 import (
-	"errors"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/promset"
 )
 
 // metrics are shared by every consumer registered on one Prometheus
@@ -70,17 +70,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	return m
 }
 
-// register registers c, or returns the collector already registered under
-// its name, so that several registries (two instances in one process, as in
-// tests) can share one Prometheus registerer.
+// register registers c, or takes the collector already registered under
+// its name (promset.Register), so that several registries (two instances in
+// one process, as in tests) can share one Prometheus registerer.
 func register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(C); ok {
-				return existing
-			}
-		}
+	c, err := promset.Register(reg, c)
+	if err != nil {
 		panic(err) // a programming error: a clashing metric name
 	}
 	return c

@@ -14,7 +14,7 @@ import (
 
 // drain re-drives the held events of one aggregate; failures are logged
 // and left to the sweeper, except permanent ones, which park.
-func (r *Registry) drain(ctx context.Context, hc *handlerConfig, ref Aggregate) {
+func (r *Registry) drain(ctx context.Context, hc *handlerConfig, ref core.AggregateKey) {
 	for {
 		outs, err := r.inbox.Drain(ctx, hc.consumer, hc.ordered, ref.Type, ref.ID, r.safeApply(hc))
 		for _, o := range outs {
@@ -125,7 +125,7 @@ func (r *Registry) ReleaseAggregate(ctx context.Context, consumer, aggregateType
 	r.log.Info("consumer released an aggregate", "consumer", consumer, "aggregate_type", aggregateType,
 		"aggregate_id", aggregateID, "events", n)
 	for _, hc := range r.inboxHandlers(consumer) {
-		r.drain(ctx, hc, Aggregate{Type: aggregateType, ID: aggregateID})
+		r.drain(ctx, hc, core.AggregateKey{Type: aggregateType, ID: aggregateID})
 	}
 	return n, nil
 }

@@ -145,9 +145,9 @@ func checkOvertake(ctx context.Context, ledger Store, rows []StoredRow) error {
 	for _, r := range rows {
 		inSet[r.ID] = true
 	}
-	checked := map[string]bool{}
+	checked := map[core.AggregateKey]bool{}
 	for _, r := range rows {
-		key := r.Envelope.AggregateType + "\x00" + r.Envelope.AggregateID
+		key := r.Envelope.Aggregate()
 		if r.Relayed || checked[key] {
 			continue
 		}

@@ -95,11 +95,11 @@ func applyOrder(es []core.Envelope) []int {
 
 // lockBatchPositions locks the positions of every aggregate of es, in one
 // sorted statement (lockInboxPositions).
-func lockBatchPositions(ctx context.Context, tx pgx.Tx, consumer string, es []core.Envelope, order []int) (map[consumers.Aggregate]*inboxPosition, error) {
-	seen := map[consumers.Aggregate]bool{}
+func lockBatchPositions(ctx context.Context, tx pgx.Tx, consumer string, es []core.Envelope, order []int) (map[core.AggregateKey]*inboxPosition, error) {
+	seen := map[core.AggregateKey]bool{}
 	var types, ids []string
 	for _, i := range order {
-		ref := consumers.Aggregate{Type: es[i].AggregateType, ID: es[i].AggregateID}
+		ref := es[i].Aggregate()
 		if !seen[ref] {
 			seen[ref] = true
 			types, ids = append(types, ref.Type), append(ids, ref.ID)
@@ -118,7 +118,7 @@ type inboxBatch struct {
 	res      *consumers.BatchOutcome
 	// positions are the locked positions of an ordered consumer's
 	// aggregates; decide advances them in memory.
-	positions map[consumers.Aggregate]*inboxPosition
+	positions map[core.AggregateKey]*inboxPosition
 	// fresh holds the event IDs whose row this batch inserted.
 	fresh map[string]bool
 }
@@ -169,7 +169,7 @@ func (b *inboxBatch) decide(ctx context.Context, apply consumers.Handler, deferr
 		delete(b.fresh, e.EventID) // a second delivery in this batch is a repeat
 		var pos *inboxPosition
 		if b.ordered {
-			pos = b.positions[consumers.Aggregate{Type: e.AggregateType, ID: e.AggregateID}]
+			pos = b.positions[e.Aggregate()]
 			waits, err := notNextInLine(ctx, b.tx, b.consumer, e, *pos, &out)
 			if err != nil {
 				return nil, err
@@ -196,7 +196,7 @@ func (b *inboxBatch) decide(ctx context.Context, apply consumers.Handler, deferr
 
 // advancePositions writes back the positions decide advanced and returns
 // those of their aggregates that have held successors.
-func (b *inboxBatch) advancePositions(ctx context.Context) ([]consumers.Aggregate, error) {
+func (b *inboxBatch) advancePositions(ctx context.Context) ([]core.AggregateKey, error) {
 	var advance inboxColumns
 	for ref, pos := range b.positions {
 		if pos.advanced {
@@ -218,7 +218,7 @@ func (b *inboxBatch) advancePositions(ctx context.Context) ([]consumers.Aggregat
 	// Held successors of the advanced aggregates: read under their
 	// position locks, so no other instance can hold one of them
 	// unseen before this commit (it would have to lock first).
-	held, err := queryRows(ctx, b.tx, pgx.RowToStructByPos[consumers.Aggregate], `
+	held, err := queryRows(ctx, b.tx, pgx.RowToStructByPos[core.AggregateKey], `
 		SELECT DISTINCT i.aggregate_type, i.aggregate_id
 		FROM consumer_inbox i
 		JOIN unnest($2::text[], $3::text[]) AS u(aggregate_type, aggregate_id)
@@ -249,7 +249,7 @@ func (c *inboxColumns) add(e core.Envelope) {
 // lockInboxPositions is lockInboxPosition for many aggregates at once: it
 // creates the missing position rows and locks all of them, in one sorted
 // order whoever calls it.
-func lockInboxPositions(ctx context.Context, tx pgx.Tx, consumer string, types, ids []string) (map[consumers.Aggregate]*inboxPosition, error) {
+func lockInboxPositions(ctx context.Context, tx pgx.Tx, consumer string, types, ids []string) (map[core.AggregateKey]*inboxPosition, error) {
 	if _, err := tx.Exec(ctx, `
 		INSERT INTO consumer_positions (consumer, aggregate_type, aggregate_id)
 		SELECT $1, u.t, u.i FROM unnest($2::text[], $3::text[]) AS u(t, i) ORDER BY u.t, u.i
@@ -266,9 +266,9 @@ func lockInboxPositions(ctx context.Context, tx pgx.Tx, consumer string, types, 
 	if err != nil {
 		return nil, fmt.Errorf("inbox: lock positions: %w", err)
 	}
-	out := make(map[consumers.Aggregate]*inboxPosition, len(ids))
+	out := make(map[core.AggregateKey]*inboxPosition, len(ids))
 	for rows.Next() {
-		var ref consumers.Aggregate
+		var ref core.AggregateKey
 		p := &inboxPosition{}
 		if err := rows.Scan(&ref.Type, &ref.ID, &p.last, &p.parked, &p.reason); err != nil {
 			rows.Close()

@@ -57,7 +57,7 @@ func TestReceiveBatchDispositionsAsOneByOne(t *testing.T) {
 	if got, want := read(), []string{"acc-a-r1", "acc-c-r1", "acc-a-r2", "acc-a-r3", "acc-b-r1"}; !slices.Equal(got, want) {
 		t.Errorf("effects %v, want %v (each once, an account's revisions in order)", got, want)
 	}
-	if !slices.Equal(res.Held, []consumers.Aggregate{{Type: core.AggregateAccount, ID: "acc-a"}}) {
+	if !slices.Equal(res.Held, []core.AggregateKey{{Type: core.AggregateAccount, ID: "acc-a"}}) {
 		t.Errorf("held aggregates %v, want acc-a", res.Held)
 	}
 	for acc, want := range map[string]int64{"acc-a": 3, "acc-b": 1, "acc-c": 1, "acc-p": 0} {

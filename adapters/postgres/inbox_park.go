@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/posthorn/posthorn/consumers"
+	"github.com/posthorn/posthorn/core"
 )
 
 // ParkExpiredHolds parks every aggregate of an ordered consumer whose
@@ -16,7 +17,7 @@ import (
 // revisions, and its held events become ParkedGap. They stay in the inbox
 // with their payloads until Release.
 func (in *Inbox) ParkExpiredHolds(ctx context.Context, consumer string, hold time.Duration) ([]consumers.Parked, error) {
-	refs, err := queryRows(ctx, in.pool, pgx.RowToStructByPos[consumers.Aggregate], `
+	refs, err := queryRows(ctx, in.pool, pgx.RowToStructByPos[core.AggregateKey], `
 		SELECT i.aggregate_type, i.aggregate_id
 		FROM consumer_inbox i
 		JOIN consumer_positions p USING (consumer, aggregate_type, aggregate_id)
@@ -41,7 +42,7 @@ func (in *Inbox) ParkExpiredHolds(ctx context.Context, consumer string, hold tim
 	return parked, nil
 }
 
-func (in *Inbox) parkExpired(ctx context.Context, consumer string, ref consumers.Aggregate, hold time.Duration) (consumers.Parked, bool, error) {
+func (in *Inbox) parkExpired(ctx context.Context, consumer string, ref core.AggregateKey, hold time.Duration) (consumers.Parked, bool, error) {
 	tx, err := in.pool.Begin(ctx)
 	if err != nil {
 		return consumers.Parked{}, false, fmt.Errorf("inbox: begin: %w", err)
@@ -89,14 +90,14 @@ func (in *Inbox) parkExpired(ctx context.Context, consumer string, ref consumers
 	if err := commitInbox(ctx, tx); err != nil {
 		return consumers.Parked{}, false, err
 	}
-	return consumers.Parked{Aggregate: ref, Reason: reason, Events: n, ParkedAt: time.Now()}, true, nil
+	return consumers.Parked{AggregateKey: ref, Reason: reason, Events: n, ParkedAt: time.Now()}, true, nil
 }
 
 // Runnable lists aggregates with held events that Drain would apply now:
 // for an ordered consumer, unparked aggregates whose first held revision is
 // next in line (or already applied); for an unordered one, any aggregate
 // with held events (released poison).
-func (in *Inbox) Runnable(ctx context.Context, consumer string, ordered bool) ([]consumers.Aggregate, error) {
+func (in *Inbox) Runnable(ctx context.Context, consumer string, ordered bool) ([]core.AggregateKey, error) {
 	q := `SELECT DISTINCT aggregate_type, aggregate_id FROM consumer_inbox
 		WHERE consumer = $1 AND disposition = 'held'`
 	if ordered {
@@ -107,7 +108,7 @@ func (in *Inbox) Runnable(ctx context.Context, consumer string, ordered bool) ([
 		GROUP BY i.aggregate_type, i.aggregate_id, p.last_revision
 		HAVING min(i.revision) <= p.last_revision + 1`
 	}
-	refs, err := queryRows(ctx, in.pool, pgx.RowToStructByPos[consumers.Aggregate], q, consumer)
+	refs, err := queryRows(ctx, in.pool, pgx.RowToStructByPos[core.AggregateKey], q, consumer)
 	if err != nil {
 		return nil, fmt.Errorf("inbox: runnable: %w", err)
 	}
