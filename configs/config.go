@@ -24,6 +24,7 @@ import (
 	"github.com/knadh/koanf/providers/posflag"
 	"github.com/knadh/koanf/providers/structs"
 	"github.com/knadh/koanf/v2"
+	"github.com/posthorn/posthorn/consumers"
 	"github.com/spf13/pflag"
 )
 
@@ -105,7 +106,7 @@ func Default() Config {
 		Archive:   defaultArchive(),
 		Cleanup:   defaultCleanup(),
 		Outbox:    defaultOutbox(),
-		Consumer:  Consumer{Hold: 30 * time.Second},
+		Consumer:  Consumer{Hold: consumers.DefaultHoldTime},
 		Retention: defaultRetention(),
 	}
 }

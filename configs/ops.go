@@ -3,6 +3,8 @@ package configs
 import (
 	"fmt"
 	"time"
+
+	"github.com/posthorn/posthorn/ops"
 )
 
 // Archive configures `posthorn archive`: where covered outbox rows are
@@ -28,10 +30,10 @@ type Cleanup struct {
 	RequiredConsumers []string `koanf:"required_consumers"`
 }
 
-func defaultArchive() Archive { return Archive{SegmentRows: 10000} }
+func defaultArchive() Archive { return Archive{SegmentRows: ops.DefaultSegmentRows} }
 
 func defaultCleanup() Cleanup {
-	return Cleanup{ReplayWindow: 7 * 24 * time.Hour, BatchSize: 1000}
+	return Cleanup{ReplayWindow: 7 * 24 * time.Hour, BatchSize: ops.DefaultBatchSize}
 }
 
 func (a Archive) validate() error {

@@ -3,6 +3,8 @@ package configs
 import (
 	"fmt"
 	"regexp"
+
+	"github.com/posthorn/posthorn/core"
 )
 
 // Outbox configures what the write path puts on the wire besides IDs,
@@ -19,11 +21,8 @@ type Outbox struct {
 	MetadataMaxBytes int `koanf:"metadata_max_bytes"`
 }
 
-// DefaultMetadataMaxBytes is outbox.metadata_max_bytes's default.
-const DefaultMetadataMaxBytes = 1024
-
 func defaultOutbox() Outbox {
-	return Outbox{MetadataMaxBytes: DefaultMetadataMaxBytes}
+	return Outbox{MetadataMaxBytes: core.DefaultMetadataMaxBytes}
 }
 
 // metadataAllowKey is the metadata key syntax of the Posting API (core).

@@ -3,6 +3,8 @@ package configs
 import (
 	"strings"
 	"testing"
+
+	"github.com/posthorn/posthorn/core"
 )
 
 func TestOutboxKeysDefaultsAndValidation(t *testing.T) {
@@ -10,7 +12,7 @@ func TestOutboxKeysDefaultsAndValidation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(cfg.Outbox.MetadataAllowlist) != 0 || cfg.Outbox.MetadataMaxBytes != DefaultMetadataMaxBytes {
+	if len(cfg.Outbox.MetadataAllowlist) != 0 || cfg.Outbox.MetadataMaxBytes != core.DefaultMetadataMaxBytes {
 		t.Fatalf("defaults: %+v (want no metadata on the wire)", cfg.Outbox)
 	}
 	cfg, err = Load("", []string{"POSTHORN_OUTBOX__METADATA_ALLOWLIST=reference, order.id", "POSTHORN_OUTBOX__METADATA_MAX_BYTES=256"}, nil)

@@ -1,6 +1,10 @@
 package configs
 
-import "time"
+import (
+	"time"
+
+	"github.com/posthorn/posthorn/ops"
+)
 
 // Retention configures what keeps tables from growing for ever: the
 // consumers' inbox and the Posting API's idempotency keys (`posthorn
@@ -24,7 +28,7 @@ type Retention struct {
 }
 
 func defaultRetention() Retention {
-	return Retention{Interval: time.Hour, BatchSize: 1000, InboxMargin: 24 * time.Hour, IdempotencyKeyTTL: 30 * 24 * time.Hour}
+	return Retention{Interval: time.Hour, BatchSize: ops.DefaultBatchSize, InboxMargin: 24 * time.Hour, IdempotencyKeyTTL: 30 * 24 * time.Hour}
 }
 
 func (r Retention) validate() error {

@@ -50,3 +50,8 @@ type Account struct {
 	Balances map[string]int64 `json:"-"`
 	Revision int64            `json:"revision"`
 }
+
+// DefaultMetadataMaxBytes bounds, unless configured otherwise
+// (outbox.metadata_max_bytes), the allow-listed metadata of one posting
+// that travels with its events (keys plus values).
+const DefaultMetadataMaxBytes = 1024

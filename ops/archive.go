@@ -104,7 +104,7 @@ type ArchiveConfig struct {
 	Store  ArchiveStore
 	// Required consumers must have verified coverage of every archived row.
 	Required []string
-	// SegmentRows is the most rows per segment (default 10000).
+	// SegmentRows is the most rows per segment (default DefaultSegmentRows).
 	SegmentRows int
 }
 
@@ -149,7 +149,7 @@ func requiredCoverage(ctx context.Context, ledger Store, required []string) (Cov
 // both read back and checked, and only then recorded in the ledger.
 func Archive(ctx context.Context, cfg ArchiveConfig) (ArchiveResult, error) {
 	if cfg.SegmentRows <= 0 {
-		cfg.SegmentRows = 10000
+		cfg.SegmentRows = DefaultSegmentRows
 	}
 	var res ArchiveResult
 	low, err := requiredCoverage(ctx, cfg.Ledger, cfg.Required)

@@ -21,7 +21,8 @@ type CleanupConfig struct {
 	Archive      ArchiveStore
 	Required     []string
 	ReplayWindow time.Duration
-	// BatchSize is the most rows deleted per transaction (default 1000).
+	// BatchSize is the most rows deleted per transaction (default
+	// DefaultBatchSize).
 	BatchSize int
 	DryRun    bool
 }
@@ -53,7 +54,7 @@ type CleanupResult struct {
 // re-verifies them (VerifyRange) first, in a dry run too.
 func Cleanup(ctx context.Context, cfg CleanupConfig) (CleanupResult, error) {
 	if cfg.BatchSize <= 0 {
-		cfg.BatchSize = 1000
+		cfg.BatchSize = DefaultBatchSize
 	}
 	res := CleanupResult{DryRun: cfg.DryRun}
 	if cfg.Archive == nil {

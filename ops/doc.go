@@ -50,3 +50,12 @@
 // can resume. Resend writes the marker of unrelayed rows only after the
 // sink's ACK and refuses to overtake an unrelayed predecessor.
 package ops
+
+// Defaults of the operations' configs (configs takes its defaults from here).
+const (
+	// DefaultSegmentRows is ArchiveConfig.SegmentRows's default.
+	DefaultSegmentRows = 10000
+	// DefaultBatchSize is the rows deleted per transaction by cleanup and
+	// retention unless configured.
+	DefaultBatchSize = 1000
+)

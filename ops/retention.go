@@ -39,7 +39,7 @@ type RetentionResult struct {
 
 func (c *RetentionConfig) defaults() {
 	if c.BatchSize <= 0 {
-		c.BatchSize = 1000
+		c.BatchSize = DefaultBatchSize
 	}
 	if c.Now == nil {
 		c.Now = time.Now

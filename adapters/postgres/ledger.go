@@ -51,16 +51,13 @@ type LedgerConfig struct {
 	MetadataAllowlist []string
 	// MetadataMaxBytes bounds the allow-listed metadata of one posting
 	// (keys plus values); above it Post returns a *core.InputError naming
-	// "metadata" and writes nothing. Default DefaultMetadataMaxBytes.
+	// "metadata" and writes nothing. Default core.DefaultMetadataMaxBytes.
 	MetadataMaxBytes int
 }
 
 // MetadataHeaderPrefix prefixes the header of an allow-listed metadata key
 // on the wire, so metadata can never pose as a contract header.
 const MetadataHeaderPrefix = "meta_"
-
-// DefaultMetadataMaxBytes is LedgerConfig.MetadataMaxBytes's default.
-const DefaultMetadataMaxBytes = 1024
 
 // wireMetadata returns the headers of p's allow-listed metadata (nil when
 // none), or an input error when they exceed the size limit.
@@ -108,7 +105,7 @@ func NewLedgerStore(pool *pgxpool.Pool, cfg LedgerConfig) *LedgerStore {
 		cfg.Logger = watermill.NopLogger{}
 	}
 	if cfg.MetadataMaxBytes <= 0 {
-		cfg.MetadataMaxBytes = DefaultMetadataMaxBytes
+		cfg.MetadataMaxBytes = core.DefaultMetadataMaxBytes
 	}
 	s := &LedgerStore{pool: pool, cfg: cfg, waker: NewRelayWaker(pool)}
 	switch cfg.Outbox {
