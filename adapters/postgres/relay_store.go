@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/posthorn/posthorn/bridge"
+	"github.com/posthorn/posthorn/bridge/cdc"
 	"github.com/posthorn/posthorn/core"
 )
 
@@ -421,4 +422,7 @@ func (s *RelayStore) Listen(ctx context.Context, notify func()) error {
 	}
 }
 
-var _ bridge.Store = (*RelayStore)(nil)
+var (
+	_ bridge.Store    = (*RelayStore)(nil)
+	_ cdc.OutboxStore = (*RelayStore)(nil)
+)
