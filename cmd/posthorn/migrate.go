@@ -12,7 +12,7 @@ import (
 func runMigrate(ctx context.Context, args []string) error {
 	fs := newFlags("migrate", "database.url", "consumer.database.url")
 	consumer := fs.Bool("consumer", false, "migrate the example consumers' schema on consumer.database.url")
-	roles := fs.Bool("roles", false, "also create the per-component group roles and grant their privileges on this schema (idempotent; see README, Security)")
+	roles := fs.Bool("roles", false, "also create the per-component group roles and grant their privileges on this schema (idempotent; see docs/security.md)")
 	logins := fs.Bool("create-logins", false, "with --roles: also create a LOGIN role per component (posthorn_<component>_login), password from POSTHORN_ROLE_PASSWORD_<COMPONENT> when set")
 	p, err := fs.start(ctx, args, needs{})
 	if err != nil {
