@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	phbrokers "github.com/posthorn/posthorn/adapters/brokers"
 	"github.com/posthorn/posthorn/adapters/kafka"
 	"github.com/posthorn/posthorn/adapters/kfakebroker"
 	"github.com/posthorn/posthorn/adapters/postgres"
@@ -24,7 +25,6 @@ import (
 	"github.com/posthorn/posthorn/consumers"
 	"github.com/posthorn/posthorn/consumers/auditlog"
 	"github.com/posthorn/posthorn/consumers/projection"
-	"github.com/posthorn/posthorn/consumers/subscribers"
 	"github.com/posthorn/posthorn/core"
 )
 
@@ -58,11 +58,11 @@ func BenchmarkConsumerApply(b *testing.B) {
 	relayBacklog(b, ctx, brokers, "capply", consumerBenchAccounts, consumerBenchPerAccount)
 
 	ours := func(group string) (message.Subscriber, error) {
-		return subscribers.KafkaSubscriber(brokers, group, nil)
+		return phbrokers.KafkaSubscriber(brokers, group, nil)
 	}
 	stockSub := func(group string) (message.Subscriber, error) {
 		return wmkafka.NewSubscriber(wmkafka.SubscriberConfig{Brokers: brokers, Unmarshaler: wmkafka.DefaultMarshaler{},
-			OverwriteSaramaConfig: subscribers.KafkaSaramaConfig(), ConsumerGroup: group}, watermill.NopLogger{})
+			OverwriteSaramaConfig: phbrokers.KafkaSaramaConfig(), ConsumerGroup: group}, watermill.NopLogger{})
 	}
 	both := benchConsumers(b, ctx, "both", []string{projection.Name, auditlog.Name}, consumerBenchEvents, benchRun{subscriber: ours})
 	alone := benchConsumers(b, ctx, "alone", []string{projection.Name}, consumerBenchEvents, benchRun{subscriber: ours})

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	phbrokers "github.com/posthorn/posthorn/adapters/brokers"
 	"github.com/posthorn/posthorn/adapters/kafka"
 	"github.com/posthorn/posthorn/adapters/kfakebroker"
 	"github.com/posthorn/posthorn/adapters/postgres"
@@ -23,7 +24,6 @@ import (
 	"github.com/posthorn/posthorn/consumers"
 	"github.com/posthorn/posthorn/consumers/auditlog"
 	"github.com/posthorn/posthorn/consumers/projection"
-	"github.com/posthorn/posthorn/consumers/subscribers"
 	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/demo"
 )
@@ -44,7 +44,7 @@ func (c *effectClock) middleware(h message.HandlerFunc) message.HandlerFunc {
 		if err == nil {
 			now := time.Now()
 			consumer := message.HandlerNameFromCtx(msg.Context())
-			ts, hasTS := subscribers.RecordTimestamp(msg.Context())
+			ts, hasTS := phbrokers.RecordTimestamp(msg.Context())
 			c.mu.Lock()
 			if _, ok := c.broker[msg.UUID]; !ok && hasTS {
 				c.broker[msg.UUID] = ts
@@ -138,7 +138,7 @@ func startE2EPath(b *testing.B, ctx context.Context) *e2ePath {
 	router.AddMiddleware(clock.middleware)
 	reg, err := consumers.New(router, consumers.Config{Pool: pool, Inbox: postgres.NewInbox(pool), Logger: relayQuietLog,
 		Subscribers: func(consumer string) (message.Subscriber, error) {
-			return subscribers.KafkaSubscriber(brokers, consumer, nil)
+			return phbrokers.KafkaSubscriber(brokers, consumer, nil)
 		}})
 	if err != nil {
 		b.Fatal(err)

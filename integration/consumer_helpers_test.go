@@ -18,12 +18,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kfake"
 
+	phbrokers "github.com/posthorn/posthorn/adapters/brokers"
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/consumers"
 	"github.com/posthorn/posthorn/consumers/auditlog"
 	"github.com/posthorn/posthorn/consumers/projection"
-	"github.com/posthorn/posthorn/consumers/subscribers"
 	"github.com/posthorn/posthorn/core"
 )
 
@@ -105,7 +105,7 @@ func kfakeTransport(t *testing.T) consumerTransport {
 				// partition over while the old owner is still handling it.
 				group = fmt.Sprintf("%s-instance-%d", consumer, instance)
 			}
-			sub, err := subscribers.KafkaSubscriber(brokers, group, watermill.NopLogger{})
+			sub, err := phbrokers.KafkaSubscriber(brokers, group, watermill.NopLogger{})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -20,8 +20,8 @@ import (
 	"time"
 
 	"github.com/posthorn/posthorn/adapters/amqp/amqptest"
+	"github.com/posthorn/posthorn/adapters/brokers"
 	"github.com/posthorn/posthorn/configs"
-	"github.com/posthorn/posthorn/consumers/subscribers"
 	"github.com/posthorn/posthorn/core"
 )
 
@@ -122,11 +122,11 @@ func tlsProxy(t *testing.T, server *tls.Config, target string) string {
 // brokerRoundTrip publishes n events through the relay's sink built from s
 // and reads them back through a consumer's subscriber built from the same
 // configuration. A failure to connect or publish is returned.
-func brokerRoundTrip(t *testing.T, s configs.Sink, consumer string, n int) error {
+func brokerRoundTrip(t *testing.T, s brokers.Config, consumer string, n int) error {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	sink, err := subscribers.OpenSink(s)
+	sink, err := brokers.OpenSink(s)
 	if err != nil {
 		return err
 	}
@@ -142,7 +142,7 @@ func brokerRoundTrip(t *testing.T, s configs.Sink, consumer string, n int) error
 	if err := sink.Publish(pctx, batch); err != nil {
 		return err
 	}
-	factory, err := subscribers.New(s, subscribers.Options{})
+	factory, err := brokers.Subscribers(s, brokers.Options{})
 	if err != nil {
 		return err
 	}
@@ -176,7 +176,10 @@ func brokerRoundTrip(t *testing.T, s configs.Sink, consumer string, n int) error
 func TestSecurityBrokerCredentialsAndTLS(t *testing.T) {
 	t.Parallel()
 	certFile, keyFile, serverTLS := brokerTLS(t)
-	ca := configs.SinkTLS{CAFile: certFile}
+	ca, err := configs.SinkTLS{CAFile: certFile}.Load("sink.tls")
+	if err != nil {
+		t.Fatal(err)
+	}
 	const natsPass, redisPass = "S3cret-nats-pw", "S3cret-redis-pw"
 
 	natsPort := freePortNum(t)
@@ -189,34 +192,34 @@ func TestSecurityBrokerCredentialsAndTLS(t *testing.T) {
 	amqpAddr := tlsProxy(t, serverTLS, "127.0.0.1:5672")
 	amqpPrefix := amqptest.Prefix(t, amqptest.SharedURL(), []string{core.TopicEvents}, []string{"security-test"})
 
-	base := configs.Default().Sink
+	var base brokers.Config
 	cases := []struct {
 		kind  string
-		good  configs.Sink
-		wrong func(configs.Sink) configs.Sink
+		good  brokers.Config
+		wrong func(brokers.Config) brokers.Config
 	}{
-		{"nats", func() configs.Sink {
+		{"nats", func() brokers.Config {
 			s := base
 			s.Kind = "nats"
 			s.NATS.URL = "tls://127.0.0.1:" + strconv.Itoa(natsPort)
 			s.NATS.Username, s.NATS.Password, s.NATS.TLS = "posthorn", natsPass, ca
 			return s
-		}(), func(s configs.Sink) configs.Sink { s.NATS.Password = "S3cret-wrong"; return s }},
-		{"redis", func() configs.Sink {
+		}(), func(s brokers.Config) brokers.Config { s.NATS.Password = "S3cret-wrong"; return s }},
+		{"redis", func() brokers.Config {
 			s := base
 			s.Kind = "redis"
 			s.Redis.Addr = "127.0.0.1:" + strconv.Itoa(redisPort)
 			s.Redis.Password, s.Redis.TLS = redisPass, ca
 			return s
-		}(), func(s configs.Sink) configs.Sink { s.Redis.Password = "S3cret-wrong"; return s }},
-		{"amqp", func() configs.Sink {
+		}(), func(s brokers.Config) brokers.Config { s.Redis.Password = "S3cret-wrong"; return s }},
+		{"amqp", func() brokers.Config {
 			s := base
 			s.Kind = "amqp"
 			s.AMQP.URL = "amqps://" + amqpAddr + "/"
 			s.AMQP.Username, s.AMQP.Password, s.AMQP.TLS = "guest", "guest", ca
 			s.AMQP.ExchangePrefix, s.AMQP.Consumers = amqpPrefix, []string{"security-test"}
 			return s
-		}(), func(s configs.Sink) configs.Sink { s.AMQP.Password = "S3cret-wrong"; return s }},
+		}(), func(s brokers.Config) brokers.Config { s.AMQP.Password = "S3cret-wrong"; return s }},
 	}
 	for _, tc := range cases {
 		t.Run(tc.kind, func(t *testing.T) {
@@ -232,11 +235,11 @@ func TestSecurityBrokerCredentialsAndTLS(t *testing.T) {
 			noCA := tc.good
 			switch tc.kind {
 			case "nats":
-				noCA.NATS.TLS = configs.SinkTLS{}
+				noCA.NATS.TLS = nil
 			case "redis":
-				noCA.Redis.TLS = configs.SinkTLS{}
+				noCA.Redis.TLS = nil
 			case "amqp":
-				noCA.AMQP.TLS = configs.SinkTLS{}
+				noCA.AMQP.TLS = nil
 			}
 			err := brokerRoundTrip(t, noCA, "security-test-noca", 1)
 			var unknown x509.UnknownAuthorityError

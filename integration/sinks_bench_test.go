@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/posthorn/posthorn/adapters/amqp/amqptest"
+	"github.com/posthorn/posthorn/adapters/brokers"
 	"github.com/posthorn/posthorn/adapters/kafka"
 	"github.com/posthorn/posthorn/adapters/nats/natstest"
 	"github.com/posthorn/posthorn/adapters/postgres"
@@ -19,8 +20,6 @@ import (
 	"github.com/posthorn/posthorn/adapters/redisstream/redistest"
 	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
-	"github.com/posthorn/posthorn/configs"
-	"github.com/posthorn/posthorn/consumers/subscribers"
 	"github.com/posthorn/posthorn/core"
 )
 
@@ -93,7 +92,7 @@ func benchSinkDrain(b *testing.B, kind string) (drain, publish float64) {
 		sink core.Sink
 		err  error
 	)
-	sc := configs.Default().Sink
+	sc := brokers.Config{}
 	sc.Kind = kind
 	switch kind {
 	case "kafka":
@@ -112,7 +111,7 @@ func benchSinkDrain(b *testing.B, kind string) (drain, publish float64) {
 		sc.Postgres.URL = pgtest.NewDatabase(b)
 	}
 	if sink == nil && err == nil {
-		sink, err = subscribers.OpenSink(sc)
+		sink, err = brokers.OpenSink(sc)
 	}
 	if err != nil {
 		b.Fatal(err)

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/posthorn/posthorn/adapters/amqp/amqptest"
+	"github.com/posthorn/posthorn/adapters/brokers"
 	"github.com/posthorn/posthorn/adapters/nats/natstest"
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
@@ -20,17 +21,15 @@ import (
 	"github.com/posthorn/posthorn/adapters/sqlsink/sqltest"
 	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
-	"github.com/posthorn/posthorn/configs"
 	"github.com/posthorn/posthorn/consumers"
 	"github.com/posthorn/posthorn/consumers/projection"
-	"github.com/posthorn/posthorn/consumers/subscribers"
 	"github.com/posthorn/posthorn/core"
 )
 
 // sinkBroker is one broker kind, configured for one test, with a way to
 // take it down and bring it back.
 type sinkBroker struct {
-	sink configs.Sink
+	sink brokers.Config
 	// down takes the broker away and returns the function that brings it back.
 	down func(t *testing.T) (up func())
 	// consumerOutageRaces says why the outage while the consumer reads is
@@ -54,18 +53,18 @@ type sinkBroker struct {
 var sinkBrokers = map[string]func(t *testing.T) sinkBroker{
 	"nats": func(t *testing.T) sinkBroker {
 		srv := natstest.Start(t)
-		sc := configs.Default().Sink
+		sc := brokers.Config{}
 		sc.Kind, sc.NATS.URL = "nats", srv.URL
 		return sinkBroker{sink: sc, down: func(*testing.T) func() { srv.Kill(); return srv.StartAgain }}
 	},
 	"redis": func(t *testing.T) sinkBroker {
 		srv := redistest.Start(t)
-		sc := configs.Default().Sink
+		sc := brokers.Config{}
 		sc.Kind, sc.Redis.Addr = "redis", srv.Addr
 		return sinkBroker{sink: sc, down: func(*testing.T) func() { srv.Kill(); return srv.StartAgain }}
 	},
 	"amqp": func(t *testing.T) sinkBroker {
-		sc := configs.Default().Sink
+		sc := brokers.Config{}
 		sc.Kind = "amqp"
 		var down func(t *testing.T) func()
 		why := amqptest.NodeUnavailable()
@@ -96,7 +95,7 @@ var sinkBrokers = map[string]func(t *testing.T) sinkBroker{
 			consumerOutageRaces: "watermill-amqp v3.0.2's subscriber reconnect has a known data race (watermill issue 693)"}
 	},
 	"postgres": func(t *testing.T) sinkBroker {
-		sc := configs.Default().Sink
+		sc := brokers.Config{}
 		sc.Kind, sc.Postgres.URL = "postgres", pgtest.NewDatabase(t)
 		return sinkBroker{sink: sc, down: func(t *testing.T) func() { return sqltest.Outage(t, sc.Postgres.URL) }}
 	},
@@ -133,7 +132,7 @@ func TestSinksEndToEndRedisWithoutPersistenceLoses(t *testing.T) {
 	}
 	t.Parallel()
 	srv := redistest.StartVolatile(t)
-	sc := configs.Default().Sink
+	sc := brokers.Config{}
 	sc.Kind, sc.Redis.Addr = "redis", srv.Addr
 	missing, _ := runSinkEndToEnd(t, sinkBroker{sink: sc, down: func(*testing.T) func() { srv.Kill(); return srv.StartAgain }})
 	if missing == 0 {
@@ -151,7 +150,7 @@ func runSinkEndToEnd(t *testing.T, b sinkBroker) (missing, notApplied int) {
 	_, consumerPool := pgtest.Consumer(t)
 	store := postgres.NewLedgerStore(ledgerPool, postgres.LedgerConfig{})
 
-	sink, err := subscribers.OpenSink(b.sink)
+	sink, err := brokers.OpenSink(b.sink)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -281,9 +280,9 @@ func runSinkEndToEnd(t *testing.T, b sinkBroker) (missing, notApplied int) {
 	return 0, 0
 }
 
-func startSinkConsumer(t *testing.T, sc configs.Sink, pool *pgxpool.Pool) {
+func startSinkConsumer(t *testing.T, sc brokers.Config, pool *pgxpool.Pool) {
 	t.Helper()
-	factory, err := subscribers.New(sc, subscribers.Options{Logger: watermill.NopLogger{}})
+	factory, err := brokers.Subscribers(sc, brokers.Options{Logger: watermill.NopLogger{}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,13 +15,13 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/posthorn/posthorn/adapters/brokers"
 	"github.com/posthorn/posthorn/adapters/metricshttp"
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/configs"
 	"github.com/posthorn/posthorn/consumers"
 	"github.com/posthorn/posthorn/consumers/auditlog"
 	"github.com/posthorn/posthorn/consumers/projection"
-	"github.com/posthorn/posthorn/consumers/subscribers"
 	"github.com/posthorn/posthorn/core"
 )
 
@@ -96,9 +96,9 @@ func runConsumers(ctx context.Context, cfg configs.Config, o consumeOptions) err
 	postgres.WarnIfSuperuser(ctx, pool, log, "consume", postgres.RoleConsumer)
 	wlog := watermill.NewSlogLogger(log)
 	reg := newRegistry()
-	factory, err := subscribers.New(cfg.Sink, subscribers.Options{Logger: wlog, Memory: o.memory, Registerer: reg})
+	factory, err := openSubscribers(cfg.Sink, brokers.Options{Logger: wlog, Memory: o.memory, Registerer: reg}) // brokers.go
 	if err != nil {
-		return fmt.Errorf("config key sink.kind: %w", err)
+		return err
 	}
 	factory = retrySubscribe(factory, log)
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, wlog)

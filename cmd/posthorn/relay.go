@@ -7,45 +7,16 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/posthorn/posthorn/adapters/kafka"
-	"github.com/posthorn/posthorn/adapters/memory"
+	"github.com/posthorn/posthorn/adapters/brokers"
 	"github.com/posthorn/posthorn/adapters/metricshttp"
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/configs"
-	"github.com/posthorn/posthorn/consumers/subscribers"
 	"github.com/posthorn/posthorn/core"
 )
 
-// sinkOpeners builds the sink of each sink.kind. Adding a kind is one entry
-// here (and its name in configs.SinkKinds).
-var sinkOpeners = map[string]func(configs.Sink) (core.Sink, error){
-	"kafka": func(c configs.Sink) (core.Sink, error) {
-		sec, err := subscribers.KafkaSecurity(c) // sink.kafka.{tls,sasl}
-		if err != nil {
-			return nil, err
-		}
-		return kafka.New(kafka.Config{Brokers: c.Kafka.Brokers, Partitioner: c.Kafka.Partitioner, Security: sec})
-	},
-	// An in-process broker: useful in the demo and tests, where consumers
-	// share the process; a standalone relay with it only drains the outbox.
-	"memory": func(configs.Sink) (core.Sink, error) { return memory.New(memory.Config{}), nil },
-	// The broker sinks: subscribers builds them from the same settings as
-	// the consumers' subscribers.
-	"nats":     subscribers.OpenSink,
-	"amqp":     subscribers.OpenSink,
-	"redis":    subscribers.OpenSink,
-	"postgres": subscribers.OpenSink,
-}
-
-// openSink returns the sink configured by sink.kind.
-func openSink(c configs.Sink) (core.Sink, error) {
-	open, ok := sinkOpeners[c.Kind]
-	if !ok {
-		return nil, fmt.Errorf("config key sink.kind: %q has no sink in this build", c.Kind)
-	}
-	return open(c)
-}
+// openSink returns the sink configured by sink.* (brokers.go).
+func openSink(c configs.Sink) (core.Sink, error) { return openBroker(c, brokers.OpenSink) }
 
 func runRelay(ctx context.Context, args []string) error {
 	fs := newFlags("relay", "database.url", "metrics.listen", "sink.kind", "sink.kafka.brokers", "relay.owner")

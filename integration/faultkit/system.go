@@ -20,8 +20,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/posthorn/posthorn/adapters/brokers"
 	"github.com/posthorn/posthorn/adapters/postgres"
-	"github.com/posthorn/posthorn/consumers/subscribers"
 	"github.com/posthorn/posthorn/core"
 )
 
@@ -264,7 +264,7 @@ func (s *System) Rejoins() []string {
 				Group string    `json:"consumer_group"`
 				Error string    `json:"error"`
 			}
-			if json.Unmarshal(line, &l) != nil || l.Msg != subscribers.RejoinLogMessage {
+			if json.Unmarshal(line, &l) != nil || l.Msg != brokers.RejoinLogMessage {
 				continue
 			}
 			out = append(out, fmt.Sprintf("%s %s %s: %s", l.Time.UTC().Format("15:04:05"), p.Name, l.Group, l.Error))

@@ -1,4 +1,4 @@
-package subscribers
+package brokers
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package subscribers_test
+package brokers_test
 
 import (
 	"bufio"
@@ -17,8 +17,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/posthorn/posthorn/adapters/brokers"
 	"github.com/posthorn/posthorn/adapters/kfakebroker"
-	"github.com/posthorn/posthorn/consumers/subscribers"
 )
 
 const outageTopic = "ledger.events"
@@ -42,7 +42,7 @@ func TestKafkaOutageHelper(t *testing.T) {
 	if addr == "" {
 		t.Skip("helper process only")
 	}
-	sc := subscribers.KafkaSaramaConfig()
+	sc := brokers.KafkaSaramaConfig()
 	if d := os.Getenv("POSTHORN_OUTAGE_REBALANCE_TIMEOUT"); d != "" {
 		sc.Consumer.Group.Rebalance.Timeout, _ = time.ParseDuration(d)
 	}

@@ -1,4 +1,4 @@
-package subscribers
+package brokers
 
 import (
 	"context"
@@ -8,7 +8,7 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
-	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	wmkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 )
 
@@ -186,7 +186,7 @@ func (h *claimHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 			if !ok {
 				return nil // the claim ended (rebalance or close)
 			}
-			msg, err := kafka.DefaultMarshaler{}.Unmarshal(r)
+			msg, err := wmkafka.DefaultMarshaler{}.Unmarshal(r)
 			if err != nil {
 				return err // nothing later can be delivered in order; the session restarts
 			}

@@ -1,4 +1,4 @@
-package subscribers_test
+package brokers_test
 
 import (
 	"context"
@@ -14,8 +14,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/posthorn/posthorn/configs"
-	"github.com/posthorn/posthorn/consumers/subscribers"
+	"github.com/posthorn/posthorn/adapters/brokers"
+	phkafka "github.com/posthorn/posthorn/adapters/kafka"
 )
 
 const (
@@ -236,8 +236,8 @@ func TestKafkaConsumerRejoinsPastAGhostMember(t *testing.T) {
 		t.Skip("waits for kfake rebalances")
 	}
 	b := startGhostBroker(t)
-	f, err := subscribers.New(configs.Sink{Kind: "kafka", Kafka: configs.KafkaSink{Brokers: []string{b.addr}}},
-		subscribers.Options{Logger: outageLogger(), StallAfter: 2 * time.Second})
+	f, err := brokers.Subscribers(brokers.Config{Kind: "kafka", Kafka: phkafka.Config{Brokers: []string{b.addr}}},
+		brokers.Options{Logger: outageLogger(), StallAfter: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -277,7 +277,7 @@ func TestKafkaGhostMemberStallsWithoutRejoin(t *testing.T) {
 	}
 	b := startGhostBroker(t)
 	sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{Brokers: []string{b.addr}, Unmarshaler: kafka.DefaultMarshaler{},
-		OverwriteSaramaConfig: subscribers.KafkaSaramaConfig(), ConsumerGroup: ghostGroup}, outageLogger())
+		OverwriteSaramaConfig: brokers.KafkaSaramaConfig(), ConsumerGroup: ghostGroup}, outageLogger())
 	if err != nil {
 		t.Fatal(err)
 	}

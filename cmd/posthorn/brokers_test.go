@@ -1,4 +1,4 @@
-package subscribers_test
+package main
 
 import (
 	"context"
@@ -8,12 +8,12 @@ import (
 	"time"
 
 	"github.com/posthorn/posthorn/adapters/amqp/amqptest"
+	"github.com/posthorn/posthorn/adapters/brokers"
 	"github.com/posthorn/posthorn/adapters/nats/natstest"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/adapters/redisstream/redistest"
 	"github.com/posthorn/posthorn/adapters/sinktest"
 	"github.com/posthorn/posthorn/configs"
-	"github.com/posthorn/posthorn/consumers/subscribers"
 	"github.com/posthorn/posthorn/core"
 )
 
@@ -40,8 +40,8 @@ func brokerSinks(t *testing.T) map[string]configs.Sink {
 	return map[string]configs.Sink{"nats": nats, "amqp": amqp, "redis": redis, "postgres": pg}
 }
 
-// TestBrokerRoundTrip: a sink from subscribers.OpenSink and a subscriber
-// from subscribers.New, built from the same configs.Sink and nothing else,
+// TestBrokerRoundTrip: a sink from openSink and a subscriber from
+// openSubscribers, built from the same configs.Sink and nothing else,
 // meet: the subscriber receives what the sink ACKed, with the event ID as
 // message UUID, every contract header, in publish order per account — also
 // when the subscriber starts after the events were published.
@@ -51,7 +51,7 @@ func TestBrokerRoundTrip(t *testing.T) {
 			if err := configsValidate(sc); err != nil {
 				t.Fatalf("configuration: %v", err)
 			}
-			sink, err := subscribers.OpenSink(sc)
+			sink, err := openSink(sc)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -65,7 +65,7 @@ func TestBrokerRoundTrip(t *testing.T) {
 			if err := sink.Publish(ctx, batch); err != nil {
 				t.Fatalf("publish: %v", err)
 			}
-			f, err := subscribers.New(sc, subscribers.Options{})
+			f, err := openSubscribers(sc, brokers.Options{})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -1,4 +1,4 @@
-package subscribers_test
+package brokers_test
 
 import (
 	"errors"
@@ -7,27 +7,27 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 
-	"github.com/posthorn/posthorn/configs"
-	"github.com/posthorn/posthorn/consumers/subscribers"
+	"github.com/posthorn/posthorn/adapters/brokers"
+	"github.com/posthorn/posthorn/adapters/kafka"
 )
 
 func TestFactoryBySinkKind(t *testing.T) {
-	if _, err := subscribers.New(configs.Sink{Kind: "carrier-pigeon"}, subscribers.Options{}); !errors.Is(err, subscribers.ErrUnknownKind) {
+	if _, err := brokers.Subscribers(brokers.Config{Kind: "carrier-pigeon"}, brokers.Options{}); !errors.Is(err, brokers.ErrUnknownKind) {
 		t.Fatalf("unknown kind: %v", err)
 	}
-	if _, err := subscribers.New(configs.Sink{Kind: "memory"}, subscribers.Options{}); err == nil {
+	if _, err := brokers.Subscribers(brokers.Config{Kind: "memory"}, brokers.Options{}); err == nil {
 		t.Fatal("memory without an in-process subscriber must be refused")
 	}
 	ch := gochannel.NewGoChannel(gochannel.Config{}, nil)
 	defer ch.Close()
-	f, err := subscribers.New(configs.Sink{Kind: "memory"}, subscribers.Options{Memory: ch})
+	f, err := brokers.Subscribers(brokers.Config{Kind: "memory"}, brokers.Options{Memory: ch})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if sub, err := f("balance-projection"); err != nil || sub != ch {
 		t.Fatalf("memory subscriber %v, %v", sub, err)
 	}
-	f, err = subscribers.New(configs.Sink{Kind: "kafka", Kafka: configs.KafkaSink{Brokers: []string{"127.0.0.1:1"}}}, subscribers.Options{})
+	f, err = brokers.Subscribers(brokers.Config{Kind: "kafka", Kafka: kafka.Config{Brokers: []string{"127.0.0.1:1"}}}, brokers.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,7 +37,7 @@ func TestFactoryBySinkKind(t *testing.T) {
 	}
 	_ = sub.Close()
 	// Late-joining groups must start at the oldest record (field-notes.md).
-	if got := subscribers.KafkaSaramaConfig().Consumer.Offsets.Initial; got != sarama.OffsetOldest {
+	if got := brokers.KafkaSaramaConfig().Consumer.Offsets.Initial; got != sarama.OffsetOldest {
 		t.Fatalf("initial offset %d, want OffsetOldest", got)
 	}
 }

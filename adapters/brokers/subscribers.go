@@ -1,4 +1,4 @@
-package subscribers
+package brokers
 
 import (
 	"context"
@@ -20,80 +20,8 @@ import (
 	phnats "github.com/posthorn/posthorn/adapters/nats"
 	"github.com/posthorn/posthorn/adapters/redisstream"
 	"github.com/posthorn/posthorn/adapters/sqlsink"
-	"github.com/posthorn/posthorn/configs"
 	"github.com/posthorn/posthorn/consumers"
-	"github.com/posthorn/posthorn/core"
 )
-
-// The broker sinks and their subscribers are built here from one
-// configs.Sink, so the relay (OpenSink) and the consumers (New) can never
-// disagree on a subject, exchange, queue, stream or table name.
-
-// NATSConfig is the NATS sink's configuration of sink.nats.
-func NATSConfig(s configs.Sink) (phnats.Config, error) {
-	t, err := s.NATS.TLS.Load("sink.nats.tls")
-	return phnats.Config{URL: s.NATS.URL, Username: s.NATS.Username, Password: s.NATS.Password,
-		Token: s.NATS.Token, TLS: t, SubjectPrefix: s.NATS.SubjectPrefix}, err
-}
-
-// AMQPConfig is the RabbitMQ sink's configuration of sink.amqp.
-func AMQPConfig(s configs.Sink) (phamqp.Config, error) {
-	t, err := s.AMQP.TLS.Load("sink.amqp.tls")
-	return phamqp.Config{URL: s.AMQP.URL, Username: s.AMQP.Username, Password: s.AMQP.Password, TLS: t,
-		ExchangePrefix: s.AMQP.ExchangePrefix, Consumers: s.AMQP.Consumers, MaxPayloadBytes: s.AMQP.MaxPayloadBytes,
-		CommandTopicPrefix: s.CommandTopicPrefix, CommandOwners: s.AMQP.CommandOwners}, err
-}
-
-// RedisConfig is the Redis Streams sink's configuration of sink.redis.
-func RedisConfig(s configs.Sink) (redisstream.Config, error) {
-	t, err := s.Redis.TLS.Load("sink.redis.tls")
-	return redisstream.Config{Addr: s.Redis.Addr, Username: s.Redis.Username, Password: s.Redis.Password,
-		DB: s.Redis.DB, TLS: t, StreamPrefix: s.Redis.StreamPrefix, MaxPayloadBytes: s.Redis.MaxPayloadBytes}, err
-}
-
-// PostgresConfig is the Postgres sink's configuration of sink.postgres.
-func PostgresConfig(s configs.Sink) sqlsink.Config {
-	return sqlsink.Config{URL: s.Postgres.URL, MaxPayloadBytes: s.Postgres.MaxPayloadBytes}
-}
-
-// OpenSink builds the relay's sink for sink.kind nats, amqp, redis or
-// postgres. Errors name the configuration key and never quote a URL.
-func OpenSink(s configs.Sink) (core.Sink, error) {
-	switch s.Kind {
-	case "nats":
-		c, err := NATSConfig(s)
-		if err != nil {
-			return nil, err
-		}
-		sink, err := phnats.New(c)
-		return sinkOrErr(sink, err, "sink.nats.url")
-	case "amqp":
-		c, err := AMQPConfig(s)
-		if err != nil {
-			return nil, err
-		}
-		sink, err := phamqp.New(c)
-		return sinkOrErr(sink, err, "sink.amqp.url")
-	case "redis":
-		c, err := RedisConfig(s)
-		if err != nil {
-			return nil, err
-		}
-		sink, err := redisstream.New(c)
-		return sinkOrErr(sink, err, "sink.redis.addr")
-	case "postgres":
-		sink, err := sqlsink.New(PostgresConfig(s))
-		return sinkOrErr(sink, err, "sink.postgres.url")
-	}
-	return nil, fmt.Errorf("sink.kind %q: %w (have %v)", s.Kind, ErrUnknownKind, Kinds())
-}
-
-func sinkOrErr[S core.Sink](s S, err error, key string) (core.Sink, error) {
-	if err != nil {
-		return nil, fmt.Errorf("config key %s: %w", key, err)
-	}
-	return s, nil
-}
 
 // natsDurable is a consumer's durable JetStream consumer on a subject;
 // durable names may not contain '.'.
@@ -155,14 +83,6 @@ func (s *natsEnsuring) Subscribe(ctx context.Context, topic string) (<-chan *mes
 	return s.Subscriber.Subscribe(ctx, topic)
 }
 
-func natsSubscribers(sink configs.Sink, opts Options) (consumers.SubscriberFactory, error) {
-	cfg, err := NATSConfig(sink)
-	if err != nil {
-		return nil, err
-	}
-	return func(consumer string) (message.Subscriber, error) { return NATSSubscriber(cfg, consumer, opts) }, nil
-}
-
 // AMQPSubscriber returns a watermill-amqp subscriber for one consumer: the
 // durable pub/sub topology the sink declares (a fanout exchange per topic,
 // the consumer's durable queue bound to it), prefetch 1 so the queue's FIFO
@@ -184,14 +104,6 @@ func AMQPSubscriber(cfg phamqp.Config, consumer string, opts Options) (message.S
 		return nil, fmt.Errorf("amqp subscriber %s: %w", consumer, err)
 	}
 	return sub, nil
-}
-
-func amqpSubscribers(sink configs.Sink, opts Options) (consumers.SubscriberFactory, error) {
-	cfg, err := AMQPConfig(sink)
-	if err != nil {
-		return nil, err
-	}
-	return func(consumer string) (message.Subscriber, error) { return AMQPSubscriber(cfg, consumer, opts) }, nil
 }
 
 // RedisSubscriber returns a watermill-redisstream subscriber for one
@@ -224,14 +136,6 @@ func (p *prefixed) Subscribe(ctx context.Context, topic string) (<-chan *message
 	return p.Subscriber.Subscribe(ctx, p.prefix+topic)
 }
 
-func redisSubscribers(sink configs.Sink, opts Options) (consumers.SubscriberFactory, error) {
-	cfg, err := RedisConfig(sink)
-	if err != nil {
-		return nil, err
-	}
-	return func(consumer string) (message.Subscriber, error) { return RedisSubscriber(cfg, consumer, opts) }, nil
-}
-
 // PostgresSubscriber returns a watermill-sql subscriber for one consumer on
 // the sink's target database: consumer group = the consumer's name, the
 // sink's table layout, offsets in watermill-sql's offsets table. Closing
@@ -239,7 +143,7 @@ func redisSubscribers(sink configs.Sink, opts Options) (consumers.SubscriberFact
 func PostgresSubscriber(cfg sqlsink.Config, consumer string, opts Options) (message.Subscriber, error) {
 	pool, err := pgxpool.New(context.Background(), cfg.URL)
 	if err != nil {
-		return nil, errors.New("config key sink.postgres.url: not a valid Postgres URL or DSN")
+		return nil, errors.New("postgres subscriber: the URL is not a valid Postgres URL or DSN") // pgx would quote it
 	}
 	sub, err := wmsql.NewSubscriber(wmsql.BeginnerFromPgx(pool), wmsql.SubscriberConfig{
 		ConsumerGroup:    consumer,
@@ -266,10 +170,9 @@ func (p *poolClosing) Close() error {
 	return err
 }
 
-func postgresSubscribers(sink configs.Sink, opts Options) (consumers.SubscriberFactory, error) {
-	cfg := PostgresConfig(sink)
-	if cfg.URL == "" {
-		return nil, errors.New("sink.postgres.url is required when sink.kind is postgres")
+func postgresSubscribers(c Config, opts Options) (consumers.SubscriberFactory, error) {
+	if c.Postgres.URL == "" {
+		return nil, errors.New("postgres subscribers: no URL")
 	}
-	return func(consumer string) (message.Subscriber, error) { return PostgresSubscriber(cfg, consumer, opts) }, nil
+	return perConsumer(c.Postgres, opts, PostgresSubscriber), nil
 }

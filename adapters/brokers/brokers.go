@@ -1,0 +1,184 @@
+// Package brokers is the one place that opens brokers: it turns one sink's
+// plain settings (Config: the kind and each adapter's own Config) into the
+// relay's core.Sink (OpenSink) or the consumers' Watermill subscribers
+// (Subscribers), for every sink kind (Kinds). Both ends are built from the
+// same Config, so the relay and the consumers can never disagree on a
+// topic's subject, exchange, queue, stream or table name.
+//
+// Subscribers returns a consumers.SubscriberFactory: it is called once per
+// consumer name, and brokers with consumer groups give every consumer its
+// own group, so each consumer sees every event. Adding a kind is one entry
+// in kinds: its sink and its subscribers.
+//
+// The package takes plain structs and reads no configuration: cmd/posthorn
+// maps its sink.* keys onto Config (and names the key in errors), tests
+// build Config directly. Errors here name the broker, never a URL, which
+// may hold a password.
+//
+// No kind is built through adapters/watermillsink: every broker sink here
+// promises more than a Watermill publisher can (per-record ACKs and
+// failures, NATS' Nats-Msg-Id dedup, RabbitMQ's returns of unroutable
+// records, Postgres' one transaction per batch), so watermillsink stays the
+// library adapter for a Watermill publisher a program brings itself.
+package brokers
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/prometheus/client_golang/prometheus"
+
+	phamqp "github.com/posthorn/posthorn/adapters/amqp"
+	phkafka "github.com/posthorn/posthorn/adapters/kafka"
+	"github.com/posthorn/posthorn/adapters/memory"
+	phnats "github.com/posthorn/posthorn/adapters/nats"
+	"github.com/posthorn/posthorn/adapters/redisstream"
+	"github.com/posthorn/posthorn/adapters/sqlsink"
+	"github.com/posthorn/posthorn/consumers"
+	"github.com/posthorn/posthorn/core"
+)
+
+// Config is one sink's settings: Kind picks the kind, and only that kind's
+// field is read.
+type Config struct {
+	// Kind is one of Kinds.
+	Kind     string
+	Kafka    phkafka.Config
+	Memory   memory.Config
+	NATS     phnats.Config
+	AMQP     phamqp.Config
+	Redis    redisstream.Config
+	Postgres sqlsink.Config
+}
+
+// Options are what the subscribers need beyond Config.
+type Options struct {
+	// Logger is Watermill's; nil discards.
+	Logger watermill.LoggerAdapter
+	// Registerer, when set, receives posthorn_consumer_offset_lag for
+	// brokers whose subscriber exposes offsets (Kafka).
+	Registerer prometheus.Registerer
+	// LagInterval is how often the lag is measured (DefaultLagInterval).
+	LagInterval time.Duration
+	// StallAfter is how long a Kafka partition may stay behind with no
+	// commit before the consumer re-joins its group (DefaultStallAfter).
+	StallAfter time.Duration
+	// Memory is the in-process subscriber of kind memory (the memory
+	// sink's Subscriber). The memory broker lives in one process, so it is
+	// only usable when the relay runs in the same process (posthorn demo,
+	// tests).
+	Memory message.Subscriber
+}
+
+// kind is how one sink kind opens its two ends.
+type kind struct {
+	sink        func(Config) (core.Sink, error)
+	subscribers func(Config, Options) (consumers.SubscriberFactory, error)
+}
+
+// kinds maps Config.Kind to its sink and subscribers.
+var kinds = map[string]kind{
+	"kafka": {
+		sink:        func(c Config) (core.Sink, error) { return asSink(phkafka.New(c.Kafka)) },
+		subscribers: kafkaSubscribers,
+	},
+	// An in-process broker: useful in the demo and tests, where consumers
+	// share the process; a standalone relay with it only drains the outbox.
+	"memory": {
+		sink:        func(c Config) (core.Sink, error) { return memory.New(c.Memory), nil },
+		subscribers: memorySubscribers,
+	},
+	"nats": {
+		sink: func(c Config) (core.Sink, error) { return asSink(phnats.New(c.NATS)) },
+		subscribers: func(c Config, o Options) (consumers.SubscriberFactory, error) {
+			return perConsumer(c.NATS, o, NATSSubscriber), nil
+		},
+	},
+	"amqp": {
+		sink: func(c Config) (core.Sink, error) { return asSink(phamqp.New(c.AMQP)) },
+		subscribers: func(c Config, o Options) (consumers.SubscriberFactory, error) {
+			return perConsumer(c.AMQP, o, AMQPSubscriber), nil
+		},
+	},
+	"redis": {
+		sink: func(c Config) (core.Sink, error) { return asSink(redisstream.New(c.Redis)) },
+		subscribers: func(c Config, o Options) (consumers.SubscriberFactory, error) {
+			return perConsumer(c.Redis, o, RedisSubscriber), nil
+		},
+	},
+	"postgres": {
+		sink:        func(c Config) (core.Sink, error) { return asSink(sqlsink.New(c.Postgres)) },
+		subscribers: postgresSubscribers,
+	},
+}
+
+// ErrUnknownKind is returned for a Config.Kind not in Kinds.
+var ErrUnknownKind = errors.New("no sink or subscribers for this kind")
+
+func lookup(name string) (kind, error) {
+	k, ok := kinds[name]
+	if !ok {
+		return kind{}, fmt.Errorf("sink kind %q: %w (have %v)", name, ErrUnknownKind, Kinds())
+	}
+	return k, nil
+}
+
+// OpenSink returns the relay's sink of c.Kind.
+func OpenSink(c Config) (core.Sink, error) {
+	k, err := lookup(c.Kind)
+	if err != nil {
+		return nil, err
+	}
+	return k.sink(c)
+}
+
+// Subscribers returns the consumers' subscriber factory of c.Kind.
+// Settings a subscriber cannot start without are checked here, before any
+// consumer asks for one.
+func Subscribers(c Config, opts Options) (consumers.SubscriberFactory, error) {
+	k, err := lookup(c.Kind)
+	if err != nil {
+		return nil, err
+	}
+	if opts.Logger == nil {
+		opts.Logger = watermill.NopLogger{}
+	}
+	return k.subscribers(c, opts)
+}
+
+// Kinds lists the sink kinds, sorted.
+func Kinds() []string {
+	out := make([]string, 0, len(kinds))
+	for k := range kinds {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// asSink returns s as a core.Sink, and a nil interface (not a nil *S) with
+// an error.
+func asSink[S core.Sink](s S, err error) (core.Sink, error) {
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// perConsumer is the factory of a kind whose subscriber needs nothing but
+// its settings and the consumer's name.
+func perConsumer[C any](cfg C, opts Options, subscriber func(C, string, Options) (message.Subscriber, error)) consumers.SubscriberFactory {
+	return func(consumer string) (message.Subscriber, error) { return subscriber(cfg, consumer, opts) }
+}
+
+func memorySubscribers(_ Config, opts Options) (consumers.SubscriberFactory, error) {
+	if opts.Memory == nil {
+		return nil, errors.New("sink kind memory is in-process only: run the relay and the consumers in one process (posthorn demo), or use kafka")
+	}
+	sub := opts.Memory
+	return func(string) (message.Subscriber, error) { return sub, nil }, nil
+}
