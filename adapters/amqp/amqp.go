@@ -37,12 +37,12 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
-	"sync"
 	"time"
 
 	wmamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/posthorn/posthorn/adapters/internal/sinkgate"
 	"github.com/posthorn/posthorn/core"
 )
 
@@ -129,8 +129,9 @@ type Sink struct {
 	tp        Topology
 	marshaler wmamqp.DefaultMarshaler
 
-	mu       sync.Mutex // one Publish at a time: confirms are per channel
-	closed   bool
+	// gate is Serial (confirms are per channel), so it guards the fields
+	// below too.
+	gate     sinkgate.Gate
 	conn     *amqp.Connection
 	ch       *amqp.Channel
 	returns  chan amqp.Return
@@ -149,7 +150,7 @@ func New(cfg Config) (*Sink, error) {
 	if cfg.MaxPayloadBytes == 0 {
 		cfg.MaxPayloadBytes = MaxPayloadBytesDefault
 	}
-	return &Sink{cfg: cfg, url: u, tp: Topology{cfg.ExchangePrefix}}, nil
+	return &Sink{cfg: cfg, url: u, tp: Topology{cfg.ExchangePrefix}, gate: sinkgate.Gate{Closed: ErrClosed, Serial: true}}, nil
 }
 
 func (s *Sink) connect() error {
@@ -228,17 +229,10 @@ func (cfg Config) queueOwners(topic string) []string {
 // connection; records already sent may or may not be stored (the relay
 // resends them with the same event IDs).
 func (s *Sink) Publish(ctx context.Context, batch []core.Envelope) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return ErrClosed
-	}
-	if len(batch) == 0 {
-		return nil
-	}
-	if err := ctx.Err(); err != nil {
-		return err
-	}
+	return s.gate.Publish(ctx, batch, s.publish)
+}
+
+func (s *Sink) publish(ctx context.Context, batch []core.Envelope) error {
 	if err := s.connect(); err != nil {
 		return err
 	}
@@ -246,11 +240,7 @@ func (s *Sink) Publish(ctx context.Context, batch []core.Envelope) error {
 	confirms := make([]*amqp.DeferredConfirmation, len(batch))
 	byID := map[string]int{}
 	for i, e := range batch {
-		if fails.Blocked(i, e) {
-			continue
-		}
-		if len(e.Payload) > s.cfg.MaxPayloadBytes {
-			fails.Fail(i, e, core.Permanent(fmt.Errorf("amqp sink: payload of %d bytes over max_payload_bytes %d", len(e.Payload), s.cfg.MaxPayloadBytes)))
+		if !sinkgate.Admit(&fails, i, e, "amqp sink", s.cfg.MaxPayloadBytes) {
 			continue
 		}
 		if err := s.declare(e.Topic); err != nil {
@@ -334,12 +324,8 @@ func (s *Sink) Publish(ctx context.Context, batch []core.Envelope) error {
 // Close waits for a Publish in progress and closes the connection; a second
 // Close returns nil.
 func (s *Sink) Close() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
+	return s.gate.Close(func() error {
+		s.drop()
 		return nil
-	}
-	s.closed = true
-	s.drop()
-	return nil
+	})
 }

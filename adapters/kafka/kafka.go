@@ -44,7 +44,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"sync"
 	"sync/atomic"
 
 	wmkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
@@ -94,8 +93,9 @@ type Sink struct {
 	cl        *kgo.Client
 	marshaler wmkafka.Marshaler
 
-	mu     sync.Mutex
-	closed bool
+	// closed is a flag, not a sinkgate.Gate: Close must not wait for a
+	// Publish in progress, whose buffered records it fails.
+	closed atomic.Bool
 }
 
 var _ core.Sink = (*Sink)(nil)
@@ -174,10 +174,7 @@ func (s *Sink) Publish(ctx context.Context, batch []core.Envelope) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	s.mu.Lock()
-	closed := s.closed
-	s.mu.Unlock()
-	if closed {
+	if s.closed.Load() {
 		return ErrClosed
 	}
 	// Never send a record after a predecessor of its aggregate that cannot
@@ -277,13 +274,9 @@ func classify(err error) error {
 // returns an error) and closes the producer's connections. A second Close
 // returns nil.
 func (s *Sink) Close() error {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
+	if s.closed.Swap(true) {
 		return nil
 	}
-	s.closed = true
-	s.mu.Unlock()
 	s.cl.Close()
 	return nil
 }

@@ -39,6 +39,7 @@ import (
 	wmnats "github.com/ThreeDotsLabs/watermill-nats/v2/pkg/nats"
 	"github.com/nats-io/nats.go"
 
+	"github.com/posthorn/posthorn/adapters/internal/sinkgate"
 	"github.com/posthorn/posthorn/core"
 )
 
@@ -122,8 +123,7 @@ type Sink struct {
 
 	streams sync.Map // topic → struct{}: stream known to exist
 
-	mu     sync.RWMutex
-	closed bool
+	gate sinkgate.Gate
 }
 
 var _ core.Sink = (*Sink)(nil)
@@ -150,7 +150,7 @@ func New(cfg Config) (*Sink, error) {
 		nc.Close()
 		return nil, fmt.Errorf("nats sink: jetstream: %w", err)
 	}
-	return &Sink{cfg: cfg, nc: nc, js: js, marshaler: &wmnats.NATSMarshaler{}}, nil
+	return &Sink{cfg: cfg, nc: nc, js: js, marshaler: &wmnats.NATSMarshaler{}, gate: sinkgate.Gate{Closed: ErrClosed}}, nil
 }
 
 // EnsureStream creates the stream of topic if it does not exist. The relay
@@ -195,17 +195,10 @@ func EnsureStream(ctx context.Context, js nats.JetStreamManager, cfg Config, top
 // already sent may or may not be stored (the relay resends them with the
 // same event IDs, and the duplicate window drops most repeats).
 func (s *Sink) Publish(ctx context.Context, batch []core.Envelope) error {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	if s.closed {
-		return ErrClosed
-	}
-	if len(batch) == 0 {
-		return nil
-	}
-	if err := ctx.Err(); err != nil {
-		return err
-	}
+	return s.gate.Publish(ctx, batch, s.publish)
+}
+
+func (s *Sink) publish(ctx context.Context, batch []core.Envelope) error {
 	fails := core.BatchFailures{NotSent: "nats sink: not sent", Sink: "nats sink"}
 	futures := make([]nats.PubAckFuture, len(batch))
 	for i, e := range batch {
@@ -282,12 +275,8 @@ func classify(err error) error {
 // Close waits for a Publish in progress and closes the connection; a second
 // Close returns nil.
 func (s *Sink) Close() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
+	return s.gate.Close(func() error {
+		s.nc.Close()
 		return nil
-	}
-	s.closed = true
-	s.nc.Close()
-	return nil
+	})
 }

@@ -30,14 +30,13 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
-	"fmt"
 	"strings"
-	"sync"
 	"time"
 
 	wmredis "github.com/ThreeDotsLabs/watermill-redisstream/pkg/redisstream"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/posthorn/posthorn/adapters/internal/sinkgate"
 	"github.com/posthorn/posthorn/core"
 )
 
@@ -96,8 +95,7 @@ type Sink struct {
 	client    *redis.Client
 	marshaler wmredis.DefaultMarshallerUnmarshaller
 
-	mu     sync.RWMutex
-	closed bool
+	gate sinkgate.Gate
 }
 
 var _ core.Sink = (*Sink)(nil)
@@ -110,35 +108,25 @@ func New(cfg Config) (*Sink, error) {
 	if cfg.MaxPayloadBytes == 0 {
 		cfg.MaxPayloadBytes = MaxPayloadBytesDefault
 	}
-	return &Sink{cfg: cfg, client: cfg.Client()}, nil
+	return &Sink{cfg: cfg, client: cfg.Client(), gate: sinkgate.Gate{Closed: ErrClosed}}, nil
 }
 
 // Publish appends the batch and returns nil once every XADD has replied.
 // If ctx ends first, Publish returns ctx's error; entries already sent may
 // or may not be appended (the relay resends them with the same event IDs).
 func (s *Sink) Publish(ctx context.Context, batch []core.Envelope) error {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	if s.closed {
-		return ErrClosed
-	}
-	if len(batch) == 0 {
-		return nil
-	}
-	if err := ctx.Err(); err != nil {
-		return err
-	}
+	return s.gate.Publish(ctx, batch, s.publish)
+}
+
+func (s *Sink) publish(ctx context.Context, batch []core.Envelope) error {
 	fails := core.BatchFailures{NotSent: "redis sink: not sent", Sink: "redis sink"}
 	pipe := s.client.Pipeline()
 	cmds := make([]*redis.StringCmd, len(batch))
 	for i, e := range batch {
-		if fails.Blocked(i, e) {
+		if !sinkgate.Admit(&fails, i, e, "redis sink", s.cfg.MaxPayloadBytes) {
 			continue
 		}
 		values, err := s.marshaler.Marshal(e.Topic, e.ToMessage())
-		if err == nil && len(e.Payload) > s.cfg.MaxPayloadBytes {
-			err = fmt.Errorf("redis sink: payload of %d bytes over max_payload_bytes %d", len(e.Payload), s.cfg.MaxPayloadBytes)
-		}
 		if err != nil {
 			fails.Fail(i, e, core.Permanent(err))
 			continue
@@ -173,12 +161,4 @@ func classify(err error) error {
 
 // Close waits for a Publish in progress and closes the client; a second
 // Close returns nil.
-func (s *Sink) Close() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return nil
-	}
-	s.closed = true
-	return s.client.Close()
-}
+func (s *Sink) Close() error { return s.gate.Close(s.client.Close) }

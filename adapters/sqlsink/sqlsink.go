@@ -36,6 +36,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/posthorn/posthorn/adapters/internal/sinkgate"
 	"github.com/posthorn/posthorn/core"
 )
 
@@ -73,8 +74,7 @@ type Sink struct {
 
 	tables sync.Map // topic → struct{}: table known to exist
 
-	mu     sync.RWMutex
-	closed bool
+	gate sinkgate.Gate
 }
 
 var _ core.Sink = (*Sink)(nil)
@@ -98,7 +98,7 @@ func New(cfg Config) (*Sink, error) {
 	if err != nil {
 		return nil, fmt.Errorf("postgres sink: %w", err)
 	}
-	return &Sink{cfg: cfg, pool: pool, schema: Schema()}, nil
+	return &Sink{cfg: cfg, pool: pool, schema: Schema(), gate: sinkgate.Gate{Closed: ErrClosed}}, nil
 }
 
 // ensureTable creates topic's table (outside the batch's transaction:
@@ -131,28 +131,17 @@ func (s *Sink) ensureTable(ctx context.Context, topic string) error {
 // COMMIT was already sent, may have committed: the relay resends with the
 // same event IDs).
 func (s *Sink) Publish(ctx context.Context, batch []core.Envelope) error {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	if s.closed {
-		return ErrClosed
-	}
-	if len(batch) == 0 {
-		return nil
-	}
-	if err := ctx.Err(); err != nil {
-		return err
-	}
+	return s.gate.Publish(ctx, batch, s.publish)
+}
+
+func (s *Sink) publish(ctx context.Context, batch []core.Envelope) error {
 	fails := core.BatchFailures{NotSent: "postgres sink: not sent"}
 	var (
 		order  []string
 		groups = map[string][]*message.Message{}
 	)
 	for i, e := range batch {
-		if fails.Blocked(i, e) {
-			continue
-		}
-		if len(e.Payload) > s.cfg.MaxPayloadBytes {
-			fails.Fail(i, e, core.Permanent(fmt.Errorf("postgres sink: payload of %d bytes over max_payload_bytes %d", len(e.Payload), s.cfg.MaxPayloadBytes)))
+		if !sinkgate.Admit(&fails, i, e, "postgres sink", s.cfg.MaxPayloadBytes) {
 			continue
 		}
 		if _, ok := groups[e.Topic]; !ok {
@@ -196,12 +185,8 @@ func (s *Sink) Publish(ctx context.Context, batch []core.Envelope) error {
 // Close waits for a Publish in progress and closes the pool; a second
 // Close returns nil.
 func (s *Sink) Close() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
+	return s.gate.Close(func() error {
+		s.pool.Close()
 		return nil
-	}
-	s.closed = true
-	s.pool.Close()
-	return nil
+	})
 }
