@@ -96,9 +96,15 @@ func (s *Sink) Publish(ctx context.Context, batch []core.Envelope) error {
 		}
 		s.logs[e.Topic] = append(s.logs[e.Topic], e.ToMessage())
 	}
+	s.wake()
+	return fails.Err()
+}
+
+// wake tells the subscriptions waiting for a record to look again; s.mu is
+// held.
+func (s *Sink) wake() {
 	close(s.changed)
 	s.changed = make(chan struct{})
-	return fails.Err()
 }
 
 // Records returns a copy of everything published on topic so far, in order.
@@ -132,6 +138,15 @@ func (sub subscriber) Subscribe(ctx context.Context, topic string) (<-chan *mess
 	go func() {
 		defer s.subs.Done()
 		defer close(out)
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		go func() { // the sink's Close ends the subscription too
+			select {
+			case <-s.done:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
 		for next := 0; ; {
 			s.mu.Lock()
 			log, changed, closed := s.logs[topic], s.changed, s.closed
@@ -147,38 +162,39 @@ func (sub subscriber) Subscribe(ctx context.Context, topic string) (<-chan *mess
 					return
 				}
 			}
-			for {
-				msg := log[next].Copy()
-				msgCtx, cancel := context.WithCancel(ctx)
-				msg.SetContext(msgCtx)
-				select {
-				case out <- msg:
-				case <-s.done:
-					cancel()
-					return
-				case <-ctx.Done():
-					cancel()
-					return
-				}
-				select {
-				case <-msg.Acked():
-					cancel()
-					next++
-				case <-msg.Nacked():
-					cancel()
-					continue
-				case <-s.done:
-					cancel()
-					return
-				case <-ctx.Done():
-					cancel()
-					return
-				}
-				break
+			acked, ok := deliver(ctx, out, log[next])
+			if !ok {
+				return
+			}
+			if acked {
+				next++
 			}
 		}
 	}()
 	return out, nil
+}
+
+// deliver hands a copy of m to out and waits for its Ack (acked) or Nack
+// (not acked: m is delivered again); ok is false when ctx ended first. The
+// copy's context ends when deliver returns.
+func deliver(ctx context.Context, out chan<- *message.Message, m *message.Message) (acked, ok bool) {
+	msg := m.Copy()
+	msgCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	msg.SetContext(msgCtx)
+	select {
+	case out <- msg:
+	case <-ctx.Done():
+		return false, false
+	}
+	select {
+	case <-msg.Acked():
+		return true, true
+	case <-msg.Nacked():
+		return false, true
+	case <-ctx.Done():
+		return false, false
+	}
 }
 
 // Close of a subscriber closes nothing: subscriptions end with their
@@ -195,8 +211,7 @@ func (s *Sink) Close() error {
 	}
 	s.closed = true
 	close(s.done)
-	close(s.changed)
-	s.changed = make(chan struct{})
+	s.wake()
 	s.mu.Unlock()
 	s.subs.Wait()
 	return nil
