@@ -25,7 +25,8 @@ package brokers
 import (
 	"errors"
 	"fmt"
-	"sort"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -92,24 +93,9 @@ var kinds = map[string]kind{
 		sink:        func(c Config) (core.Sink, error) { return memory.New(c.Memory), nil },
 		subscribers: memorySubscribers,
 	},
-	"nats": {
-		sink: func(c Config) (core.Sink, error) { return asSink(phnats.New(c.NATS)) },
-		subscribers: func(c Config, o Options) (consumers.SubscriberFactory, error) {
-			return perConsumer(c.NATS, o, NATSSubscriber), nil
-		},
-	},
-	"amqp": {
-		sink: func(c Config) (core.Sink, error) { return asSink(phamqp.New(c.AMQP)) },
-		subscribers: func(c Config, o Options) (consumers.SubscriberFactory, error) {
-			return perConsumer(c.AMQP, o, AMQPSubscriber), nil
-		},
-	},
-	"redis": {
-		sink: func(c Config) (core.Sink, error) { return asSink(redisstream.New(c.Redis)) },
-		subscribers: func(c Config, o Options) (consumers.SubscriberFactory, error) {
-			return perConsumer(c.Redis, o, RedisSubscriber), nil
-		},
-	},
+	"nats":  broker(func(c Config) phnats.Config { return c.NATS }, phnats.New, NATSSubscriber),
+	"amqp":  broker(func(c Config) phamqp.Config { return c.AMQP }, phamqp.New, AMQPSubscriber),
+	"redis": broker(func(c Config) redisstream.Config { return c.Redis }, redisstream.New, RedisSubscriber),
 	"postgres": {
 		sink:        func(c Config) (core.Sink, error) { return asSink(sqlsink.New(c.Postgres)) },
 		subscribers: postgresSubscribers,
@@ -151,14 +137,7 @@ func Subscribers(c Config, opts Options) (consumers.SubscriberFactory, error) {
 }
 
 // Kinds lists the sink kinds, sorted.
-func Kinds() []string {
-	out := make([]string, 0, len(kinds))
-	for k := range kinds {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
-}
+func Kinds() []string { return slices.Sorted(maps.Keys(kinds)) }
 
 // asSink returns s as a core.Sink, and a nil interface (not a nil *S) with
 // an error.
@@ -167,6 +146,18 @@ func asSink[S core.Sink](s S, err error) (core.Sink, error) {
 		return nil, err
 	}
 	return s, nil
+}
+
+// broker is the kind of a broker whose sink and subscribers are built from
+// its own settings (settings picks them from Config) and nothing else.
+func broker[C any, S core.Sink](settings func(Config) C, sink func(C) (S, error),
+	subscriber func(C, string, Options) (message.Subscriber, error)) kind {
+	return kind{
+		sink: func(c Config) (core.Sink, error) { return asSink(sink(settings(c))) },
+		subscribers: func(c Config, o Options) (consumers.SubscriberFactory, error) {
+			return perConsumer(settings(c), o, subscriber), nil
+		},
+	}
 }
 
 // perConsumer is the factory of a kind whose subscriber needs nothing but

@@ -81,7 +81,11 @@ func kafkaSubscribers(c Config, opts Options) (consumers.SubscriberFactory, erro
 	return func(consumer string) (message.Subscriber, error) {
 		var rejoins prometheus.Counter
 		if opts.Registerer != nil {
-			rejoins = rejoinCounter(opts.Registerer).WithLabelValues(consumer)
+			vec, err := rejoinCounter(opts.Registerer)
+			if err != nil {
+				return nil, err
+			}
+			rejoins = vec.WithLabelValues(consumer)
 		}
 		sub, err := kafkaGroupSubscriber(brokers, consumer, opts.Logger, opts.StallAfter, rejoins, sec)
 		if err != nil || opts.Registerer == nil {

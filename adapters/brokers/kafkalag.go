@@ -2,39 +2,18 @@ package brokers
 
 import (
 	"context"
-	"errors"
 	"strconv"
 	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/posthorn/posthorn/internal/promset"
 )
 
 // DefaultLagInterval is how often the Kafka offset lag is measured.
 const DefaultLagInterval = 5 * time.Second
-
-// lagGauges holds the offset-lag gauge of one Prometheus registerer.
-var lagGauges sync.Map // prometheus.Registerer → *prometheus.GaugeVec
-
-func lagGauge(reg prometheus.Registerer) *prometheus.GaugeVec {
-	if g, ok := lagGauges.Load(reg); ok {
-		return g.(*prometheus.GaugeVec)
-	}
-	g := prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "posthorn_consumer_offset_lag",
-		Help: "Kafka records not yet delivered to the consumer, per partition it reads (high-water mark minus the next offset).",
-	}, []string{"consumer", "topic", "partition"})
-	if err := reg.Register(g); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if !errors.As(err, &are) {
-			panic(err)
-		}
-		g = are.ExistingCollector.(*prometheus.GaugeVec)
-	}
-	actual, _ := lagGauges.LoadOrStore(reg, g)
-	return actual.(*prometheus.GaugeVec)
-}
 
 // lagSubscriber measures a Kafka consumer's offset lag: a member
 // puts each record's partition and offset in the message context, and
@@ -59,7 +38,14 @@ func newLagSubscriber(k *groupSubscriber, consumer string, reg prometheus.Regist
 	if interval <= 0 {
 		interval = DefaultLagInterval
 	}
-	return &lagSubscriber{kafka: k, consumer: consumer, gauge: lagGauge(reg), interval: interval,
+	gauge, err := promset.Register(reg, prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "posthorn_consumer_offset_lag",
+		Help: "Kafka records not yet delivered to the consumer, per partition it reads (high-water mark minus the next offset).",
+	}, []string{"consumer", "topic", "partition"}))
+	if err != nil {
+		return nil, err
+	}
+	return &lagSubscriber{kafka: k, consumer: consumer, gauge: gauge, interval: interval,
 		next: make(map[string]map[int32]int64), stop: make(chan struct{})}, nil
 }
 

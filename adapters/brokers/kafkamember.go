@@ -96,7 +96,7 @@ func (m *member) Subscribe(ctx context.Context, topic string) (<-chan *message.M
 		h := &claimHandler{ctx: ctx, out: out, closing: m.closing, inFlight: m.inFlight, topic: topic}
 		for {
 			err := cg.Consume(ctx, []string{topic}, h)
-			if errors.Is(err, sarama.ErrClosedConsumerGroup) || ctx.Err() != nil || m.isClosing() {
+			if errors.Is(err, sarama.ErrClosedConsumerGroup) || ctx.Err() != nil || isDone(m.closing) {
 				return
 			}
 			if err != nil {
@@ -114,15 +114,6 @@ func (m *member) Subscribe(ctx context.Context, topic string) (<-chan *message.M
 	return out, nil
 }
 
-func (m *member) isClosing() bool {
-	select {
-	case <-m.closing:
-		return true
-	default:
-		return false
-	}
-}
-
 // Close leaves the group (committing what is marked) and waits for the
 // member's goroutines.
 func (m *member) Close() error {
@@ -131,11 +122,17 @@ func (m *member) Close() error {
 	groups := m.groups
 	m.groups = nil
 	m.mu.Unlock()
+	return closeAll(groups, &m.wg)
+}
+
+// closeAll closes every part, then waits for wg: the end of a Kafka
+// subscriber's Close, once it has signalled its goroutines to stop.
+func closeAll[C interface{ Close() error }](parts []C, wg *sync.WaitGroup) error {
 	var errs []error
-	for _, cg := range groups {
-		errs = append(errs, cg.Close())
+	for _, p := range parts {
+		errs = append(errs, p.Close())
 	}
-	m.wg.Wait()
+	wg.Wait()
 	return errors.Join(errs...)
 }
 

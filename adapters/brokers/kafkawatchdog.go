@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -13,6 +15,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/posthorn/posthorn/internal/promset"
 )
 
 // DefaultStallAfter is how long a partition of a consumer's Stable group
@@ -82,7 +86,7 @@ func newGroupSubscriber(brokers []string, group string, config *sarama.Config, l
 func (s *groupSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	// Counted before Close can start waiting (it closes closing under mu).
 	s.mu.Lock()
-	if s.isClosing() {
+	if isDone(s.closing) {
 		s.mu.Unlock()
 		return nil, errClosed
 	}
@@ -102,15 +106,6 @@ func (s *groupSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *
 
 var errClosed = errors.New("kafka subscriber closed")
 
-func (s *groupSubscriber) isClosing() bool {
-	select {
-	case <-s.closing:
-		return true
-	default:
-		return false
-	}
-}
-
 // join subscribes a new Kafka subscriber, that is a new group member.
 func (s *groupSubscriber) join(ctx context.Context, topic string) (*member, <-chan *message.Message, error) {
 	k := newMember(s.brokers, s.group, s.config, s.logger, s.inFlight)
@@ -121,7 +116,7 @@ func (s *groupSubscriber) join(ctx context.Context, topic string) (*member, <-ch
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.isClosing() {
+	if isDone(s.closing) {
 		_ = k.Close()
 		return nil, nil, errClosed
 	}
@@ -339,37 +334,15 @@ func highWaterMarks(client sarama.Client, topic string) (map[int32]int64, error)
 func (s *groupSubscriber) Close() error {
 	s.mu.Lock()
 	s.closeOnce.Do(func() { close(s.closing) })
-	subs := make([]*member, 0, len(s.subs))
-	for k := range s.subs {
-		subs = append(subs, k)
-	}
+	subs := slices.Collect(maps.Keys(s.subs))
 	s.mu.Unlock()
-	var errs []error
-	for _, k := range subs {
-		errs = append(errs, k.Close())
-	}
-	s.wg.Wait()
-	return errors.Join(errs...)
+	return closeAll(subs, &s.wg)
 }
 
-// rejoinCounters holds the re-join counter of one Prometheus registerer.
-var rejoinCounters sync.Map // prometheus.Registerer → *prometheus.CounterVec
-
-func rejoinCounter(reg prometheus.Registerer) *prometheus.CounterVec {
-	if c, ok := rejoinCounters.Load(reg); ok {
-		return c.(*prometheus.CounterVec)
-	}
-	c := prometheus.NewCounterVec(prometheus.CounterOpts{
+// rejoinCounter is posthorn_consumer_group_rejoins_total of reg.
+func rejoinCounter(reg prometheus.Registerer) (*prometheus.CounterVec, error) {
+	return promset.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "posthorn_consumer_group_rejoins_total",
 		Help: "Times a Kafka consumer re-joined its group because a partition stayed behind with no commit for the stall time.",
-	}, []string{"consumer"})
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if !errors.As(err, &are) {
-			panic(err)
-		}
-		c = are.ExistingCollector.(*prometheus.CounterVec)
-	}
-	actual, _ := rejoinCounters.LoadOrStore(reg, c)
-	return actual.(*prometheus.CounterVec)
+	}, []string{"consumer"}))
 }
