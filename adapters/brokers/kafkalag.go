@@ -95,28 +95,19 @@ func (s *lagSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *me
 
 func (s *lagSubscriber) measure(ctx context.Context, topic string) {
 	defer s.wg.Done()
-	t := time.NewTicker(s.interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-s.stop:
-			return
-		case <-t.C:
-		}
+	every(ctx, s.stop, s.interval, func() {
 		hwm, err := s.kafka.PartitionOffset(topic)
 		if err != nil {
-			continue // the broker may be restarting; measure next time
+			return // the broker may be restarting; measure next time
 		}
 		s.mu.Lock()
+		defer s.mu.Unlock()
 		for p, next := range s.next[topic] {
 			if h, ok := hwm[p]; ok {
 				s.gauge.WithLabelValues(s.consumer, topic, strconv.Itoa(int(p))).Set(float64(max(h-next, 0)))
 			}
 		}
-		s.mu.Unlock()
-	}
+	})
 }
 
 // Close stops measuring and closes the Kafka subscriber.

@@ -188,8 +188,6 @@ type partitionSeen struct {
 // partition has been behind with the same committed offset for stallAfter.
 func (s *groupSubscriber) watch(ctx context.Context, topic string, stalled chan<- struct{}) {
 	defer s.wg.Done()
-	t := time.NewTicker(s.stallAfter / 5)
-	defer t.Stop()
 	seen := map[int32]partitionSeen{}
 	// A (re)join starts a rebalance, which may take the whole rebalance
 	// timeout (it waits for members that do not re-join): nothing is
@@ -197,16 +195,9 @@ func (s *groupSubscriber) watch(ctx context.Context, topic string, stalled chan<
 	// restart it (the broker resets its timer on every JoinGroup), and
 	// re-joining at every check would keep the group rebalancing for good.
 	settled := time.Now().Add(s.config.Consumer.Group.Rebalance.Timeout)
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-s.closing:
-			return
-		case <-t.C:
-		}
+	every(ctx, s.closing, s.stallAfter/5, func() {
 		if time.Now().Before(settled) {
-			continue
+			return
 		}
 		state, committed, hwm, err := s.offsets(topic)
 		if err != nil || state != "Stable" {
@@ -218,7 +209,7 @@ func (s *groupSubscriber) watch(ctx context.Context, topic string, stalled chan<
 			// again once the group is Stable: a stall is a partition left
 			// unread by a group that has settled.
 			clear(seen)
-			continue
+			return
 		}
 		now := time.Now()
 		var stuck []string
@@ -237,7 +228,7 @@ func (s *groupSubscriber) watch(ctx context.Context, topic string, stalled chan<
 			}
 		}
 		if len(stuck) == 0 {
-			continue
+			return
 		}
 		sort.Strings(stuck)
 		s.logger.Error(RejoinLogMessage, fmt.Errorf("partitions behind the high-water mark with no commit: %s", strings.Join(stuck, ", ")),
@@ -251,6 +242,23 @@ func (s *groupSubscriber) watch(ctx context.Context, topic string, stalled chan<
 		}
 		clear(seen)
 		settled = time.Now().Add(s.config.Consumer.Group.Rebalance.Timeout)
+	})
+}
+
+// every calls check every interval until ctx ends or stop is closed: the
+// polling of the watchdog and of the lag measurement.
+func every(ctx context.Context, stop <-chan struct{}, interval time.Duration, check func()) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-stop:
+			return
+		case <-t.C:
+		}
+		check()
 	}
 }
 

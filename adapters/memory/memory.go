@@ -56,6 +56,8 @@ type Sink struct {
 	closed  bool
 	done    chan struct{} // closed by Close
 	subs    sync.WaitGroup
+
+	closeOnce sync.Once
 }
 
 var _ core.Sink = (*Sink)(nil)
@@ -204,15 +206,13 @@ func (subscriber) Close() error { return nil }
 // Close ends every subscription and refuses further publishing. A second
 // Close returns nil.
 func (s *Sink) Close() error {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return nil
-	}
-	s.closed = true
-	close(s.done)
-	s.wake()
-	s.mu.Unlock()
+	s.closeOnce.Do(func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.closed = true
+		close(s.done)
+		s.wake()
+	})
 	s.subs.Wait()
 	return nil
 }
