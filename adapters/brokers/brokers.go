@@ -8,18 +8,20 @@
 // Subscribers returns a consumers.SubscriberFactory: it is called once per
 // consumer name, and brokers with consumer groups give every consumer its
 // own group, so each consumer sees every event. Adding a kind is one entry
-// in kinds: its sink and its subscribers.
+// in kinds, its sink and its subscribers (and, to configure it, its keys in
+// configs and their mapping in cmd/posthorn).
 //
 // The package takes plain structs and reads no configuration: cmd/posthorn
 // maps its sink.* keys onto Config (and names the key in errors), tests
-// build Config directly. Errors here name the broker, never a URL, which
-// may hold a password.
+// build Config directly. Errors name the broker; those of the sinks and of
+// the subscribers' settings never quote a URL, which may hold a password.
 //
-// No kind is built through adapters/watermillsink: every broker sink here
-// promises more than a Watermill publisher can (per-record ACKs and
-// failures, NATS' Nats-Msg-Id dedup, RabbitMQ's returns of unroutable
-// records, Postgres' one transaction per batch), so watermillsink stays the
-// library adapter for a Watermill publisher a program brings itself.
+// No kind is built through adapters/watermillsink: Kafka's and memory's
+// sinks are no Watermill publishers, and the others promise more than one
+// can (per-record ACKs and failures, NATS' Nats-Msg-Id dedup, RabbitMQ's
+// returns of unroutable records, Postgres' one transaction per batch), so
+// watermillsink stays the library adapter for a Watermill publisher a
+// program brings itself.
 package brokers
 
 import (
