@@ -286,7 +286,7 @@ const (
 // long-running consumer must outlive a broker restart that overlaps its
 // own (re)start; once subscribed, reconnecting is the subscriber's job
 // (watermill-kafka reconnects by itself). Configuration errors are caught
-// before this, by subscribers.New.
+// before this, by openSubscribers.
 func retrySubscribe(f consumers.SubscriberFactory, log *slog.Logger) consumers.SubscriberFactory {
 	return func(consumer string) (message.Subscriber, error) {
 		sub, err := f(consumer)
