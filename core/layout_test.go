@@ -2,6 +2,7 @@ package core_test
 
 import (
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -62,5 +63,34 @@ func TestBusinessPackagesImportNoAdapter(t *testing.T) {
 	}
 	if bad := forbidden(all["cmd/posthorn"]); len(bad) == 0 {
 		t.Fatal("control: cmd/posthorn shows no adapter among its dependencies: the check is broken")
+	}
+}
+
+// koanf stays at the edge: of all the module's packages only configs and
+// the binary that maps it depend on configs or koanf. Control: the binary
+// is found, so the check can fail.
+func TestOnlyTheBinaryReadsConfiguration(t *testing.T) {
+	t.Parallel()
+	out, err := exec.Command("go", "list", "-f", `{{.ImportPath}}{{range .Deps}} {{.}}{{end}}`, module+"...").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	var readers []string
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		f := strings.Fields(line)
+		for _, d := range f[1:] {
+			if d == module+"configs" || strings.HasPrefix(d, "github.com/knadh/koanf") {
+				readers = append(readers, strings.TrimPrefix(f[0], module))
+				break
+			}
+		}
+	}
+	if !slices.Contains(readers, "cmd/posthorn") {
+		t.Fatalf("control: cmd/posthorn is not among the packages that depend on configs (%v): the check is broken", readers)
+	}
+	for _, p := range readers {
+		if p != "cmd/posthorn" && p != "configs" {
+			t.Errorf("%s depends on configs or koanf; only cmd/posthorn maps the configuration", p)
+		}
 	}
 }
