@@ -14,10 +14,7 @@
 package amqptest
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -27,24 +24,20 @@ import (
 	"testing"
 	"time"
 
+	"github.com/posthorn/posthorn/adapters/internal/servertest"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
 // SharedURL is the machine's RabbitMQ unless POSTHORN_TEST_AMQP_URL says otherwise.
 func SharedURL() string {
-	if u := os.Getenv("POSTHORN_TEST_AMQP_URL"); u != "" {
-		return u
-	}
-	return "amqp://guest:guest@127.0.0.1:5672/"
+	return servertest.Getenv("POSTHORN_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
 }
 
 // Prefix returns a fresh exchange prefix ("t<hex>."); at cleanup the
 // exchanges of topics and the queues of consumers on them are deleted from
 // the broker at url.
 func Prefix(t testing.TB, url string, topics, consumers []string) string {
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	p := "t" + hex.EncodeToString(b[:]) + "."
+	p := servertest.Name("t") + "."
 	t.Cleanup(func() {
 		conn, err := amqp.DialConfig(url, amqp.Config{Dial: amqp.DefaultDial(2 * time.Second)})
 		if err != nil {
@@ -77,9 +70,7 @@ type Vhost struct {
 // NewVhost creates a vhost with guest's permissions.
 func NewVhost(t testing.TB) *Vhost {
 	t.Helper()
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	v := &Vhost{name: "posthorn-test-" + hex.EncodeToString(b[:])}
+	v := &Vhost{name: servertest.Name("posthorn-test-")}
 	v.URL = "amqp://guest:guest@127.0.0.1:5672/" + v.name
 	ctl(t, "add_vhost", v.name)
 	t.Cleanup(func() { _ = exec.Command("rabbitmqctl", "-q", "delete_vhost", v.name).Run() })
@@ -156,10 +147,8 @@ func StartNode(t testing.TB) *Node {
 		t.Fatalf("amqptest: %s", NodeUnavailable())
 	}
 	dir := t.TempDir()
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	n := &Node{t: t, bin: bin, dir: dir, Name: "posthorn-test-" + hex.EncodeToString(b[:]) + "@localhost"}
-	amqpPort, distPort := freePort(t), freePort(t)
+	n := &Node{t: t, bin: bin, dir: dir, Name: servertest.Name("posthorn-test-") + "@localhost"}
+	amqpPort, distPort := servertest.FreePort(t), servertest.FreePort(t)
 	n.URL = fmt.Sprintf("amqp://guest:guest@127.0.0.1:%d/", amqpPort)
 	for name, text := range map[string]string{
 		// Without files of its own the node would read the machine's
@@ -203,16 +192,6 @@ func StartNode(t testing.TB) *Node {
 	t.Cleanup(n.Kill)
 	n.StartAgain()
 	return n
-}
-
-func freePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 // StartAgain starts the node (after Kill or Stop) on its ports and data

@@ -21,7 +21,6 @@ import (
 	"bufio"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -29,6 +28,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/posthorn/posthorn/adapters/internal/servertest"
 	"github.com/posthorn/posthorn/adapters/kfakebroker"
 	"github.com/posthorn/posthorn/core"
 )
@@ -58,13 +58,7 @@ type Broker struct {
 // cleanup. helperTest is the caller's test that calls ServeIfChild.
 func Start(t testing.TB, helperTest string) *Broker {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	_ = l.Close()
-	b := &Broker{Addr: addr, t: t, helper: helperTest, dir: t.TempDir()}
+	b := &Broker{Addr: fmt.Sprintf("127.0.0.1:%d", servertest.FreePort(t)), t: t, helper: helperTest, dir: t.TempDir()}
 	t.Cleanup(func() { b.Kill() })
 	b.StartAgain()
 	return b

@@ -6,8 +6,6 @@
 package natstest
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"net"
 	"os"
@@ -18,23 +16,17 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/posthorn/posthorn/adapters/internal/servertest"
 )
 
 // SharedURL is the machine's NATS server unless POSTHORN_TEST_NATS_URL says otherwise.
-func SharedURL() string {
-	if u := os.Getenv("POSTHORN_TEST_NATS_URL"); u != "" {
-		return u
-	}
-	return "nats://127.0.0.1:4222"
-}
+func SharedURL() string { return servertest.Getenv("POSTHORN_TEST_NATS_URL", "nats://127.0.0.1:4222") }
 
 // Prefix returns a fresh subject prefix ("t<hex>.") so tests on a shared
 // server never see each other's streams; the streams under it are deleted
 // from the server at url at cleanup.
 func Prefix(t testing.TB, url string) string {
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	p := "t" + hex.EncodeToString(b[:]) + "."
+	p := servertest.Name("t") + "."
 	t.Cleanup(func() {
 		nc, err := nats.Connect(url, nats.Timeout(time.Second))
 		if err != nil {
@@ -74,12 +66,7 @@ func Start(t testing.TB) *Server {
 		}
 		bin = "/usr/sbin/nats-server"
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	_ = l.Close()
+	port := servertest.FreePort(t)
 	s := &Server{t: t, bin: bin, port: port, dir: t.TempDir(), URL: fmt.Sprintf("nats://127.0.0.1:%d", port)}
 	s.StartAgain()
 	t.Cleanup(s.Kill)

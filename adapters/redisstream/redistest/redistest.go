@@ -9,33 +9,23 @@ package redistest
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
-	"net"
-	"os"
 	"os/exec"
 	"strconv"
 	"testing"
 	"time"
 
+	"github.com/posthorn/posthorn/adapters/internal/servertest"
 	"github.com/redis/go-redis/v9"
 )
 
 // SharedAddr is the machine's Redis unless POSTHORN_TEST_REDIS_ADDR says otherwise.
-func SharedAddr() string {
-	if a := os.Getenv("POSTHORN_TEST_REDIS_ADDR"); a != "" {
-		return a
-	}
-	return "127.0.0.1:6379"
-}
+func SharedAddr() string { return servertest.Getenv("POSTHORN_TEST_REDIS_ADDR", "127.0.0.1:6379") }
 
 // Prefix returns a fresh key prefix ("t<hex>."); the keys under it are
 // deleted from addr at cleanup.
 func Prefix(t testing.TB, addr string) string {
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	p := "t" + hex.EncodeToString(b[:]) + "."
+	p := servertest.Name("t") + "."
 	t.Cleanup(func() {
 		c := redis.NewClient(&redis.Options{Addr: addr, DialTimeout: time.Second, MaxRetries: -1})
 		defer c.Close()
@@ -71,12 +61,7 @@ func start(t testing.TB, volatile bool) *Server {
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		t.Fatalf("redistest: redis-server not installed (apt-get install redis-server): %v", err)
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	_ = l.Close()
+	port := servertest.FreePort(t)
 	s := &Server{t: t, port: port, dir: t.TempDir(), volatile: volatile, Addr: fmt.Sprintf("127.0.0.1:%d", port)}
 	s.StartAgain()
 	t.Cleanup(s.Kill)
