@@ -203,15 +203,8 @@ func benchConsumers(b *testing.B, ctx context.Context, run string, names []strin
 			b.Fatal(err)
 		}
 	}
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- reg.Run(runCtx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			b.Error(err)
-		}
-	}()
+	stop, _ := runInBackground(b, ctx, reg.Run, b.Errorf)
+	defer stop()
 	bridgetest.WaitFor(b, 5*time.Minute, run+": every event applied by every consumer", func() bool {
 		for _, n := range names {
 			c, err := postgres.NewInbox(pool).Count(ctx, n)
@@ -263,15 +256,8 @@ func benchPlainHandler(b *testing.B, ctx context.Context, run string, events int
 		applied.Add(1)
 		return nil
 	})
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- router.Run(runCtx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			b.Error(err)
-		}
-	}()
+	stop, _ := runInBackground(b, ctx, router.Run, b.Errorf)
+	defer stop()
 	bridgetest.WaitFor(b, 5*time.Minute, "the plain handler to apply every event", func() bool { return applied.Load() >= int64(events) })
 	return clock.rate(events)
 }

@@ -149,11 +149,7 @@ func startE2EPath(b *testing.B, ctx context.Context) *e2ePath {
 	if err := auditlog.Register(reg, core.TopicEvents); err != nil {
 		b.Fatal(err)
 	}
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- reg.Run(runCtx) }()
-	b.Cleanup(func() { cancel(); <-done })
-	<-reg.Running()
+	runRegistry(b, reg, b.Logf)
 	return &e2ePath{url: "http://" + ln.Addr().String(), ledger: apiPool, consumer: pool, reg: reg, clock: clock}
 }
 

@@ -109,6 +109,10 @@ func kfakeTransport(t *testing.T) consumerTransport {
 			if err != nil {
 				t.Fatal(err)
 			}
+			// A router stopped by its context does not close its
+			// subscribers (Watermill's handler closes them only on
+			// Router.Close), and the group member runs until closed.
+			t.Cleanup(func() { _ = sub.Close() })
 			return sub
 		},
 	}
@@ -197,27 +201,50 @@ func startConsumer(t *testing.T, tr consumerTransport, pool *pgxpool.Pool, o rig
 			t.Fatal(err)
 		}
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- reg.Run(ctx) }()
-	var stopOnce sync.Once
-	stop := func() {
-		stopOnce.Do(func() {
+	stop := runRegistry(t, reg, t.Errorf)
+	return &consumerRig{reg: reg, pool: pool, prom: prom, stop: stop}
+}
+
+// runRegistry runs reg until the returned stop is called (cleanup calls
+// it too; it is idempotent) and returns once its router is running. report
+// receives the error Run ended with: t.Errorf, or t.Logf where an outage
+// may end the run with one.
+func runRegistry(tb testing.TB, reg *consumers.Registry, report func(string, ...any)) (stop func()) {
+	tb.Helper()
+	stop, ended := runInBackground(tb, context.Background(), reg.Run, report)
+	select {
+	case <-reg.Running():
+	case <-ended:
+		stop() // reports what Run returned
+		tb.Fatal("consumer stopped before running")
+	case <-time.After(30 * time.Second):
+		tb.Fatal("consumer router did not start")
+	}
+	return stop
+}
+
+// runInBackground runs run (a router's or a registry's Run) under a child
+// of ctx until stop is called; tb's cleanup calls stop too, and stop is
+// idempotent, so a test may stop early. stop cancels, waits for run to
+// return and hands its error to report (unless nil). ended is closed when
+// run has returned.
+func runInBackground(tb testing.TB, ctx context.Context, run func(context.Context) error, report func(string, ...any)) (stop func(), ended <-chan struct{}) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	var err error
+	go func() { err = run(ctx); close(done) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
 			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("consumer run: %v", err)
+			<-done
+			if err != nil {
+				report("consumer run: %v", err)
 			}
 		})
 	}
-	t.Cleanup(stop)
-	select {
-	case <-reg.Running():
-	case err := <-done:
-		t.Fatalf("consumer stopped before running: %v", err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("consumer router did not start")
-	}
-	return &consumerRig{reg: reg, pool: pool, prom: prom, stop: stop}
+	tb.Cleanup(stop)
+	return stop, done
 }
 
 var probeOnce sync.Map

@@ -1,38 +1,15 @@
 package integration
 
 import (
-	"bytes"
-	"context"
-	"net"
 	"os/exec"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/posthorn/posthorn/adapters/kfakebroker"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
-	"github.com/posthorn/posthorn/integration/faultkit"
 )
-
-// lockedBuffer collects a child's stderr while the test reads it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // TestConsumeWaitsForBrokerAtStart: `posthorn consume` started while the
 // Kafka broker is down keeps retrying (logged at WARN) instead of exiting,
@@ -40,19 +17,9 @@ func (l *lockedBuffer) String() string {
 // status 1 ("cannot subscribe topic ... connection refused"), which the
 // fault suite saw as a consumer that "exited on its own".
 func TestConsumeWaitsForBrokerAtStart(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	bin, err := faultkit.Build(ctx, t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
+	bin := posthornBin(t)
 	url, _ := pgtest.Consumer(t)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close() // nothing listens: the broker is down
+	addr := freeAddr(t) // nothing listens: the broker is down
 
 	var stderr lockedBuffer
 	cmd := exec.Command(bin, "consume")

@@ -63,57 +63,15 @@ func startOpsConsumers(t *testing.T, sink *memory.Sink, pool *pgxpool.Pool, opts
 	if err := auditlog.Register(reg, core.TopicEvents, opts...); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- reg.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("consumers: %v", err)
-		}
-	})
-	select {
-	case <-reg.Running():
-	case err := <-done:
-		t.Fatalf("consumers stopped before running: %v", err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("consumer router did not start")
-	}
-}
-
-// opsConsumerPool is a fresh consumer database behind a pool of at most 8
-// connections: many parallel tests share the server's max_connections.
-func opsConsumerPool(t *testing.T) *pgxpool.Pool {
-	t.Helper()
-	url, _ := pgtest.Consumer(t)
-	cfg, err := postgres.ParseConfig(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.MaxConns = 8
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	return pool
+	runRegistry(t, reg, t.Errorf)
 }
 
 const opsWait = 60 * time.Second
 
-func inboxCountsOf(t *testing.T, pool *pgxpool.Pool, consumer string) postgres.InboxCounts {
-	t.Helper()
-	c, err := postgres.NewInbox(pool).Count(context.Background(), consumer)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
-}
-
 func newOpsRig(t *testing.T) *opsRig {
 	t.Helper()
 	_, ledger := pgtest.Ledger(t)
-	consumer := opsConsumerPool(t)
+	consumer := smallConsumerPool(t)
 	sink := memory.New(memory.Config{})
 	t.Cleanup(func() { _ = sink.Close() })
 	r := &opsRig{ledger: ledger, consumer: consumer, store: postgres.NewLedgerStore(ledger, postgres.LedgerConfig{}),
@@ -181,7 +139,7 @@ func (r *opsRig) relay(t *testing.T, hooks *bridge.Hooks) *bridge.Relay {
 func (r *opsRig) waitApplied(t *testing.T, events int) {
 	t.Helper()
 	bridgetest.WaitFor(t, opsWait, fmt.Sprintf("both consumers applied %d events", events), func() bool {
-		p, a := inboxCountsOf(t, r.consumer, projection.Name), inboxCountsOf(t, r.consumer, auditlog.Name)
+		p, a := counts(t, r.consumer, projection.Name), counts(t, r.consumer, auditlog.Name)
 		return p.Events[core.DispositionApplied] == int64(events) && a.Events[core.DispositionApplied] == int64(events)
 	})
 }
@@ -190,7 +148,7 @@ func (r *opsRig) waitApplied(t *testing.T, events int) {
 func (r *opsRig) waitDuplicates(t *testing.T, n int64) {
 	t.Helper()
 	bridgetest.WaitFor(t, opsWait, fmt.Sprintf("both consumers absorbed %d repeats", n), func() bool {
-		p, a := inboxCountsOf(t, r.consumer, projection.Name), inboxCountsOf(t, r.consumer, auditlog.Name)
+		p, a := counts(t, r.consumer, projection.Name), counts(t, r.consumer, auditlog.Name)
 		return p.DuplicatesAbsorbed == n && a.DuplicatesAbsorbed == n
 	})
 }

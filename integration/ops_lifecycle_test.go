@@ -321,7 +321,7 @@ func TestOpsReplayWithoutInboxDoublesBalances(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	r := newOpsRig(t)
-	bare := opsConsumerPool(t)
+	bare := smallConsumerPool(t)
 	startOpsConsumers(t, r.sink, bare, consumers.WithoutInbox())
 	events := r.post(t, 10)
 	r.relay(t, nil)

@@ -137,18 +137,8 @@ func startKafkaRelay(t *testing.T, pool *pgxpool.Pool, brokers []string, owner s
 	if err != nil {
 		t.Fatal(err)
 	}
-	reg := prometheus.NewRegistry()
-	r, err := bridge.New(postgres.NewRelayStore(pool), sink, bridge.Config{
-		Owner: owner, SinkName: "kafka", PollInterval: 50 * time.Millisecond, LeaseTTL: 5 * time.Second,
-		RetryInitial: 20 * time.Millisecond, RetryMax: 300 * time.Millisecond, StatsInterval: 50 * time.Millisecond,
-		Logger: relayQuietLog, Registerer: reg,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	t.Cleanup(func() { _ = sink.Close() })
-	bridgetest.Start(t, r)
-	return r, reg
+	return startTestRelay(t, pool, sink, owner, "kafka")
 }
 
 func relayMetric(t *testing.T, reg *prometheus.Registry, name string) float64 {
