@@ -163,9 +163,9 @@ func benchConsumers(b *testing.B, ctx context.Context, run string, names []strin
 	reg, err := consumers.New(router, consumers.Config{
 		Pool:  pool,
 		Inbox: postgres.NewInbox(pool),
-		Subscribers: func(consumer string) (message.Subscriber, error) {
+		Subscribers: closedAtCleanup(b, func(consumer string) (message.Subscriber, error) {
 			return how.subscriber(consumer + "-bench-" + run)
-		},
+		}),
 		Logger:   relayQuietLog,
 		MaxBatch: how.maxBatch,
 	})
@@ -236,7 +236,7 @@ func benchPlainHandler(b *testing.B, ctx context.Context, run string, events int
 	if err != nil {
 		b.Fatal(err)
 	}
-	sub, err := subscriber("plain-bench-" + run)
+	sub, err := closedAtCleanup(b, subscriber)("plain-bench-" + run)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -137,9 +137,9 @@ func startE2EPath(b *testing.B, ctx context.Context) *e2ePath {
 	clock := &effectClock{seen: map[string]map[string]time.Time{}, broker: map[string]time.Time{}}
 	router.AddMiddleware(clock.middleware)
 	reg, err := consumers.New(router, consumers.Config{Pool: pool, Inbox: postgres.NewInbox(pool), Logger: relayQuietLog,
-		Subscribers: func(consumer string) (message.Subscriber, error) {
+		Subscribers: closedAtCleanup(b, func(consumer string) (message.Subscriber, error) {
 			return phbrokers.KafkaSubscriber(brokers, consumer, nil)
-		}})
+		})})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -109,10 +109,6 @@ func kfakeTransport(t *testing.T) consumerTransport {
 			if err != nil {
 				t.Fatal(err)
 			}
-			// A router stopped by its context does not close its
-			// subscribers (Watermill's handler closes them only on
-			// Router.Close), and the group member runs until closed.
-			t.Cleanup(func() { _ = sub.Close() })
 			return sub
 		},
 	}
@@ -176,7 +172,7 @@ func startConsumer(t *testing.T, tr consumerTransport, pool *pgxpool.Pool, o rig
 	reg, err := consumers.New(router, consumers.Config{
 		Pool:        pool,
 		Inbox:       postgres.NewInbox(pool),
-		Subscribers: func(c string) (message.Subscriber, error) { return tr.subscriber(t, c, o.instance), nil },
+		Subscribers: closedAtCleanup(t, func(c string) (message.Subscriber, error) { return tr.subscriber(t, c, o.instance), nil }),
 		Registerer:  prom,
 		HoldTime:    o.hold,
 	})
@@ -221,6 +217,20 @@ func runRegistry(tb testing.TB, reg *consumers.Registry, report func(string, ...
 		tb.Fatal("consumer router did not start")
 	}
 	return stop
+}
+
+// closedAtCleanup closes at cleanup every subscriber f returns. A router
+// stopped through its context may leave its subscribers open (Watermill's
+// handler closes them only when Router.Close wins the race), and a Kafka
+// group member, a NATS or AMQP connection or a pool then runs on.
+func closedAtCleanup(tb testing.TB, f consumers.SubscriberFactory) consumers.SubscriberFactory {
+	return func(consumer string) (message.Subscriber, error) {
+		sub, err := f(consumer)
+		if err == nil {
+			tb.Cleanup(func() { _ = sub.Close() })
+		}
+		return sub, err
+	}
 }
 
 // runInBackground runs run (a router's or a registry's Run) under a child

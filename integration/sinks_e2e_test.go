@@ -273,7 +273,7 @@ func startSinkConsumer(t *testing.T, sc brokers.Config, pool *pgxpool.Pool) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reg, err := consumers.New(router, consumers.Config{Pool: pool, Inbox: postgres.NewInbox(pool), Subscribers: factory, Registerer: prometheus.NewRegistry(), HoldTime: time.Minute})
+	reg, err := consumers.New(router, consumers.Config{Pool: pool, Inbox: postgres.NewInbox(pool), Subscribers: closedAtCleanup(t, factory), Registerer: prometheus.NewRegistry(), HoldTime: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
