@@ -1,18 +1,20 @@
 package integration
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sync"
 	"testing"
+
+	"go.uber.org/goleak"
 
 	"github.com/posthorn/posthorn/integration/faultkit"
 )
 
 // The helpers of the tests that run posthorn or a broker as a child
-// process.
+// process, and the package's TestMain, which removes the binary.
 
 // posthorn is the binary the process tests run, built on first use.
 var posthorn struct {
@@ -40,22 +42,17 @@ func posthornBin(t *testing.T) string {
 	return posthorn.path
 }
 
-// lockedBuffer collects a child's stderr while the test reads it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
+// TestMain fails a run that passed but left goroutines behind, and
+// removes the shared posthorn binary. sarama (the consumers' Kafka client)
+// starts go-metrics' meter ticker once per process, for good.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/rcrowley/go-metrics.(*meterArbiter).tick"),
+		goleak.Cleanup(func(code int) {
+			if posthorn.path != "" {
+				os.RemoveAll(filepath.Dir(posthorn.path))
+			}
+			os.Exit(code)
+		}))
 }
 
 // freePort is a TCP port on 127.0.0.1 that was free a moment ago.
