@@ -135,6 +135,16 @@ func (r *opsRig) relay(t *testing.T, hooks *bridge.Hooks) *bridge.Relay {
 	return rel
 }
 
+// deliver posts n postings, relays them and waits until both consumers
+// applied their events, and returns how many there were.
+func (r *opsRig) deliver(t *testing.T, n int) int {
+	t.Helper()
+	events := r.post(t, n)
+	r.relay(t, nil)
+	r.waitApplied(t, events)
+	return events
+}
+
 // waitApplied waits until both example consumers applied events events.
 func (r *opsRig) waitApplied(t *testing.T, events int) {
 	t.Helper()
@@ -174,24 +184,14 @@ func (r *opsRig) reconcile(t *testing.T, archive ops.ArchiveStore) ops.Report {
 // keeps them.
 func (r *opsRig) ledgerBalances(t *testing.T) map[string]map[string]*big.Int {
 	t.Helper()
-	rows, err := r.ledger.Query(context.Background(), `SELECT account_id, currency, balance FROM account_balances WHERE balance <> 0`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
 	out := map[string]map[string]*big.Int{}
-	for rows.Next() {
-		var acc, cur string
-		var bal int64
-		if err := rows.Scan(&acc, &cur, &bal); err != nil {
-			t.Fatal(err)
+	for acc, curs := range ledgerBalances(t, r.ledger) {
+		out[acc] = map[string]*big.Int{}
+		for cur, bal := range curs {
+			out[acc][cur] = big.NewInt(bal)
 		}
-		if out[acc] == nil {
-			out[acc] = map[string]*big.Int{}
-		}
-		out[acc][cur] = big.NewInt(bal)
 	}
-	return out
+	return nonZero(out)
 }
 
 func (r *opsRig) projected(t *testing.T) map[string]map[string]*big.Int {

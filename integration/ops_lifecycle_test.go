@@ -31,9 +31,7 @@ func TestOpsReplayArchiveCleanupLifecycle(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	r := newOpsRig(t)
-	events := r.post(t, 40)
-	r.relay(t, nil)
-	r.waitApplied(t, events)
+	events := r.deliver(t, 40)
 	r.assertBalancesMatch(t)
 	cmdTopic := core.CommandTopic(core.CommandTopicPrefix, "payouts.payout.execute")
 	commands := len(r.sink.Records(cmdTopic))
@@ -184,9 +182,7 @@ func TestOpsReplayResumes(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	r := newOpsRig(t)
-	events := r.post(t, 20)
-	r.relay(t, nil)
-	r.waitApplied(t, events)
+	events := r.deliver(t, 20)
 	failing := &failAfter{sink: r.sink, ok: 3}
 	res, err := ops.Replay(ctx, ops.ReplayConfig{Ledger: r.ops, Sink: failing, Name: "resumable", Batch: 4})
 	if err == nil || res.Sent != 12 {
@@ -323,9 +319,7 @@ func TestOpsReplayWithoutInboxDoublesBalances(t *testing.T) {
 	r := newOpsRig(t)
 	bare := smallConsumerPool(t)
 	startOpsConsumers(t, r.sink, bare, consumers.WithoutInbox())
-	events := r.post(t, 10)
-	r.relay(t, nil)
-	r.waitApplied(t, events)
+	events := r.deliver(t, 10)
 	ledger := r.ledgerBalances(t)
 	bareBalances := func() map[string]map[string]*big.Int {
 		bs, err := projection.Balances(ctx, bare)

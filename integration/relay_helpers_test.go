@@ -6,6 +6,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/bridge"
@@ -30,4 +31,14 @@ func startTestRelay(t *testing.T, pool *pgxpool.Pool, sink core.Sink, owner, sin
 	}
 	bridgetest.Start(t, r)
 	return r, reg
+}
+
+// headers are a Kafka record's headers, one value per key, as the sinks
+// write them.
+func headers(r *kgo.Record) map[string]string {
+	h := make(map[string]string, len(r.Headers))
+	for _, kv := range r.Headers {
+		h[kv.Key] = string(kv.Value)
+	}
+	return h
 }

@@ -294,6 +294,7 @@ func countEvents(t *testing.T, pool *pgxpool.Pool) int {
 	return n
 }
 
+// ledgerBalances reads every balance of the ledger by account and currency.
 func ledgerBalances(t *testing.T, pool *pgxpool.Pool) map[string]map[string]int64 {
 	t.Helper()
 	rows, err := pool.Query(context.Background(), `SELECT account_id, currency, balance FROM account_balances`)
