@@ -156,22 +156,13 @@ type benchRun struct {
 func benchConsumers(b *testing.B, ctx context.Context, run string, names []string, events int, how benchRun) map[string]float64 {
 	b.Helper()
 	pool := benchPool(b, ctx)
-	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, watermill.NopLogger{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	reg, err := consumers.New(router, consumers.Config{
-		Pool:  pool,
-		Inbox: postgres.NewInbox(pool),
-		Subscribers: closedAtCleanup(b, func(consumer string) (message.Subscriber, error) {
+	reg := newRegistry(b, pool, 30*time.Second, consumers.Config{
+		Subscribers: func(consumer string) (message.Subscriber, error) {
 			return how.subscriber(consumer + "-bench-" + run)
-		}),
+		},
 		Logger:   relayQuietLog,
 		MaxBatch: how.maxBatch,
 	})
-	if err != nil {
-		b.Fatal(err)
-	}
 	clocks := map[string]*applyClock{}
 	for _, n := range names {
 		c := &applyClock{}

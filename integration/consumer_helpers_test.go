@@ -165,20 +165,11 @@ func startConsumer(t *testing.T, tr consumerTransport, pool *pgxpool.Pool, o rig
 	if prom == nil {
 		prom = prometheus.NewRegistry()
 	}
-	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg, err := consumers.New(router, consumers.Config{
-		Pool:        pool,
-		Inbox:       postgres.NewInbox(pool),
-		Subscribers: closedAtCleanup(t, func(c string) (message.Subscriber, error) { return tr.subscriber(t, c, o.instance), nil }),
+	reg := newRegistry(t, pool, 10*time.Second, consumers.Config{
+		Subscribers: func(c string) (message.Subscriber, error) { return tr.subscriber(t, c, o.instance), nil },
 		Registerer:  prom,
 		HoldTime:    o.hold,
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	var extra []consumers.Option
 	if o.noInbox {
 		extra = append(extra, consumers.WithoutInbox())
@@ -217,6 +208,26 @@ func runRegistry(tb testing.TB, reg *consumers.Registry, report func(string, ...
 		tb.Fatal("consumer router did not start")
 	}
 	return stop
+}
+
+// newRegistry is a consumers.Registry over pool, its inbox included, on a
+// router of its own, which waits closeTimeout for in-flight handlers and
+// runs mw around them; the subscribers cfg.Subscribers makes are closed at
+// cleanup (closedAtCleanup).
+func newRegistry(tb testing.TB, pool *pgxpool.Pool, closeTimeout time.Duration, cfg consumers.Config, mw ...message.HandlerMiddleware) *consumers.Registry {
+	tb.Helper()
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: closeTimeout}, watermill.NopLogger{})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	router.AddMiddleware(mw...)
+	cfg.Pool, cfg.Inbox = pool, postgres.NewInbox(pool)
+	cfg.Subscribers = closedAtCleanup(tb, cfg.Subscribers)
+	reg, err := consumers.New(router, cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return reg
 }
 
 // closedAtCleanup closes at cleanup every subscriber f returns. A router

@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -45,18 +44,9 @@ type opsRig struct {
 // opts apply to both consumers (WithoutInbox for negative controls).
 func startOpsConsumers(t *testing.T, sink *memory.Sink, pool *pgxpool.Pool, opts ...consumers.Option) {
 	t.Helper()
-	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg, err := consumers.New(router, consumers.Config{
-		Pool:        pool,
-		Inbox:       postgres.NewInbox(pool),
+	reg := newRegistry(t, pool, 10*time.Second, consumers.Config{
 		Subscribers: func(string) (message.Subscriber, error) { return sink.Subscriber(), nil },
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	if err := projection.Register(reg, core.TopicEvents, opts...); err != nil {
 		t.Fatal(err)
 	}

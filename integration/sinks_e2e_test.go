@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -269,14 +268,7 @@ func startSinkConsumer(t *testing.T, sc brokers.Config, pool *pgxpool.Pool) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg, err := consumers.New(router, consumers.Config{Pool: pool, Inbox: postgres.NewInbox(pool), Subscribers: closedAtCleanup(t, factory), Registerer: prometheus.NewRegistry(), HoldTime: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
+	reg := newRegistry(t, pool, 10*time.Second, consumers.Config{Subscribers: factory, Registerer: prometheus.NewRegistry(), HoldTime: time.Minute})
 	if err := projection.Register(reg, core.TopicEvents); err != nil {
 		t.Fatal(err)
 	}
