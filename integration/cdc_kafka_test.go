@@ -98,10 +98,7 @@ func TestCDCRelayToKafkaThroughOutageAndCrash(t *testing.T) {
 	last := map[string]int64{}
 	jumps := 0
 	for _, r := range recs {
-		h := map[string]string{}
-		for _, kv := range r.Headers {
-			h[kv.Key] = string(kv.Value)
-		}
+		h := headers(r)
 		rev, _ := strconv.ParseInt(h[core.HeaderRevision], 10, 64)
 		acc := string(r.Key)
 		if rev > last[acc]+1 {

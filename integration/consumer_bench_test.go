@@ -156,22 +156,13 @@ type benchRun struct {
 func benchConsumers(b *testing.B, ctx context.Context, run string, names []string, events int, how benchRun) map[string]float64 {
 	b.Helper()
 	pool := benchPool(b, ctx)
-	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, watermill.NopLogger{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	reg, err := consumers.New(router, consumers.Config{
-		Pool:  pool,
-		Inbox: postgres.NewInbox(pool),
+	reg := newRegistry(b, pool, 30*time.Second, consumers.Config{
 		Subscribers: func(consumer string) (message.Subscriber, error) {
 			return how.subscriber(consumer + "-bench-" + run)
 		},
 		Logger:   relayQuietLog,
 		MaxBatch: how.maxBatch,
 	})
-	if err != nil {
-		b.Fatal(err)
-	}
 	clocks := map[string]*applyClock{}
 	for _, n := range names {
 		c := &applyClock{}
@@ -203,15 +194,8 @@ func benchConsumers(b *testing.B, ctx context.Context, run string, names []strin
 			b.Fatal(err)
 		}
 	}
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- reg.Run(runCtx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			b.Error(err)
-		}
-	}()
+	stop, _ := runInBackground(b, ctx, reg.Run, b.Errorf)
+	defer stop()
 	bridgetest.WaitFor(b, 5*time.Minute, run+": every event applied by every consumer", func() bool {
 		for _, n := range names {
 			c, err := postgres.NewInbox(pool).Count(ctx, n)
@@ -243,7 +227,7 @@ func benchPlainHandler(b *testing.B, ctx context.Context, run string, events int
 	if err != nil {
 		b.Fatal(err)
 	}
-	sub, err := subscriber("plain-bench-" + run)
+	sub, err := closedAtCleanup(b, subscriber)("plain-bench-" + run)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -263,15 +247,8 @@ func benchPlainHandler(b *testing.B, ctx context.Context, run string, events int
 		applied.Add(1)
 		return nil
 	})
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- router.Run(runCtx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			b.Error(err)
-		}
-	}()
+	stop, _ := runInBackground(b, ctx, router.Run, b.Errorf)
+	defer stop()
 	bridgetest.WaitFor(b, 5*time.Minute, "the plain handler to apply every event", func() bool { return applied.Load() >= int64(events) })
 	return clock.rate(events)
 }

@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
@@ -130,30 +129,18 @@ func startE2EPath(b *testing.B, ctx context.Context) *e2ePath {
 	b.Cleanup(func() { r.Stop(ctx); sink.Close() })
 
 	pool := benchPool(b, ctx)
-	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, watermill.NopLogger{})
-	if err != nil {
-		b.Fatal(err)
-	}
 	clock := &effectClock{seen: map[string]map[string]time.Time{}, broker: map[string]time.Time{}}
-	router.AddMiddleware(clock.middleware)
-	reg, err := consumers.New(router, consumers.Config{Pool: pool, Inbox: postgres.NewInbox(pool), Logger: relayQuietLog,
+	reg := newRegistry(b, pool, 30*time.Second, consumers.Config{Logger: relayQuietLog,
 		Subscribers: func(consumer string) (message.Subscriber, error) {
 			return phbrokers.KafkaSubscriber(brokers, consumer, nil)
-		}})
-	if err != nil {
-		b.Fatal(err)
-	}
+		}}, clock.middleware)
 	if err := projection.Register(reg, core.TopicEvents); err != nil {
 		b.Fatal(err)
 	}
 	if err := auditlog.Register(reg, core.TopicEvents); err != nil {
 		b.Fatal(err)
 	}
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- reg.Run(runCtx) }()
-	b.Cleanup(func() { cancel(); <-done })
-	<-reg.Running()
+	runRegistry(b, reg, b.Logf)
 	return &e2ePath{url: "http://" + ln.Addr().String(), ledger: apiPool, consumer: pool, reg: reg, clock: clock}
 }
 

@@ -165,20 +165,11 @@ func startConsumer(t *testing.T, tr consumerTransport, pool *pgxpool.Pool, o rig
 	if prom == nil {
 		prom = prometheus.NewRegistry()
 	}
-	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg, err := consumers.New(router, consumers.Config{
-		Pool:        pool,
-		Inbox:       postgres.NewInbox(pool),
+	reg := newRegistry(t, pool, 10*time.Second, consumers.Config{
 		Subscribers: func(c string) (message.Subscriber, error) { return tr.subscriber(t, c, o.instance), nil },
 		Registerer:  prom,
 		HoldTime:    o.hold,
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	var extra []consumers.Option
 	if o.noInbox {
 		extra = append(extra, consumers.WithoutInbox())
@@ -197,27 +188,84 @@ func startConsumer(t *testing.T, tr consumerTransport, pool *pgxpool.Pool, o rig
 			t.Fatal(err)
 		}
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- reg.Run(ctx) }()
-	var stopOnce sync.Once
-	stop := func() {
-		stopOnce.Do(func() {
+	stop := runRegistry(t, reg, t.Errorf)
+	return &consumerRig{reg: reg, pool: pool, prom: prom, stop: stop}
+}
+
+// runRegistry runs reg until the returned stop is called (cleanup calls
+// it too; it is idempotent) and returns once its router is running. report
+// receives the error Run ended with: t.Errorf, or t.Logf where an outage
+// may end the run with one.
+func runRegistry(tb testing.TB, reg *consumers.Registry, report func(string, ...any)) (stop func()) {
+	tb.Helper()
+	stop, ended := runInBackground(tb, context.Background(), reg.Run, report)
+	select {
+	case <-reg.Running():
+	case <-ended:
+		stop() // reports what Run returned
+		tb.Fatal("consumer stopped before running")
+	case <-time.After(30 * time.Second):
+		tb.Fatal("consumer router did not start")
+	}
+	return stop
+}
+
+// newRegistry is a consumers.Registry over pool, its inbox included, on a
+// router of its own, which waits closeTimeout for in-flight handlers and
+// runs mw around them; the subscribers cfg.Subscribers makes are closed at
+// cleanup (closedAtCleanup).
+func newRegistry(tb testing.TB, pool *pgxpool.Pool, closeTimeout time.Duration, cfg consumers.Config, mw ...message.HandlerMiddleware) *consumers.Registry {
+	tb.Helper()
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: closeTimeout}, watermill.NopLogger{})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	router.AddMiddleware(mw...)
+	cfg.Pool, cfg.Inbox = pool, postgres.NewInbox(pool)
+	cfg.Subscribers = closedAtCleanup(tb, cfg.Subscribers)
+	reg, err := consumers.New(router, cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return reg
+}
+
+// closedAtCleanup closes at cleanup every subscriber f returns. A router
+// stopped through its context may leave its subscribers open (Watermill's
+// handler closes them only when Router.Close wins the race), and a Kafka
+// group member, a NATS or AMQP connection or a pool then runs on.
+func closedAtCleanup(tb testing.TB, f consumers.SubscriberFactory) consumers.SubscriberFactory {
+	return func(consumer string) (message.Subscriber, error) {
+		sub, err := f(consumer)
+		if err == nil {
+			tb.Cleanup(func() { _ = sub.Close() })
+		}
+		return sub, err
+	}
+}
+
+// runInBackground runs run (a router's or a registry's Run) under a child
+// of ctx until stop is called; tb's cleanup calls stop too, and stop is
+// idempotent, so a test may stop early. stop cancels, waits for run to
+// return and hands its error to report (unless nil). ended is closed when
+// run has returned.
+func runInBackground(tb testing.TB, ctx context.Context, run func(context.Context) error, report func(string, ...any)) (stop func(), ended <-chan struct{}) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	var err error
+	go func() { err = run(ctx); close(done) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
 			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("consumer run: %v", err)
+			<-done
+			if err != nil {
+				report("consumer run: %v", err)
 			}
 		})
 	}
-	t.Cleanup(stop)
-	select {
-	case <-reg.Running():
-	case err := <-done:
-		t.Fatalf("consumer stopped before running: %v", err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("consumer router did not start")
-	}
-	return &consumerRig{reg: reg, pool: pool, prom: prom, stop: stop}
+	tb.Cleanup(stop)
+	return stop, done
 }
 
 var probeOnce sync.Map

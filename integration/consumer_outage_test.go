@@ -2,8 +2,6 @@ package integration
 
 import (
 	"bytes"
-	"context"
-	"net"
 	"os/exec"
 	"strings"
 	"sync"
@@ -13,7 +11,6 @@ import (
 
 	"github.com/posthorn/posthorn/adapters/kfakebroker"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
-	"github.com/posthorn/posthorn/integration/faultkit"
 )
 
 // lockedBuffer collects a child's stderr while the test reads it.
@@ -40,19 +37,9 @@ func (l *lockedBuffer) String() string {
 // status 1 ("cannot subscribe topic ... connection refused"), which the
 // fault suite saw as a consumer that "exited on its own".
 func TestConsumeWaitsForBrokerAtStart(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	bin, err := faultkit.Build(ctx, t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
+	bin := posthornBin(t)
 	url, _ := pgtest.Consumer(t)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close() // nothing listens: the broker is down
+	addr := freeAddr(t) // nothing listens: the broker is down
 
 	var stderr lockedBuffer
 	cmd := exec.Command(bin, "consume")

@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
@@ -26,38 +25,6 @@ import (
 // POSTHORN_SOAK_DURATION (default 30m) of load, POSTHORN_SOAK_POSTINGS
 // (default 200000), hundreds of kills; the figures go to
 // POSTHORN_SOAK_OUT (default soak-YYYYMMDD-HHMM.txt in the repository root).
-
-var (
-	faultBinOnce sync.Once
-	faultBin     string
-	faultBinErr  error
-)
-
-// posthornBin builds the child binary once per test process (without the
-// race detector: only the test process runs under -race).
-func posthornBin(t *testing.T) string {
-	t.Helper()
-	faultBinOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "posthorn-fault-bin")
-		if err != nil {
-			faultBinErr = err
-			return
-		}
-		faultBin, faultBinErr = faultkit.Build(context.Background(), dir)
-	})
-	if faultBinErr != nil {
-		t.Fatal(faultBinErr)
-	}
-	return faultBin
-}
-
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if faultBin != "" {
-		os.RemoveAll(filepath.Dir(faultBin))
-	}
-	os.Exit(code)
-}
 
 // startFaultSystem gives a test fresh ledger and consumer databases and the
 // processes over them; everything stops at cleanup, before the databases
@@ -185,22 +152,33 @@ func skipInShortMode(t *testing.T) {
 	}
 }
 
+// runFaultControl runs a negative control: a system with one protection
+// switched off (sys) under rc's faults. It logs the figures under what and
+// fails the test when the run itself fails; the caller checks that the
+// invariants broke.
+func runFaultControl(t *testing.T, what string, sys faultkit.SystemConfig, rc faultkit.RunConfig) (*faultkit.System, faultkit.Figures) {
+	t.Helper()
+	s := startFaultSystem(t, sys)
+	rc.Logf = t.Logf
+	fig, err := faultkit.Run(context.Background(), s, rc)
+	t.Logf("%s:\n%s", what, fig)
+	if err != nil {
+		dumpLogs(t, s)
+		t.Fatal(err)
+	}
+	return s, fig
+}
+
 // TestFaultControlWithoutInbox is the negative control of the inbox: the
 // consumers apply without it (--unsafe-no-inbox) while they and the relays
 // are killed, so redeliveries become second effects and the balance check
 // must fail.
 func TestFaultControlWithoutInbox(t *testing.T) {
 	skipInShortMode(t)
-	s := startFaultSystem(t, faultkit.SystemConfig{UnsafeNoInbox: true})
-	fig, err := faultkit.Run(context.Background(), s, faultkit.RunConfig{
+	_, fig := runFaultControl(t, "control without inbox", faultkit.SystemConfig{UnsafeNoInbox: true}, faultkit.RunConfig{
 		Postings: 4000, Rate: 200, KillRelays: 3, KillConsumers: 6,
-		Settle: faultkit.SettleAllSeen, DrainTimeout: 3 * time.Minute, Logf: t.Logf,
+		Settle: faultkit.SettleAllSeen, DrainTimeout: 3 * time.Minute,
 	})
-	t.Logf("control without inbox:\n%s", fig)
-	if err != nil {
-		dumpLogs(t, s)
-		t.Fatal(err)
-	}
 	// Every event reached the consumers at least once (SettleAllSeen), so
 	// a balance that differs was changed twice by one event.
 	if fig.Report.Clean() || !fig.Report.Has(demo.CheckBalances) {
@@ -215,16 +193,10 @@ func TestFaultControlWithoutInbox(t *testing.T) {
 // must fail.
 func TestFaultControlMarkBeforeAck(t *testing.T) {
 	skipInShortMode(t)
-	s := startFaultSystem(t, faultkit.SystemConfig{UnsafeMarkBeforeAck: true})
-	fig, err := faultkit.Run(context.Background(), s, faultkit.RunConfig{
+	s, fig := runFaultControl(t, "control with the marker before the ACK", faultkit.SystemConfig{UnsafeMarkBeforeAck: true}, faultkit.RunConfig{
 		Postings: 4000, Rate: 200, KillRelays: 6, BrokerOutages: 1,
-		Settle: faultkit.SettleQuiet, DrainTimeout: 2 * time.Minute, Logf: t.Logf,
+		Settle: faultkit.SettleQuiet, DrainTimeout: 2 * time.Minute,
 	})
-	t.Logf("control with the marker before the ACK:\n%s", fig)
-	if err != nil {
-		dumpLogs(t, s)
-		t.Fatal(err)
-	}
 	if fig.Report.Clean() || !fig.Report.Has(demo.CheckApplied) {
 		t.Fatalf("with the marker before the ACK the same faults must lose events and fail the applied-once check; violations: %v", fig.Report.Violations)
 	}

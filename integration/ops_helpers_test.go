@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -45,75 +44,24 @@ type opsRig struct {
 // opts apply to both consumers (WithoutInbox for negative controls).
 func startOpsConsumers(t *testing.T, sink *memory.Sink, pool *pgxpool.Pool, opts ...consumers.Option) {
 	t.Helper()
-	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg, err := consumers.New(router, consumers.Config{
-		Pool:        pool,
-		Inbox:       postgres.NewInbox(pool),
+	reg := newRegistry(t, pool, 10*time.Second, consumers.Config{
 		Subscribers: func(string) (message.Subscriber, error) { return sink.Subscriber(), nil },
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	if err := projection.Register(reg, core.TopicEvents, opts...); err != nil {
 		t.Fatal(err)
 	}
 	if err := auditlog.Register(reg, core.TopicEvents, opts...); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- reg.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("consumers: %v", err)
-		}
-	})
-	select {
-	case <-reg.Running():
-	case err := <-done:
-		t.Fatalf("consumers stopped before running: %v", err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("consumer router did not start")
-	}
-}
-
-// opsConsumerPool is a fresh consumer database behind a pool of at most 8
-// connections: many parallel tests share the server's max_connections.
-func opsConsumerPool(t *testing.T) *pgxpool.Pool {
-	t.Helper()
-	url, _ := pgtest.Consumer(t)
-	cfg, err := postgres.ParseConfig(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.MaxConns = 8
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	return pool
+	runRegistry(t, reg, t.Errorf)
 }
 
 const opsWait = 60 * time.Second
 
-func inboxCountsOf(t *testing.T, pool *pgxpool.Pool, consumer string) postgres.InboxCounts {
-	t.Helper()
-	c, err := postgres.NewInbox(pool).Count(context.Background(), consumer)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
-}
-
 func newOpsRig(t *testing.T) *opsRig {
 	t.Helper()
 	_, ledger := pgtest.Ledger(t)
-	consumer := opsConsumerPool(t)
+	consumer := smallConsumerPool(t)
 	sink := memory.New(memory.Config{})
 	t.Cleanup(func() { _ = sink.Close() })
 	r := &opsRig{ledger: ledger, consumer: consumer, store: postgres.NewLedgerStore(ledger, postgres.LedgerConfig{}),
@@ -177,11 +125,21 @@ func (r *opsRig) relay(t *testing.T, hooks *bridge.Hooks) *bridge.Relay {
 	return rel
 }
 
+// deliver posts n postings, relays them and waits until both consumers
+// applied their events, and returns how many there were.
+func (r *opsRig) deliver(t *testing.T, n int) int {
+	t.Helper()
+	events := r.post(t, n)
+	r.relay(t, nil)
+	r.waitApplied(t, events)
+	return events
+}
+
 // waitApplied waits until both example consumers applied events events.
 func (r *opsRig) waitApplied(t *testing.T, events int) {
 	t.Helper()
 	bridgetest.WaitFor(t, opsWait, fmt.Sprintf("both consumers applied %d events", events), func() bool {
-		p, a := inboxCountsOf(t, r.consumer, projection.Name), inboxCountsOf(t, r.consumer, auditlog.Name)
+		p, a := counts(t, r.consumer, projection.Name), counts(t, r.consumer, auditlog.Name)
 		return p.Events[core.DispositionApplied] == int64(events) && a.Events[core.DispositionApplied] == int64(events)
 	})
 }
@@ -190,7 +148,7 @@ func (r *opsRig) waitApplied(t *testing.T, events int) {
 func (r *opsRig) waitDuplicates(t *testing.T, n int64) {
 	t.Helper()
 	bridgetest.WaitFor(t, opsWait, fmt.Sprintf("both consumers absorbed %d repeats", n), func() bool {
-		p, a := inboxCountsOf(t, r.consumer, projection.Name), inboxCountsOf(t, r.consumer, auditlog.Name)
+		p, a := counts(t, r.consumer, projection.Name), counts(t, r.consumer, auditlog.Name)
 		return p.DuplicatesAbsorbed == n && a.DuplicatesAbsorbed == n
 	})
 }
@@ -216,24 +174,14 @@ func (r *opsRig) reconcile(t *testing.T, archive ops.ArchiveStore) ops.Report {
 // keeps them.
 func (r *opsRig) ledgerBalances(t *testing.T) map[string]map[string]*big.Int {
 	t.Helper()
-	rows, err := r.ledger.Query(context.Background(), `SELECT account_id, currency, balance FROM account_balances WHERE balance <> 0`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
 	out := map[string]map[string]*big.Int{}
-	for rows.Next() {
-		var acc, cur string
-		var bal int64
-		if err := rows.Scan(&acc, &cur, &bal); err != nil {
-			t.Fatal(err)
+	for acc, curs := range ledgerBalances(t, r.ledger) {
+		out[acc] = map[string]*big.Int{}
+		for cur, bal := range curs {
+			out[acc][cur] = big.NewInt(bal)
 		}
-		if out[acc] == nil {
-			out[acc] = map[string]*big.Int{}
-		}
-		out[acc][cur] = big.NewInt(bal)
 	}
-	return out
+	return nonZero(out)
 }
 
 func (r *opsRig) projected(t *testing.T) map[string]map[string]*big.Int {

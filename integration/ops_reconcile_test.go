@@ -21,9 +21,7 @@ func TestOpsReconcileCleanThenEveryDiscrepancyClass(t *testing.T) {
 	t.Parallel()
 
 	r := newOpsRig(t)
-	events := r.post(t, 30)
-	r.relay(t, nil)
-	r.waitApplied(t, events)
+	events := r.deliver(t, 30)
 
 	rep := r.reconcile(t, nil)
 	if !rep.Clean {
@@ -160,9 +158,7 @@ func equalCoverage(a, b map[string]ops.Coverage) bool {
 func TestOpsReconcileHeldAndRejectedAreUnproven(t *testing.T) {
 	t.Parallel()
 	r := newOpsRig(t)
-	events := r.post(t, 6)
-	r.relay(t, nil)
-	r.waitApplied(t, events)
+	r.deliver(t, 6)
 	held, rejected := r.posted[1].Events[0].EventID, r.posted[4].Events[1].EventID
 	mustExec(t, r.consumer, `UPDATE consumer_inbox SET disposition = 'held', held_since = now() WHERE consumer = $1 AND event_id = $2`, projection.Name, held)
 	mustExec(t, r.consumer, `UPDATE consumer_inbox SET disposition = 'rejected', reason = 'no handler for it' WHERE consumer = $1 AND event_id = $2`, auditlog.Name, rejected)

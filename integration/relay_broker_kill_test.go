@@ -2,7 +2,6 @@ package integration
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -32,11 +31,7 @@ func brokerKillDrain(t *testing.T, newSink func([]string) (core.Sink, error), ev
 	if err := bridgetest.Fill(ctx, pool, "kill", 2000, events/2000); err != nil {
 		t.Fatal(err)
 	}
-	port, err := faultkit.FreePort()
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	addr := freeAddr(t)
 	dir := t.TempDir()
 	broker := faultkit.NewProc(faultkit.ProcConfig{Name: "broker", Bin: posthornBin(t), LogDir: dir,
 		Args:      []string{"dev", "kafka", "--listen", addr, "--data-dir", filepath.Join(dir, "broker-data")},

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -189,16 +190,9 @@ func checkRevisionOrder(t *testing.T, brokers []string, n int) {
 	seen := map[string]bool{}
 	for len(seen) < n && ctx.Err() == nil {
 		cl.PollFetches(ctx).EachRecord(func(rec *kgo.Record) {
-			var id string
-			var rev int64
-			for _, h := range rec.Headers {
-				switch h.Key {
-				case core.HeaderEventID:
-					id = string(h.Value)
-				case core.HeaderRevision:
-					_, _ = fmt.Sscan(string(h.Value), &rev)
-				}
-			}
+			h := headers(rec)
+			id := h[core.HeaderEventID]
+			rev, _ := strconv.ParseInt(h[core.HeaderRevision], 10, 64)
 			key := string(rec.Key)
 			if rev > high[key]+1 {
 				t.Errorf("%s: revision %d on partition %d offset %d after revision %d: a revision skipped", key, rev, rec.Partition, rec.Offset, high[key])

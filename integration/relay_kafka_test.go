@@ -120,11 +120,7 @@ func (b *relayBroker) recordsHolding(eventIDs []string, d time.Duration) []*kgo.
 	for len(missing) > 0 && ctx.Err() == nil {
 		cl.PollFetches(ctx).EachRecord(func(r *kgo.Record) {
 			out = append(out, r)
-			for _, h := range r.Headers {
-				if h.Key == core.HeaderEventID {
-					delete(missing, string(h.Value))
-				}
-			}
+			delete(missing, headers(r)[core.HeaderEventID])
 		})
 	}
 	return out
@@ -137,18 +133,8 @@ func startKafkaRelay(t *testing.T, pool *pgxpool.Pool, brokers []string, owner s
 	if err != nil {
 		t.Fatal(err)
 	}
-	reg := prometheus.NewRegistry()
-	r, err := bridge.New(postgres.NewRelayStore(pool), sink, bridge.Config{
-		Owner: owner, SinkName: "kafka", PollInterval: 50 * time.Millisecond, LeaseTTL: 5 * time.Second,
-		RetryInitial: 20 * time.Millisecond, RetryMax: 300 * time.Millisecond, StatsInterval: 50 * time.Millisecond,
-		Logger: relayQuietLog, Registerer: reg,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	t.Cleanup(func() { _ = sink.Close() })
-	bridgetest.Start(t, r)
-	return r, reg
+	return startTestRelay(t, pool, sink, owner, "kafka")
 }
 
 func relayMetric(t *testing.T, reg *prometheus.Registry, name string) float64 {
@@ -197,11 +183,7 @@ func TestRelayToKafkaReadByWatermillSubscriber(t *testing.T) {
 	}
 	last := map[string]int64{}
 	for _, r := range recs {
-		h := map[string]string{}
-		for _, rh := range r.Headers {
-			h[rh.Key] = string(rh.Value)
-		}
-		e, err := core.EnvelopeFromHeaders(h, r.Value)
+		e, err := core.EnvelopeFromHeaders(headers(r), r.Value)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -282,18 +264,9 @@ func TestRelayKafkaOutageAndRecovery(t *testing.T) {
 	ids := map[string]bool{}
 	last := map[string]int64{}
 	for _, r := range recs {
-		var id, agg string
-		var rev int64
-		for _, h := range r.Headers {
-			switch h.Key {
-			case core.HeaderEventID:
-				id = string(h.Value)
-			case core.HeaderAggregateID:
-				agg = string(h.Value)
-			case core.HeaderRevision:
-				rev, _ = strconv.ParseInt(string(h.Value), 10, 64)
-			}
-		}
+		h := headers(r)
+		id, agg := h[core.HeaderEventID], h[core.HeaderAggregateID]
+		rev, _ := strconv.ParseInt(h[core.HeaderRevision], 10, 64)
 		ids[id] = true
 		if rev > last[agg]+1 {
 			t.Fatalf("%s: revision %d after %d (gap)", agg, rev, last[agg])

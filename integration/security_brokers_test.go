@@ -75,13 +75,6 @@ func startServer(t *testing.T, port int, bin string, args ...string) {
 	}
 }
 
-func freePortNum(t *testing.T) int {
-	t.Helper()
-	_, p, _ := net.SplitHostPort(freeAddr(t))
-	n, _ := strconv.Atoi(p)
-	return n
-}
-
 // tlsProxy terminates TLS on a free port and forwards to target (for the
 // machine's RabbitMQ, which listens in plain only).
 func tlsProxy(t *testing.T, server *tls.Config, target string) string {
@@ -182,10 +175,10 @@ func TestSecurityBrokerCredentialsAndTLS(t *testing.T) {
 	}
 	const natsPass, redisPass = "S3cret-nats-pw", "S3cret-redis-pw"
 
-	natsPort := freePortNum(t)
+	natsPort := freePort(t)
 	startServer(t, natsPort, "nats-server", "-a", "127.0.0.1", "-p", strconv.Itoa(natsPort), "-js", "-sd", t.TempDir(),
 		"--tls", "--tlscert", certFile, "--tlskey", keyFile, "--user", "posthorn", "--pass", natsPass)
-	redisPort := freePortNum(t)
+	redisPort := freePort(t)
 	startServer(t, redisPort, "redis-server", "--port", "0", "--tls-port", strconv.Itoa(redisPort), "--bind", "127.0.0.1",
 		"--tls-cert-file", certFile, "--tls-key-file", keyFile, "--tls-ca-cert-file", certFile, "--tls-auth-clients", "no",
 		"--requirepass", redisPass, "--save", "", "--appendonly", "no", "--dir", t.TempDir())

@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -75,31 +74,6 @@ func randomSecret(prefix string) string {
 	return prefix + hex.EncodeToString(b[:])
 }
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
-func httpReady(addr, path string) func(ctx context.Context) error {
-	return func(ctx context.Context) error {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+path, nil)
-		res, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return err
-		}
-		res.Body.Close()
-		if res.StatusCode != http.StatusOK {
-			return fmt.Errorf("%s: %d", path, res.StatusCode)
-		}
-		return nil
-	}
-}
-
 // TestSecurityNoSecretInAnyLog runs the whole system as users run it — the
 // posthorn binary as child processes: api, relay and consume, each under
 // its own database LOGIN role with a password, the API with bearer tokens,
@@ -118,10 +92,7 @@ func TestSecurityNoSecretInAnyLog(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	logDir := t.TempDir()
-	bin, err := faultkit.Build(ctx, t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
+	bin := posthornBin(t)
 
 	secrets := map[string]string{
 		"api db password":      randomSecret("dbapi"),
@@ -178,13 +149,13 @@ func TestSecurityNoSecretInAnyLog(t *testing.T) {
 	procs := []*faultkit.Proc{
 		faultkit.NewProc(faultkit.ProcConfig{Name: "api", Bin: bin, Args: []string{"api"}, LogDir: logDir,
 			Env:   append([]string{"POSTHORN_DATABASE__URL=" + apiURL, "POSTHORN_API__LISTEN=" + apiAddr}, common...),
-			Ready: httpReady(apiAddr, "/readyz")}),
+			Ready: faultkit.HTTPReady("http://" + apiAddr + "/readyz")}),
 		faultkit.NewProc(faultkit.ProcConfig{Name: "relay", Bin: bin, Args: []string{"relay"}, LogDir: logDir,
 			Env:   append([]string{"POSTHORN_DATABASE__URL=" + relayURL, "POSTHORN_METRICS__LISTEN=" + relayMetrics}, common...),
-			Ready: httpReady(relayMetrics, "/readyz")}),
+			Ready: faultkit.HTTPReady("http://" + relayMetrics + "/readyz")}),
 		faultkit.NewProc(faultkit.ProcConfig{Name: "consume", Bin: bin, Args: []string{"consume"}, LogDir: logDir,
 			Env:   append([]string{"POSTHORN_CONSUMER__DATABASE__URL=" + consURL, "POSTHORN_METRICS__LISTEN=" + consMetrics}, common...),
-			Ready: httpReady(consMetrics, "/readyz")}),
+			Ready: faultkit.HTTPReady("http://" + consMetrics + "/readyz")}),
 	}
 	for _, p := range procs {
 		t.Cleanup(p.Close)
@@ -265,7 +236,7 @@ func TestSecurityNoSecretInAnyLog(t *testing.T) {
 	suAddr := freeAddr(t)
 	su := faultkit.NewProc(faultkit.ProcConfig{Name: "api-superuser", Bin: bin, Args: []string{"api"}, LogDir: logDir,
 		Env:   append([]string{"POSTHORN_DATABASE__URL=" + ledgerURL, "POSTHORN_API__LISTEN=" + suAddr}, common...),
-		Ready: httpReady(suAddr, "/readyz")})
+		Ready: faultkit.HTTPReady("http://" + suAddr + "/readyz")})
 	t.Cleanup(su.Close)
 	if err := su.Start(ctx); err != nil {
 		t.Fatal(err)

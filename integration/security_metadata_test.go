@@ -129,11 +129,7 @@ func relayToKafka(t *testing.T, pool *pgxpool.Pool, want int) []wireRecord {
 	var out []wireRecord
 	for len(out) < want && rctx.Err() == nil {
 		cl.PollFetches(rctx).EachRecord(func(r *kgo.Record) {
-			h := make(map[string]string, len(r.Headers))
-			for _, kv := range r.Headers {
-				h[kv.Key] = string(kv.Value)
-			}
-			out = append(out, wireRecord{sink: "kafka", topic: r.Topic, key: string(r.Key), headers: h, payload: r.Value})
+			out = append(out, wireRecord{sink: "kafka", topic: r.Topic, key: string(r.Key), headers: headers(r), payload: r.Value})
 		})
 	}
 	return out

@@ -82,10 +82,7 @@ func exposedSeries(t *testing.T, addr string) map[string]bool {
 func TestOpsKitMetricsAreExposedByRunningComponents(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	bin, err := faultkit.Build(ctx, t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
+	bin := posthornBin(t)
 	logDir := t.TempDir()
 
 	// Polling relay and consumers over kfake.
@@ -103,11 +100,11 @@ func TestOpsKitMetricsAreExposedByRunningComponents(t *testing.T) {
 	relay := faultkit.NewProc(faultkit.ProcConfig{Name: "relay", Bin: bin, Args: []string{"relay"}, LogDir: logDir,
 		Env: append([]string{"POSTHORN_DATABASE__URL=" + roletest.Login(t, ledgerURL, postgres.RoleRelay, ""),
 			"POSTHORN_METRICS__LISTEN=" + relayAddr}, kafkaEnv...),
-		Ready: httpReady(relayAddr, "/readyz")})
+		Ready: faultkit.HTTPReady("http://" + relayAddr + "/readyz")})
 	consume := faultkit.NewProc(faultkit.ProcConfig{Name: "consume", Bin: bin, Args: []string{"consume"}, LogDir: logDir,
 		Env: append([]string{"POSTHORN_CONSUMER__DATABASE__URL=" + roletest.Login(t, consumerURL, postgres.RoleConsumer, ""),
 			"POSTHORN_METRICS__LISTEN=" + consAddr}, kafkaEnv...),
-		Ready: httpReady(consAddr, "/readyz")})
+		Ready: faultkit.HTTPReady("http://" + consAddr + "/readyz")})
 
 	// The CDC relay on a throwaway cluster with wal_level=logical.
 	cctx, cancel := context.WithTimeout(ctx, time.Minute)
@@ -152,7 +149,7 @@ func TestOpsKitMetricsAreExposedByRunningComponents(t *testing.T) {
 	cdc := faultkit.NewProc(faultkit.ProcConfig{Name: "relay-cdc", Bin: bin, Args: []string{"relay"}, LogDir: logDir,
 		Env: []string{"POSTHORN_RELAY__MODE=cdc", "POSTHORN_SINK__KIND=memory", "POSTHORN_DATABASE__URL=" + cdcURL.String(),
 			"POSTHORN_METRICS__LISTEN=" + cdcAddr},
-		Ready: httpReady(cdcAddr, "/readyz")})
+		Ready: faultkit.HTTPReady("http://" + cdcAddr + "/readyz")})
 
 	for _, p := range []*faultkit.Proc{relay, consume, cdc} {
 		t.Cleanup(p.Close)

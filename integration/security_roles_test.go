@@ -24,7 +24,6 @@ import (
 	"github.com/posthorn/posthorn/consumers/auditlog"
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
-	"github.com/posthorn/posthorn/integration/faultkit"
 	"github.com/posthorn/posthorn/ops"
 )
 
@@ -113,7 +112,7 @@ func TestSecurityEveryComponentUnderItsRole(t *testing.T) {
 		t.Fatalf("replay as posthorn_relay: %+v %v (want %d events)", res, err, events)
 	}
 	bridgetest.WaitFor(t, opsWait, "repeats absorbed", func() bool {
-		p, a := inboxCountsOf(t, consumerOwner, projection.Name), inboxCountsOf(t, consumerOwner, auditlog.Name)
+		p, a := counts(t, consumerOwner, projection.Name), counts(t, consumerOwner, auditlog.Name)
 		return p.DuplicatesAbsorbed == int64(events+1) && a.DuplicatesAbsorbed == int64(events+1)
 	})
 
@@ -154,7 +153,7 @@ func TestSecurityEveryComponentUnderItsRole(t *testing.T) {
 func waitAppliedOn(t *testing.T, consumer *pgxpool.Pool, events int) {
 	t.Helper()
 	bridgetest.WaitFor(t, opsWait, fmt.Sprintf("both consumers applied %d events", events), func() bool {
-		p, a := inboxCountsOf(t, consumer, projection.Name), inboxCountsOf(t, consumer, auditlog.Name)
+		p, a := counts(t, consumer, projection.Name), counts(t, consumer, auditlog.Name)
 		return p.Events[core.DispositionApplied] == int64(events) && a.Events[core.DispositionApplied] == int64(events)
 	})
 }
@@ -166,10 +165,7 @@ func waitAppliedOn(t *testing.T, consumer *pgxpool.Pool, events int) {
 func TestSecurityMigrateRolesCommand(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	bin, err := faultkit.Build(ctx, t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
+	bin := posthornBin(t)
 	ledgerURL, consumerURL := pgtest.NewDatabase(t), pgtest.NewDatabase(t)
 	password := randomSecret("S3cret-login-")
 	run := func(env []string, args ...string) (string, error) {

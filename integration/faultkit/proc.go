@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -85,6 +86,26 @@ type ProcConfig struct {
 	// Ready is polled until nil when the process is ready (e.g. an HTTP
 	// health check).
 	Ready func(ctx context.Context) error
+}
+
+// HTTPReady is a ProcConfig.Ready for a process that serves HTTP: ready
+// once a GET of url answers 200 OK.
+func HTTPReady(url string) func(ctx context.Context) error {
+	return func(ctx context.Context) error {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return err
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("%s: %s", url, resp.Status)
+		}
+		return nil
+	}
 }
 
 // NewProc returns a process that is not started yet.

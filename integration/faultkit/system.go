@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -148,20 +147,9 @@ func StartSystem(ctx context.Context, cfg SystemConfig) (*System, error) {
 		return nil, err
 	}
 	s.API = NewProc(ProcConfig{Name: "api", Bin: cfg.Bin, LogDir: cfg.Dir,
-		Args: []string{"api", "--api.listen", fmt.Sprintf("127.0.0.1:%d", apiPort)},
-		Env:  []string{"POSTHORN_DATABASE__URL=" + cfg.LedgerURL, "POSTHORN_LOG__LEVEL=warn"},
-		Ready: func(ctx context.Context) error {
-			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, s.APIURL+"/readyz", nil)
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				return err
-			}
-			resp.Body.Close()
-			if resp.StatusCode != http.StatusOK {
-				return errors.New(resp.Status)
-			}
-			return nil
-		}})
+		Args:  []string{"api", "--api.listen", fmt.Sprintf("127.0.0.1:%d", apiPort)},
+		Env:   []string{"POSTHORN_DATABASE__URL=" + cfg.LedgerURL, "POSTHORN_LOG__LEVEL=warn"},
+		Ready: HTTPReady(s.APIURL + "/readyz")})
 	if err := s.API.Start(ctx); err != nil {
 		return nil, err
 	}

@@ -1,0 +1,44 @@
+package integration
+
+import (
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/bridge"
+	"github.com/posthorn/posthorn/bridge/bridgetest"
+	"github.com/posthorn/posthorn/core"
+)
+
+// startTestRelay starts a polling relay on pool's outbox to sink with
+// timings short enough for a test (polls of 50 ms, retries from 20 ms up
+// to 300 ms, a 5 s lease) and stops it at cleanup. It returns the relay
+// and the registry of its metrics.
+func startTestRelay(t *testing.T, pool *pgxpool.Pool, sink core.Sink, owner, sinkName string) (*bridge.Relay, *prometheus.Registry) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	r, err := bridge.New(postgres.NewRelayStore(pool), sink, bridge.Config{
+		Owner: owner, SinkName: sinkName, PollInterval: 50 * time.Millisecond, LeaseTTL: 5 * time.Second,
+		RetryInitial: 20 * time.Millisecond, RetryMax: 300 * time.Millisecond, StatsInterval: 50 * time.Millisecond,
+		Logger: relayQuietLog, Registerer: reg,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bridgetest.Start(t, r)
+	return r, reg
+}
+
+// headers are a Kafka record's headers, one value per key, as the sinks
+// write them.
+func headers(r *kgo.Record) map[string]string {
+	h := make(map[string]string, len(r.Headers))
+	for _, kv := range r.Headers {
+		h[kv.Key] = string(kv.Value)
+	}
+	return h
+}
