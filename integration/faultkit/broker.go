@@ -23,7 +23,8 @@ func (s *System) BrokerEventIDs(ctx context.Context, idle time.Duration) (map[st
 }
 
 // EventIDsOnBroker reads the whole event topic of the broker at addr and
-// returns the event IDs it holds, stopping after idle without a new record.
+// returns the event IDs it holds, stopping after idle without a new record
+// (counted from the first record).
 func EventIDsOnBroker(ctx context.Context, addr string, idle time.Duration) (map[string]bool, error) {
 	cl, err := kgo.NewClient(kgo.SeedBrokers(addr), kgo.ConsumeTopics(core.TopicEvents),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(200*time.Millisecond))
@@ -32,8 +33,14 @@ func EventIDsOnBroker(ctx context.Context, addr string, idle time.Duration) (map
 	}
 	defer cl.Close()
 	ids := map[string]bool{}
-	last := time.Now()
-	for time.Since(last) < idle {
+	// The idle clock starts at the first record: on a loaded machine the
+	// first fetch (connection, metadata) can take longer than idle, and a
+	// read that stopped then would report a full topic as empty. A topic
+	// with nothing on it is waited for up to firstRecordWait.
+	const firstRecordWait = 30 * time.Second
+	start := time.Now()
+	var last time.Time
+	for last.IsZero() && time.Since(start) < max(firstRecordWait, idle) || !last.IsZero() && time.Since(last) < idle {
 		pctx, cancel := context.WithTimeout(ctx, idle)
 		fs := cl.PollFetches(pctx)
 		cancel()
