@@ -54,7 +54,8 @@ func IsPermanent(err error) bool { return errors.Is(err, ErrPermanent) || core.I
 
 // SubscriberFactory returns the subscriber a consumer reads with. It is
 // called once per registered handler with the consumer's name, so brokers
-// with consumer groups (Kafka) give each consumer its own group.
+// with consumer groups (Kafka) give each consumer its own group. The
+// registry owns what it returns and closes it when Run ends.
 type SubscriberFactory func(consumer string) (message.Subscriber, error)
 
 // Defaults of Config.
@@ -204,6 +205,9 @@ type Registry struct {
 	mu       sync.Mutex
 	handlers []*handlerConfig
 	owners   map[string]string // command topic → owning consumer
+	// made are the subscribers Config.Subscribers made: the registry owns
+	// them and closes them when Run ends.
+	made []message.Subscriber
 }
 
 // New returns a Registry adding handlers to router.
@@ -290,6 +294,7 @@ func (r *Registry) add(consumer, topic string, kind core.Kind, h Handler, opts [
 		if sub, err = r.cfg.Subscribers(consumer); err != nil {
 			return fmt.Errorf("consumers: subscriber for %s: %w", consumer, err)
 		}
+		r.made = append(r.made, sub)
 	}
 	hc.handOff = newHandOff()
 	hc.lanes = newLanes(r, hc)
@@ -467,7 +472,11 @@ func (r *Registry) safeApply(hc *handlerConfig) Handler {
 
 // Run runs the router and every consumer's sweeper until ctx is cancelled
 // (or the router is closed), then stops both; in-flight messages finish or
-// stay unacknowledged. It returns the router's error.
+// stay unacknowledged. It returns the router's error. The subscribers
+// Config.Subscribers made are closed before it returns: when the
+// cancellation reaches the router's handlers before its Close does, the
+// router leaves them open (their connections, group members and pools
+// would run on); Close is idempotent on every subscriber Posthorn makes.
 func (r *Registry) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -492,6 +501,12 @@ func (r *Registry) Run(ctx context.Context) error {
 	err := r.router.Run(ctx)
 	cancel()
 	wg.Wait()
+	r.mu.Lock()
+	made := r.made
+	r.mu.Unlock()
+	for _, s := range made {
+		_ = s.Close()
+	}
 	return err
 }
 

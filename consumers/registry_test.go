@@ -220,3 +220,55 @@ func TestSweeperRedrivesAfterOutOfProcessRelease(t *testing.T) {
 	waitDisposition(t, postgres.NewInbox(pool), "ordered", "acc-2", core.DispositionApplied)
 	waitDisposition(t, postgres.NewInbox(pool), "ordered", "acc-1", core.DispositionApplied)
 }
+
+// closeCounting is a subscriber that counts its Close calls.
+type closeCounting struct {
+	message.Subscriber
+	closed atomic.Int32
+}
+
+func (c *closeCounting) Close() error { c.closed.Add(1); return c.Subscriber.Close() }
+
+// Every subscriber Config.Subscribers made is closed once Run has returned,
+// whichever of the cancellation and the router's Close reached its handler
+// first; a subscriber a test passes with WithSubscriber is left to its
+// owner.
+func TestRunClosesTheSubscribersItMade(t *testing.T) {
+	t.Parallel()
+	_, pool := pgtest.Consumer(t)
+	for range 20 { // the race between cancellation and Close goes both ways
+		router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, watermill.NopLogger{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var made []*closeCounting
+		reg, err := consumers.New(router, consumers.Config{Pool: pool, Inbox: postgres.NewInbox(pool),
+			Subscribers: func(string) (message.Subscriber, error) {
+				c := &closeCounting{Subscriber: gochannel.NewGoChannel(gochannel.Config{}, nil)}
+				made = append(made, c)
+				return c, nil
+			}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		own := &closeCounting{Subscriber: gochannel.NewGoChannel(gochannel.Config{}, nil)}
+		if err := reg.AddEventHandler("a", core.TopicEvents, nop); err != nil {
+			t.Fatal(err)
+		}
+		if err := reg.AddEventHandler("b", core.TopicEvents, nop, consumers.WithSubscriber(own)); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- reg.Run(ctx) }()
+		<-reg.Running()
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if len(made) != 1 || made[0].closed.Load() == 0 {
+			t.Fatalf("after Run: %d subscribers made, the first closed %d times; want one, closed", len(made), made[0].closed.Load())
+		}
+		_ = own.Close()
+	}
+}

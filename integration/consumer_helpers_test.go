@@ -230,10 +230,12 @@ func newRegistry(tb testing.TB, pool *pgxpool.Pool, closeTimeout time.Duration, 
 	return reg
 }
 
-// closedAtCleanup closes at cleanup every subscriber f returns. A router
-// stopped through its context may leave its subscribers open (Watermill's
-// handler closes them only when Router.Close wins the race), and a Kafka
-// group member, a NATS or AMQP connection or a pool then runs on.
+// closedAtCleanup closes at cleanup every subscriber f returns. A plain
+// router stopped through its context may leave its subscribers open
+// (Watermill's handler closes them only when Router.Close wins the race),
+// and a Kafka group member, a NATS or AMQP connection or a pool then runs
+// on. consumers.Registry.Run closes what its factory made itself; this
+// also covers a registry a test builds and never runs.
 func closedAtCleanup(tb testing.TB, f consumers.SubscriberFactory) consumers.SubscriberFactory {
 	return func(consumer string) (message.Subscriber, error) {
 		sub, err := f(consumer)
