@@ -22,6 +22,7 @@ import (
 	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/promset/promtest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -120,24 +121,6 @@ func checkOrder(t *testing.T, got []core.Envelope, dups bool) map[string]int64 {
 	return last
 }
 
-func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			var sum float64
-			for _, m := range mf.GetMetric() {
-				sum += m.GetGauge().GetValue() + m.GetCounter().GetValue()
-			}
-			return sum
-		}
-	}
-	return 0
-}
-
 func TestEveryCommittedEventNoneRolledBack(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, memory.Config{})
@@ -185,7 +168,7 @@ func TestEveryCommittedEventNoneRolledBack(t *testing.T) {
 		}
 	}
 	checkOrder(t, got, false)
-	if n := gauge(t, r.reg, "posthorn_relay_published_total"); n != float64(len(committed)) {
+	if n := promtest.Value(t, r.reg, "posthorn_relay_published_total"); n != float64(len(committed)) {
 		t.Errorf("posthorn_relay_published_total = %v, want %d", n, len(committed))
 	}
 }
@@ -308,7 +291,7 @@ func TestLateCommitIsRelayedNotSkipped(t *testing.T) {
 	late, lateRow, others := f.lateCommit(ctx)
 	bridgetest.WaitFor(t, 10*time.Second, "later rows marked", func() bool { return bridgetest.Unrelayed(t, f.pool) == 0 })
 	bridgetest.WaitFor(t, 10*time.Second, "held-by-open-transaction gauge", func() bool {
-		return gauge(t, r.reg, "posthorn_relay_held_by_open_transaction_seconds") > 0
+		return promtest.Value(t, r.reg, "posthorn_relay_held_by_open_transaction_seconds") > 0
 	})
 	if err := late.Commit(ctx); err != nil {
 		t.Fatal(err)
@@ -318,7 +301,7 @@ func TestLateCommitIsRelayedNotSkipped(t *testing.T) {
 		t.Fatalf("last delivered %s, want the late row %s", last.EventID, lateRow[0].EventID)
 	}
 	bridgetest.WaitFor(t, 10*time.Second, "gauge back to 0", func() bool {
-		return gauge(t, r.reg, "posthorn_relay_held_by_open_transaction_seconds") == 0
+		return promtest.Value(t, r.reg, "posthorn_relay_held_by_open_transaction_seconds") == 0
 	})
 }
 
@@ -437,7 +420,7 @@ func TestTwoRelaysShareShardsAndTakeOverAStalledOne(t *testing.T) {
 	bridgetest.WaitFor(t, 15*time.Second, "B to take all 16 shards", func() bool { return leaseOwners(t, f.store)["relay-b"] == 16 })
 	got := f.waitDelivered(len(posted))
 	bridgetest.WaitFor(t, 10*time.Second, "markers", func() bool { return bridgetest.Unrelayed(t, f.pool) == 0 })
-	if n := gauge(t, b.reg, "posthorn_relay_lease_takeovers_total"); n < 1 {
+	if n := promtest.Value(t, b.reg, "posthorn_relay_lease_takeovers_total"); n < 1 {
 		t.Errorf("lease takeovers = %v, want at least 1", n)
 	}
 	// A wakes up with a stale batch: it must abandon it, not publish it.
@@ -445,7 +428,7 @@ func TestTwoRelaysShareShardsAndTakeOverAStalledOne(t *testing.T) {
 	stallA.Store(false)
 	close(release)
 	bridgetest.WaitFor(t, 10*time.Second, "A to abandon its stale batch", func() bool {
-		return gauge(t, a.reg, "posthorn_relay_abandoned_batches_total") >= 1
+		return promtest.Value(t, a.reg, "posthorn_relay_abandoned_batches_total") >= 1
 	})
 	if after := len(f.sink.Records(core.TopicEvents)); after != before {
 		t.Errorf("the stalled relay published %d records after losing its leases", after-before)
@@ -481,7 +464,7 @@ func TestStaleOwnersMarkerIsFenced(t *testing.T) {
 	bridgetest.WaitFor(t, 15*time.Second, "B to take the shards over", func() bool { return leaseOwners(t, f.store)["relay-b"] == 16 })
 	close(release)
 	bridgetest.WaitFor(t, 10*time.Second, "A's markers refused", func() bool {
-		return gauge(t, a.reg, "posthorn_relay_fenced_markers_total") == float64(len(posted))
+		return promtest.Value(t, a.reg, "posthorn_relay_fenced_markers_total") == float64(len(posted))
 	})
 	bridgetest.WaitFor(t, 10*time.Second, "B's markers", func() bool { return bridgetest.Unrelayed(t, f.pool) == 0 })
 }
@@ -511,7 +494,7 @@ func TestParkedAccountDoesNotStopOthers(t *testing.T) {
 	r := f.start("relay", nil)
 	got := f.waitDelivered(len(good))
 	bridgetest.WaitFor(t, 10*time.Second, "parked gauge", func() bool {
-		return gauge(t, r.reg, "posthorn_relay_parked_aggregates") == 1
+		return promtest.Value(t, r.reg, "posthorn_relay_parked_aggregates") == 1
 	})
 	for _, e := range got {
 		if e.AggregateID == "acc-bad" {
@@ -560,7 +543,7 @@ func TestSinkOutageRetriesAndRecovers(t *testing.T) {
 	for i := range 30 {
 		posted = append(posted, bridgetest.MustPost(t, f.pool, fmt.Sprintf("acc-%d", i%5))...)
 	}
-	bridgetest.WaitFor(t, 10*time.Second, "retries", func() bool { return gauge(t, r.reg, "posthorn_relay_retries_total") >= 3 })
+	bridgetest.WaitFor(t, 10*time.Second, "retries", func() bool { return promtest.Value(t, r.reg, "posthorn_relay_retries_total") >= 3 })
 	if n := bridgetest.Unrelayed(t, f.pool); n != len(posted) {
 		t.Fatalf("during the outage %d rows unrelayed, want %d", n, len(posted))
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/promset/promtest"
 )
 
 // errUnroutable stands for a failure the sink calls retryable that never
@@ -103,7 +104,7 @@ func TestStuckRetryableRecordParksItsAggregateOnly(t *testing.T) {
 	}
 	r := f.start("relay", throttleCfg(3))
 	bridgetest.WaitFor(t, 30*time.Second, "acc-stuck parked", func() bool {
-		return gauge(t, r.reg, "posthorn_relay_parked_aggregates") == 1
+		return promtest.Value(t, r.reg, "posthorn_relay_parked_aggregates") == 1
 	})
 	parked, err := f.store.Parked(context.Background())
 	if err != nil {
@@ -141,12 +142,12 @@ func TestStuckRetryableRecordNegativeControlThrottlesEveryone(t *testing.T) {
 	bridgetest.MustPost(t, f.pool, "acc-stuck")
 	r := f.start("relay", throttleCfg(-1))
 	bridgetest.WaitFor(t, 30*time.Second, "backoff at its maximum", func() bool {
-		return gauge(t, r.reg, "posthorn_relay_retries_total") >= 4
+		return promtest.Value(t, r.reg, "posthorn_relay_retries_total") >= 4
 	})
 	if took := postSequentially(t, f, "acc-3", 3); took < 1200*time.Millisecond {
 		t.Fatalf("3 postings of another account took only %s behind a stuck record: the control did not throttle", took)
 	}
-	if n := gauge(t, r.reg, "posthorn_relay_parked_aggregates"); n != 0 {
+	if n := promtest.Value(t, r.reg, "posthorn_relay_parked_aggregates"); n != 0 {
 		t.Fatalf("control parked %v aggregates", n)
 	}
 }
@@ -167,7 +168,7 @@ func TestBrokerWideOutageBacksOffNeverParks(t *testing.T) {
 		if p, _ := f.store.Parked(context.Background()); len(p) > 0 {
 			t.Fatalf("the outage parked %d aggregates, e.g. %+v", len(p), p[0])
 		}
-		return gauge(t, r.reg, "posthorn_relay_retries_total") >= 10
+		return promtest.Value(t, r.reg, "posthorn_relay_retries_total") >= 10
 	})
 	if p, err := f.store.Parked(context.Background()); err != nil || len(p) != 0 {
 		t.Fatalf("outage parked %+v (%v)", p, err)

@@ -16,6 +16,7 @@ import (
 	"github.com/posthorn/posthorn/consumers/auditlog"
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/promset/promtest"
 )
 
 // The projection's balances equal the ledger's after a few thousand
@@ -112,7 +113,7 @@ func TestConsumerProjectionMatchesLedger(t *testing.T) {
 	p := counts(t, consumerPool, projection.Name)
 	t.Logf("%d postings, %d events (+%d resends) applied in %s; projection duplicates absorbed %d, events held for a gap %v",
 		postings, events, len(msgs)-events, time.Since(start).Round(time.Millisecond), p.DuplicatesAbsorbed,
-		counterValue(t, rig.prom, "posthorn_consumer_revision_gaps_total", map[string]string{"consumer": projection.Name}))
+		promtest.Value(t, rig.prom, "posthorn_consumer_revision_gaps_total", "consumer", projection.Name))
 	if p.DuplicatesAbsorbed != int64(len(msgs)-events) || p.ParkedAggregates != 0 {
 		t.Fatalf("projection counts %+v, want %d duplicates and no parks", p, len(msgs)-events)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/posthorn/posthorn/consumers/auditlog"
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/promset/promtest"
 )
 
 // overTransports runs scenario once per broker, in parallel.
@@ -95,12 +96,10 @@ func TestConsumerDuplicateDeliveryOneEffect(t *testing.T) {
 		if err != nil || recs[m.UUID].Disposition != core.DispositionApplied || recs[m.UUID].Duplicates != 2 {
 			t.Fatalf("disposition %+v, %v", recs[m.UUID], err)
 		}
-		if got := counterValue(t, rig.prom, "posthorn_consumer_messages_total",
-			map[string]string{"consumer": projection.Name, "disposition": "duplicate"}); got != 2 {
+		if got := promtest.Value(t, rig.prom, "posthorn_consumer_messages_total", "consumer", projection.Name, "disposition", "duplicate"); got != 2 {
 			t.Fatalf("duplicate counter %v, want 2", got)
 		}
-		if got := counterValue(t, rig.prom, "posthorn_consumer_duplicate_ratio",
-			map[string]string{"consumer": projection.Name}); got < 0.6 || got > 0.7 {
+		if got := promtest.Value(t, rig.prom, "posthorn_consumer_duplicate_ratio", "consumer", projection.Name); got < 0.6 || got > 0.7 {
 			t.Fatalf("duplicate ratio %v, want 2/3", got)
 		}
 	})
@@ -146,8 +145,7 @@ func TestConsumerOutOfOrderHeldThenAppliedInOrder(t *testing.T) {
 		if got := probeOrder(t, pool, acc); fmt.Sprint(got) != "[1 2 3]" {
 			t.Fatalf("applied order %v, want [1 2 3]", got)
 		}
-		if got := counterValue(t, rig.prom, "posthorn_consumer_revision_gaps_total",
-			map[string]string{"consumer": projection.Name}); got != 1 {
+		if got := promtest.Value(t, rig.prom, "posthorn_consumer_revision_gaps_total", "consumer", projection.Name); got != 1 {
 			t.Fatalf("gap counter %v, want 1", got)
 		}
 		if c := counts(t, pool, projection.Name); c.ParkedAggregates != 0 || c.Events[core.DispositionApplied] != 3 {
@@ -187,8 +185,8 @@ func TestConsumerMissingPredecessorParkedThenReleased(t *testing.T) {
 			t.Fatalf("balance %d while parked, want 1: nothing applied past the gap", got)
 		}
 		waitFor(t, "parked metrics", waitLong, func() (bool, string) {
-			g := counterValue(t, rig.prom, "posthorn_consumer_parked_aggregates", map[string]string{"consumer": projection.Name})
-			c := counterValue(t, rig.prom, "posthorn_consumer_messages_total", map[string]string{"consumer": projection.Name, "disposition": "parked_gap"})
+			g := promtest.Value(t, rig.prom, "posthorn_consumer_parked_aggregates", "consumer", projection.Name)
+			c := promtest.Value(t, rig.prom, "posthorn_consumer_messages_total", "consumer", projection.Name, "disposition", "parked_gap")
 			return g == 1 && c == 2, fmt.Sprintf("gauge %v, parked_gap counter %v", g, c)
 		})
 		// Other accounts keep flowing, and the audit log (not ordered) has

@@ -28,6 +28,7 @@ import (
 	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/promset/promtest"
 )
 
 var relayQuietLog = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
@@ -137,24 +138,6 @@ func startKafkaRelay(t *testing.T, pool *pgxpool.Pool, brokers []string, owner s
 	return startTestRelay(t, pool, sink, owner, "kafka")
 }
 
-func relayMetric(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			var v float64
-			for _, m := range mf.GetMetric() {
-				v += m.GetGauge().GetValue() + m.GetCounter().GetValue()
-			}
-			return v
-		}
-	}
-	return 0
-}
-
 // TestRelayToKafkaReadByWatermillSubscriber: every committed event reaches
 // Kafka keyed by account, in revision order per account, and watermill-kafka's
 // own subscriber reads the records with their event IDs and headers.
@@ -250,13 +233,13 @@ func TestRelayKafkaOutageAndRecovery(t *testing.T) {
 		posted = append(posted, bridgetest.MustPost(t, pool, fmt.Sprintf("acc-%d", i%6))...)
 	}
 	bridgetest.WaitFor(t, 20*time.Second, "retries during the outage", func() bool {
-		return relayMetric(t, reg, "posthorn_relay_retries_total") >= 2
+		return promtest.Value(t, reg, "posthorn_relay_retries_total") >= 2
 	})
 	if n := bridgetest.Unrelayed(t, pool); n != len(posted) {
 		t.Fatalf("during the outage %d rows unrelayed, want %d (nothing marked without an ACK)", n, len(posted))
 	}
 	bridgetest.WaitFor(t, 5*time.Second, "backlog gauge", func() bool {
-		return relayMetric(t, reg, "posthorn_outbox_backlog_events") == float64(len(posted))
+		return promtest.Value(t, reg, "posthorn_outbox_backlog_events") == float64(len(posted))
 	})
 	b.restart()
 	bridgetest.WaitFor(t, 60*time.Second, "delivery to resume", func() bool { return bridgetest.Unrelayed(t, pool) == 0 })
@@ -304,7 +287,7 @@ func TestRelayKafkaRecordTooLargeParksOnlyItsAccount(t *testing.T) {
 	_, reg := startKafkaRelay(t, pool, b.addrs, "relay-park")
 	bridgetest.WaitFor(t, 20*time.Second, "the good accounts delivered", func() bool { return bridgetest.Unrelayed(t, pool) == 2 })
 	bridgetest.WaitFor(t, 5*time.Second, "parked gauge", func() bool {
-		return relayMetric(t, reg, "posthorn_relay_parked_aggregates") == 1
+		return promtest.Value(t, reg, "posthorn_relay_parked_aggregates") == 1
 	})
 	for _, r := range b.records(len(good), 20*time.Second) {
 		if string(r.Key) == "acc-huge" {

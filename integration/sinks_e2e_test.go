@@ -22,6 +22,7 @@ import (
 	"github.com/posthorn/posthorn/consumers"
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/promset/promtest"
 )
 
 // sinkBroker is one broker kind, configured for one test, with a way to
@@ -177,10 +178,10 @@ func runSinkEndToEnd(t *testing.T, b sinkBroker) (missing, notApplied int) {
 	outage := func(what string, during int) {
 		t.Helper()
 		up := b.down(t)
-		retries := relayMetric(t, reg, "posthorn_relay_retries_total")
+		retries := promtest.Value(t, reg, "posthorn_relay_retries_total")
 		post(during)
 		waitFor(t, "the relay to retry during "+what, 30*time.Second, func() (bool, string) {
-			return relayMetric(t, reg, "posthorn_relay_retries_total") > retries, "no retry yet"
+			return promtest.Value(t, reg, "posthorn_relay_retries_total") > retries, "no retry yet"
 		})
 		if n := bridgetest.Unrelayed(t, ledgerPool); n == 0 {
 			t.Fatalf("%s: every row relayed during the outage: the broker was not down", what)

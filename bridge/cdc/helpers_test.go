@@ -288,36 +288,6 @@ func repeats(got []core.Envelope) int {
 	return n
 }
 
-func metric(t *testing.T, reg *prometheus.Registry, name string, labels ...string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sum float64
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	metrics:
-		for _, m := range mf.GetMetric() {
-			for i := 0; i+1 < len(labels); i += 2 {
-				ok := false
-				for _, lp := range m.GetLabel() {
-					if lp.GetName() == labels[i] && lp.GetValue() == labels[i+1] {
-						ok = true
-					}
-				}
-				if !ok {
-					continue metrics
-				}
-			}
-			sum += m.GetGauge().GetValue() + m.GetCounter().GetValue()
-		}
-	}
-	return sum
-}
-
 // writers posts transactions of two accounts each from n goroutines until
 // stop is closed, and returns everything committed.
 type writers struct {

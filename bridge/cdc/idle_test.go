@@ -11,6 +11,7 @@ import (
 	"github.com/posthorn/posthorn/adapters/postgres/pgcluster"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/bridge/cdc"
+	"github.com/posthorn/posthorn/internal/promset/promtest"
 )
 
 // An idle outbox while another database of the cluster writes (an "idle
@@ -84,10 +85,10 @@ func TestIdleSlotDoesNotRetainWAL(t *testing.T) {
 					return retained() < written/4
 				})
 				bridgetest.WaitFor(t, 5*time.Second, "the retained-bytes gauge", func() bool {
-					v := metric(t, r.reg, "posthorn_wal_slot_retained_bytes", "slot", f.slot)
+					v := promtest.Value(t, r.reg, "posthorn_wal_slot_retained_bytes", "slot", f.slot)
 					return v > 0 && v < float64(written/4)
 				})
-				if metric(t, r.reg, "posthorn_cdc_heartbeats_total") == 0 {
+				if promtest.Value(t, r.reg, "posthorn_cdc_heartbeats_total") == 0 {
 					t.Error("no heartbeat was emitted")
 				}
 				t.Logf("heartbeat on: %d MB of foreign WAL written, slot retains %d kB", written>>20, retained()>>10)

@@ -14,6 +14,7 @@ import (
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/bridge/cdc"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/promset/promtest"
 )
 
 // A reader that stalls (here: inside a batch, longer than the lease) loses
@@ -37,17 +38,17 @@ func TestStalledReaderIsReplacedByStandby(t *testing.T) {
 	b := f.start("relay-b", nil)
 	w := startWriters(t, f.pool, 2, 10, 2*time.Millisecond)
 	bridgetest.WaitFor(t, 30*time.Second, "b to take over the slot", func() bool {
-		return metric(t, b.reg, "posthorn_cdc_reader") == 1
+		return promtest.Value(t, b.reg, "posthorn_cdc_reader") == 1
 	})
 	close(release)
 	bridgetest.WaitFor(t, 30*time.Second, "a to abandon its batch", func() bool {
-		return metric(t, a.reg, "posthorn_relay_abandoned_batches_total") == 1
+		return promtest.Value(t, a.reg, "posthorn_relay_abandoned_batches_total") == 1
 	})
 	bridgetest.WaitFor(t, 30*time.Second, "400 events", func() bool { return w.count() >= 400 })
 	posted := w.finish(t)
 	got := f.waitAllDelivered(posted, 60*time.Second)
 	checkOrder(t, got, true)
-	if n := metric(t, b.reg, "posthorn_relay_lease_takeovers_total"); n < 1 {
+	if n := promtest.Value(t, b.reg, "posthorn_relay_lease_takeovers_total"); n < 1 {
 		t.Errorf("takeovers by b = %v, want at least 1", n)
 	}
 	if !strings.Contains(f.logs.String(), "ending its WAL sender") && !strings.Contains(f.logs.String(), "abandoning batch") {
@@ -105,7 +106,7 @@ func TestParkedAccountIsHeldAndSentInOrderAfterRelease(t *testing.T) {
 	}
 	got := f.waitAllDelivered(append(posted, others...), 30*time.Second)
 	checkOrder(t, got, false)
-	if n := metric(t, r.reg, "posthorn_relay_parked_aggregates"); n > 1 {
+	if n := promtest.Value(t, r.reg, "posthorn_relay_parked_aggregates"); n > 1 {
 		t.Errorf("parked gauge %v", n)
 	}
 }
@@ -126,7 +127,7 @@ func TestSoftStopHandsOverWithoutLossOrRepeat(t *testing.T) {
 	if err := a.Stop(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	bridgetest.WaitFor(t, 30*time.Second, "b to read the slot", func() bool { return metric(t, b.reg, "posthorn_cdc_reader") == 1 })
+	bridgetest.WaitFor(t, 30*time.Second, "b to read the slot", func() bool { return promtest.Value(t, b.reg, "posthorn_cdc_reader") == 1 })
 	bridgetest.WaitFor(t, 30*time.Second, "600 more events", func() bool { return w.count() >= 900 })
 	posted := w.finish(t)
 	got := f.waitAllDelivered(posted, 60*time.Second)
@@ -134,7 +135,7 @@ func TestSoftStopHandsOverWithoutLossOrRepeat(t *testing.T) {
 	if len(got) != len(posted) {
 		t.Fatalf("%d records for %d events: %d repeated across a soft stop", len(got), len(posted), repeats(got))
 	}
-	if n := metric(t, b.reg, "posthorn_relay_lease_takeovers_total"); n != 0 {
+	if n := promtest.Value(t, b.reg, "posthorn_relay_lease_takeovers_total"); n != 0 {
 		t.Errorf("b counted %v takeovers; a released the lease", n)
 	}
 }

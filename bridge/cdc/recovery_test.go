@@ -11,6 +11,7 @@ import (
 	"github.com/posthorn/posthorn/adapters/postgres/pgcluster"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/bridge/cdc"
+	"github.com/posthorn/posthorn/internal/promset/promtest"
 )
 
 // dropSlot ends the slot's WAL sender and drops the slot, retrying while the
@@ -57,7 +58,7 @@ func TestSlotDroppedMidStreamRecoversThroughOutbox(t *testing.T) {
 			})
 			bridgetest.WaitFor(t, 30*time.Second, "600 more events", func() bool { return w.count() >= 900 })
 			posted := append(w.finish(t), gap...)
-			if n := metric(t, r.reg, "posthorn_cdc_slot_recoveries_total", "reason", "missing"); n != 1 {
+			if n := promtest.Value(t, r.reg, "posthorn_cdc_slot_recoveries_total", "reason", "missing"); n != 1 {
 				t.Errorf("posthorn_cdc_slot_recoveries_total{reason=missing} = %v, want 1", n)
 			}
 			if !strings.Contains(f.logs.String(), "CDC SLOT LOST") || !strings.Contains(f.logs.String(), "level=ERROR") {
@@ -78,7 +79,7 @@ func TestSlotDroppedMidStreamRecoversThroughOutbox(t *testing.T) {
 			got := f.waitAllDelivered(posted, 60*time.Second)
 			checkOrder(t, got, true)
 			t.Logf("%d events, %d records (%d repeated), catch-up sent %v, skipped as marked %v", len(posted), len(got), repeats(got),
-				metric(t, r.reg, "posthorn_cdc_catchup_events_total"), metric(t, r.reg, "posthorn_cdc_skipped_marked_total"))
+				promtest.Value(t, r.reg, "posthorn_cdc_catchup_events_total"), promtest.Value(t, r.reg, "posthorn_cdc_skipped_marked_total"))
 		})
 	}
 }
@@ -150,7 +151,7 @@ func TestSlotInvalidatedWhileStoppedRecoversThroughOutbox(t *testing.T) {
 				after = append(after, bridgetest.MustPost(t, f.pool, fmt.Sprintf("acc-%d", i%9))...)
 			}
 			posted = append(posted, after...)
-			if n := metric(t, b.reg, "posthorn_cdc_slot_recoveries_total", "reason", "lost"); n != 1 {
+			if n := promtest.Value(t, b.reg, "posthorn_cdc_slot_recoveries_total", "reason", "lost"); n != 1 {
 				t.Errorf("posthorn_cdc_slot_recoveries_total{reason=lost} = %v, want 1", n)
 			}
 			if !strings.Contains(f.logs.String(), "wal_status=lost") {
@@ -166,7 +167,7 @@ func TestSlotInvalidatedWhileStoppedRecoversThroughOutbox(t *testing.T) {
 			}
 			got := f.waitAllDelivered(posted, 30*time.Second)
 			checkOrder(t, got, true)
-			if metric(t, b.reg, "posthorn_wal_slot_status", "status", "reserved") != 1 {
+			if promtest.Value(t, b.reg, "posthorn_wal_slot_status", "status", "reserved") != 1 {
 				t.Errorf("the new slot's wal_status gauge is not reserved")
 			}
 		})

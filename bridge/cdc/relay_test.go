@@ -13,6 +13,7 @@ import (
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/bridge/cdc"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/promset/promtest"
 )
 
 // Under load from several writers, with a backlog left before the first
@@ -57,16 +58,16 @@ func TestDeliversEveryCommittedEventInOrderUnderLoad(t *testing.T) {
 		t.Fatalf("delivered %d records for %d committed events (%d repeats)", len(got), len(posted), repeats(got))
 	}
 	checkOrder(t, got, false)
-	if n := metric(t, r.reg, "posthorn_relay_published_total"); n != float64(len(posted)) {
+	if n := promtest.Value(t, r.reg, "posthorn_relay_published_total"); n != float64(len(posted)) {
 		t.Errorf("posthorn_relay_published_total = %v, want %d", n, len(posted))
 	}
-	if n := metric(t, r.reg, "posthorn_cdc_catchup_events_total"); n != float64(len(backlog)) {
+	if n := promtest.Value(t, r.reg, "posthorn_cdc_catchup_events_total"); n != float64(len(backlog)) {
 		t.Errorf("catch-up sent %v events, want the %d of the backlog before the first start", n, len(backlog))
 	}
 	if !strings.Contains(f.logs.String(), "first start in CDC mode") {
 		t.Errorf("log does not say the slot was created on first start:\n%s", f.logs)
 	}
-	if n := metric(t, r.reg, "posthorn_cdc_slot_recoveries_total"); n != 0 {
+	if n := promtest.Value(t, r.reg, "posthorn_cdc_slot_recoveries_total"); n != 0 {
 		t.Errorf("first start counted as %v slot recoveries", n)
 	}
 }
@@ -181,14 +182,14 @@ func TestCrashBetweenAckAndConfirmRepeatsNothingLost(t *testing.T) {
 			b := f.start("relay-b", nil) // stands by: a holds the lease
 			w := startWriters(t, f.pool, 3, 20, time.Millisecond)
 			bridgetest.WaitFor(t, 30*time.Second, "relay a to crash", a.Crashed)
-			if metric(t, b.reg, "posthorn_cdc_reader") != 0 {
+			if promtest.Value(t, b.reg, "posthorn_cdc_reader") != 0 {
 				t.Fatal("standby b was reading the slot while a held the lease")
 			}
 			bridgetest.WaitFor(t, 30*time.Second, "1,000 events", func() bool { return w.count() >= 1000 })
 			posted := w.finish(t)
 			got := f.waitAllDelivered(posted, 60*time.Second)
 			checkOrder(t, got, true)
-			if n := metric(t, b.reg, "posthorn_relay_lease_takeovers_total"); n < 1 {
+			if n := promtest.Value(t, b.reg, "posthorn_relay_lease_takeovers_total"); n < 1 {
 				t.Errorf("takeovers by b = %v, want at least 1", n)
 			}
 			count := map[string]int{}
