@@ -12,6 +12,8 @@ import (
 	"github.com/posthorn/posthorn/ops"
 )
 
+// storedColumns are readColumns plus what an operator's read adds: the
+// journal's sequence, the row's creation time and whether it is relayed.
 const storedColumns = readColumns + `, coalesce(j.sequence, 0), o.created_at, ` + Relayed
 
 // rowFilterWhere is the filter of ReadRows and CountRows. The journal is
