@@ -191,7 +191,7 @@ func (c *CDCStream) decodeRow(rel *pglogrepl.RelationMessage, tuple *pglogrepl.T
 func (c *CDCStream) scan(oid uint32, data []byte, dst any) error {
 	switch d := dst.(type) {
 	case *string:
-		// uuid, text and jsonb arrive as their text form.
+		// uuid and text arrive as their text form.
 		*d = string(data)
 		return nil
 	case *pgtype.Text:
@@ -205,6 +205,14 @@ func (c *CDCStream) scan(oid uint32, data []byte, dst any) error {
 		v, err := strconv.Atoi(string(data))
 		*d = v
 		return err
+	case *[]byte:
+		// The headers (jsonb) arrive as their text, which is what the
+		// decoder parses; the payload (bytea) arrives hex-encoded and is
+		// decoded by the type map.
+		if oid == pgtype.JSONBOID || oid == pgtype.JSONOID {
+			*d = append((*d)[:0], data...)
+			return nil
+		}
 	}
 	return c.types.Scan(oid, pgtype.TextFormatCode, data, dst)
 }

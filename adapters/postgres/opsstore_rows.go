@@ -2,7 +2,6 @@ package postgres
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -10,13 +9,12 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/ops"
 )
 
-const storedColumns = `o.id, o.shard, o.event_id::text, o.kind, o.type, o.topic, o.aggregate_type, o.aggregate_id,
-       o.revision, coalesce(o.journal_id::text, ''), o.headers, o.payload, o.occurred_at,
-       coalesce(j.sequence, 0), o.created_at, ` + Relayed
+// storedColumns are readColumns plus what an operator's read adds: the
+// journal's sequence, the row's creation time and whether it is relayed.
+const storedColumns = readColumns + `, coalesce(j.sequence, 0), o.created_at, ` + Relayed
 
 // rowFilterWhere is the filter of ReadRows and CountRows. The journal is
 // joined laterally (one index lookup per outbox row) so that the keyset
@@ -81,21 +79,17 @@ ORDER BY o.id LIMIT $11`, args...)
 	var out []ops.StoredRow
 	for rows.Next() {
 		var (
-			r       ops.StoredRow
-			e       = &r.Envelope
-			kind    string
-			headers []byte
+			scan outboxScan
+			r    ops.StoredRow
 		)
-		if err := rows.Scan(&r.ID, &r.Shard, &e.EventID, &kind, &e.Type, &e.Topic, &e.AggregateType, &e.AggregateID,
-			&e.Revision, &e.JournalID, &headers, &e.Payload, &e.OccurredAt, &r.JournalSequence, &r.CreatedAt, &r.Relayed); err != nil {
+		if err := rows.Scan(append(scan.dest(), &r.JournalSequence, &r.CreatedAt, &r.Relayed)...); err != nil {
 			return nil, fmt.Errorf("read outbox rows: %w", err)
 		}
-		e.Kind = core.Kind(kind)
-		if len(headers) > 0 && string(headers) != "{}" {
-			if err := json.Unmarshal(headers, &e.Headers); err != nil {
-				return nil, fmt.Errorf("outbox row %d: headers: %w", r.ID, err)
-			}
+		row, err := scan.decode()
+		if err != nil {
+			return nil, err
 		}
+		r.ID, r.Shard, r.Envelope = row.ID, row.Shard, row.Envelope
 		out = append(out, r)
 	}
 	if err := rows.Err(); err != nil {

@@ -15,8 +15,9 @@ const readColumns = `o.id, o.shard, o.event_id::text, o.kind, o.type, o.topic, o
        o.aggregate_id, o.revision, o.journal_id::text, o.headers, o.payload, o.occurred_at`
 
 // outboxScan is one outbox row as read, before decoding. The relay's batch
-// read, the operator's row reads and the CDC stream all fill one and decode
-// it, so a row means the same envelope whichever path read it.
+// read (ReadBatch), the operator's row reads (OpsStore.ReadRows: resend,
+// replay, archive) and the CDC stream all fill one and decode it, so a row
+// means the same envelope whichever path read it.
 type outboxScan struct {
 	core.OutboxRow
 	kind      string
