@@ -22,7 +22,7 @@ func (r *Relay) maintainLeases(ctx context.Context) {
 			return
 		}
 		r.log.Error(what, "err", err)
-		r.readyErr.Store(&err)
+		r.life.SetReady(err)
 		r.nextMaintain = sent.Add(min(ttl/4, time.Second))
 	}
 	live, err := r.store.Heartbeat(ctx, r.cfg.Owner, ttl)
@@ -70,6 +70,5 @@ func (r *Relay) maintainLeases(ctx context.Context) {
 	slices.SortFunc(r.leases, func(a, b core.Lease) int { return a.Shard - b.Shard })
 	r.deadline = sent.Add(ttl)
 	r.m.shardsOwned.Set(float64(len(r.leases)))
-	var ok error
-	r.readyErr.Store(&ok)
+	r.life.SetReady(nil)
 }

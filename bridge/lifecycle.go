@@ -2,6 +2,7 @@ package bridge
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 )
@@ -13,6 +14,7 @@ import (
 // stop) and Stop waits for the loop to exit. Cancelling Start's context
 // is a soft stop.
 type Lifecycle struct {
+	ready      atomic.Pointer[error]
 	started    atomic.Bool
 	stopOnce   sync.Once
 	softStop   chan struct{}
@@ -22,7 +24,34 @@ type Lifecycle struct {
 
 // NewLifecycle returns a lifecycle that has not started.
 func NewLifecycle() *Lifecycle {
-	return &Lifecycle{softStop: make(chan struct{}), stopped: make(chan struct{})}
+	l := &Lifecycle{softStop: make(chan struct{}), stopped: make(chan struct{})}
+	l.SetReady(errors.New("relay not started"))
+	return l
+}
+
+// SetReady records the outcome of the relay's last lease round trip: nil
+// when it succeeded.
+func (l *Lifecycle) SetReady(err error) { l.ready.Store(&err) }
+
+// Ready is nil while the relay runs and its last lease round trip
+// succeeded (for /readyz).
+func (l *Lifecycle) Ready() error {
+	select {
+	case <-l.stopped:
+		return errors.New("relay stopped")
+	default:
+	}
+	return *l.ready.Load()
+}
+
+// Stopping reports whether a soft stop was asked for.
+func (l *Lifecycle) Stopping() bool {
+	select {
+	case <-l.softStop:
+		return true
+	default:
+		return false
+	}
 }
 
 // Start runs loop in the background, with helpers beside it, and returns

@@ -29,10 +29,9 @@ type Relay struct {
 	m     *metrics
 	log   *slog.Logger
 
-	life     *Lifecycle
-	wake     chan struct{}
-	readyErr atomic.Pointer[error]
-	crashed  atomic.Bool
+	life    *Lifecycle
+	wake    chan struct{}
+	crashed atomic.Bool
 
 	// Owned by the loop goroutine.
 	leases       []core.Lease
@@ -64,8 +63,6 @@ func New(store Store, sink core.Sink, cfg Config) (*Relay, error) {
 		retry: NewRetry(cfg.RetryInitial, cfg.RetryMax),
 		stuck: NewStuckTracker(cfg.ParkAfterAttempts, cfg.ParkAfter),
 	}
-	notReady := errors.New("relay not started")
-	r.readyErr.Store(&notReady)
 	return r, nil
 }
 
@@ -87,14 +84,7 @@ func (r *Relay) Stopped() <-chan struct{} { return r.life.Stopped() }
 
 // Ready reports whether the relay is running and its last lease round trip
 // succeeded (for /readyz).
-func (r *Relay) Ready() error {
-	select {
-	case <-r.life.Stopped():
-		return errors.New("relay stopped")
-	default:
-	}
-	return *r.readyErr.Load()
-}
+func (r *Relay) Ready() error { return r.life.Ready() }
 
 // Owner is the name this relay holds leases under.
 func (r *Relay) Owner() string { return r.cfg.Owner }
@@ -111,14 +101,7 @@ func leaseShards(ls []core.Lease) []int {
 	return out
 }
 
-func (r *Relay) stopping() bool {
-	select {
-	case <-r.life.SoftStop():
-		return true
-	default:
-		return false
-	}
-}
+func (r *Relay) stopping() bool { return r.life.Stopping() }
 
 func (r *Relay) run(ctx context.Context) {
 	poll := r.cfg.MinPollInterval

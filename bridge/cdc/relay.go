@@ -35,7 +35,6 @@ type Relay struct {
 	log   *slog.Logger
 
 	life     *bridge.Lifecycle
-	readyErr atomic.Pointer[error]
 	crashed  atomic.Bool
 	lagNanos atomic.Int64 // commit time (unix ns) of the oldest unconfirmed transaction; 0 none
 
@@ -80,8 +79,6 @@ func New(outbox OutboxStore, source Source, sink core.Sink, cfg Config) (*Relay,
 		retry: bridge.NewRetry(cfg.RetryInitial, cfg.RetryMax),
 		stuck: bridge.NewStuckTracker(cfg.ParkAfterAttempts, cfg.ParkAfter),
 	}
-	notReady := errors.New("relay not started")
-	r.readyErr.Store(&notReady)
 	return r, nil
 }
 
@@ -111,28 +108,12 @@ func (r *Relay) Crashed() bool { return r.crashed.Load() }
 
 // Ready reports whether the relay runs and its last lease round trip
 // succeeded (for /readyz); a standby is ready.
-func (r *Relay) Ready() error {
-	select {
-	case <-r.life.Stopped():
-		return errors.New("relay stopped")
-	default:
-	}
-	return *r.readyErr.Load()
-}
+func (r *Relay) Ready() error { return r.life.Ready() }
 
 // Owner is the name this relay holds the lease under.
 func (r *Relay) Owner() string { return r.cfg.Owner }
 
-func (r *Relay) stopping() bool {
-	select {
-	case <-r.life.SoftStop():
-		return true
-	default:
-		return false
-	}
-}
-
-func (r *Relay) setReady(err error) { r.readyErr.Store(&err) }
+func (r *Relay) stopping() bool { return r.life.Stopping() }
 
 // run acquires the slot's lease, streams while holding it, and stands by
 // otherwise.
@@ -160,7 +141,7 @@ func (r *Relay) run(ctx context.Context) {
 		case err == nil, errors.Is(err, errStopping), ctx.Err() != nil:
 		default:
 			r.log.Error("CDC stream ended; restarting from the confirmed position", "err", err)
-			r.setReady(err)
+			r.life.SetReady(err)
 			r.backoff(ctx)
 		}
 	}
@@ -181,11 +162,11 @@ func (r *Relay) acquire(ctx context.Context) bool {
 	if err != nil {
 		if ctx.Err() == nil {
 			r.log.Error("acquire slot lease", "err", err)
-			r.setReady(err)
+			r.life.SetReady(err)
 		}
 		return false
 	}
-	r.setReady(nil)
+	r.life.SetReady(nil)
 	if !ok {
 		return false
 	}
@@ -210,7 +191,7 @@ func (r *Relay) maintain(ctx context.Context) (released bool, err error) {
 	sent := time.Now()
 	ok, err := r.store.RenewLease(ctx, *r.lease, r.cfg.Owner, r.cfg.LeaseTTL)
 	if err != nil {
-		r.setReady(err)
+		r.life.SetReady(err)
 		if time.Now().After(r.deadline) {
 			return false, errLeaseLost
 		}
@@ -220,7 +201,7 @@ func (r *Relay) maintain(ctx context.Context) (released bool, err error) {
 	if !ok {
 		return false, errLeaseLost
 	}
-	r.setReady(nil)
+	r.life.SetReady(nil)
 	r.deadline = sent.Add(r.cfg.LeaseTTL)
 	r.nextMaintain = sent.Add(r.cfg.LeaseTTL / 4)
 	before := r.parked
