@@ -19,6 +19,7 @@ import (
 	"github.com/posthorn/posthorn/adapters/memory"
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/pgcluster"
+	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/bridge/cdc"
@@ -88,7 +89,7 @@ type modeResult struct {
 //     statements by the relay's role, those naming the outbox, and CPU time
 //     of the relay's backends (the CDC WAL sender's decoding included).
 func BenchmarkPollingVsCDC(b *testing.B) {
-	c := newLogicalCluster(b, pgcluster.Options{ExtraConf: map[string]string{
+	c := pgtest.LogicalCluster(b, pgcluster.Options{ExtraConf: map[string]string{
 		"shared_preload_libraries": "pg_stat_statements",
 		"pg_stat_statements.track": "all",
 		"max_connections":          "100",

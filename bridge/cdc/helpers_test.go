@@ -59,20 +59,6 @@ func randName(prefix string) string {
 	return prefix + hex.EncodeToString(b[:])
 }
 
-// newLogicalCluster starts a cluster of the test's own.
-func newLogicalCluster(t testing.TB, opts pgcluster.Options) *pgcluster.Cluster {
-	t.Helper()
-	opts.Logical = true
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	c, err := pgcluster.Start(ctx, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Stop() })
-	return c
-}
-
 // ledgerDB creates a migrated ledger database in c and returns a pool on
 // it; at cleanup the slots of the database and the database are dropped.
 func ledgerDB(t testing.TB, c *pgcluster.Cluster) *pgxpool.Pool {

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/posthorn/posthorn/adapters/postgres/pgcluster"
+	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/bridge/cdc"
 	"github.com/posthorn/posthorn/internal/promset/promtest"
@@ -21,7 +22,7 @@ import (
 // everything written.
 func TestIdleSlotDoesNotRetainWAL(t *testing.T) {
 	t.Parallel()
-	c := newLogicalCluster(t, pgcluster.Options{})
+	c := pgtest.LogicalCluster(t, pgcluster.Options{})
 	ctx := context.Background()
 	admin, err := pgx.Connect(ctx, c.URL("postgres"))
 	if err != nil {

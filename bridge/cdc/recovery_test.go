@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/posthorn/posthorn/adapters/postgres/pgcluster"
+	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/bridge/cdc"
 	"github.com/posthorn/posthorn/internal/promset/promtest"
@@ -118,7 +119,7 @@ func (f *fixture) walStatus() string {
 // without the catch-up those events are lost.
 func TestSlotInvalidatedWhileStoppedRecoversThroughOutbox(t *testing.T) {
 	t.Parallel()
-	c := newLogicalCluster(t, pgcluster.Options{MaxSlotWALKeepSize: "32MB"})
+	c := pgtest.LogicalCluster(t, pgcluster.Options{MaxSlotWALKeepSize: "32MB"})
 	for _, catchUp := range []bool{true, false} {
 		t.Run(fmt.Sprintf("catchup=%v", catchUp), func(t *testing.T) {
 			f := newFixture(t, c)

@@ -115,12 +115,9 @@ func LedgerState(t testing.TB, pool *pgxpool.Pool, extra ...string) map[string]s
 	return state
 }
 
-// LogicalLedger starts a throwaway cluster with wal_level=logical (opts with
-// Logical set) holding a migrated database "ledger", for the CDC tests (the
-// shared server runs wal_level=replica). It returns the cluster, the
-// ledger's URL and a pool of conns connections; all of it is removed when
-// the test ends.
-func LogicalLedger(t testing.TB, opts pgcluster.Options, conns int32) (*pgcluster.Cluster, string, *pgxpool.Pool) {
+// LogicalCluster starts a throwaway cluster with wal_level=logical (opts
+// with Logical set), stopped when the test ends.
+func LogicalCluster(t testing.TB, opts pgcluster.Options) *pgcluster.Cluster {
 	t.Helper()
 	opts.Logical = true
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -130,6 +127,19 @@ func LogicalLedger(t testing.TB, opts pgcluster.Options, conns int32) (*pgcluste
 		t.Fatalf("pgtest: %v", err)
 	}
 	t.Cleanup(func() { _ = c.Stop() })
+	return c
+}
+
+// LogicalLedger starts a throwaway cluster with wal_level=logical (opts with
+// Logical set) holding a migrated database "ledger", for the CDC tests (the
+// shared server runs wal_level=replica). It returns the cluster, the
+// ledger's URL and a pool of conns connections; all of it is removed when
+// the test ends.
+func LogicalLedger(t testing.TB, opts pgcluster.Options, conns int32) (*pgcluster.Cluster, string, *pgxpool.Pool) {
+	t.Helper()
+	c := LogicalCluster(t, opts)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
 	admin, err := pgx.Connect(ctx, c.URL("postgres"))
 	if err != nil {
 		t.Fatalf("pgtest: %v", err)
