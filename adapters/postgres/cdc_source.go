@@ -317,10 +317,15 @@ func (s *CDCSource) OutboxMaxID(ctx context.Context) (int64, error) {
 	return id, nil
 }
 
-// CurrentWALLSN is pg_current_wal_lsn().
+// CurrentWALLSN is pg_current_wal_insert_lsn(): the end of every WAL record
+// inserted so far. Not pg_current_wal_lsn(), the write position: with
+// synchronous_commit off a transaction is visible once its commit record is
+// inserted, before it is written, so a write position read after the
+// outbox read that saw its rows can lie before its commit, and the stream
+// would send those rows again as unmarked.
 func (s *CDCSource) CurrentWALLSN(ctx context.Context) (cdc.LSN, error) {
 	var lsn pglogrepl.LSN
-	if err := s.pool.QueryRow(ctx, `SELECT pg_current_wal_lsn()`).Scan(&lsn); err != nil {
+	if err := s.pool.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()`).Scan(&lsn); err != nil {
 		return 0, fmt.Errorf("current WAL position: %w", err)
 	}
 	return cdc.LSN(lsn), nil

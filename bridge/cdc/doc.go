@@ -51,7 +51,11 @@
 //     verified boundary to restart from; nothing earlier needs sending.
 //  3. Stream. Transactions committed before the catch-up finished may be
 //     streamed again; their rows are skipped when already marked (one
-//     indexed lookup per batch, only for that stretch). A repeat is never a
+//     indexed lookup per batch, only for that stretch). The stretch ends at
+//     the WAL insert position read after the catch-up, which is past the
+//     commit of every transaction it could see even with synchronous_commit
+//     off (the write position may not be yet, and the stream would send
+//     those rows again as unmarked). A repeat is never a
 //     reorder: catch-up sends per account in revision order, and the stream
 //     only adds later revisions or already-sent ones.
 //

@@ -49,7 +49,8 @@ type Source interface {
 	EmitHeartbeat(ctx context.Context) (LSN, error)
 	// OutboxMaxID is the largest outbox id (0 when empty).
 	OutboxMaxID(ctx context.Context) (int64, error)
-	// CurrentWALLSN is the server's current WAL write position.
+	// CurrentWALLSN is the server's current WAL insert position: at or past
+	// the commit of every transaction visible when it is read.
 	CurrentWALLSN(ctx context.Context) (LSN, error)
 	// OpenStream starts streaming slot through publication from the slot's
 	// confirmed position; an error wrapping ErrSlotInUse means another WAL
