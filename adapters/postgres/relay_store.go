@@ -33,9 +33,6 @@ type RelayStore struct {
 // NewRelayStore returns a store over pool.
 func NewRelayStore(pool *pgxpool.Pool) *RelayStore { return &RelayStore{pool: pool} }
 
-// Pool returns the store's pool (for LISTEN connections).
-func (s *RelayStore) Pool() *pgxpool.Pool { return s.pool }
-
 // readByID is one round trip over every owned shard; each lateral subquery is
 // a range scan of the work queue outbox_pending (shard, id), each row probed
 // in the outbox's primary key, so its cost follows the batch, not the

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
@@ -36,10 +37,10 @@ VALUES (gen_random_uuid(), 'event', $1, $2, 'account', $3, $4, $5, '{}', now(), 
 	return core.RowRef{ID: id, Shard: core.ShardOf(account)}
 }
 
-func commitRows(t *testing.T, s *postgres.RelayStore, accounts ...string) []core.RowRef {
+func commitRows(t *testing.T, pool *pgxpool.Pool, accounts ...string) []core.RowRef {
 	t.Helper()
 	var ids []core.RowRef
-	err := pgx.BeginFunc(context.Background(), s.Pool(), func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {
 		for _, a := range accounts {
 			ids = append(ids, insertRelayRow(t, tx, a))
 		}
@@ -64,7 +65,7 @@ func TestRelayStoreReadsUnrelayedInOrderAndSkipsParked(t *testing.T) {
 	_, pool := pgtest.Ledger(t)
 	s := postgres.NewRelayStore(pool)
 	ctx := context.Background()
-	ids := commitRows(t, s, "acc-a", "acc-b", "acc-a", "acc-c")
+	ids := commitRows(t, pool, "acc-a", "acc-b", "acc-a", "acc-c")
 	rows, err := s.ReadBatch(ctx, allShards(), 10, core.OrderByID)
 	if err != nil {
 		t.Fatal(err)
@@ -134,7 +135,7 @@ func TestRelayStoreLeasesAndFencing(t *testing.T) {
 		t.Fatalf("A renews: %v %d", err, len(renewed))
 	}
 
-	ids := commitRows(t, s, "acc-1", "acc-2", "acc-3")
+	ids := commitRows(t, pool, "acc-1", "acc-2", "acc-3")
 	// A stalls: its leases expire and B takes them over with new tokens.
 	if _, err := pool.Exec(ctx, `UPDATE relay_leases SET expires_at = now() - interval '1 second'`); err != nil {
 		t.Fatal(err)
