@@ -18,6 +18,7 @@ require (
 	github.com/pressly/goose/v3 v3.30.1
 	github.com/prometheus/client_golang v1.23.0
 	github.com/spf13/pflag v1.1.0
+	github.com/twmb/franz-go/pkg/kadm v1.20.0
 	github.com/xdg-go/scram v1.4.0
 )
 

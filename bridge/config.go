@@ -30,6 +30,9 @@ type Config struct {
 	Owner string
 	// SinkName labels the published and latency metrics (e.g. kafka).
 	SinkName string
+	// ExactlyOnce publishes through the sink's per-shard transactions
+	// (exactly_once.go); New refuses a sink that is not a FencedSink.
+	ExactlyOnce bool
 	// BatchSize is the most rows read and published at once.
 	BatchSize int
 	// PollInterval is the longest an idle relay waits when no notification
@@ -89,6 +92,11 @@ type Hooks struct {
 	// control of the fault suite (a crash or a failed publish after the
 	// marker loses the batch). Never set it outside tests.
 	UnsafeMarkBeforeAck bool
+	// UnsafeSkipPositions fences a shard for exactly-once but does not mark
+	// the rows its committed transactions hold: the negative control of
+	// that read (an ACK-then-crash sends the committed rows again). Never
+	// set it outside tests.
+	UnsafeSkipPositions bool
 }
 
 func (c *Config) setDefaults() {

@@ -16,6 +16,7 @@ import (
 func (r *Relay) maintainLeases(ctx context.Context) {
 	ttl := r.cfg.LeaseTTL
 	sent := time.Now()
+	defer r.syncFences(slices.Clone(r.leases))
 	r.nextMaintain = sent.Add(ttl / 4)
 	fail := func(what string, err error) {
 		if ctx.Err() != nil {

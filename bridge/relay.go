@@ -26,8 +26,10 @@ type Relay struct {
 	cfg   Config
 	store Store
 	sink  core.Sink
-	m     *metrics
-	log   *slog.Logger
+	// fenced is sink in exactly-once mode, else nil (exactly_once.go).
+	fenced FencedSink
+	m      *metrics
+	log    *slog.Logger
 
 	life    *Lifecycle
 	wake    chan struct{}
@@ -39,6 +41,7 @@ type Relay struct {
 	nextMaintain time.Time
 	retry        *backoff.ExponentialBackOff
 	stuck        *StuckTracker
+	unfenced     map[int]bool // held shards waiting for Fence (FencedSink only)
 }
 
 // New returns a relay over store that publishes to sink. It does not start
@@ -62,6 +65,13 @@ func New(store Store, sink core.Sink, cfg Config) (*Relay, error) {
 		wake:  make(chan struct{}, 1),
 		retry: NewRetry(cfg.RetryInitial, cfg.RetryMax),
 		stuck: NewStuckTracker(cfg.ParkAfterAttempts, cfg.ParkAfter),
+	}
+	if cfg.ExactlyOnce {
+		fs, ok := sink.(FencedSink)
+		if !ok {
+			return nil, fmt.Errorf("%w: ExactlyOnce needs a sink that publishes in fenced transactions, not %T", ErrInvalidConfig, sink)
+		}
+		r.fenced, r.unfenced = fs, map[int]bool{}
 	}
 	return r, nil
 }
@@ -137,6 +147,14 @@ func (r *Relay) run(ctx context.Context) {
 			r.wait(ctx, r.cfg.PollInterval)
 			continue
 		}
+		if len(r.unfenced) > 0 {
+			drop()
+			settle()
+			if !r.fence(ctx) {
+				r.backoff(ctx)
+				continue
+			}
+		}
 		shards := leaseShards(r.leases)
 		perShard := (r.cfg.BatchSize + len(r.leases) - 1) / len(r.leases)
 		if next == nil {
@@ -171,7 +189,7 @@ func (r *Relay) run(ctx context.Context) {
 			skip = append(skip, row.ID)
 		}
 		next = r.readAhead(ctx, shards, perShard, skip, order)
-		job, err := r.relayBatch(ctx, rows)
+		job, err := r.relayBatch(ctx, rows, inflight.rowRefs())
 		if errors.Is(err, errCrash) {
 			drop()
 			settle()
@@ -194,6 +212,11 @@ func (r *Relay) run(ctx context.Context) {
 	defer cancel()
 	if err := r.store.ReleaseLeases(rctx, r.cfg.Owner, r.leases); err != nil {
 		r.log.Warn("release leases on stop", "err", err)
+	}
+	for _, l := range r.leases {
+		if r.fenced != nil {
+			r.fenced.Unfence(l.Shard)
+		}
 	}
 	if err := r.store.Leave(rctx, r.cfg.Owner); err != nil {
 		r.log.Warn("leave relay group on stop", "err", err)
@@ -276,14 +299,18 @@ type markJob struct {
 }
 
 func (j *markJob) rowIDs() []int64 {
-	if j == nil {
-		return nil
-	}
-	ids := make([]int64, len(j.refs))
-	for i, r := range j.refs {
+	ids := make([]int64, len(j.rowRefs()))
+	for i, r := range j.rowRefs() {
 		ids[i] = r.ID
 	}
 	return ids
+}
+
+func (j *markJob) rowRefs() []core.RowRef {
+	if j == nil {
+		return nil
+	}
+	return j.refs
 }
 
 func (r *Relay) startMark(ctx context.Context, j *markJob) *markJob {
@@ -306,6 +333,13 @@ func (r *Relay) awaitMark(j *markJob) {
 		// The records are out; without a marker they will be sent again with
 		// the same event IDs. That is the safe side.
 		r.log.Error("write relay markers", "rows", len(j.refs), "err", j.err)
+		if r.fenced != nil {
+			// Without the markers, these committed rows would be read and
+			// sent again: fence their shards, which marks them first.
+			for _, ref := range j.refs {
+				r.unfenced[ref.Shard] = true
+			}
+		}
 	case j.refuse > 0:
 		r.m.fenced.Add(float64(j.refuse))
 		r.log.Warn("markers refused: a lease was taken over; its new owner resends", "refused", j.refuse, "marked", j.marked)
@@ -316,8 +350,10 @@ func (r *Relay) awaitMark(j *markJob) {
 // relayBatch publishes rows. When the whole batch was ACKed it returns the
 // marker job for the caller to run; otherwise it marks what may be marked,
 // parks what was rejected for good and backs off on retryable failures
-// itself. It returns errCrash only when the crash hook fired.
-func (r *Relay) relayBatch(ctx context.Context, rows []core.OutboxRow) (*markJob, error) {
+// itself. It returns errCrash only when the crash hook fired. carry are
+// the rows of the marker still in flight, which an exactly-once publish
+// records as unmarked.
+func (r *Relay) relayBatch(ctx context.Context, rows []core.OutboxRow, carry []core.RowRef) (*markJob, error) {
 	batch := make([]core.Envelope, len(rows))
 	for i, row := range rows {
 		batch[i] = row.Envelope
@@ -340,7 +376,12 @@ func (r *Relay) relayBatch(ctx context.Context, rows []core.OutboxRow) (*markJob
 	}
 	pubCtx, cancel := context.WithDeadline(ctx, r.deadline)
 	start := time.Now()
-	err := PublishBatch(pubCtx, r.sink, batch)
+	var err error
+	if r.fenced != nil {
+		err = r.publishFenced(pubCtx, rows, batch, carry)
+	} else {
+		err = PublishBatch(pubCtx, r.sink, batch)
+	}
 	cancel()
 	r.m.publishSeconds.Observe(time.Since(start).Seconds())
 	r.m.batchSize.Observe(float64(len(batch)))

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"regexp"
 	"slices"
 	"strings"
 )
@@ -37,11 +38,23 @@ type KafkaSink struct {
 	// client's placement, the default) or fnv1a (the placement of
 	// Posthorn's sarama-based versions, for topics they wrote).
 	Partitioner string `koanf:"partitioner"`
+	// ExactlyOnce publishes each shard's batch in a Kafka transaction
+	// fenced by the shard's lease, so read_committed readers see every
+	// event once; Posthorn's consumers then read read_committed.
+	ExactlyOnce bool `koanf:"exactly_once"`
+	// TransactionalIDPrefix starts the shards' transactional IDs with
+	// exactly_once: the same for every relay of one outbox, different for
+	// relays of different outboxes on one cluster.
+	TransactionalIDPrefix string `koanf:"transactional_id_prefix"`
 }
 
 // KafkaPartitioners are the accepted values of sink.kafka.partitioner (the
 // Kafka sink's own list; a cmd test keeps the two equal).
 var KafkaPartitioners = []string{"murmur2", "fnv1a"}
+
+// transactionalID is what sink.kafka.transactional_id_prefix may hold: the
+// characters Kafka allows in a topic name, with room left for the shard.
+var transactionalID = regexp.MustCompile(`^[A-Za-z0-9._-]{1,200}$`)
 
 // KafkaSASL is the Kafka client's SASL authentication; an empty Mechanism
 // means none.
@@ -185,7 +198,7 @@ var SinkKinds = []string{"kafka", "memory", "nats", "amqp", "redis", "postgres"}
 func defaultSink() Sink {
 	return Sink{
 		Kind:  "kafka",
-		Kafka: KafkaSink{Brokers: []string{"127.0.0.1:9092"}, Partitioner: "murmur2"},
+		Kafka: KafkaSink{Brokers: []string{"127.0.0.1:9092"}, Partitioner: "murmur2", TransactionalIDPrefix: "posthorn-relay"},
 		// The brokers' own local defaults, so `--sink nats` (amqp, redis)
 		// works against a local server with nothing else set.
 		NATS:               NATSSink{URL: "nats://127.0.0.1:4222"},
@@ -214,6 +227,9 @@ func (s Sink) validate() error {
 	if s.Kind == "kafka" {
 		if !slices.Contains(KafkaPartitioners, s.Kafka.Partitioner) {
 			return fieldErr("sink.kafka.partitioner", "is %q, want one of %v", s.Kafka.Partitioner, KafkaPartitioners)
+		}
+		if s.Kafka.ExactlyOnce && !transactionalID.MatchString(s.Kafka.TransactionalIDPrefix) {
+			return fieldErr("sink.kafka.transactional_id_prefix", "is %q, want 1 to 200 letters, digits, '.', '_' or '-'", s.Kafka.TransactionalIDPrefix)
 		}
 		if err := s.Kafka.SASL.validate(); err != nil {
 			return err

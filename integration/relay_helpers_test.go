@@ -17,15 +17,21 @@ import (
 // startTestRelay starts a polling relay on pool's outbox to sink with
 // timings short enough for a test (polls of 50 ms, retries from 20 ms up
 // to 300 ms, a 5 s lease) and stops it at cleanup. It returns the relay
-// and the registry of its metrics.
-func startTestRelay(t *testing.T, pool *pgxpool.Pool, sink core.Sink, owner, sinkName string) (*bridge.Relay, *prometheus.Registry) {
+// and the registry of its metrics. hooks, when given, are the relay's; a
+// bridge.FencedSink is used in exactly-once mode.
+func startTestRelay(t *testing.T, pool *pgxpool.Pool, sink core.Sink, owner, sinkName string, hooks ...*bridge.Hooks) (*bridge.Relay, *prometheus.Registry) {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	r, err := bridge.New(postgres.NewRelayStore(pool), sink, bridge.Config{
+	cfg := bridge.Config{
 		Owner: owner, SinkName: sinkName, PollInterval: 50 * time.Millisecond, LeaseTTL: 5 * time.Second,
 		RetryInitial: 20 * time.Millisecond, RetryMax: 300 * time.Millisecond, StatsInterval: 50 * time.Millisecond,
 		Logger: relayQuietLog, Registerer: reg,
-	})
+	}
+	for _, h := range hooks {
+		cfg.Hooks = h
+	}
+	_, cfg.ExactlyOnce = sink.(bridge.FencedSink)
+	r, err := bridge.New(postgres.NewRelayStore(pool), sink, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -86,7 +86,12 @@ type kind struct {
 // kinds maps Config.Kind to its sink and subscribers.
 var kinds = map[string]kind{
 	"kafka": {
-		sink:        func(c Config) (core.Sink, error) { return asSink(phkafka.New(c.Kafka)) },
+		sink: func(c Config) (core.Sink, error) {
+			if c.Kafka.ExactlyOnce {
+				return asSink(phkafka.NewExactlyOnce(c.Kafka))
+			}
+			return asSink(phkafka.New(c.Kafka))
+		},
 		subscribers: kafkaSubscribers,
 	},
 	// An in-process broker: useful in the demo and tests, where consumers

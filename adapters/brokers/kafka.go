@@ -48,14 +48,26 @@ func KafkaSaramaConfig() *sarama.Config {
 // DefaultStallAfter).
 // sec, when given, sets the connections' TLS and SASL (phkafka.Security).
 func KafkaSubscriber(brokers []string, consumer string, logger watermill.LoggerAdapter, sec ...phkafka.Security) (message.Subscriber, error) {
-	return kafkaGroupSubscriber(brokers, consumer, logger, DefaultStallAfter, nil, sec...)
+	return kafkaGroupSubscriber(brokers, consumer, logger, DefaultStallAfter, nil, false, sec...)
 }
 
-func kafkaGroupSubscriber(brokers []string, consumer string, logger watermill.LoggerAdapter, stallAfter time.Duration, rejoins prometheus.Counter, sec ...phkafka.Security) (*groupSubscriber, error) {
+// KafkaReadCommittedSubscriber is KafkaSubscriber reading with
+// read_committed: the isolation a topic written in exactly-once mode
+// needs. A read_uncommitted reader of such a topic also receives the
+// records of aborted transactions, which are sent again in a later one:
+// the inbox absorbs them as duplicates, other readers see repeats.
+func KafkaReadCommittedSubscriber(brokers []string, consumer string, logger watermill.LoggerAdapter, sec ...phkafka.Security) (message.Subscriber, error) {
+	return kafkaGroupSubscriber(brokers, consumer, logger, DefaultStallAfter, nil, true, sec...)
+}
+
+func kafkaGroupSubscriber(brokers []string, consumer string, logger watermill.LoggerAdapter, stallAfter time.Duration, rejoins prometheus.Counter, readCommitted bool, sec ...phkafka.Security) (*groupSubscriber, error) {
 	if len(brokers) == 0 {
 		return nil, errors.New("kafka subscriber of " + consumer + ": no brokers")
 	}
 	sc := KafkaSaramaConfig()
+	if readCommitted {
+		sc.Consumer.IsolationLevel = sarama.ReadCommitted
+	}
 	for _, s := range sec {
 		if err := s.Apply(sc); err != nil {
 			return nil, err
@@ -71,8 +83,9 @@ func kafkaGroupSubscriber(brokers []string, consumer string, logger watermill.Lo
 }
 
 // kafkaSubscribers gives each consumer a group subscriber of its own on
-// c.Kafka's brokers, with its TLS and SASL; with a Registerer, its re-joins
-// are counted and its offset lag measured.
+// c.Kafka's brokers, with its TLS and SASL, reading read_committed when the
+// relay writes in exactly-once mode; with a Registerer, its re-joins are
+// counted and its offset lag measured.
 func kafkaSubscribers(c Config, opts Options) (consumers.SubscriberFactory, error) {
 	if len(c.Kafka.Brokers) == 0 {
 		return nil, errors.New("kafka subscribers: no brokers")
@@ -87,7 +100,7 @@ func kafkaSubscribers(c Config, opts Options) (consumers.SubscriberFactory, erro
 			}
 			rejoins = vec.WithLabelValues(consumer)
 		}
-		sub, err := kafkaGroupSubscriber(brokers, consumer, opts.Logger, opts.StallAfter, rejoins, sec)
+		sub, err := kafkaGroupSubscriber(brokers, consumer, opts.Logger, opts.StallAfter, rejoins, c.Kafka.ExactlyOnce, sec)
 		if err != nil || opts.Registerer == nil {
 			return sub, err
 		}

@@ -82,6 +82,13 @@ type Config struct {
 	Partitioner string
 	// Security is the connections' TLS and SASL (security.go).
 	Security Security
+	// ExactlyOnce asks for NewExactlyOnce's sink where a caller opens one
+	// by configuration (adapters/brokers); New ignores it.
+	ExactlyOnce bool
+	// TransactionalIDPrefix starts the shards' transactional IDs in
+	// exactly-once mode (NewExactlyOnce); empty is
+	// TransactionalIDPrefixDefault.
+	TransactionalIDPrefix string
 	// ClientOpts are extra kgo options (timeouts, a logger) applied before
 	// the ones delivery depends on (acks=all, idempotence, the partitioner,
 	// the batch size), which always win.
@@ -103,6 +110,25 @@ var _ core.Sink = (*Sink)(nil)
 // New returns a sink. kgo connects lazily, so a broker that is down at
 // start is retried like any outage instead of failing the relay.
 func New(cfg Config) (*Sink, error) {
+	opts, err := clientOpts(cfg)
+	if err != nil {
+		return nil, err
+	}
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("kafka sink: %w", err)
+	}
+	return &Sink{
+		cl: cl,
+		marshaler: wmkafka.NewWithPartitioningMarshaler(func(_ string, msg *message.Message) (string, error) {
+			return msg.Metadata.Get(core.HeaderAggregateID), nil
+		}),
+	}, nil
+}
+
+// clientOpts are the producer options of cfg, for the sink's client and
+// for the exactly-once sink's transactional ones.
+func clientOpts(cfg Config) ([]kgo.Opt, error) {
 	if len(cfg.Brokers) == 0 {
 		return nil, errors.New("kafka sink: no brokers")
 	}
@@ -127,21 +153,11 @@ func New(cfg Config) (*Sink, error) {
 		kgo.AllowAutoTopicCreation(),
 	}, sec...)
 	opts = append(opts, cfg.ClientOpts...)
-	opts = append(opts,
+	return append(opts,
 		kgo.RequiredAcks(kgo.AllISRAcks()),
-		kgo.RecordPartitioner(part),
+		kgo.RecordPartitioner(positionsPartitioner{part}),
 		kgo.ProducerBatchMaxBytes(MaxRecordBytes),
-	)
-	cl, err := kgo.NewClient(opts...)
-	if err != nil {
-		return nil, fmt.Errorf("kafka sink: %w", err)
-	}
-	return &Sink{
-		cl: cl,
-		marshaler: wmkafka.NewWithPartitioningMarshaler(func(_ string, msg *message.Message) (string, error) {
-			return msg.Metadata.Get(core.HeaderAggregateID), nil
-		}),
-	}, nil
+	), nil
 }
 
 // partitioner maps Config.Partitioner to kgo's partitioner.

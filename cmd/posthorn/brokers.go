@@ -22,8 +22,9 @@ func brokerConfig(s configs.Sink) (brokers.Config, error) {
 	var err error
 	switch s.Kind {
 	case "kafka":
-		c.Kafka = kafka.Config{Brokers: s.Kafka.Brokers, Partitioner: s.Kafka.Partitioner, Security: kafka.Security{
-			SASLMechanism: s.Kafka.SASL.Mechanism, SASLUser: s.Kafka.SASL.Username, SASLPassword: s.Kafka.SASL.Password}}
+		c.Kafka = kafka.Config{Brokers: s.Kafka.Brokers, Partitioner: s.Kafka.Partitioner,
+			ExactlyOnce: s.Kafka.ExactlyOnce, TransactionalIDPrefix: s.Kafka.TransactionalIDPrefix, Security: kafka.Security{
+				SASLMechanism: s.Kafka.SASL.Mechanism, SASLUser: s.Kafka.SASL.Username, SASLPassword: s.Kafka.SASL.Password}}
 		c.Kafka.Security.TLS, err = s.Kafka.TLS.Load("sink.kafka.tls")
 	case "nats":
 		c.NATS = nats.Config{URL: s.NATS.URL, Username: s.NATS.Username, Password: s.NATS.Password,

@@ -39,6 +39,7 @@ func runRelay(ctx context.Context, args []string) error {
 		ParkAfter:         parkAfter,
 		Owner:             cfg.Relay.Owner,
 		SinkName:          cfg.Sink.Kind,
+		ExactlyOnce:       cfg.Sink.Kind == "kafka" && cfg.Sink.Kafka.ExactlyOnce,
 		BatchSize:         cfg.Relay.BatchSize,
 		PollInterval:      cfg.Relay.PollInterval,
 		LeaseTTL:          cfg.Relay.LeaseTTL,

@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/posthorn/posthorn/adapters/kafka/kafkatest"
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/core"
 )
@@ -26,35 +26,15 @@ func (s *System) BrokerEventIDs(ctx context.Context, idle time.Duration) (map[st
 // returns the event IDs it holds, stopping after idle without a new record
 // (counted from the first record).
 func EventIDsOnBroker(ctx context.Context, addr string, idle time.Duration) (map[string]bool, error) {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(addr), kgo.ConsumeTopics(core.TopicEvents),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(200*time.Millisecond))
+	recs, err := kafkatest.ReadTopic(ctx, []string{addr}, core.TopicEvents, false, idle)
 	if err != nil {
-		return nil, fmt.Errorf("broker client: %w", err)
+		return nil, err
 	}
-	defer cl.Close()
 	ids := map[string]bool{}
-	// The idle clock starts at the first record: on a loaded machine the
-	// first fetch (connection, metadata) can take longer than idle, and a
-	// read that stopped then would report a full topic as empty. A topic
-	// with nothing on it is waited for up to firstRecordWait.
-	const firstRecordWait = 30 * time.Second
-	start := time.Now()
-	var last time.Time
-	for last.IsZero() && time.Since(start) < max(firstRecordWait, idle) || !last.IsZero() && time.Since(last) < idle {
-		pctx, cancel := context.WithTimeout(ctx, idle)
-		fs := cl.PollFetches(pctx)
-		cancel()
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
+	for _, r := range recs {
+		if id := kafkatest.Header(r, core.HeaderEventID); id != "" {
+			ids[id] = true
 		}
-		fs.EachRecord(func(r *kgo.Record) {
-			for _, h := range r.Headers {
-				if h.Key == core.HeaderEventID {
-					ids[string(h.Value)] = true
-				}
-			}
-			last = time.Now()
-		})
 	}
 	return ids, nil
 }

@@ -51,6 +51,9 @@ type SystemConfig struct {
 	// UnsafeNoInbox and UnsafeMarkBeforeAck switch a protection off for a
 	// negative control.
 	UnsafeNoInbox, UnsafeMarkBeforeAck bool
+	// ExactlyOnce runs the relays with sink.kafka.exactly_once (and so the
+	// consumers read_committed).
+	ExactlyOnce bool
 }
 
 // System is the running set of processes plus the suite's own pools.
@@ -154,6 +157,9 @@ func StartSystem(ctx context.Context, cfg SystemConfig) (*System, error) {
 		return nil, err
 	}
 	sinkEnv := []string{"POSTHORN_SINK__KIND=kafka", "POSTHORN_SINK__KAFKA__BROKERS=" + strings.Join(brokers, ",")}
+	if cfg.ExactlyOnce {
+		sinkEnv = append(sinkEnv, "POSTHORN_SINK__KAFKA__EXACTLY_ONCE=true")
+	}
 	for i := 0; i < cfg.Relays; i++ {
 		args := []string{"relay"}
 		if cfg.UnsafeMarkBeforeAck {

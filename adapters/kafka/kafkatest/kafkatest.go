@@ -1,7 +1,8 @@
-// Package kafkatest has what tests of Kafka placement need: the Java
+// Package kafkatest has what tests of Kafka records need: the Java
 // client's partitioner written out from Kafka's source, so the sink's
 // placement is checked against the formula and not against the library
-// (kgo) that implements it.
+// (kgo) that implements it, and an independent reader of a topic in either
+// isolation level.
 package kafkatest
 
 // JavaMurmur2 is Kafka's org.apache.kafka.common.utils.Utils.murmur2.

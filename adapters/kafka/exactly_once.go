@@ -1,0 +1,411 @@
+package kafka
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/posthorn/posthorn/core"
+)
+
+// This file is the exactly-once mode (sink.kafka.exactly_once): each
+// shard's records go out in Kafka transactions under a transactional ID of
+// their own, and each transaction also writes, to PositionsTopic, the outbox
+// ids it holds. Its invariants:
+//
+//   - One transactional ID per shard (TransactionalID), whoever owns the
+//     shard. Fence, which the relay calls before it publishes for a shard
+//     it has just leased, initialises the producer ID under that ID; the
+//     broker then bumps the epoch, aborts (or finishes) any transaction an
+//     earlier owner left open and refuses that owner's commits from then
+//     on. A relay that stalled past its lease cannot commit.
+//   - A transaction commits the batch's records and its positions record
+//     together or neither. The positions record names the batch's outbox
+//     ids and those of every earlier committed transaction whose markers
+//     the relay has not confirmed, so the newest committed positions record
+//     of a shard covers every committed row that may lack its marker.
+//   - After fencing, Fence reads that newest record (read_committed) and
+//     returns its ids; the relay marks them before it sends anything, so a
+//     record committed before a crash, a lost commit response or a takeover
+//     is never sent again.
+//
+// The plain Publish (resend and replay, which send again on purpose) goes
+// through the embedded idempotent Sink, outside any transaction.
+
+// PositionsTopic holds, per shard, the outbox ids of the relay's committed
+// transactions: one partition per shard (partition = shard), records keyed
+// by the shard's transactional ID. Only the newest record of a key is
+// read, so the topic is created compacted.
+const PositionsTopic = "posthorn.relay.positions"
+
+// TransactionalIDPrefixDefault starts the shards' transactional IDs when
+// Config.TransactionalIDPrefix is empty. Relays of one outbox must share it;
+// relays of different outboxes on one cluster must not.
+const TransactionalIDPrefixDefault = "posthorn-relay"
+
+// positionsPartitioner places a positions record on its shard's partition
+// (Record.Partition) and every other record by key.
+type positionsPartitioner struct{ data kgo.Partitioner }
+
+func (p positionsPartitioner) ForTopic(topic string) kgo.TopicPartitioner {
+	if topic == PositionsTopic {
+		return kgo.ManualPartitioner().ForTopic(topic)
+	}
+	return p.data.ForTopic(topic)
+}
+
+// positions is a positions record's value.
+type positions struct {
+	IDs []int64 `json:"ids"`
+}
+
+// Header kind of a positions record: a transaction's ids, or the marker
+// Fence writes to know where the partition ends.
+const (
+	headerPositionsKind = "posthorn-positions"
+	kindCommitted       = "committed"
+	kindFence           = "fence"
+)
+
+// ExactlyOnceSink is the Kafka sink in exactly-once mode.
+type ExactlyOnceSink struct {
+	*Sink
+	cfg    Config
+	prefix string
+	opts   []kgo.Opt
+
+	topicReady atomic.Bool
+	mu         sync.Mutex
+	producers  map[int]*kgo.Client // by shard, between Fence and Unfence
+
+	// stall, set by tests only, runs before a transaction's first record
+	// is produced (stage "send") and before its commit ("commit").
+	stall func(stage string)
+}
+
+// NewExactlyOnce returns the exactly-once sink. Like New it connects
+// lazily; the positions topic is created at the first Fence.
+func NewExactlyOnce(cfg Config) (*ExactlyOnceSink, error) {
+	plain, err := New(cfg)
+	if err != nil {
+		return nil, err
+	}
+	opts, err := clientOpts(cfg)
+	if err != nil {
+		plain.Close()
+		return nil, err
+	}
+	prefix := cfg.TransactionalIDPrefix
+	if prefix == "" {
+		prefix = TransactionalIDPrefixDefault
+	}
+	return &ExactlyOnceSink{Sink: plain, cfg: cfg, prefix: prefix, opts: opts, producers: map[int]*kgo.Client{}}, nil
+}
+
+// TransactionalID is shard's transactional ID: the same for every relay
+// that owns the shard, which is what lets a new owner fence the old.
+func (s *ExactlyOnceSink) TransactionalID(shard int) string {
+	return fmt.Sprintf("%s-shard-%02d", s.prefix, shard)
+}
+
+// Fence makes this sink shard's only producer and returns the outbox ids
+// of the shard's newest committed transaction (see the file comment). A
+// producer the sink already had for shard is replaced, which also ends
+// whatever transaction it left open.
+func (s *ExactlyOnceSink) Fence(ctx context.Context, shard int) ([]int64, error) {
+	if s.closed.Load() {
+		return nil, ErrClosed
+	}
+	if err := s.ensurePositionsTopic(ctx); err != nil {
+		return nil, err
+	}
+	s.Unfence(shard)
+	cl, err := kgo.NewClient(append(s.opts,
+		kgo.TransactionalID(s.TransactionalID(shard)),
+		// Longer than a relay batch takes, short enough that a transaction
+		// of a relay that died is aborted by the broker soon after.
+		kgo.TransactionTimeout(30*time.Second),
+	)...)
+	if err != nil {
+		return nil, fmt.Errorf("kafka sink: %w", err)
+	}
+	// InitProducerID under the shard's transactional ID: from here on, no
+	// earlier producer of the shard can commit.
+	if _, _, err := cl.ProducerID(ctx); err != nil {
+		cl.Close()
+		return nil, fmt.Errorf("kafka sink: fence shard %d (%s): %w", shard, s.TransactionalID(shard), err)
+	}
+	ids, err := s.committedPositions(ctx, shard)
+	if err != nil {
+		cl.Close()
+		return nil, err
+	}
+	s.mu.Lock()
+	s.producers[shard] = cl
+	s.mu.Unlock()
+	return ids, nil
+}
+
+// Unfence closes shard's producer, if any (the lease was given back or
+// lost). A transaction it left open is aborted by the next owner's Fence or
+// by the broker's transaction timeout.
+func (s *ExactlyOnceSink) Unfence(shard int) {
+	s.mu.Lock()
+	cl := s.producers[shard]
+	delete(s.producers, shard)
+	s.mu.Unlock()
+	if cl != nil {
+		cl.Close()
+	}
+}
+
+// PublishShard publishes batch, every record of shard, in one transaction
+// that also writes ids (the batch's outbox ids and those still unmarked) as
+// the shard's newest positions. It returns nil once the transaction
+// committed. Otherwise nothing of the batch is committed, or the outcome
+// is unknown: the error fails every record sent (a *core.BatchError, with
+// core.Permanent on a record a retry cannot fix), and the caller must Fence
+// the shard again before publishing for it.
+func (s *ExactlyOnceSink) PublishShard(ctx context.Context, shard int, batch []core.Envelope, ids []int64) error {
+	if len(batch) == 0 {
+		return nil
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	cl := s.producers[shard]
+	s.mu.Unlock()
+	if cl == nil {
+		return fmt.Errorf("kafka sink: shard %d is not fenced", shard)
+	}
+	fails := core.BatchFailures{NotSent: "kafka sink: not sent", Sink: "kafka sink"}
+	recs := make([]*kgo.Record, 0, len(batch)+1)
+	index := make([]int, 0, len(batch))
+	for i, e := range batch {
+		if fails.Blocked(i, e) {
+			continue
+		}
+		r, err := s.record(e)
+		if err != nil {
+			fails.Fail(i, e, core.Permanent(err))
+			continue
+		}
+		recs = append(recs, r)
+		index = append(index, i)
+	}
+	if len(recs) == 0 {
+		return fails.Err()
+	}
+	value, err := json.Marshal(positions{IDs: ids})
+	if err != nil {
+		return err
+	}
+	recs = append(recs, s.positionsRecord(shard, kindCommitted, value))
+
+	if s.stall != nil {
+		s.stall("send")
+	}
+	if err := cl.BeginTransaction(); err != nil {
+		return fmt.Errorf("kafka sink: begin transaction: %w", err)
+	}
+	results := produceAll(ctx, cl, recs)
+	var first error
+	for _, err := range results {
+		if err != nil {
+			first = err
+			break
+		}
+	}
+	end := kgo.TryCommit
+	if first != nil || ctx.Err() != nil {
+		end = kgo.TryAbort
+	}
+	// The end of a transaction must not be cut short by ctx: its outcome
+	// would be unknowable (kgo's advice). The broker's timeout bounds it.
+	endCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	if end == kgo.TryCommit && s.stall != nil {
+		s.stall("commit")
+	}
+	if err := cl.EndTransaction(endCtx, end); err != nil && first == nil {
+		first = err
+	}
+	if first == nil && end == kgo.TryCommit {
+		return fails.Err()
+	}
+	if first == nil {
+		first = ctx.Err()
+	}
+	for j, i := range index {
+		if err := results[j]; err != nil {
+			fails.Fail(i, batch[i], classify(err))
+			continue
+		}
+		// Not wrapped: another record's permanent failure is no reason
+		// to park this one.
+		fails.Fail(i, batch[i], fmt.Errorf("kafka sink: transaction not committed: %v", first))
+	}
+	return fails.Err()
+}
+
+// produceAll produces recs and waits for every result.
+func produceAll(ctx context.Context, cl *kgo.Client, recs []*kgo.Record) []error {
+	results := make([]error, len(recs))
+	var wg sync.WaitGroup
+	wg.Add(len(recs))
+	for j, r := range recs {
+		cl.Produce(ctx, r, func(_ *kgo.Record, err error) {
+			results[j] = err
+			wg.Done()
+		})
+	}
+	wg.Wait()
+	return results
+}
+
+func (s *ExactlyOnceSink) positionsRecord(shard int, kind string, value []byte) *kgo.Record {
+	key := s.TransactionalID(shard)
+	if kind == kindFence {
+		// Its own key, so compaction keeps the newest committed record of
+		// the shard beside the newest fence.
+		key += "/fence"
+	}
+	return &kgo.Record{
+		Topic: PositionsTopic, Partition: int32(shard), Key: []byte(key), Value: value,
+		Headers: []kgo.RecordHeader{{Key: headerPositionsKind, Value: []byte(kind)}},
+	}
+}
+
+// committedPositions returns the ids of shard's newest committed positions
+// record. It first writes a fence record outside any transaction: its
+// offset is where the partition ends for this read (every transaction of
+// the shard's earlier owners has ended, since Fence came first), and a
+// read_committed reader receives it once everything before it is settled.
+// The read starts a window before that offset and widens it until it finds
+// a committed record or reaches the partition's start.
+func (s *ExactlyOnceSink) committedPositions(ctx context.Context, shard int) ([]int64, error) {
+	fence, err := s.cl.ProduceSync(ctx, s.positionsRecord(shard, kindFence, []byte("{}"))).First()
+	if err != nil {
+		return nil, fmt.Errorf("kafka sink: write fence record of shard %d: %w", shard, err)
+	}
+	key := s.TransactionalID(shard)
+	for window := int64(256); ; window *= 8 {
+		start := max(0, fence.Offset-window)
+		ids, found, err := s.readPositions(ctx, shard, key, start, fence.Offset)
+		if err != nil || found || start == 0 {
+			return ids, err
+		}
+	}
+}
+
+// readPositions reads shard's partition of the positions topic from start
+// through the fence record at end, read_committed, and returns the ids of
+// the last committed record of key before end.
+func (s *ExactlyOnceSink) readPositions(ctx context.Context, shard int, key string, start, end int64) (ids []int64, found bool, err error) {
+	sec, err := s.cfg.Security.kgoOpts()
+	if err != nil {
+		return nil, false, err
+	}
+	rd, err := kgo.NewClient(append(sec,
+		kgo.SeedBrokers(s.cfg.Brokers...),
+		kgo.ClientID("posthorn-relay-positions"),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{PositionsTopic: {int32(shard): kgo.NewOffset().At(start)}}),
+	)...)
+	if err != nil {
+		return nil, false, fmt.Errorf("kafka sink: %w", err)
+	}
+	defer rd.Close()
+	for {
+		fs := rd.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			return nil, false, fmt.Errorf("kafka sink: read positions of shard %d: %w", shard, err)
+		}
+		var done bool
+		var ferr error
+		fs.EachError(func(_ string, _ int32, err error) { ferr = err })
+		if ferr != nil && !kerr.IsRetriable(ferr) {
+			return nil, false, fmt.Errorf("kafka sink: read positions of shard %d: %w", shard, ferr)
+		}
+		fs.EachRecord(func(r *kgo.Record) {
+			if done || r.Offset > end {
+				return
+			}
+			if r.Offset == end {
+				done = true
+				return
+			}
+			if string(r.Key) != key || recordKind(r) != kindCommitted {
+				return
+			}
+			var p positions
+			if err := json.Unmarshal(r.Value, &p); err != nil {
+				ferr = fmt.Errorf("kafka sink: positions record at offset %d of shard %d: %w", r.Offset, shard, err)
+				done = true
+				return
+			}
+			ids, found = p.IDs, true
+		})
+		if done {
+			return ids, found, ferr
+		}
+	}
+}
+
+func recordKind(r *kgo.Record) string {
+	for _, h := range r.Headers {
+		if h.Key == headerPositionsKind {
+			return string(h.Value)
+		}
+	}
+	return ""
+}
+
+// ensurePositionsTopic creates the positions topic (one partition per
+// shard, compacted) unless it exists, and refuses one with too few
+// partitions.
+func (s *ExactlyOnceSink) ensurePositionsTopic(ctx context.Context) error {
+	if s.topicReady.Load() {
+		return nil
+	}
+	adm := kadm.NewClient(s.cl)
+	compact := "compact"
+	_, err := adm.CreateTopic(ctx, core.Shards, -1, map[string]*string{"cleanup.policy": &compact}, PositionsTopic)
+	if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
+		return fmt.Errorf("kafka sink: create topic %s: %w", PositionsTopic, err)
+	}
+	details, err := adm.ListTopics(ctx, PositionsTopic)
+	if err != nil {
+		return fmt.Errorf("kafka sink: describe topic %s: %w", PositionsTopic, err)
+	}
+	d := details[PositionsTopic]
+	if d.Err != nil {
+		return fmt.Errorf("kafka sink: describe topic %s: %w", PositionsTopic, d.Err)
+	}
+	if n := len(d.Partitions); n < core.Shards {
+		return fmt.Errorf("kafka sink: topic %s has %d partitions; exactly-once needs one per shard, %d", PositionsTopic, n, core.Shards)
+	}
+	s.topicReady.Store(true)
+	return nil
+}
+
+// Close closes the shards' producers and the plain sink.
+func (s *ExactlyOnceSink) Close() error {
+	s.mu.Lock()
+	cls := s.producers
+	s.producers = map[int]*kgo.Client{}
+	s.mu.Unlock()
+	for _, cl := range cls {
+		cl.Close()
+	}
+	return s.Sink.Close()
+}

@@ -1,0 +1,205 @@
+package kafka_test
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/posthorn/posthorn/adapters/kafka"
+	"github.com/posthorn/posthorn/adapters/kafka/kafkatest"
+	"github.com/posthorn/posthorn/adapters/sinktest"
+	"github.com/posthorn/posthorn/core"
+)
+
+// startTxBroker starts kfake over real sockets with the event topic.
+func startTxBroker(t *testing.T) []string {
+	t.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, core.TopicEvents), kfake.AllowAutoTopicCreation())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c.ListenAddrs()
+}
+
+func newExactlyOnce(t *testing.T, addrs []string, prefix string) *kafka.ExactlyOnceSink {
+	t.Helper()
+	s, err := kafka.NewExactlyOnce(kafka.Config{Brokers: addrs, TransactionalIDPrefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+func shardBatch(agg string, n int) []core.Envelope {
+	out := make([]core.Envelope, n)
+	for i := range out {
+		out[i] = sinktest.Envelope(core.TopicEvents, agg, int64(i+1))
+	}
+	return out
+}
+
+// committedEventIDs counts the event IDs a read_committed reader receives.
+func committedEventIDs(t *testing.T, addrs []string) map[string]int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	recs, err := kafkatest.ReadTopic(ctx, addrs, core.TopicEvents, true, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := map[string]int{}
+	for _, r := range recs {
+		n[kafkatest.Header(r, core.HeaderEventID)]++
+	}
+	return n
+}
+
+// TestExactlyOnceFenceReturnsTheCommittedPositions: a transaction commits
+// its records with the outbox ids it names; the next owner's Fence returns
+// exactly the ids of the shard's newest committed transaction, an aborted
+// one is invisible to read_committed readers, and other shards' positions
+// stay apart.
+func TestExactlyOnceFenceReturnsTheCommittedPositions(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	addrs := startTxBroker(t)
+	a := newExactlyOnce(t, addrs, "")
+	if ids, err := a.Fence(ctx, 3); err != nil || len(ids) != 0 {
+		t.Fatalf("first fence of shard 3: %v, %v; want no ids", ids, err)
+	}
+	if _, err := a.Fence(ctx, 4); err != nil {
+		t.Fatal(err)
+	}
+	first, second := shardBatch("acc-a", 3), shardBatch("acc-b", 2)
+	if err := a.PublishShard(ctx, 3, first, []int64{10, 11, 12}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.PublishShard(ctx, 3, second, []int64{12, 13, 14}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.PublishShard(ctx, 4, shardBatch("acc-c", 1), []int64{20}); err != nil {
+		t.Fatal(err)
+	}
+	b := newExactlyOnce(t, addrs, "")
+	ids, err := b.Fence(ctx, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(ids, []int64{12, 13, 14}) {
+		t.Fatalf("fence of shard 3 returned %v, want the newest committed transaction's [12 13 14]", ids)
+	}
+	if ids, err := b.Fence(ctx, 4); err != nil || !slices.Equal(ids, []int64{20}) {
+		t.Fatalf("fence of shard 4 returned %v, %v; want [20]", ids, err)
+	}
+	got := committedEventIDs(t, addrs)
+	for _, e := range slices.Concat(first, second) {
+		if got[e.EventID] != 1 {
+			t.Fatalf("event %s read %d times, want once", e.EventID, got[e.EventID])
+		}
+	}
+	// The first owner was fenced: its next transaction cannot commit.
+	if err := a.PublishShard(ctx, 3, shardBatch("acc-d", 1), []int64{30}); err == nil {
+		t.Fatal("a fenced producer committed a transaction")
+	}
+	if ids, err := newExactlyOnce(t, addrs, "").Fence(ctx, 3); err != nil || !slices.Equal(ids, []int64{12, 13, 14}) {
+		t.Fatalf("after the fenced attempt, fence returned %v, %v; want still [12 13 14]", ids, err)
+	}
+}
+
+// zombieRace lets owner A stall at stage ("send": before its first
+// record, "commit": between its records and its commit) while owner B
+// fences the shard, publishes the same events and commits; then A goes on.
+// It returns A's result and how often a read_committed reader receives
+// each event.
+func zombieRace(t *testing.T, prefixA, prefixB, stage string) (error, map[string]int, []core.Envelope) {
+	t.Helper()
+	ctx := context.Background()
+	addrs := startTxBroker(t)
+	a, b := newExactlyOnce(t, addrs, prefixA), newExactlyOnce(t, addrs, prefixB)
+	if _, err := a.Fence(ctx, 5); err != nil {
+		t.Fatal(err)
+	}
+	batch := shardBatch("acc-z", 4)
+	stalled, resume := make(chan struct{}), make(chan struct{})
+	a.SetStall(func(at string) {
+		if at == stage {
+			close(stalled)
+			<-resume
+		}
+	})
+	done := make(chan error, 1)
+	go func() { done <- a.PublishShard(ctx, 5, batch, []int64{1, 2, 3, 4}) }()
+	<-stalled
+	// B takes the lease over: fence, read the positions (nothing committed
+	// yet), send the same rows.
+	if ids, err := b.Fence(ctx, 5); err != nil || len(ids) != 0 {
+		t.Fatalf("takeover fence: %v, %v", ids, err)
+	}
+	if err := b.PublishShard(ctx, 5, batch, []int64{1, 2, 3, 4}); err != nil {
+		t.Fatal(err)
+	}
+	close(resume)
+	return <-done, committedEventIDs(t, addrs), batch
+}
+
+// TestExactlyOnceFencesAZombieCommit: with the transactional ID tied to
+// the shard (so to its lease), a stalled owner can neither send nor commit
+// once the new owner fenced the shard, and a read_committed reader sees
+// each event once. The control gives each owner its own transactional ID
+// (tied to the process, not the lease): the zombie that stalled before
+// sending commits its batch after the new owner's, and the reader sees
+// every event twice. (A zombie stalled between its sends and its commit
+// holds the positions partition's stable offset back, so even untied IDs
+// make the new owner wait for it; the send stall is the one they miss.)
+func TestExactlyOnceFencesAZombieCommit(t *testing.T) {
+	t.Parallel()
+	for _, stage := range []string{"send", "commit"} {
+		t.Run("tied to the lease, stalled at "+stage, func(t *testing.T) {
+			t.Parallel()
+			err, got, batch := zombieRace(t, "ledger", "ledger", stage)
+			if err == nil {
+				t.Fatal("the zombie's transaction committed after the new owner fenced the shard")
+			}
+			for _, e := range batch {
+				if got[e.EventID] != 1 {
+					t.Fatalf("event %s read %d times, want once", e.EventID, got[e.EventID])
+				}
+			}
+			t.Logf("fencing refused the zombie: %v", err)
+		})
+	}
+	t.Run("control: not tied to the lease", func(t *testing.T) {
+		t.Parallel()
+		err, got, batch := zombieRace(t, "relay-A", "relay-B", "send")
+		if err != nil {
+			t.Fatalf("without a shared transactional ID nothing fences the zombie, yet its commit failed: %v", err)
+		}
+		for _, e := range batch {
+			if got[e.EventID] != 2 {
+				t.Fatalf("event %s read %d times; the control expects the zombie's repeat (2)", e.EventID, got[e.EventID])
+			}
+		}
+	})
+}
+
+// TestExactlyOnceRefusesAPositionsTopicTooSmall: a positions topic made by
+// hand with fewer partitions than shards is refused by name.
+func TestExactlyOnceRefusesAPositionsTopicTooSmall(t *testing.T) {
+	t.Parallel()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(2, kafka.PositionsTopic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	s := newExactlyOnce(t, c.ListenAddrs(), "")
+	_, err = s.Fence(context.Background(), 0)
+	if err == nil || !strings.Contains(err.Error(), kafka.PositionsTopic) || !strings.Contains(err.Error(), "2 partitions") {
+		t.Fatalf("fence with a 2-partition positions topic: %v", err)
+	}
+}
