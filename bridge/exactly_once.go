@@ -1,6 +1,7 @@
 package bridge
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"maps"
@@ -54,47 +55,65 @@ func (r *Relay) syncFences(before []core.Lease) {
 	}
 }
 
-// fence fences every held shard that waits for it and marks the rows its
-// committed transactions hold, so nothing already committed is sent again
-// (after a crash, a takeover, a lost commit response or a failed marker).
-// It reports whether every held shard is fenced; until then nothing is
-// published.
-func (r *Relay) fence(ctx context.Context) bool {
-	for _, shard := range slices.Sorted(maps.Keys(r.unfenced)) {
-		if time.Until(r.deadline) < r.cfg.LeaseTTL/10 {
-			r.nextMaintain = time.Time{} // renew before fencing on a lease about to expire
-			return false
-		}
-		fctx, cancel := context.WithDeadline(ctx, r.deadline)
-		ids, err := r.fenced.Fence(fctx, shard)
-		cancel()
-		if err != nil {
-			if ctx.Err() == nil {
-				r.log.Error("fence shard for exactly-once", "shard", shard, "err", err)
-			}
-			return false
-		}
-		if h := r.cfg.Hooks; h != nil && h.UnsafeSkipPositions {
-			ids = nil
-		}
-		refs := make([]core.RowRef, len(ids))
-		for i, id := range ids {
-			refs[i] = core.RowRef{ID: id, Shard: shard}
-		}
-		marked, refused, err := r.store.MarkRelayed(ctx, refs, r.leases)
-		switch {
-		case err != nil:
-			r.log.Error("mark the rows a committed transaction holds", "shard", shard, "rows", len(refs), "err", err)
-			return false
-		case refused > 0:
-			r.m.fenced.Add(float64(refused))
-			r.nextMaintain = time.Time{}
-			return false
-		}
-		delete(r.unfenced, shard)
-		r.log.Info("shard fenced for exactly-once", "shard", shard, "committed_rows", len(ids), "newly_marked", marked)
+// errLeaseDue ends a fence round whose leases must be renewed first.
+var errLeaseDue = errors.New("leases due for renewal")
+
+// fence fences every held shard that waits for it, in parallel, and marks
+// the rows their committed transactions hold, so nothing already committed
+// is sent again (after a crash, a takeover, a lost commit response or a
+// failed marker). Until every held shard is fenced nothing is published.
+// It returns errLeaseDue when the leases are about to expire (the caller
+// renews them at once), else the first failure.
+func (r *Relay) fence(ctx context.Context) error {
+	if time.Until(r.deadline) < r.cfg.LeaseTTL/10 {
+		r.nextMaintain = time.Time{}
+		return errLeaseDue
 	}
-	return true
+	shards := slices.Sorted(maps.Keys(r.unfenced))
+	ids := make([][]int64, len(shards))
+	errs := make([]error, len(shards))
+	fctx, cancel := context.WithDeadline(ctx, r.deadline)
+	var wg sync.WaitGroup
+	for k, shard := range shards {
+		wg.Go(func() { ids[k], errs[k] = r.fenced.Fence(fctx, shard) })
+	}
+	wg.Wait()
+	cancel()
+	var refs []core.RowRef
+	var fenced []int
+	var first error
+	for k, shard := range shards {
+		if errs[k] != nil {
+			if ctx.Err() == nil {
+				r.log.Error("fence shard for exactly-once", "shard", shard, "err", errs[k])
+			}
+			first = cmp.Or(first, errs[k])
+			continue
+		}
+		if h := r.cfg.Hooks; h == nil || !h.UnsafeSkipPositions {
+			for _, id := range ids[k] {
+				refs = append(refs, core.RowRef{ID: id, Shard: shard})
+			}
+		}
+		fenced = append(fenced, shard)
+	}
+	if len(fenced) == 0 {
+		return first
+	}
+	// Most of these rows were marked already; MarkRelayed counts those with
+	// the rows of a lease lost meanwhile as not marked, so the count says
+	// nothing here. A lost lease shows at the next renewal, and until then
+	// the new owner's fence keeps this relay's transactions from committing.
+	marked, _, err := r.store.MarkRelayed(ctx, refs, r.leases)
+	if err != nil {
+		r.log.Error("mark the rows committed transactions hold", "shards", fenced, "rows", len(refs), "err", err)
+		return err
+	}
+	for _, shard := range fenced {
+		delete(r.unfenced, shard)
+	}
+	r.log.Info("shards fenced for exactly-once", "shards", fenced, "committed_rows", len(refs), "newly_marked", marked)
+	return first
 }
 
 // publishFenced publishes batch (rows' envelopes) with one transaction per

@@ -150,8 +150,11 @@ func (r *Relay) run(ctx context.Context) {
 		if len(r.unfenced) > 0 {
 			drop()
 			settle()
-			if !r.fence(ctx) {
-				r.backoff(ctx)
+			if err := r.fence(ctx); err != nil {
+				if !errors.Is(err, errLeaseDue) {
+					// Short enough that the leases are renewed meanwhile.
+					r.backoffFor(ctx, min(r.retry.NextBackOff(), r.cfg.LeaseTTL/4))
+				}
 				continue
 			}
 		}
@@ -243,8 +246,11 @@ func (r *Relay) wait(ctx context.Context, d time.Duration) {
 
 // backoff waits the next exponential, jittered retry interval; a stop
 // interrupts it (a notification does not: the sink is the problem).
-func (r *Relay) backoff(ctx context.Context) {
-	t := time.NewTimer(r.retry.NextBackOff())
+func (r *Relay) backoff(ctx context.Context) { r.backoffFor(ctx, r.retry.NextBackOff()) }
+
+// backoffFor waits d unless a stop comes first.
+func (r *Relay) backoffFor(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-t.C:

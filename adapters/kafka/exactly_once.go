@@ -319,6 +319,9 @@ func (s *ExactlyOnceSink) readPositions(ctx context.Context, shard int, key stri
 		kgo.SeedBrokers(s.cfg.Brokers...),
 		kgo.ClientID("posthorn-relay-positions"),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		// The fence record is there at once; a fetch that waits for more
+		// bytes (5 s by default) would only delay the relay.
+		kgo.FetchMaxWait(100*time.Millisecond),
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{PositionsTopic: {int32(shard): kgo.NewOffset().At(start)}}),
 	)...)
 	if err != nil {
