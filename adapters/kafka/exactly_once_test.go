@@ -45,7 +45,9 @@ func shardBatch(agg string, n int) []core.Envelope {
 }
 
 // committedEventIDs counts the event IDs a read_committed reader receives.
-func committedEventIDs(t *testing.T, addrs []string) map[string]int { return eventIDCounts(t, addrs, true) }
+func committedEventIDs(t *testing.T, addrs []string) map[string]int {
+	return eventIDCounts(t, addrs, true)
+}
 
 // eventIDCounts counts the event IDs a reader of the event topic receives,
 // read_committed or read_uncommitted.
