@@ -79,6 +79,26 @@
 // `posthorn outbox status`) and its later rows are not read until an
 // operator releases it, while every other aggregate keeps flowing.
 //
+// # Exactly once on the wire
+//
+// With Config.ExactlyOnce the sink is a FencedSink (the Kafka sink's
+// exactly-once mode) and the relay keeps three more rules:
+//
+//   - Fence before sending: a shard leased anew (at start, at a takeover,
+//     under a new token) and a shard whose publish or marker failed is
+//     fenced before anything of it is published. Fence makes the relay the
+//     shard's only producer and returns the outbox ids of the shard's
+//     newest committed transaction; the relay marks them, so a row the
+//     broker committed is never sent again, whoever committed it.
+//   - One transaction per shard and batch, naming the batch's ids and those
+//     of the marker still in flight (at most one, see ACK then marker), so
+//     the newest committed transaction of a shard covers every committed
+//     row that may lack its marker.
+//   - No backoff past the lease while fencing: a fence that fails is retried
+//     within a quarter of the lease, so the leases stay renewed.
+//
+// Parking, order, leases and "marker after ACK" are unchanged.
+//
 // # Lifecycle
 //
 // Start runs the loop in the background; Stop (or cancelling Start's

@@ -12,10 +12,12 @@ import (
 
 	"github.com/posthorn/posthorn/adapters/kafka"
 	"github.com/posthorn/posthorn/adapters/kafka/kafkatest"
+	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/ops"
 )
 
 // newExactlyOnceSink is the Kafka sink in exactly-once mode on brokers,
@@ -109,4 +111,41 @@ func TestRelayExactlyOnceControlWithoutPositions(t *testing.T) {
 		t.Fatal("without the positions read the committed batch was not sent again: this control no longer shows the repeat")
 	}
 	t.Logf("without the positions read: %d repeats of %d events", repeats, len(posted))
+}
+
+// TestRelayExactlyOnceResendStillSends: with exactly-once on, a resend
+// still sends on purpose: outside any transaction, with the resend header,
+// and a read_committed reader receives it beside the relay's committed
+// record.
+func TestRelayExactlyOnceResendStillSends(t *testing.T) {
+	t.Parallel()
+	_, pool := pgtest.Ledger(t)
+	b := startRelayBroker(t)
+	posted := bridgetest.MustPost(t, pool, "acc-resend-a", "acc-resend-b")
+	sink := newExactlyOnceSink(t, b.addrs)
+	startTestRelay(t, pool, sink, "relay-resend", "kafka")
+	bridgetest.WaitFor(t, 30*time.Second, "the outbox drained", func() bool { return bridgetest.Unrelayed(t, pool) == 0 })
+	ctx := context.Background()
+	res, err := ops.Resend(ctx, ops.ResendConfig{Ledger: postgres.NewOpsStore(pool), Sink: sink, EventIDs: []string{posted[0].EventID}})
+	if err != nil || res.Sent != 1 {
+		t.Fatalf("resend: %+v, %v", res, err)
+	}
+	rctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	recs, err := kafkatest.ReadTopic(rctx, b.addrs, core.TopicEvents, true, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var copies, resent int
+	for _, r := range recs {
+		if kafkatest.Header(r, core.HeaderEventID) == posted[0].EventID {
+			copies++
+			if kafkatest.Header(r, core.HeaderResend) == "true" {
+				resent++
+			}
+		}
+	}
+	if copies != 2 || resent != 1 || len(recs) != len(posted)+1 {
+		t.Fatalf("read_committed reader: %d copies of the resent event (%d with the resend header), %d records; want 2, 1, %d", copies, resent, len(recs), len(posted)+1)
+	}
 }

@@ -264,9 +264,19 @@ func TestRelayKafkaOutageAndRecovery(t *testing.T) {
 }
 
 // TestRelayKafkaRecordTooLargeParksOnlyItsAccount: Kafka refuses a record
-// over its size limit for good; the account is parked and the others flow.
+// over its size limit for good; the account is parked and the others flow,
+// with and without exactly-once.
 func TestRelayKafkaRecordTooLargeParksOnlyItsAccount(t *testing.T) {
 	t.Parallel()
+	for _, exactlyOnce := range []bool{false, true} {
+		t.Run(fmt.Sprintf("exactly-once %v", exactlyOnce), func(t *testing.T) {
+			t.Parallel()
+			recordTooLargeParksOnlyItsAccount(t, exactlyOnce)
+		})
+	}
+}
+
+func recordTooLargeParksOnlyItsAccount(t *testing.T, exactlyOnce bool) {
 	_, pool := pgtest.Ledger(t)
 	b := startRelayBroker(t)
 	ctx := context.Background()
@@ -284,7 +294,12 @@ func TestRelayKafkaRecordTooLargeParksOnlyItsAccount(t *testing.T) {
 	for i := range 30 {
 		good = append(good, bridgetest.MustPost(t, pool, fmt.Sprintf("acc-%d", i%5))...)
 	}
-	_, reg := startKafkaRelay(t, pool, b.addrs, "relay-park")
+	var reg *prometheus.Registry
+	if exactlyOnce {
+		_, reg = startTestRelay(t, pool, newExactlyOnceSink(t, b.addrs), "relay-park", "kafka")
+	} else {
+		_, reg = startKafkaRelay(t, pool, b.addrs, "relay-park")
+	}
 	bridgetest.WaitFor(t, 20*time.Second, "the good accounts delivered", func() bool { return bridgetest.Unrelayed(t, pool) == 2 })
 	bridgetest.WaitFor(t, 5*time.Second, "parked gauge", func() bool {
 		return promtest.Value(t, reg, "posthorn_relay_parked_aggregates") == 1
