@@ -26,8 +26,8 @@ type Relay struct {
 	cfg   Config
 	store Store
 	sink  core.Sink
-	// fenced is sink in exactly-once mode, else nil (exactly_once.go).
-	fenced FencedSink
+	// fences is set in exactly-once mode (exactly_once.go).
+	fences *Fences
 	m      *metrics
 	log    *slog.Logger
 
@@ -41,7 +41,6 @@ type Relay struct {
 	nextMaintain time.Time
 	retry        *backoff.ExponentialBackOff
 	stuck        *StuckTracker
-	unfenced     map[int]bool // held shards waiting for Fence (FencedSink only)
 }
 
 // New returns a relay over store that publishes to sink. It does not start
@@ -67,11 +66,9 @@ func New(store Store, sink core.Sink, cfg Config) (*Relay, error) {
 		stuck: NewStuckTracker(cfg.ParkAfterAttempts, cfg.ParkAfter),
 	}
 	if cfg.ExactlyOnce {
-		fs, ok := sink.(FencedSink)
-		if !ok {
-			return nil, fmt.Errorf("%w: ExactlyOnce needs a sink that publishes in fenced transactions, not %T", ErrInvalidConfig, sink)
+		if r.fences, err = NewFences(sink, cfg.Hooks != nil && cfg.Hooks.UnsafeSkipPositions); err != nil {
+			return nil, err
 		}
-		r.fenced, r.unfenced = fs, map[int]bool{}
 	}
 	return r, nil
 }
@@ -147,7 +144,7 @@ func (r *Relay) run(ctx context.Context) {
 			r.wait(ctx, r.cfg.PollInterval)
 			continue
 		}
-		if len(r.unfenced) > 0 {
+		if r.fences != nil && r.fences.Pending() {
 			drop()
 			settle()
 			if err := r.fence(ctx); err != nil {
@@ -217,8 +214,8 @@ func (r *Relay) run(ctx context.Context) {
 		r.log.Warn("release leases on stop", "err", err)
 	}
 	for _, l := range r.leases {
-		if r.fenced != nil {
-			r.fenced.Unfence(l.Shard)
+		if r.fences != nil {
+			r.fences.Drop(l.Shard)
 		}
 	}
 	if err := r.store.Leave(rctx, r.cfg.Owner); err != nil {
@@ -339,11 +336,11 @@ func (r *Relay) awaitMark(j *markJob) {
 		// The records are out; without a marker they will be sent again with
 		// the same event IDs. That is the safe side.
 		r.log.Error("write relay markers", "rows", len(j.refs), "err", j.err)
-		if r.fenced != nil {
+		if r.fences != nil {
 			// Without the markers, these committed rows would be read and
 			// sent again: fence their shards, which marks them first.
 			for _, ref := range j.refs {
-				r.unfenced[ref.Shard] = true
+				r.fences.Need(ref.Shard)
 			}
 		}
 	case j.refuse > 0:
@@ -383,8 +380,8 @@ func (r *Relay) relayBatch(ctx context.Context, rows []core.OutboxRow, carry []c
 	pubCtx, cancel := context.WithDeadline(ctx, r.deadline)
 	start := time.Now()
 	var err error
-	if r.fenced != nil {
-		err = r.publishFenced(pubCtx, rows, batch, carry)
+	if r.fences != nil {
+		err = r.fences.Publish(pubCtx, rows, batch, carry)
 	} else {
 		err = PublishBatch(pubCtx, r.sink, batch)
 	}

@@ -254,20 +254,10 @@ func (c Config) Validate() error {
 		c.Retention.validate(),
 		c.Consumer.validate(),
 		validateCommandOwners(c.Sink),
-		validateExactlyOnceMode(c.Sink, c.Relay),
 	} {
 		if err != nil {
 			return err
 		}
-	}
-	return nil
-}
-
-// validateExactlyOnceMode refuses exactly-once with the CDC relay, which
-// publishes without the per-shard transactions.
-func validateExactlyOnceMode(s Sink, r Relay) error {
-	if s.Kind == "kafka" && s.Kafka.ExactlyOnce && r.Mode == "cdc" {
-		return fieldErr("sink.kafka.exactly_once", "is true, but relay.mode cdc does not publish in transactions; use relay.mode polling")
 	}
 	return nil
 }

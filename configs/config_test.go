@@ -93,7 +93,6 @@ func TestBadValuesNameTheKey(t *testing.T) {
 		{"kafka without brokers", "sink:\n  kafka:\n    brokers: []\n", nil, "sink.kafka.brokers"},
 		{"bad broker address", "", []string{"POSTHORN_SINK__KAFKA__BROKERS=nohostport"}, "sink.kafka.brokers[0]"},
 		{"unknown kafka partitioner", "", []string{"POSTHORN_SINK__KAFKA__PARTITIONER=crc32"}, "sink.kafka.partitioner"},
-		{"exactly-once with the cdc relay", "", []string{"POSTHORN_SINK__KAFKA__EXACTLY_ONCE=true", "POSTHORN_RELAY__MODE=cdc"}, "sink.kafka.exactly_once"},
 		{"exactly-once with a bad transactional id prefix", "", []string{"POSTHORN_SINK__KAFKA__EXACTLY_ONCE=true", "POSTHORN_SINK__KAFKA__TRANSACTIONAL_ID_PREFIX=a b"}, "sink.kafka.transactional_id_prefix"},
 		{"exactly-once not a bool", "", []string{"POSTHORN_SINK__KAFKA__EXACTLY_ONCE=maybe"}, "sink.kafka.exactly_once"},
 		{"bad database url", "", []string{"POSTHORN_DATABASE__URL=mysql://x/y"}, "database.url"},

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -29,15 +30,24 @@ func cdcLedger(t *testing.T) *pgxpool.Pool {
 	return pool
 }
 
-func startCDCRelay(t *testing.T, pool *pgxpool.Pool, brokers []string, owner string, hooks *cdc.Hooks) *cdc.Relay {
+// startCDCRelay starts a CDC relay over the Kafka sink on brokers, in
+// exactly-once mode when exactlyOnce is set.
+func startCDCRelay(t *testing.T, pool *pgxpool.Pool, brokers []string, owner string, hooks *cdc.Hooks, exactlyOnce ...bool) *cdc.Relay {
 	t.Helper()
-	sink, err := kafka.New(kafka.Config{Brokers: brokers})
-	if err != nil {
-		t.Fatal(err)
+	var sink core.Sink
+	eo := slices.Contains(exactlyOnce, true)
+	if eo {
+		sink = newExactlyOnceSink(t, brokers)
+	} else {
+		ks, err := kafka.New(kafka.Config{Brokers: brokers})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = ks.Close() })
+		sink = ks
 	}
-	t.Cleanup(func() { _ = sink.Close() })
 	r, err := cdc.New(postgres.NewRelayStore(pool), postgres.NewCDCSource(pool), sink, cdc.Config{
-		Owner: owner, SinkName: "kafka", LeaseTTL: 2 * time.Second,
+		Owner: owner, SinkName: "kafka", LeaseTTL: 2 * time.Second, ExactlyOnce: eo,
 		RetryInitial: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})),
 		Hooks:  hooks,

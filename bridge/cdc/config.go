@@ -30,6 +30,10 @@ type Config struct {
 	Owner string
 	// SinkName labels the published and latency metrics (e.g. kafka).
 	SinkName string
+	// ExactlyOnce publishes through the sink's per-shard transactions, as
+	// the polling relay does (bridge.Fences); New refuses a sink that is
+	// not a bridge.FencedSink.
+	ExactlyOnce bool
 	// Slot is the logical replication slot; Publication the publication on
 	// the outbox table (created when missing). Both are plain identifiers.
 	Slot        string
@@ -93,6 +97,9 @@ type Hooks struct {
 	// is received, before the sink ACK: the negative control of the crash
 	// test.
 	UnsafeConfirmOnReceipt bool
+	// UnsafeSkipPositions fences for exactly-once without marking what the
+	// committed transactions hold: the negative control of that read.
+	UnsafeSkipPositions bool
 }
 
 func (c *Config) setDefaults() {

@@ -2,6 +2,7 @@ package cdc
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/posthorn/posthorn/bridge"
@@ -49,7 +50,13 @@ func (r *Relay) deliverBatch(ctx context.Context, rows []core.OutboxRow) error {
 		}
 		pubCtx, cancel := context.WithDeadline(ctx, r.deadline)
 		start := time.Now()
-		err := bridge.PublishBatch(pubCtx, r.sink, batch)
+		var err error
+		if r.fences != nil {
+			// No marker is in flight here: deliver marks before it goes on.
+			err = r.fences.Publish(pubCtx, rows, batch, nil)
+		} else {
+			err = bridge.PublishBatch(pubCtx, r.sink, batch)
+		}
 		cancel()
 		if ctx.Err() != nil {
 			return ctx.Err() // hard stop: nothing is marked or confirmed
@@ -121,6 +128,12 @@ func (r *Relay) deliverBatch(ctx context.Context, rows []core.OutboxRow) error {
 			return nil
 		}
 		r.bm.Retried()
+		if r.fences != nil {
+			// A transaction that failed may have committed: the session
+			// starts again and fences first, so what did commit is marked
+			// and skipped instead of sent again.
+			return fmt.Errorf("exactly-once: %d of %d records not committed; fencing again: %w", len(s.Retry), len(batch), s.Retryable)
+		}
 		r.log.Warn("sink failed; retrying with backoff", "failed", len(s.Retry), "batch", len(batch), "err", s.Retryable)
 		next := make([]core.OutboxRow, len(s.Retry))
 		for i, j := range s.Retry {
@@ -139,6 +152,50 @@ func (r *Relay) deliverBatch(ctx context.Context, rows []core.OutboxRow) error {
 		}
 	}
 	return nil
+}
+
+// fence, in exactly-once mode, fences every shard and marks the rows their
+// newest committed transactions hold (bridge.Fences), so nothing committed
+// is sent again: at the start of each session, which a failed transaction
+// or marker ends.
+func (r *Relay) fence(ctx context.Context) error {
+	if r.fences == nil {
+		return nil
+	}
+	all := make([]int, core.Shards)
+	for i := range all {
+		all[i] = i
+	}
+	r.fences.Need(all...)
+	refs, fenced, err := r.fences.Fence(ctx, r.deadline)
+	if err != nil {
+		return fmt.Errorf("fence shards for exactly-once: %w", err)
+	}
+	ids := make([]int64, len(refs))
+	for i, ref := range refs {
+		ids[i] = ref.ID
+	}
+	// A row cleaned up since is simply not there (reported invisible).
+	marked, _, lost, err := r.store.MarkRelayed(ctx, ids, *r.lease)
+	switch {
+	case err != nil:
+		return err
+	case lost:
+		return errLeaseLost
+	}
+	r.fences.Done(fenced)
+	r.log.Info("shards fenced for exactly-once", "committed_rows", len(ids), "newly_marked", marked)
+	return nil
+}
+
+// dropFences closes the shards' producers once the slot lease is gone.
+func (r *Relay) dropFences() {
+	if r.fences == nil {
+		return
+	}
+	for s := range core.Shards {
+		r.fences.Drop(s)
+	}
 }
 
 // mark writes the markers of ids. Rows the marker statement cannot see yet

@@ -87,6 +87,18 @@
 // the disk — when it is hit the slot is invalidated and the relay recovers
 // through the outbox as above.
 //
+// # Exactly once on the wire
+//
+// With Config.ExactlyOnce the sink is a bridge.FencedSink and every batch
+// goes out as one transaction per shard (bridge.Fences). Each session
+// starts by fencing all shards and marking what their newest committed
+// transactions hold, before the outbox catch-up, so the catch-up and the
+// stream's marker check skip every row already committed, whoever
+// committed it. A transaction that fails (or whose outcome is unknown) ends
+// the session instead of being retried in place: the next session fences
+// first. Deliver marks before it goes on, so no marker is in flight when a
+// transaction is built.
+//
 // # Parking
 //
 // A record the sink rejects for good parks its aggregate (relay_parked) as

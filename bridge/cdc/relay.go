@@ -30,9 +30,11 @@ type Relay struct {
 	store Source
 	outbx OutboxStore
 	sink  core.Sink
-	bm    *bridge.Metrics
-	m     *metrics
-	log   *slog.Logger
+	// fences is set in exactly-once mode (deliver.go).
+	fences *bridge.Fences
+	bm     *bridge.Metrics
+	m      *metrics
+	log    *slog.Logger
 
 	life     *bridge.Lifecycle
 	crashed  atomic.Bool
@@ -78,6 +80,11 @@ func New(outbox OutboxStore, source Source, sink core.Sink, cfg Config) (*Relay,
 		life:  bridge.NewLifecycle(),
 		retry: bridge.NewRetry(cfg.RetryInitial, cfg.RetryMax),
 		stuck: bridge.NewStuckTracker(cfg.ParkAfterAttempts, cfg.ParkAfter),
+	}
+	if cfg.ExactlyOnce {
+		if r.fences, err = bridge.NewFences(sink, cfg.Hooks != nil && cfg.Hooks.UnsafeSkipPositions); err != nil {
+			return nil, err
+		}
 	}
 	return r, nil
 }
@@ -138,6 +145,7 @@ func (r *Relay) run(ctx context.Context) {
 			r.log.Warn("slot lease lost; standing by")
 			r.lease = nil
 			r.m.reader.Set(0)
+			r.dropFences()
 		case err == nil, errors.Is(err, errStopping), ctx.Err() != nil:
 		default:
 			r.log.Error("CDC stream ended; restarting from the confirmed position", "err", err)
@@ -153,6 +161,7 @@ func (r *Relay) run(ctx context.Context) {
 		}
 	}
 	r.m.reader.Set(0)
+	r.dropFences()
 	r.log.Info("CDC relay stopped")
 }
 

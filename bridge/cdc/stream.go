@@ -34,6 +34,12 @@ func (r *Relay) session(ctx context.Context) error {
 	if err := r.loadParked(ctx); err != nil {
 		return err
 	}
+	// Before the catch-up reads what is unrelayed, mark what the shards'
+	// committed transactions hold (exactly-once): the catch-up and the
+	// stream's marker check then skip it.
+	if err := r.fence(ctx); err != nil {
+		return err
+	}
 	r.filterUntil = 0
 	if r.cfg.Hooks == nil || !r.cfg.Hooks.SkipCatchUp {
 		if err := r.catchUp(ctx); err != nil {

@@ -24,6 +24,7 @@ func runCDCRelay(ctx context.Context, p *prelude) error {
 		ParkAfter:         parkAfter,
 		Owner:             cfg.Relay.Owner,
 		SinkName:          cfg.Sink.Kind,
+		ExactlyOnce:       cfg.Sink.Kind == "kafka" && cfg.Sink.Kafka.ExactlyOnce,
 		Slot:              cfg.Relay.CDC.Slot,
 		Publication:       cfg.Relay.CDC.Publication,
 		BatchSize:         cfg.Relay.BatchSize,
