@@ -121,9 +121,9 @@ func TestExactlyOnceFenceReturnsTheCommittedPositions(t *testing.T) {
 // zombieRace lets owner A stall at stage ("send": before its first
 // record, "commit": between its records and its commit) while owner B
 // fences the shard, publishes the same events and commits; then A goes on.
-// It returns A's result and how often a read_committed reader receives
-// each event.
-func zombieRace(t *testing.T, prefixA, prefixB, stage string) (error, map[string]int, []core.Envelope, []string) {
+// It returns how often a read_committed reader receives each event, the
+// batch, the brokers and A's result.
+func zombieRace(t *testing.T, prefixA, prefixB, stage string) (map[string]int, []core.Envelope, []string, error) {
 	t.Helper()
 	ctx := context.Background()
 	addrs := startTxBroker(t)
@@ -151,7 +151,8 @@ func zombieRace(t *testing.T, prefixA, prefixB, stage string) (error, map[string
 		t.Fatal(err)
 	}
 	close(resume)
-	return <-done, committedEventIDs(t, addrs), batch, addrs
+	err := <-done
+	return committedEventIDs(t, addrs), batch, addrs, err
 }
 
 // TestExactlyOnceFencesAZombieCommit: with the transactional ID tied to
@@ -168,7 +169,7 @@ func TestExactlyOnceFencesAZombieCommit(t *testing.T) {
 	for _, stage := range []string{"send", "commit"} {
 		t.Run("tied to the lease, stalled at "+stage, func(t *testing.T) {
 			t.Parallel()
-			err, got, batch, addrs := zombieRace(t, "ledger", "ledger", stage)
+			got, batch, addrs, err := zombieRace(t, "ledger", "ledger", stage)
 			if err == nil {
 				t.Fatal("the zombie's transaction committed after the new owner fenced the shard")
 			}
@@ -192,7 +193,7 @@ func TestExactlyOnceFencesAZombieCommit(t *testing.T) {
 	}
 	t.Run("control: not tied to the lease", func(t *testing.T) {
 		t.Parallel()
-		err, got, batch, _ := zombieRace(t, "relay-A", "relay-B", "send")
+		got, batch, _, err := zombieRace(t, "relay-A", "relay-B", "send")
 		if err != nil {
 			t.Fatalf("without a shared transactional ID nothing fences the zombie, yet its commit failed: %v", err)
 		}
