@@ -22,7 +22,12 @@ require (
 	github.com/xdg-go/scram v1.4.0
 )
 
-require github.com/xdg-go/stringprep v1.0.4 // indirect
+require (
+	github.com/chromedp/cdproto v0.160.1 // indirect
+	github.com/chromedp/chromedp v0.23.1 // indirect
+	github.com/go-json-experiment/json v0.0.0-20260213210345-44df1a37e875 // indirect
+	github.com/xdg-go/stringprep v1.0.4 // indirect
+)
 
 require (
 	github.com/Rican7/retry v0.3.1 // indirect
