@@ -1,8 +1,9 @@
 package configs
 
 import (
-	"encoding/hex"
 	"strings"
+
+	"github.com/posthorn/posthorn/core"
 )
 
 // ConsoleListenDefault is where `posthorn console` listens unless
@@ -28,8 +29,8 @@ func (c Console) validate() error {
 	if c.Token == "" {
 		return nil
 	}
-	if h, ok := strings.CutPrefix(c.Token, TokenHashPrefix); ok {
-		if b, err := hex.DecodeString(h); err != nil || len(b) != 32 {
+	if strings.HasPrefix(c.Token, TokenHashPrefix) {
+		if _, err := core.ParseTokens([]string{c.Token}); err != nil {
 			return fieldErr("console.token", "starts with %q but is not followed by 64 hex digits (the token's SHA-256)", TokenHashPrefix)
 		}
 		return nil
