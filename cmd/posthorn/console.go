@@ -113,6 +113,11 @@ func serveConsole(ctx context.Context, c *console.Console, addr string, log *slo
 	if err != nil {
 		return fmt.Errorf("config key console.listen: %w", err)
 	}
+	return serveConsoleOn(ctx, c, ln, log)
+}
+
+// serveConsoleOn is serveConsole on a listener of the caller's.
+func serveConsoleOn(ctx context.Context, c *console.Console, ln net.Listener, log *slog.Logger) error {
 	if c.ReadOnly() {
 		log.Info("operator console is read-only: console.token is not set", "url", "http://"+ln.Addr().String()+"/")
 	} else {

@@ -1,0 +1,332 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/cookiejar"
+	"net/url"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/posthorn/posthorn/adapters/memory"
+	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/configs"
+	"github.com/posthorn/posthorn/console"
+	"github.com/posthorn/posthorn/consumers/projection"
+	"github.com/posthorn/posthorn/core"
+)
+
+// consoleToken is the console.token of the tests' consoles.
+const consoleToken = "console-test-token-0123456789"
+
+// consoleRig is a console served over the ops rig's databases (opsCLIRig),
+// resending through a memory sink, with a browser-like HTTP client that
+// keeps the CSRF cookie.
+type consoleRig struct {
+	*opsCLIRig
+	console *console.Console
+	url     string
+	sink    *memory.Sink
+	client  *http.Client
+	logs    *bytes.Buffer
+}
+
+// newConsoleRig serves a console with token as console.token ("" for a
+// read-only one) and extra configuration in env form, until the test ends.
+func newConsoleRig(t *testing.T, token string, env ...string) *consoleRig {
+	t.Helper()
+	r := &consoleRig{opsCLIRig: newOpsCLIRig(t), sink: memory.New(memory.Config{}), logs: &bytes.Buffer{}}
+	t.Cleanup(func() { _ = r.sink.Close() })
+	env = append(append([]string{}, r.env...), env...)
+	if token != "" {
+		env = append(env, "POSTHORN_CONSOLE__TOKEN="+token)
+	}
+	cfg, err := configs.Load("", env, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	log := slog.New(slog.NewJSONHandler(r.logs, nil))
+	c, closeConsole, err := openConsole(ctx, cfg, r.ledger, r.sink, nil, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- serveConsoleOn(ctx, c, ln, log) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("console: %v", err)
+		}
+		closeConsole()
+	})
+	jar, _ := cookiejar.New(nil)
+	r.console, r.url = c, "http://"+ln.Addr().String()
+	r.client = &http.Client{Jar: jar, Timeout: 30 * time.Second,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	return r
+}
+
+// get fetches path and returns the status and body.
+func (r *consoleRig) get(path string) (int, string) {
+	r.t.Helper()
+	resp, err := r.client.Get(r.url + path)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+var csrfField = regexp.MustCompile(`name="csrf" value="([^"]+)"`)
+
+// confirm opens the confirmation page of action with params, as the
+// page's button does, and returns its CSRF token.
+func (r *consoleRig) confirm(action string, params url.Values) string {
+	r.t.Helper()
+	q := url.Values{"action": {action}}
+	for k, v := range params {
+		q[k] = v
+	}
+	_, body := r.get("/confirm?" + q.Encode())
+	m := csrfField.FindStringSubmatch(body)
+	if m == nil {
+		r.t.Fatalf("confirmation page of %s has no CSRF token:\n%s", action, body)
+	}
+	return m[1]
+}
+
+// post submits an action's form and returns the status, the Location and
+// the body.
+func (r *consoleRig) post(action string, form url.Values) (int, string, string) {
+	r.t.Helper()
+	resp, err := r.client.PostForm(r.url+"/action/"+action, form)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, resp.Header.Get("Location"), string(b)
+}
+
+// count runs a count(*) query on pool ledger or consumer.
+func (r *consoleRig) count(consumerDB bool, sql string) int {
+	r.t.Helper()
+	pool := r.ledger
+	if consumerDB {
+		pool = r.consumer
+	}
+	var n int
+	if err := pool.QueryRow(context.Background(), sql).Scan(&n); err != nil {
+		r.t.Fatal(err)
+	}
+	return n
+}
+
+// state is what any action could change: parked aggregates on both sides,
+// the pending outbox rows (a resend marks them), recorded coverage, the
+// audit log, and what the sink received.
+func (r *consoleRig) state() string {
+	r.t.Helper()
+	return fmt.Sprint(
+		r.count(false, `SELECT count(*) FROM relay_parked`),
+		r.count(true, `SELECT count(*) FROM consumer_positions WHERE parked`),
+		r.count(false, `SELECT count(*) FROM outbox_pending`),
+		r.count(false, `SELECT count(*) FROM ops_coverage`),
+		r.count(false, `SELECT count(*) FROM console_audit`),
+		len(r.sink.Records(core.TopicEvents)),
+	)
+}
+
+// parkBoth posts, delivers to the consumers with acc-1 parked in the
+// projection, and parks acc-2 on the relay (the call the relay makes when
+// the sink rejects a record for good). It returns an event ID of acc-2.
+func (r *consoleRig) parkBoth() string {
+	r.t.Helper()
+	events := r.postings(4)
+	if parked := r.deliver("acc-1"); len(parked) == 0 {
+		r.t.Fatal("acc-1 did not park in the projection")
+	}
+	var acc2 string
+	for _, e := range events {
+		if e.Account == "acc-2" {
+			acc2 = e.EventID
+			break
+		}
+	}
+	if _, err := postgres.NewRelayStore(r.ledger).Park(context.Background(), core.ParkedAggregate{
+		AggregateType: core.AggregateAccount, AggregateID: "acc-2", EventID: acc2, Reason: "sink rejected it for good: test",
+	}); err != nil {
+		r.t.Fatal(err)
+	}
+	return acc2
+}
+
+// Every action refuses bad input, a missing or wrong token, and a missing
+// or foreign CSRF token with an error naming the field, and changes
+// nothing: no release, no resend, no coverage, no audit entry.
+func TestConsoleActionsRefuseBadInput(t *testing.T) {
+	t.Parallel()
+	r := newConsoleRig(t, consoleToken)
+	r.parkBoth()
+	good := func(kv ...string) url.Values {
+		f := url.Values{"operator": {"alice"}, "token": {consoleToken}}
+		for i := 0; i+1 < len(kv); i += 2 {
+			f.Set(kv[i], kv[i+1])
+		}
+		return f
+	}
+	before := r.state()
+	for _, tc := range []struct {
+		name, action string
+		form         url.Values
+		csrf         string // "" takes the page's; "-" sends none
+		status       int
+		want         string
+	}{
+		{"no CSRF token", "release-relay", good("aggregate_id", "acc-2"), "-", 403, "csrf: missing"},
+		{"foreign CSRF token", "release-relay", good("aggregate_id", "acc-2"), "not-the-page-token", 403, "csrf: does not match"},
+		{"no token", "release-relay", url.Values{"operator": {"alice"}, "aggregate_id": {"acc-2"}}, "", 401, "token: is required"},
+		{"wrong token", "release-relay", good("aggregate_id", "acc-2", "token", "console-test-token-wrong"), "", 401, "token: is not accepted"},
+		{"no operator", "release-relay", good("aggregate_id", "acc-2", "operator", ""), "", 422, "operator: is required"},
+		{"relay: unknown account", "release-relay", good("aggregate_id", "acc-nobody"), "", 422, `aggregate_id: account &#34;acc-nobody&#34; is not parked on the relay`},
+		{"relay: malformed account", "release-relay", good("aggregate_id", "acc 2; drop"), "", 422, "aggregate_id: &#34;acc 2; drop&#34; is not an account ID"},
+		{"relay: bad aggregate type", "release-relay", good("aggregate_id", "acc-2", "aggregate_type", "ledger"), "", 422, "aggregate_type: is &#34;ledger&#34;"},
+		{"consumer: unknown consumer", "release-consumer", good("consumer", "nobody", "aggregate_id", "acc-1"), "", 422, "consumer: &#34;nobody&#34; is not one of"},
+		{"consumer: account not parked there", "release-consumer", good("consumer", projection.Name, "aggregate_id", "acc-2"), "", 422, "aggregate_id: account &#34;acc-2&#34; is not parked in consumer balance-projection"},
+		{"resend: malformed event ID", "resend", good("event_id", "0194-not-a-uuid"), "", 422, "event_id: &#34;0194-not-a-uuid&#34; is not an event ID"},
+		{"resend: unknown event ID", "resend", good("event_id", "01940000-0000-7000-8000-000000000000"), "", 422, "event_id: 01940000-0000-7000-8000-000000000000 is not in the outbox"},
+		{"resend: no event ID", "resend", good(), "", 422, "event_id: is required"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			csrf := r.confirm(tc.action, nil)
+			switch tc.csrf {
+			case "-":
+				csrf = ""
+			case "":
+			default:
+				csrf = tc.csrf
+			}
+			f := url.Values{}
+			for k, v := range tc.form {
+				f[k] = v
+			}
+			if csrf != "" {
+				f.Set("csrf", csrf)
+			}
+			status, _, body := r.post(tc.action, f)
+			if status != tc.status || !strings.Contains(body, tc.want) {
+				t.Fatalf("status %d, want %d with %q in:\n%s", status, tc.status, tc.want, body)
+			}
+			if after := r.state(); after != before {
+				t.Fatalf("state changed from %s to %s", before, after)
+			}
+		})
+	}
+	if strings.Contains(r.logs.String(), consoleToken) {
+		t.Fatal("the console logged its token")
+	}
+}
+
+// A console without console.token is read-only: it says so, and refuses
+// every action with an error naming the token, changing nothing.
+func TestConsoleReadOnlyRefusesActions(t *testing.T) {
+	t.Parallel()
+	r := newConsoleRig(t, "")
+	r.parkBoth()
+	before := r.state()
+	if _, body := r.get("/"); !strings.Contains(body, "read-only (console.token is not set)") {
+		t.Fatalf("page does not say read-only:\n%s", body)
+	}
+	csrf := r.confirm("release-relay", url.Values{"aggregate_id": {"acc-2"}})
+	status, _, body := r.post("release-relay", url.Values{"csrf": {csrf}, "operator": {"alice"}, "aggregate_id": {"acc-2"}, "token": {consoleToken}})
+	if status != http.StatusForbidden || !strings.Contains(body, "token: the console is read-only") {
+		t.Fatalf("status %d:\n%s", status, body)
+	}
+	if after := r.state(); after != before {
+		t.Fatalf("state changed from %s to %s", before, after)
+	}
+	if !strings.Contains(r.logs.String(), "operator console is read-only") {
+		t.Fatalf("the log does not say read-only: %s", r.logs)
+	}
+}
+
+// With the token, each action does what its CLI command does and is in
+// the audit log with who and when; the page (no JavaScript needed) shows
+// the parked rows before and not after.
+func TestConsoleActionsRunAndAreAudited(t *testing.T) {
+	t.Parallel()
+	r := newConsoleRig(t, consoleToken)
+	acc2 := r.parkBoth()
+	_, page := r.get("/")
+	for _, want := range []string{`<tr data-aggregate="acc-2">`, `<tr data-consumer="balance-projection" data-aggregate="acc-1">`, acc2, "sink rejected it for good: test", "handler failed: test poison"} {
+		if !strings.Contains(page, want) {
+			t.Fatalf("page lacks %q:\n%s", want, page)
+		}
+	}
+	run := func(action string, f url.Values) string {
+		t.Helper()
+		f.Set("csrf", r.confirm(action, f))
+		f.Set("operator", "alice")
+		f.Set("token", consoleToken)
+		status, loc, body := r.post(action, f)
+		if status != http.StatusSeeOther {
+			t.Fatalf("%s: status %d:\n%s", action, status, body)
+		}
+		u, _ := url.Parse(loc)
+		return u.Query().Get("done")
+	}
+
+	if done := run("release-relay", url.Values{"aggregate_id": {"acc-2"}}); !strings.Contains(done, "account acc-2 released") {
+		t.Fatalf("release-relay: %q", done)
+	}
+	if n := r.count(false, `SELECT count(*) FROM relay_parked`); n != 0 {
+		t.Fatalf("relay_parked has %d rows after the release", n)
+	}
+	if done := run("release-consumer", url.Values{"consumer": {projection.Name}, "aggregate_id": {"acc-1"}}); !strings.Contains(done, "released") {
+		t.Fatalf("release-consumer: %q", done)
+	}
+	if n := r.count(true, `SELECT count(*) FROM consumer_positions WHERE parked`); n != 0 {
+		t.Fatalf("%d consumer parks after the release", n)
+	}
+	if done := run("resend", url.Values{"event_id": {acc2}}); !strings.Contains(done, "resent 1 row") {
+		t.Fatalf("resend: %q", done)
+	}
+	recs := r.sink.Records(core.TopicEvents)
+	if len(recs) != 1 || recs[0].UUID != acc2 || recs[0].Metadata.Get("resend") != "true" {
+		t.Fatalf("sink got %d records, want %s with resend: true", len(recs), acc2)
+	}
+	if done := run("reconcile", url.Values{}); !strings.Contains(done, "cut at journal sequence") {
+		t.Fatalf("reconcile: %q", done)
+	}
+
+	var who, outcomes string
+	if err := r.ledger.QueryRow(context.Background(), `SELECT string_agg(DISTINCT operator, ','), string_agg(action || '=' || outcome, ',' ORDER BY id)
+FROM console_audit WHERE finished_at >= at AND at > now() - interval '1 minute' AND remote_addr LIKE '127.0.0.1:%'`).Scan(&who, &outcomes); err != nil {
+		t.Fatal(err)
+	}
+	if who != "alice" || outcomes != "release-relay=ok,release-consumer=ok,resend=ok,reconcile=ok" {
+		t.Fatalf("audit log: operators %q, actions %q", who, outcomes)
+	}
+	_, page = r.get("/")
+	for _, gone := range []string{`<tr data-aggregate="acc-2">`, `data-aggregate="acc-1"`} {
+		if strings.Contains(page, gone) {
+			t.Fatalf("page still shows %q after the release", gone)
+		}
+	}
+	if !strings.Contains(page, "Last reconcile from this console") || !strings.Contains(page, "<td>alice</td>") {
+		t.Fatalf("page lacks the reconcile or the audit log:\n%s", page)
+	}
+}
