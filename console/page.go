@@ -2,9 +2,9 @@ package console
 
 import (
 	"context"
-	"fmt"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"html/template"
 	"net/http"
 	"net/url"
@@ -24,7 +24,9 @@ const eventIDsShown = 5
 var templates = template.Must(template.New("").Funcs(template.FuncMap{
 	"ago":  func(t time.Time) string { return time.Since(t).Round(time.Second).String() },
 	"when": func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05Z") },
-	"secs": func(s float64) string { return (time.Duration(s * float64(time.Second))).Round(time.Millisecond).String() },
+	"secs": func(s float64) string {
+		return (time.Duration(s * float64(time.Second))).Round(time.Millisecond).String()
+	},
 	"rate": func(r *float64) string {
 		if r == nil {
 			return "–"
