@@ -39,12 +39,12 @@ type consoleRig struct {
 }
 
 // newConsoleRig serves a console with token as console.token ("" for a
-// read-only one) and extra configuration in env form, until the test ends.
-func newConsoleRig(t *testing.T, token string, env ...string) *consoleRig {
+// read-only one) and a memory sink of sinkCfg, until the test ends.
+func newConsoleRig(t *testing.T, token string, sinkCfg memory.Config) *consoleRig {
 	t.Helper()
-	r := &consoleRig{opsCLIRig: newOpsCLIRig(t), sink: memory.New(memory.Config{}), logs: &bytes.Buffer{}}
+	r := &consoleRig{opsCLIRig: newOpsCLIRig(t), sink: memory.New(sinkCfg), logs: &bytes.Buffer{}}
 	t.Cleanup(func() { _ = r.sink.Close() })
-	env = append(append([]string{}, r.env...), env...)
+	env := append([]string{}, r.env...)
 	if token != "" {
 		env = append(env, "POSTHORN_CONSOLE__TOKEN="+token)
 	}
@@ -179,7 +179,7 @@ func (r *consoleRig) parkBoth() string {
 // nothing: no release, no resend, no coverage, no audit entry.
 func TestConsoleActionsRefuseBadInput(t *testing.T) {
 	t.Parallel()
-	r := newConsoleRig(t, consoleToken)
+	r := newConsoleRig(t, consoleToken, memory.Config{})
 	r.parkBoth()
 	good := func(kv ...string) url.Values {
 		f := url.Values{"operator": {"alice"}, "token": {consoleToken}}
@@ -244,7 +244,7 @@ func TestConsoleActionsRefuseBadInput(t *testing.T) {
 // every action with an error naming the token, changing nothing.
 func TestConsoleReadOnlyRefusesActions(t *testing.T) {
 	t.Parallel()
-	r := newConsoleRig(t, "")
+	r := newConsoleRig(t, "", memory.Config{})
 	r.parkBoth()
 	before := r.state()
 	if _, body := r.get("/"); !strings.Contains(body, "read-only (console.token is not set)") {
@@ -268,7 +268,7 @@ func TestConsoleReadOnlyRefusesActions(t *testing.T) {
 // the parked rows before and not after.
 func TestConsoleActionsRunAndAreAudited(t *testing.T) {
 	t.Parallel()
-	r := newConsoleRig(t, consoleToken)
+	r := newConsoleRig(t, consoleToken, memory.Config{})
 	acc2 := r.parkBoth()
 	_, page := r.get("/")
 	for _, want := range []string{`<tr data-aggregate="acc-2">`, `<tr data-consumer="balance-projection" data-aggregate="acc-1">`, acc2, "sink rejected it for good: test", "handler failed: test poison"} {
