@@ -1,8 +1,10 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -10,6 +12,7 @@ import (
 	"net/http"
 	"net/http/cookiejar"
 	"net/url"
+	"os"
 	"regexp"
 	"strings"
 	"testing"
@@ -17,6 +20,7 @@ import (
 
 	"github.com/posthorn/posthorn/adapters/memory"
 	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/configs"
 	"github.com/posthorn/posthorn/console"
 	"github.com/posthorn/posthorn/consumers/projection"
@@ -328,5 +332,113 @@ FROM console_audit WHERE finished_at >= at AND at > now() - interval '1 minute' 
 	}
 	if !strings.Contains(page, "Last reconcile from this console") || !strings.Contains(page, "<td>alice</td>") {
 		t.Fatalf("page lacks the reconcile or the audit log:\n%s", page)
+	}
+}
+
+// `posthorn demo --console` serves the console during the run and keeps it
+// up after the summary, over the run's databases, until SIGINT; then it
+// exits 0.
+func TestConsoleDemoKeepsItUp(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	cmd := cliCommand([]string{
+		"POSTHORN_DATABASE__URL=" + pgtest.NewDatabase(t),
+		"POSTHORN_CONSUMER__DATABASE__URL=" + pgtest.NewDatabase(t),
+		"POSTHORN_CONSOLE__LISTEN=" + addr,
+	}, "demo", "--console", "--sink", "memory", "--postings", "60", "--json")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	startCLI(t, cmd)
+	// stderr is read only once the process has ended.
+	fail := func(format string, args ...any) {
+		t.Helper()
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		t.Fatalf(format+"\nstderr:\n%s", append(args, stderr.String())...)
+	}
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil {
+		fail("no summary: %v", err)
+	}
+	var sum demoSummary
+	if err := json.Unmarshal([]byte(line), &sum); err != nil || sum.Reconcile != "clean" {
+		fail("summary %q: %v", line, err)
+	}
+	resp, err := http.Get("http://" + addr + "/")
+	if err != nil {
+		fail("the console is not up after the run: %v", err)
+	}
+	page, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	want := fmt.Sprintf("applied %d", sum.Applied)
+	if resp.StatusCode != 200 || !strings.Contains(string(page), want) || !strings.Contains(string(page), "read-only") {
+		fail("status %d, page lacks %q or read-only:\n%s", resp.StatusCode, want, page)
+	}
+	if err := cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("after SIGINT: %v\n%s", err, stderr.String())
+	}
+	if !strings.Contains(stderr.String(), "operator console: http://"+addr+"/") {
+		t.Fatalf("stderr does not name the console's address:\n%s", stderr.String())
+	}
+}
+
+// `posthorn console` serves on --listen (over console.listen), logs where
+// without the token, and stops on SIGINT with exit 0; a bad --listen stops
+// it at start naming the key.
+func TestConsoleCommand(t *testing.T) {
+	t.Parallel()
+	r := newOpsCLIRig(t)
+	code, _, stderr := runCLI(t, r.env, "console", "--listen", "nowhere")
+	if code != 1 || !strings.Contains(stderr, "--listen: config key console.listen") {
+		t.Fatalf("bad --listen: code %d, %s", code, stderr)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	cmd := cliCommand(append(r.env, "POSTHORN_CONSOLE__LISTEN=127.0.0.1:1", "POSTHORN_CONSOLE__TOKEN="+consoleToken, "POSTHORN_LOG__FORMAT=json"),
+		"console", "--listen", addr)
+	var errOut bytes.Buffer
+	cmd.Stderr = &errOut
+	startCLI(t, cmd)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := http.Get("http://" + addr + "/")
+		if err == nil {
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 || !strings.Contains(string(body), "actions need the console token") {
+				t.Fatalf("status %d:\n%s", resp.StatusCode, body)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the console did not come up on %s: %v", addr, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("after SIGINT: %v\n%s", err, errOut.String())
+	}
+	logs := errOut.String()
+	if !strings.Contains(logs, "operator console listening") || !strings.Contains(logs, addr) || strings.Contains(logs, consoleToken) {
+		t.Fatalf("log does not name the address, or names the token:\n%s", logs)
 	}
 }
