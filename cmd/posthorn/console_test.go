@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/cookiejar"
+	"net/http/httptest"
 	"net/url"
 	"os"
 	"regexp"
@@ -21,6 +22,7 @@ import (
 	"github.com/posthorn/posthorn/adapters/memory"
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
+	"github.com/posthorn/posthorn/adapters/postgres/roles/roletest"
 	"github.com/posthorn/posthorn/configs"
 	"github.com/posthorn/posthorn/console"
 	"github.com/posthorn/posthorn/consumers/projection"
@@ -75,11 +77,16 @@ func newConsoleRig(t *testing.T, token string, sinkCfg memory.Config) *consoleRi
 		}
 		closeConsole()
 	})
-	jar, _ := cookiejar.New(nil)
-	r.console, r.url = c, "http://"+ln.Addr().String()
-	r.client = &http.Client{Jar: jar, Timeout: 30 * time.Second,
-		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	r.console, r.url, r.client = c, "http://"+ln.Addr().String(), formClient()
 	return r
+}
+
+// formClient is a browser's part in a form post: it keeps cookies (the
+// CSRF token's) and shows redirects instead of following them.
+func formClient() *http.Client {
+	jar, _ := cookiejar.New(nil)
+	return &http.Client{Jar: jar, Timeout: 30 * time.Second,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 }
 
 // get fetches path and returns the status and body.
@@ -440,5 +447,49 @@ func TestConsoleCommand(t *testing.T) {
 	logs := errOut.String()
 	if !strings.Contains(logs, "operator console listening") || !strings.Contains(logs, addr) || strings.Contains(logs, consoleToken) {
 		t.Fatalf("log does not name the address, or names the token:\n%s", logs)
+	}
+}
+
+// The console reads as posthorn_reconciler on the ledger and on the
+// consumers' database, as reconcile does: the page shows everything, and a
+// reconcile from the console runs and is audited under that role.
+func TestConsoleReadsAsTheReconciler(t *testing.T) {
+	t.Parallel()
+	r := &consoleRig{opsCLIRig: newOpsCLIRig(t), logs: &bytes.Buffer{}, client: formClient()}
+	r.parkBoth()
+	urls := map[string]string{}
+	for _, kv := range r.env {
+		k, v, _ := strings.Cut(kv, "=")
+		urls[k] = v
+	}
+	ledgerURL, consumerURL := urls["POSTHORN_DATABASE__URL"], urls["POSTHORN_CONSUMER__DATABASE__URL"]
+	roletest.Apply(t, ledgerURL, postgres.LedgerSchema)
+	roletest.Apply(t, consumerURL, postgres.ConsumerSchema)
+	asLedger := roletest.Login(t, ledgerURL, postgres.RoleReconciler, "")
+	asConsumer := roletest.Login(t, consumerURL, postgres.RoleReconciler, "")
+	cfg, err := configs.Load("", []string{"POSTHORN_DATABASE__URL=" + asLedger, "POSTHORN_CONSUMER__DATABASE__URL=" + asConsumer,
+		"POSTHORN_CONSOLE__TOKEN=" + consoleToken}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, closeConsole, err := openConsole(context.Background(), cfg, roletest.Pool(t, asLedger), nil, nil, slog.New(slog.NewJSONHandler(r.logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(closeConsole)
+	srv := httptest.NewServer(c.Handler())
+	t.Cleanup(srv.Close)
+	r.url = srv.URL
+	status, page := r.get("/")
+	if status != 200 || strings.Contains(page, "could not read") ||
+		!strings.Contains(page, `<tr data-aggregate="acc-2">`) || !strings.Contains(page, `data-aggregate="acc-1"`) {
+		t.Fatalf("status %d, page as the reconciler:\n%s", status, page)
+	}
+	f := url.Values{"csrf": {r.confirm("reconcile", nil)}, "operator": {"alice"}, "token": {consoleToken}}
+	if status, _, body := r.post("reconcile", f); status != http.StatusSeeOther {
+		t.Fatalf("reconcile as the reconciler: status %d:\n%s", status, body)
+	}
+	if n := r.count(false, `SELECT count(*) FROM console_audit WHERE action = 'reconcile' AND outcome = 'ok'`); n != 1 {
+		t.Fatalf("%d audited reconciles", n)
 	}
 }
