@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -69,7 +70,8 @@ type pageData struct {
 	Now         time.Time
 	ReadOnly    bool
 	RelayMode   string
-	Done        string
+	// Done is the action the operator was just sent back from.
+	Done        *AuditEntry
 	Outbox      core.OutboxStatus
 	WriteRate   *float64
 	PublishRate *float64
@@ -166,7 +168,13 @@ func csrfToken(w http.ResponseWriter, r *http.Request) string {
 
 func (c *Console) handlePage(w http.ResponseWriter, r *http.Request) {
 	d := c.pageData(r.Context())
-	d.Done = r.URL.Query().Get("done")
+	if id, err := strconv.ParseInt(r.URL.Query().Get("done"), 10, 64); err == nil {
+		for _, e := range d.Audit {
+			if e.ID == id {
+				d.Done = &e
+			}
+		}
+	}
 	c.render(w, "page.html", http.StatusOK, d)
 }
 

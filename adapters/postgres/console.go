@@ -93,6 +93,9 @@ func (s *ConsoleStore) Consumer(ctx context.Context, name string, eventIDs int) 
 	}
 	ids := map[core.AggregateKey][]string{}
 	for _, d := range []core.Disposition{core.DispositionParkedGap, core.DispositionParkedPoison} {
+		if eventIDs == 0 {
+			break
+		}
 		recs, err := in.List(ctx, name, d, eventIDs*len(parked))
 		if err != nil {
 			return st, err

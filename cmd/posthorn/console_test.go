@@ -101,7 +101,10 @@ func (r *consoleRig) get(path string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
-var csrfField = regexp.MustCompile(`name="csrf" value="([^"]+)"`)
+var (
+	csrfField = regexp.MustCompile(`name="csrf" value="([^"]+)"`)
+	doneNote  = regexp.MustCompile(`<p class="done" role="status">([^<]*)</p>`)
+)
 
 // confirm opens the confirmation page of action with params, as the
 // page's button does, and returns its CSRF token.
@@ -296,8 +299,13 @@ func TestConsoleActionsRunAndAreAudited(t *testing.T) {
 		if status != http.StatusSeeOther {
 			t.Fatalf("%s: status %d:\n%s", action, status, body)
 		}
-		u, _ := url.Parse(loc)
-		return u.Query().Get("done")
+		// Sent back to the page, which shows the outcome from the audit log.
+		_, page := r.get(loc)
+		m := doneNote.FindStringSubmatch(page)
+		if m == nil {
+			t.Fatalf("%s: the page at %s shows no outcome:\n%s", action, loc, page)
+		}
+		return m[1]
 	}
 
 	if done := run("release-relay", url.Values{"aggregate_id": {"acc-2"}}); !strings.Contains(done, "account acc-2 released") {
@@ -339,6 +347,10 @@ FROM console_audit WHERE finished_at >= at AND at > now() - interval '1 minute' 
 	}
 	if !strings.Contains(page, "Last reconcile from this console") || !strings.Contains(page, "<td>alice</td>") {
 		t.Fatalf("page lacks the reconcile or the audit log:\n%s", page)
+	}
+	// The outcome shown comes from the audit log, never from the link.
+	if _, forged := r.get("/?done=" + url.QueryEscape("all balances zeroed")); strings.Contains(forged, "all balances zeroed") || strings.Contains(forged, `role="status"`) {
+		t.Fatal("the page shows an outcome the link made up")
 	}
 }
 
