@@ -67,9 +67,9 @@ type consumerView struct {
 
 // pageData is everything the page shows, read fresh for each request.
 type pageData struct {
-	Now         time.Time
-	ReadOnly    bool
-	RelayMode   string
+	Now       time.Time
+	ReadOnly  bool
+	RelayMode string
 	// Done is the action the operator was just sent back from.
 	Done        *AuditEntry
 	Outbox      core.OutboxStatus
