@@ -21,6 +21,7 @@ import (
 
 	"github.com/posthorn/posthorn/adapters/memory"
 	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/pgcluster"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/adapters/postgres/roles/roletest"
 	"github.com/posthorn/posthorn/configs"
@@ -503,5 +504,50 @@ func TestConsoleReadsAsTheReconciler(t *testing.T) {
 	}
 	if n := r.count(false, `SELECT count(*) FROM console_audit WHERE action = 'reconcile' AND outcome = 'ok'`); n != 1 {
 		t.Fatalf("%d audited reconciles", n)
+	}
+}
+
+// In CDC mode the page shows the replication slot: its reader, WAL status,
+// retained WAL and confirmed position, read as `outbox status` reads them.
+func TestConsoleShowsTheCDCSlot(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a PostgreSQL cluster")
+	}
+	t.Parallel()
+	ctx := context.Background()
+	_, ledgerURL, pool := pgtest.LogicalLedger(t, pgcluster.Options{}, 4)
+	consumerURL, _ := pgtest.Consumer(t)
+	cfg, err := configs.Load("", []string{"POSTHORN_DATABASE__URL=" + ledgerURL, "POSTHORN_CONSUMER__DATABASE__URL=" + consumerURL,
+		"POSTHORN_RELAY__MODE=cdc"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, closeConsole, err := openConsole(ctx, cfg, pool, nil, nil, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeConsole()
+	srv := httptest.NewServer(c.Handler())
+	defer srv.Close()
+	page := func() string {
+		resp, err := http.Get(srv.URL + "/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return string(b)
+	}
+	if p := page(); strings.Contains(p, `id="cdc"`) {
+		t.Fatalf("a CDC section without a slot:\n%s", p)
+	}
+	if _, err := postgres.NewCDCSource(pool).CreateSlot(ctx, cfg.Relay.CDC.Slot); err != nil {
+		t.Fatal(err)
+	}
+	p := page()
+	for _, want := range []string{"CDC slot " + cfg.Relay.CDC.Slot, "no reader, wal_status reserved", "retained WAL", "confirmed position</dt><dd>0/", "<span>cdc</span>"} {
+		if !strings.Contains(p, want) {
+			t.Fatalf("page lacks %q:\n%s", want, p)
+		}
 	}
 }
