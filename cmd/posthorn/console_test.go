@@ -28,6 +28,7 @@ import (
 	"github.com/posthorn/posthorn/console"
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/ops"
 )
 
 // consoleToken is the console.token of the tests' consoles.
@@ -549,5 +550,56 @@ func TestConsoleShowsTheCDCSlot(t *testing.T) {
 		if !strings.Contains(p, want) {
 			t.Fatalf("page lacks %q:\n%s", want, p)
 		}
+	}
+}
+
+// The cleanup boundary on the page is cleanup --dry-run's: with the
+// consumers' coverage recorded and the rows archived, it shows what
+// `posthorn cleanup --dry-run --json` would delete.
+func TestConsoleShowsTheCleanupBoundary(t *testing.T) {
+	t.Parallel()
+	r := newOpsCLIRig(t)
+	r.postCovered(3)
+	r.run("archive")
+	var dry struct {
+		ArchiveThrough int64           `json:"archive_through"`
+		Plan           ops.CleanupPlan `json:"plan"`
+	}
+	if err := json.Unmarshal([]byte(r.run("cleanup", "--dry-run", "--json")), &dry); err != nil || dry.Plan.Rows == 0 {
+		t.Fatalf("dry run: %+v, %v", dry, err)
+	}
+	cfg, err := configs.Load("", r.env, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	archive, err := openArchive(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, closeConsole, err := openConsole(context.Background(), cfg, r.ledger, nil, archive, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeConsole()
+	srv := httptest.NewServer(c.Handler())
+	defer srv.Close()
+	resp, err := http.Get(srv.URL + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	page := string(b)
+	for _, want := range []string{
+		fmt.Sprintf("archived through outbox id</dt><dd>%d</dd>", dry.ArchiveThrough),
+		fmt.Sprintf("<dd>%d rows, outbox ids %d..%d;", dry.Plan.Rows, dry.Plan.FirstID, dry.Plan.LastID),
+		"<td>balance-projection</td><td>", // coverage recorded by the clean reconcile
+	} {
+		if !strings.Contains(page, want) {
+			t.Fatalf("page lacks %q:\n%s", want, page)
+		}
+	}
+	if strings.Contains(page, "never reconciled clean") {
+		t.Fatalf("page shows no coverage after a clean reconcile:\n%s", page)
 	}
 }
