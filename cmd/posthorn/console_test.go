@@ -251,6 +251,21 @@ func TestConsoleActionsRefuseBadInput(t *testing.T) {
 			}
 		})
 	}
+	// A form posted from another site, with every field right, is refused
+	// before the console reads it (http.CrossOriginProtection).
+	f := good("aggregate_id", "acc-2")
+	f.Set("csrf", r.confirm("release-relay", nil))
+	req, _ := http.NewRequest(http.MethodPost, r.url+"/action/release-relay", strings.NewReader(f.Encode()))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Sec-Fetch-Site", "cross-site")
+	resp, err := r.client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusForbidden || r.state() != before {
+		t.Fatalf("cross-site post: status %d, state %s (was %s)", resp.StatusCode, r.state(), before)
+	}
 	if strings.Contains(r.logs.String(), consoleToken) {
 		t.Fatal("the console logged its token")
 	}
