@@ -6,6 +6,7 @@ require (
 	github.com/IBM/sarama v1.43.3
 	github.com/ThreeDotsLabs/watermill v1.5.1
 	github.com/ThreeDotsLabs/watermill-kafka/v3 v3.0.6
+	github.com/chromedp/chromedp v0.23.1
 	github.com/go-viper/mapstructure/v2 v2.5.0
 	github.com/jackc/pglogrepl v0.0.0-20251213150135-2e8d0df862c1
 	github.com/jackc/pgx/v5 v5.13.0
@@ -22,7 +23,11 @@ require (
 	github.com/xdg-go/scram v1.4.0
 )
 
-require github.com/xdg-go/stringprep v1.0.4 // indirect
+require (
+	github.com/chromedp/cdproto v0.160.1 // indirect
+	github.com/go-json-experiment/json v0.0.0-20260213210345-44df1a37e875 // indirect
+	github.com/xdg-go/stringprep v1.0.4 // indirect
+)
 
 require (
 	github.com/Rican7/retry v0.3.1 // indirect

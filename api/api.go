@@ -24,10 +24,7 @@ package api
 
 import (
 	"context"
-	"crypto/sha256"
-	"crypto/subtle"
 	"crypto/tls"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -57,7 +54,7 @@ const (
 )
 
 // TokenHashPrefix marks a configured token given as its SHA-256 in hex.
-const TokenHashPrefix = "sha256:"
+const TokenHashPrefix = core.TokenHashPrefix
 
 // Store is what the API needs from the ledger (the Postgres adapter's
 // LedgerStore implements it). Readers answer core.ErrNotFound for an
@@ -91,7 +88,7 @@ type Server struct {
 	cfg    Config
 	store  Store
 	log    *slog.Logger
-	tokens [][sha256.Size]byte // SHA-256 of each accepted token
+	tokens core.Tokens
 	mux    *http.ServeMux
 }
 
@@ -107,24 +104,15 @@ func New(cfg Config, store Store) (*Server, error) {
 		cfg.Logger = slog.Default()
 	}
 	s := &Server{cfg: cfg, store: store, log: cfg.Logger, mux: http.NewServeMux()}
-	for i, t := range cfg.Tokens {
-		if t == "" {
-			return nil, fmt.Errorf("api: token %d is empty", i)
-		}
-		if h, ok := strings.CutPrefix(t, TokenHashPrefix); ok {
-			var d [sha256.Size]byte
-			if n, err := hex.Decode(d[:], []byte(h)); err != nil || n != sha256.Size || len(h) != 2*sha256.Size {
-				return nil, fmt.Errorf("api: token %d starts with %q but is not followed by 64 hex digits", i, TokenHashPrefix)
-			}
-			s.tokens = append(s.tokens, d)
-			continue
-		}
-		s.tokens = append(s.tokens, sha256.Sum256([]byte(t)))
+	tokens, err := core.ParseTokens(cfg.Tokens)
+	if err != nil {
+		return nil, fmt.Errorf("api: %w", err)
 	}
-	if len(s.tokens) == 0 {
+	s.tokens = tokens
+	if s.tokens.Len() == 0 {
 		s.log.Warn("Posting API AUTHENTICATION IS OFF: api.tokens is empty, so anyone who can reach the listener can post to the ledger; set api.tokens (POSTHORN_API__TOKENS) outside local development")
 	} else {
-		s.log.Info("Posting API authentication is on", "tokens", len(s.tokens))
+		s.log.Info("Posting API authentication is on", "tokens", s.tokens.Len())
 	}
 	s.mux.HandleFunc("POST /v1/postings", s.auth(s.handlePost))
 	s.mux.HandleFunc("GET /v1/postings/{journal_id}", s.auth(s.handleGetPosting))
@@ -210,7 +198,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 // which or how much of a token matched.
 func (s *Server) auth(next http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if len(s.tokens) == 0 {
+		if s.tokens.Len() == 0 {
 			next(w, r)
 			return
 		}
@@ -221,14 +209,7 @@ func (s *Server) auth(next http.HandlerFunc) http.HandlerFunc {
 			s.problem(w, r, http.StatusUnauthorized, "unauthorized", "Unauthorized", "Authorization", "the Authorization header must be \"Bearer <token>\"")
 			return
 		}
-		// Hashing first makes every comparison the same length, whatever
-		// the presented token's length.
-		presented := sha256.Sum256([]byte(token))
-		match := 0
-		for _, t := range s.tokens {
-			match |= subtle.ConstantTimeCompare(presented[:], t[:])
-		}
-		if match != 1 {
+		if !s.tokens.Match(token) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="posthorn", error="invalid_token"`)
 			s.problem(w, r, http.StatusUnauthorized, "unauthorized", "Unauthorized", "Authorization", "the bearer token in the Authorization header is not accepted")
 			return

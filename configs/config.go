@@ -45,6 +45,7 @@ type Config struct {
 	Cleanup   Cleanup   `koanf:"cleanup"`
 	Outbox    Outbox    `koanf:"outbox"`
 	Retention Retention `koanf:"retention"`
+	Console   Console   `koanf:"console"`
 }
 
 // Database is a Postgres connection.
@@ -108,6 +109,7 @@ func Default() Config {
 		Outbox:    defaultOutbox(),
 		Consumer:  Consumer{Hold: consumers.DefaultHoldTime},
 		Retention: defaultRetention(),
+		Console:   defaultConsole(),
 	}
 }
 
@@ -253,6 +255,7 @@ func (c Config) Validate() error {
 		c.Outbox.validate(),
 		c.Retention.validate(),
 		c.Consumer.validate(),
+		c.Console.validate(),
 		validateCommandOwners(c.Sink),
 	} {
 		if err != nil {

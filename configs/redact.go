@@ -22,6 +22,7 @@ func (c Config) Redacted() Config {
 	r.Sink.AMQP.Password = redactSecret(c.Sink.AMQP.Password)
 	r.Sink.Redis.Password = redactSecret(c.Sink.Redis.Password)
 	r.Sink.Kafka.SASL.Password = redactSecret(c.Sink.Kafka.SASL.Password)
+	r.Console.Token = redactSecret(c.Console.Token)
 	r.Reconcile.Consumers = make([]ReconcileConsumer, len(c.Reconcile.Consumers))
 	for i, rc := range c.Reconcile.Consumers {
 		r.Reconcile.Consumers[i] = ReconcileConsumer{Name: rc.Name, DatabaseURL: RedactURL(rc.DatabaseURL)}

@@ -38,7 +38,7 @@ var SecretKeys = []string{
 	"sink.nats.url", "sink.nats.password", "sink.nats.token",
 	"sink.amqp.url", "sink.amqp.password",
 	"sink.redis.password", "sink.postgres.url",
-	"reconcile.consumers[].database_url",
+	"reconcile.consumers[].database_url", "console.token",
 }
 
 // resolveSecrets replaces every "file:" secret by its file's content.
@@ -57,6 +57,7 @@ func (c *Config) resolveSecrets() error {
 		{"sink.amqp.password", &c.Sink.AMQP.Password},
 		{"sink.redis.password", &c.Sink.Redis.Password},
 		{"sink.postgres.url", &c.Sink.Postgres.URL},
+		{"console.token", &c.Console.Token},
 	} {
 		v, err := readSecret(s.key, *s.v)
 		if err != nil {

@@ -12,7 +12,7 @@ const module = "github.com/posthorn/posthorn/"
 // businessPackages hold Posthorn's logic; they declare the ports they call
 // and never import an adapter (docs/architecture.md).
 var businessPackages = []string{"core", "api", "bridge", "bridge/cdc", "ops", "consumers",
-	"consumers/auditlog", "consumers/projection"}
+	"consumers/auditlog", "consumers/projection", "console"}
 
 // forbidden reports the dependencies of deps that a business package must
 // not have: an adapter, or the libraries only adapters and cmd use.

@@ -55,6 +55,7 @@ func runDemo(ctx context.Context, args []string) error {
 	workers := fs.Int("workers", demo.DefaultWorkers, "concurrent API clients")
 	accounts := fs.Int("accounts", demo.DefaultAccounts, "number of accounts the transfers move money between")
 	timeout := fs.Duration("timeout", 3*time.Minute, "how long to wait for delivery after the last posting")
+	withConsole := fs.Bool("console", false, "serve the operator console on console.listen during the run and keep it up after it, until Ctrl-C")
 	sinkKind := fs.String("sink", "", "sink kind (default kafka: an in-process Kafka-protocol broker; memory: the in-process memory broker; others from configuration, on a broker without earlier runs' events)")
 	p, err := fs.start(ctx, args, needs{check: func(cfg *configs.Config) error {
 		if *postings < 1 {
@@ -87,7 +88,7 @@ func runDemo(ctx context.Context, args []string) error {
 		return err
 	}
 	cfg, log := p.cfg, p.log
-	d := &demoRun{cfg: cfg, log: log, json: *asJSON, workers: *workers, accounts: *accounts, timeout: *timeout}
+	d := &demoRun{cfg: cfg, log: log, json: *asJSON, workers: *workers, accounts: *accounts, timeout: *timeout, console: *withConsole}
 	sum, err := d.run(ctx, *postings)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -95,12 +96,10 @@ func runDemo(ctx context.Context, args []string) error {
 		}
 		return err
 	}
-	if *asJSON {
-		if err := json.NewEncoder(os.Stdout).Encode(sum); err != nil {
+	if !d.console { // with --console, run printed it before keeping the console up
+		if err := d.printResult(sum); err != nil {
 			return err
 		}
-	} else {
-		d.printSummary(os.Stdout, sum)
 	}
 	if !d.clean() {
 		if d.report.Has(demo.CheckUnknown) && d.cfg.Sink.Kind != "kafka" && d.cfg.Sink.Kind != "memory" {
@@ -123,6 +122,7 @@ type demoRun struct {
 	workers  int
 	accounts int
 	timeout  time.Duration
+	console  bool // --console
 
 	ledgerURL, consumerURL string
 	ledger, consumer       *pgxpool.Pool
@@ -166,6 +166,13 @@ func (d *demoRun) run(ctx context.Context, postings int) (demoSummary, error) {
 	case "memory":
 		d.mem = memory.New(memory.Config{})
 		defer d.mem.Close()
+	}
+	if d.console {
+		stopConsole, err := d.startConsole(ctx)
+		if err != nil {
+			return sum, err
+		}
+		defer stopConsole()
 	}
 
 	// The Posting API on a free port, with authentication on as in
@@ -299,7 +306,72 @@ func (d *demoRun) run(ctx context.Context, postings int) (demoSummary, error) {
 	if !d.reconcile.Clean {
 		sum.Reconcile = "discrepancies"
 	}
+	if d.console {
+		// The summary now, then the console stays up over the databases
+		// the run used, until Ctrl-C removes them.
+		if err := d.printResult(sum); err != nil {
+			return sum, err
+		}
+		fmt.Fprintln(os.Stderr, "the operator console stays up; Ctrl-C stops it and removes the demo's databases")
+		<-ctx.Done()
+	}
 	return sum, nil
+}
+
+// printResult prints the summary: one JSON object with --json, else for a
+// person.
+func (d *demoRun) printResult(sum demoSummary) error {
+	if d.json {
+		return json.NewEncoder(os.Stdout).Encode(sum)
+	}
+	d.printSummary(os.Stdout, sum)
+	return nil
+}
+
+// startConsole serves the operator console (--console) over the demo's
+// databases and sink until stop is called.
+func (d *demoRun) startConsole(ctx context.Context) (stop func(), err error) {
+	cfg := d.cfg
+	cfg.Database.URL, cfg.Consumer.Database.URL = d.ledgerURL, d.consumerURL
+	var sink core.Sink
+	if d.mem != nil {
+		sink = keepOpen{d.mem}
+	} else if sink, err = openSink(cfg.Sink); err != nil {
+		return nil, err
+	}
+	// A pool of its own: the demo's checks keep theirs.
+	pool, err := postgres.Connect(ctx, d.ledgerURL, 4)
+	if err != nil {
+		sink.Close()
+		return nil, err
+	}
+	c, closeConsole, err := openConsole(ctx, cfg, pool, sink, nil, d.log)
+	if err != nil {
+		pool.Close()
+		sink.Close()
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", cfg.Console.Listen)
+	if err != nil {
+		closeConsole()
+		pool.Close()
+		sink.Close()
+		return nil, fmt.Errorf("config key console.listen: %w", err)
+	}
+	cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	done := make(chan error, 1)
+	go func() { done <- c.Serve(cctx, ln) }()
+	// On stderr whatever the log level: the demo logs at warn by default.
+	fmt.Fprintf(os.Stderr, "operator console: http://%s/ (read-only unless console.token is set)\n", ln.Addr())
+	return func() {
+		cancel()
+		if err := <-done; err != nil {
+			d.log.Warn("operator console", "err", err)
+		}
+		closeConsole()
+		pool.Close()
+		sink.Close()
+	}, nil
 }
 
 // clean reports whether the demo's checks and reconciliation found nothing.

@@ -28,6 +28,7 @@ var commands = map[string]command{
 	"archive":         {"write covered outbox rows to archive segments with a manifest (--verify re-reads and checks them)", runArchive},
 	"cleanup":         {"delete outbox rows below the verified boundary (relayed, covered, archived, past the replay window); --dry-run first", runCleanup},
 	"config print":    {"print the effective configuration, secrets redacted", runConfigPrint},
+	"console":         {"serve the operator console: the data path, plots, parked aggregates, coverage; actions with console.token (--listen)", runConsole},
 	"consume":         {"run the example consumers balance-projection and audit-log (--only NAME)", runConsume},
 	"consume release": {"lift a consumer's park of one account so its events re-drive in order", runConsumeRelease},
 	"consume status":  {"dispositions, duplicates and parked accounts per consumer (--json)", runConsumeStatus},

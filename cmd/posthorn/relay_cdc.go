@@ -10,6 +10,7 @@ import (
 
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/bridge/cdc"
+	"github.com/posthorn/posthorn/internal/units"
 )
 
 // runCDCRelay runs `posthorn relay` with relay.mode cdc: the outbox is
@@ -71,10 +72,10 @@ func printCDCStatus(w io.Writer, st *cdc.SlotStatus) {
 	}
 	fmt.Fprintf(w, "  state: %s, wal_status %s\n", active, st.WALStatus)
 	fmt.Fprintf(w, "  retained WAL: %s (pg_current_wal_lsn - restart_lsn); unconfirmed: %s\n",
-		byteSize(st.RetainedBytes), byteSize(st.UnconfirmedBytes))
+		units.ByteSize(st.RetainedBytes), units.ByteSize(st.UnconfirmedBytes))
 	safe := "unlimited (max_slot_wal_keep_size = -1: a stuck slot can fill the disk; set it)"
 	if st.SafeWALSize != nil {
-		safe = fmt.Sprintf("%s more WAL before the slot is lost (max_slot_wal_keep_size = %s)", byteSize(*st.SafeWALSize), st.MaxSlotWALKeepSize)
+		safe = fmt.Sprintf("%s more WAL before the slot is lost (max_slot_wal_keep_size = %s)", units.ByteSize(*st.SafeWALSize), st.MaxSlotWALKeepSize)
 	}
 	fmt.Fprintf(w, "  safe WAL size: %s\n", safe)
 	if st.FlushLagSeconds != nil {
@@ -84,16 +85,4 @@ func printCDCStatus(w io.Writer, st *cdc.SlotStatus) {
 	if st.WALStatus == "lost" {
 		fmt.Fprintln(w, "  LOST: the server removed WAL this slot needed; the CDC relay recovers through the outbox on its next start")
 	}
-}
-
-func byteSize(n int64) string {
-	switch {
-	case n >= 1<<30 || n <= -1<<30:
-		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
-	case n >= 1<<20 || n <= -1<<20:
-		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
-	case n >= 1<<10 || n <= -1<<10:
-		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
-	}
-	return fmt.Sprintf("%d B", n)
 }

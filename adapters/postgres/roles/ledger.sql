@@ -26,10 +26,10 @@
 
 REVOKE ALL ON TABLE accounts, account_balances, journals, journal_lines, idempotency_keys, outbox, outbox_pending,
     relay_leases, relay_members, relay_parked, relay_cdc_leases,
-    ops_coverage, ops_archive_segments, ops_cleanup, ops_replay_progress,
+    ops_coverage, ops_archive_segments, ops_cleanup, ops_replay_progress, console_audit,
     posthorn_ledger_migrations
     FROM posthorn_api, posthorn_relay, posthorn_relay_cdc, posthorn_reconciler, posthorn_maintainer, posthorn_consumer;
-REVOKE ALL ON SEQUENCE journal_sequence, outbox_id_seq, relay_fencing_token
+REVOKE ALL ON SEQUENCE journal_sequence, outbox_id_seq, relay_fencing_token, console_audit_id_seq
     FROM posthorn_api, posthorn_relay, posthorn_relay_cdc, posthorn_reconciler, posthorn_maintainer, posthorn_consumer;
 
 GRANT USAGE ON SCHEMA public TO posthorn_api, posthorn_relay, posthorn_relay_cdc, posthorn_reconciler, posthorn_maintainer;
@@ -77,6 +77,12 @@ GRANT SELECT ON accounts, account_balances, journals, journal_lines, outbox, out
     relay_leases, relay_parked, ops_coverage, ops_archive_segments, ops_cleanup TO posthorn_reconciler;
 GRANT SELECT ON SEQUENCE outbox_id_seq, journal_sequence TO posthorn_reconciler;
 GRANT INSERT, UPDATE ON ops_coverage TO posthorn_reconciler;
+-- The operator console reads as the reconciler and records its actions in
+-- console_audit: append and finish a row, never delete one. (Releasing a
+-- relay-parked aggregate and resending also need posthorn_relay.)
+GRANT SELECT, INSERT ON console_audit TO posthorn_reconciler;
+GRANT UPDATE (outcome, detail, finished_at) ON console_audit TO posthorn_reconciler;
+GRANT USAGE ON SEQUENCE console_audit_id_seq TO posthorn_reconciler;
 
 -- posthorn_maintainer: archive (writes verified segments) and cleanup
 -- (deletes outbox rows behind the boundary, records the floor).

@@ -1,0 +1,159 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/posthorn/posthorn/bridge/cdc"
+	"github.com/posthorn/posthorn/console"
+	"github.com/posthorn/posthorn/core"
+)
+
+// ConsoleStore is the operator console's store: the reads and releases of
+// `posthorn outbox status|release` and `posthorn consume status|release`,
+// each by the same method those commands call, and the console_audit
+// table (migration 00007).
+type ConsoleStore struct {
+	ledger   *pgxpool.Pool
+	relay    *RelayStore
+	cdc      *CDCSource
+	slot     string
+	inboxes  map[string]*Inbox
+	releaser *Inbox
+}
+
+var _ console.Store = (*ConsoleStore)(nil)
+
+// ConsoleStoreConfig says where the console reads and writes.
+type ConsoleStoreConfig struct {
+	// Ledger is the ledger pool: the relay's status and release, and the
+	// audit log.
+	Ledger *pgxpool.Pool
+	// Slot is relay.cdc.slot, shown when it exists.
+	Slot string
+	// Inboxes are the pools each consumer's status is read from, by
+	// consumer name (the read-only pools reconcile uses).
+	Inboxes map[string]*pgxpool.Pool
+	// Release is the pool `posthorn consume release` writes to
+	// (consumer.database.url); nil refuses consumer-side releases.
+	Release *pgxpool.Pool
+}
+
+// NewConsoleStore returns the console's store.
+func NewConsoleStore(cfg ConsoleStoreConfig) *ConsoleStore {
+	s := &ConsoleStore{ledger: cfg.Ledger, relay: NewRelayStore(cfg.Ledger), cdc: NewCDCSource(cfg.Ledger),
+		slot: cfg.Slot, inboxes: map[string]*Inbox{}}
+	for name, pool := range cfg.Inboxes {
+		s.inboxes[name] = NewInbox(pool)
+	}
+	if cfg.Release != nil {
+		s.releaser = NewInbox(cfg.Release)
+	}
+	return s
+}
+
+// OutboxStatus is RelayStore.Status.
+func (s *ConsoleStore) OutboxStatus(ctx context.Context) (core.OutboxStatus, error) {
+	return s.relay.Status(ctx)
+}
+
+// OutboxMaxID is CDCSource.OutboxMaxID.
+func (s *ConsoleStore) OutboxMaxID(ctx context.Context) (int64, error) {
+	return s.cdc.OutboxMaxID(ctx)
+}
+
+// Slot is CDCSource.SlotStatus of the configured slot, nil when it does
+// not exist (polling mode).
+func (s *ConsoleStore) Slot(ctx context.Context) (*cdc.SlotStatus, error) {
+	st, err := s.cdc.SlotStatus(ctx, s.slot)
+	if err != nil || !st.Exists {
+		return nil, err
+	}
+	return &st, nil
+}
+
+// Consumer is Inbox.Count and Inbox.Parked, with the waiting event IDs
+// from Inbox.List.
+func (s *ConsoleStore) Consumer(ctx context.Context, name string, eventIDs int) (console.ConsumerStatus, error) {
+	in, ok := s.inboxes[name]
+	if !ok {
+		return console.ConsumerStatus{}, fmt.Errorf("consumer %q: %w", name, core.ErrNotFound)
+	}
+	c, err := in.Count(ctx, name)
+	if err != nil {
+		return console.ConsumerStatus{}, err
+	}
+	st := console.ConsumerStatus{Name: name, Events: c.Events, DuplicatesAbsorbed: c.DuplicatesAbsorbed}
+	parked, err := in.Parked(ctx, name)
+	if err != nil || len(parked) == 0 {
+		return st, err
+	}
+	ids := map[core.AggregateKey][]string{}
+	for _, d := range []core.Disposition{core.DispositionParkedGap, core.DispositionParkedPoison} {
+		if eventIDs == 0 {
+			break
+		}
+		recs, err := in.List(ctx, name, d, eventIDs*len(parked))
+		if err != nil {
+			return st, err
+		}
+		for _, r := range recs {
+			k := core.AggregateKey{Type: r.AggregateType, ID: r.AggregateID}
+			if len(ids[k]) < eventIDs {
+				ids[k] = append(ids[k], r.EventID)
+			}
+		}
+	}
+	for _, p := range parked {
+		st.Parked = append(st.Parked, console.ParkedAggregate{AggregateKey: p.AggregateKey, Reason: p.Reason,
+			ParkedAt: p.ParkedAt, Events: p.Events, EventIDs: ids[p.AggregateKey]})
+	}
+	return st, nil
+}
+
+// ReleaseRelay is RelayStore.Release.
+func (s *ConsoleStore) ReleaseRelay(ctx context.Context, aggregateType, aggregateID string) error {
+	return s.relay.Release(ctx, aggregateType, aggregateID)
+}
+
+// ReleaseConsumer is Inbox.Release on consumer.database.url.
+func (s *ConsoleStore) ReleaseConsumer(ctx context.Context, consumer, aggregateType, aggregateID string) (int, error) {
+	if s.releaser == nil {
+		return 0, fmt.Errorf("consumer-side release needs consumer.database.url, as `posthorn consume release` does")
+	}
+	return s.releaser.Release(ctx, consumer, aggregateType, aggregateID)
+}
+
+// BeginAudit inserts the entry with outcome started.
+func (s *ConsoleStore) BeginAudit(ctx context.Context, e console.AuditEntry) (int64, error) {
+	var id int64
+	err := s.ledger.QueryRow(ctx, `INSERT INTO console_audit (operator, remote_addr, action, target)
+VALUES ($1, $2, $3, $4) RETURNING id`, e.Operator, e.RemoteAddr, e.Action, e.Target).Scan(&id)
+	if err != nil {
+		return 0, fmt.Errorf("console audit: %w", err)
+	}
+	return id, nil
+}
+
+// FinishAudit records the entry's outcome.
+func (s *ConsoleStore) FinishAudit(ctx context.Context, id int64, outcome console.Outcome, detail string) error {
+	if _, err := s.ledger.Exec(ctx, `UPDATE console_audit SET outcome = $2, detail = $3, finished_at = now() WHERE id = $1`,
+		id, string(outcome), detail); err != nil {
+		return fmt.Errorf("console audit: %w", err)
+	}
+	return nil
+}
+
+// Audit returns the last n entries, newest first.
+func (s *ConsoleStore) Audit(ctx context.Context, n int) ([]console.AuditEntry, error) {
+	out, err := queryRows(ctx, s.ledger, pgx.RowToStructByPos[console.AuditEntry], `
+SELECT id, at, operator, remote_addr, action, target, outcome, detail, finished_at
+FROM console_audit ORDER BY id DESC LIMIT $1`, n)
+	if err != nil {
+		return nil, fmt.Errorf("console audit: %w", err)
+	}
+	return out, nil
+}

@@ -1,0 +1,100 @@
+package console
+
+import (
+	"context"
+	"time"
+
+	"github.com/posthorn/posthorn/bridge/cdc"
+	"github.com/posthorn/posthorn/core"
+)
+
+// Store is what the console reads and the two releases it may run, each
+// the same call as its CLI command (adapters/postgres.ConsoleStore
+// implements it over RelayStore, CDCSource and Inbox), plus the audit log
+// its actions are recorded in.
+type Store interface {
+	// OutboxStatus is what `posthorn outbox status` shows: backlog, oldest
+	// unrelayed age, shard leases and the relay's parked aggregates.
+	OutboxStatus(ctx context.Context) (core.OutboxStatus, error)
+	// OutboxMaxID is the largest outbox id: the events written so far, for
+	// the write rate (ids skipped by rolled-back transactions count too, so
+	// the rate is an upper bound).
+	OutboxMaxID(ctx context.Context) (int64, error)
+	// Slot is the CDC replication slot's status, nil when there is none.
+	Slot(ctx context.Context) (*cdc.SlotStatus, error)
+	// Consumer is one consumer's dispositions and parked aggregates, as
+	// `posthorn consume status` shows them, with up to eventIDs of each
+	// parked aggregate's waiting event IDs.
+	Consumer(ctx context.Context, name string, eventIDs int) (ConsumerStatus, error)
+
+	// ReleaseRelay is `posthorn outbox release`: the relay sends the
+	// aggregate again from its parked record; core.ErrNotParked when it is
+	// not parked.
+	ReleaseRelay(ctx context.Context, aggregateType, aggregateID string) error
+	// ReleaseConsumer is `posthorn consume release`: it lifts the
+	// consumer's park of the aggregate and returns how many events go back
+	// to being re-driven.
+	ReleaseConsumer(ctx context.Context, consumer, aggregateType, aggregateID string) (int, error)
+
+	// BeginAudit records an action before it runs and returns the entry's
+	// ID; FinishAudit records its outcome.
+	BeginAudit(ctx context.Context, e AuditEntry) (int64, error)
+	FinishAudit(ctx context.Context, id int64, outcome Outcome, detail string) error
+	// Audit returns the last n entries, newest first.
+	Audit(ctx context.Context, n int) ([]AuditEntry, error)
+}
+
+// ConsumerStatus is one consumer's inbox summary.
+type ConsumerStatus struct {
+	Name string
+	// Events counts the consumer's event IDs per disposition.
+	Events map[core.Disposition]int64
+	// DuplicatesAbsorbed is every repeat the inbox kept from the handler.
+	DuplicatesAbsorbed int64
+	Parked             []ParkedAggregate
+}
+
+// Recorded is how many event IDs have a disposition of any kind.
+func (c ConsumerStatus) Recorded() int64 {
+	var n int64
+	for _, k := range c.Events {
+		n += k
+	}
+	return n
+}
+
+// ParkedAggregate is an aggregate a consumer parked, with the event IDs
+// that wait for it.
+type ParkedAggregate struct {
+	core.AggregateKey
+	Reason   string
+	ParkedAt time.Time
+	// Events is how many of its events wait; EventIDs names the first.
+	Events   int
+	EventIDs []string
+}
+
+// Outcome is how an audited action ended.
+type Outcome string
+
+// The outcomes of an audit entry.
+const (
+	OutcomeStarted Outcome = "started"
+	OutcomeOK      Outcome = "ok"
+	OutcomeFailed  Outcome = "failed"
+)
+
+// AuditEntry is one confirmed console action: who (the operator's name as
+// given in the confirmation, and the address it came from), when, what, and
+// how it ended.
+type AuditEntry struct {
+	ID         int64
+	At         time.Time
+	Operator   string
+	RemoteAddr string
+	Action     string
+	Target     string
+	Outcome    Outcome
+	Detail     string
+	FinishedAt *time.Time
+}
