@@ -40,7 +40,8 @@ type KafkaSink struct {
 	Partitioner string `koanf:"partitioner"`
 	// ExactlyOnce publishes each shard's batch in a Kafka transaction
 	// fenced by the shard's lease, so read_committed readers see every
-	// event once; Posthorn's consumers then read read_committed.
+	// event once (Posthorn's own consumers need not: their inbox absorbs
+	// the aborted copies a read_uncommitted reader receives).
 	ExactlyOnce bool `koanf:"exactly_once"`
 	// TransactionalIDPrefix starts the shards' transactional IDs with
 	// exactly_once: the same for every relay of one outbox, different for

@@ -13,7 +13,9 @@ import (
 // SIGKILLs (many between a commit and its marker), a relay frozen past its
 // lease (a zombie that wakes after the takeover), broker restarts on the
 // same data directory, partition leaders moved, terminated sessions and
-// postings rolled back.
+// postings rolled back. The broker restarts are clean stops
+// (BrokerStopsCleanly): a SIGKILLed dev broker does not recover its
+// transactions as Kafka does (docs/sinks.md has what was seen).
 func exactlyOnceFaults() faultkit.RunConfig {
 	return faultkit.RunConfig{
 		Postings: 6000, Rate: 250, Workers: 12,
@@ -45,10 +47,10 @@ func readWire(t *testing.T, s *faultkit.System) []faultkit.Wire {
 // the fault suite's relay SIGKILLs, SIGSTOPs past the lease and broker
 // restarts: a read_committed reader of the topic — franz-go and kcat —
 // receives every committed event exactly once, per key in revision order,
-// and the consumers (reading read_committed) pass every invariant.
+// and the consumers (behind their inbox) pass every invariant.
 func TestFaultExactlyOnce(t *testing.T) {
 	skipInShortMode(t)
-	s, fig := runFaultControl(t, "exactly-once under faults", faultkit.SystemConfig{ExactlyOnce: true, BrokerNodes: 3}, exactlyOnceFaults())
+	s, fig := runFaultControl(t, "exactly-once under faults", faultkit.SystemConfig{ExactlyOnce: true, BrokerNodes: 3, BrokerStopsCleanly: true}, exactlyOnceFaults())
 	for _, k := range []string{faultkit.FaultKillRelay, faultkit.FaultFreezeRelay, faultkit.FaultBroker} {
 		if fig.Faults[k] == 0 {
 			t.Errorf("fault %q was not injected", k)
@@ -77,7 +79,7 @@ func TestFaultExactlyOnceControl(t *testing.T) {
 	for run := 1; run <= 3; run++ {
 		repeated := false
 		t.Run(fmt.Sprintf("run %d", run), func(t *testing.T) {
-			s, _ := runFaultControl(t, "the same faults without exactly-once", faultkit.SystemConfig{BrokerNodes: 3}, exactlyOnceFaults())
+			s, _ := runFaultControl(t, "the same faults without exactly-once", faultkit.SystemConfig{BrokerNodes: 3, BrokerStopsCleanly: true}, exactlyOnceFaults())
 			repeated = true
 			for _, w := range readWire(t, s) {
 				if len(w.Missing) > 0 || len(w.Unknown) > 0 {

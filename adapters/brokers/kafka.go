@@ -52,10 +52,11 @@ func KafkaSubscriber(brokers []string, consumer string, logger watermill.LoggerA
 }
 
 // KafkaReadCommittedSubscriber is KafkaSubscriber reading with
-// read_committed: the isolation a topic written in exactly-once mode
-// needs. A read_uncommitted reader of such a topic also receives the
-// records of aborted transactions, which are sent again in a later one:
-// the inbox absorbs them as duplicates, other readers see repeats.
+// read_committed: what a router without Posthorn's inbox needs on a topic
+// written in exactly-once mode. A read_uncommitted reader of such a topic
+// also receives the records of aborted transactions, which are sent again
+// in a later one: the inbox absorbs them as duplicates, other handlers see
+// repeats.
 func KafkaReadCommittedSubscriber(brokers []string, consumer string, logger watermill.LoggerAdapter, sec ...phkafka.Security) (message.Subscriber, error) {
 	return kafkaGroupSubscriber(brokers, consumer, logger, DefaultStallAfter, nil, true, sec...)
 }
@@ -83,9 +84,12 @@ func kafkaGroupSubscriber(brokers []string, consumer string, logger watermill.Lo
 }
 
 // kafkaSubscribers gives each consumer a group subscriber of its own on
-// c.Kafka's brokers, with its TLS and SASL, reading read_committed when the
-// relay writes in exactly-once mode; with a Registerer, its re-joins are
-// counted and its offset lag measured.
+// c.Kafka's brokers, with its TLS and SASL; with a Registerer, its re-joins
+// are counted and its offset lag measured. They read read_uncommitted also
+// when the relay writes in exactly-once mode: behind the inbox an aborted
+// copy is a duplicate like any other (its event is committed in the ledger,
+// and the committed copy follows with the same event ID), and they need not
+// wait for the stable offset.
 func kafkaSubscribers(c Config, opts Options) (consumers.SubscriberFactory, error) {
 	if len(c.Kafka.Brokers) == 0 {
 		return nil, errors.New("kafka subscribers: no brokers")
@@ -100,7 +104,7 @@ func kafkaSubscribers(c Config, opts Options) (consumers.SubscriberFactory, erro
 			}
 			rejoins = vec.WithLabelValues(consumer)
 		}
-		sub, err := kafkaGroupSubscriber(brokers, consumer, opts.Logger, opts.StallAfter, rejoins, c.Kafka.ExactlyOnce, sec)
+		sub, err := kafkaGroupSubscriber(brokers, consumer, opts.Logger, opts.StallAfter, rejoins, false, sec)
 		if err != nil || opts.Registerer == nil {
 			return sub, err
 		}

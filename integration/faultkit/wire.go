@@ -23,8 +23,10 @@ type Wire struct {
 	Records int // records read
 	// Missing are committed events the reader did not receive.
 	Missing []string
-	// Repeats counts records beyond the first of their event ID.
-	Repeats int
+	// Repeats counts records beyond the first of their event ID;
+	// Repeated names the first of those events (key, revision, event ID).
+	Repeats  int
+	Repeated []string
 	// Unknown are event IDs received that are no committed event.
 	Unknown []string
 	// Disorder names first receipts of a revision after a later one of
@@ -39,8 +41,8 @@ func (w Wire) ExactlyOnce() bool {
 }
 
 func (w Wire) String() string {
-	return fmt.Sprintf("%s: %d committed events, %d records: %d missing %v, %d repeats, %d unknown %v, %d out of order %v",
-		w.Reader, w.Events, w.Records, len(w.Missing), w.Missing[:min(len(w.Missing), 5)], w.Repeats,
+	return fmt.Sprintf("%s: %d committed events, %d records: %d missing %v, %d repeats %v, %d unknown %v, %d out of order %v",
+		w.Reader, w.Events, w.Records, len(w.Missing), w.Missing[:min(len(w.Missing), 5)], w.Repeats, w.Repeated,
 		len(w.Unknown), w.Unknown[:min(len(w.Unknown), 5)], len(w.Disorder), w.Disorder[:min(len(w.Disorder), 5)])
 }
 
@@ -125,6 +127,9 @@ func (s *System) wire(ctx context.Context, reader string, got []wireRecord) (Wir
 		switch {
 		case seen[r.eventID]:
 			w.Repeats++
+			if len(w.Repeated) < 5 {
+				w.Repeated = append(w.Repeated, fmt.Sprintf("%s r%d %s", r.key, r.revision, r.eventID))
+			}
 			continue
 		case !committed[r.eventID]:
 			w.Unknown = append(w.Unknown, r.eventID)
