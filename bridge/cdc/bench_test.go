@@ -24,6 +24,7 @@ import (
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/bridge/cdc"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/syncbuf"
 )
 
 const (
@@ -166,7 +167,7 @@ func benchMode(b *testing.B, c *pgcluster.Cluster, mode string) modeResult {
 		}
 		stop = func() { _ = r.Stop(ctx) }
 	case "cdc":
-		logs := &logBuffer{}
+		logs := &syncbuf.Buffer{}
 		var out io.Writer = logs
 		if os.Getenv("POSTHORN_BENCH_LOG") != "" {
 			out = io.MultiWriter(logs, os.Stderr)

@@ -1,7 +1,6 @@
 package cdc_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -24,6 +23,7 @@ import (
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/bridge/cdc"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/syncbuf"
 )
 
 // shared is the throwaway wal_level=logical cluster most tests use (the
@@ -100,24 +100,6 @@ func ledgerDB(t testing.TB, c *pgcluster.Cluster) *pgxpool.Pool {
 	return pool
 }
 
-// logBuffer collects the relays' logs so tests can check what they say.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
-
 // fixture is one ledger database in a logical cluster, a memory sink, and
 // CDC relays over them sharing one slot.
 type fixture struct {
@@ -128,7 +110,7 @@ type fixture struct {
 	source  *postgres.CDCSource
 	sink    *memory.Sink
 	slot    string
-	logs    *logBuffer
+	logs    *syncbuf.Buffer // the relays' logs, so tests can check what they say
 }
 
 func newFixture(t *testing.T, c *pgcluster.Cluster) *fixture {
@@ -140,7 +122,7 @@ func newFixture(t *testing.T, c *pgcluster.Cluster) *fixture {
 	s := memory.New(memory.Config{})
 	t.Cleanup(func() { _ = s.Close() })
 	f := &fixture{t: t, cluster: c, pool: pool, store: postgres.NewRelayStore(pool), source: postgres.NewCDCSource(pool), sink: s,
-		slot: randName("slot_"), logs: &logBuffer{}}
+		slot: randName("slot_"), logs: &syncbuf.Buffer{}}
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("relay logs:\n%s", f.logs)
