@@ -368,10 +368,7 @@ func TestHealthAndReadiness(t *testing.T) {
 	}
 	// A closed pool cannot answer: not ready, while still healthy.
 	dsn := pgtest.NewDatabase(t)
-	pool, err := postgres.Connect(context.Background(), dsn, 2)
-	if err != nil {
-		t.Fatal(err)
-	}
+	pool := pgtest.Pool(t, dsn, 2)
 	pool.Close()
 	srv, err := api.New(api.Config{Logger: slog.New(slog.DiscardHandler)}, postgres.NewLedgerStore(pool, postgres.LedgerConfig{}))
 	if err != nil {

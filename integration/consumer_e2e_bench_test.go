@@ -91,11 +91,7 @@ func startE2EPath(b *testing.B, ctx context.Context) *e2ePath {
 	b.Helper()
 	brokers := benchKfake(b, kfakebroker.DefaultPartitions)
 	ledgerURL, _ := pgtest.Ledger(b)
-	apiPool, err := postgres.Connect(ctx, ledgerURL, 16)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(apiPool.Close)
+	apiPool := pgtest.Pool(b, ledgerURL, 16)
 	srv, err := api.New(api.Config{Logger: relayQuietLog}, postgres.NewLedgerStore(apiPool, postgres.LedgerConfig{}))
 	if err != nil {
 		b.Fatal(err)
@@ -109,11 +105,7 @@ func startE2EPath(b *testing.B, ctx context.Context) *e2ePath {
 	go func() { apiDone <- srv.Serve(apiCtx, ln) }()
 	b.Cleanup(func() { stopAPI(); <-apiDone })
 
-	relayPool, err := postgres.Connect(ctx, ledgerURL, 4)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(relayPool.Close)
+	relayPool := pgtest.Pool(b, ledgerURL, 4)
 	sink, err := kafka.New(kafka.Config{Brokers: brokers})
 	if err != nil {
 		b.Fatal(err)
@@ -128,7 +120,7 @@ func startE2EPath(b *testing.B, ctx context.Context) *e2ePath {
 	}
 	b.Cleanup(func() { r.Stop(ctx); sink.Close() })
 
-	pool := benchPool(b, ctx)
+	pool := benchPool(b)
 	clock := &effectClock{seen: map[string]map[string]time.Time{}, broker: map[string]time.Time{}}
 	reg := newRegistry(b, pool, 30*time.Second, consumers.Config{Logger: relayQuietLog,
 		Subscribers: func(consumer string) (message.Subscriber, error) {

@@ -120,17 +120,7 @@ func kfakeTransport(t *testing.T) consumerTransport {
 func smallConsumerPool(t *testing.T) *pgxpool.Pool {
 	t.Helper()
 	url, _ := pgtest.Consumer(t)
-	cfg, err := postgres.ParseConfig(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.MaxConns = 8
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	return pool
+	return pgtest.SmallPool(t, url, 8)
 }
 
 // consumerRig is one running instance of the example consumers (and

@@ -136,11 +136,7 @@ func TestOpsKitMetricsAreExposedByRunningComponents(t *testing.T) {
 		t.Fatal(err)
 	}
 	admin.Close(cctx)
-	cdcPool, err := postgres.Connect(cctx, cdcOwnerURL, 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cdcPool.Close()
+	cdcPool := pgtest.Pool(t, cdcOwnerURL, 2)
 	if err := postgres.NewCDCSource(cdcPool).EnsurePublication(cctx, "posthorn_outbox"); err != nil {
 		t.Fatal(err)
 	}

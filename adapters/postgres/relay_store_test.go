@@ -219,11 +219,7 @@ func TestOutboxPendingMigrationKeepsTheBacklog(t *testing.T) {
 	if err := postgres.MigrateToForTest(ctx, dsn, postgres.LedgerSchema, 4); err != nil {
 		t.Fatal(err)
 	}
-	pool, err := postgres.Connect(ctx, dsn, 4)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool := pgtest.Pool(t, dsn, 4)
 	insert := func(account string, rev int, relayed bool) int64 {
 		t.Helper()
 		var id int64

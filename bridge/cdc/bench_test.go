@@ -136,17 +136,9 @@ func benchMode(b *testing.B, c *pgcluster.Cluster, mode string) modeResult {
 	if _, err := setup.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_stat_statements`); err != nil {
 		b.Fatal(err)
 	}
-	relayPool, err := postgres.Connect(ctx, c.URL(db)+"&application_name="+postgres.RelayApplicationName, 8)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer relayPool.Close()
+	relayPool := pgtest.Pool(b, c.URL(db)+"&application_name="+postgres.RelayApplicationName, 8)
 	writerURL := fmt.Sprintf("postgres://%s@127.0.0.1:%d/%s?sslmode=disable", benchWriterRole, c.Port(), db)
-	writer, err := postgres.Connect(ctx, writerURL, 16)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer writer.Close()
+	writer := pgtest.Pool(b, writerURL, 16)
 
 	sink := &ackTimes{Sink: memory.New(memory.Config{}), acked: map[string]time.Time{}}
 	defer sink.Close()

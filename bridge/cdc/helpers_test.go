@@ -20,6 +20,7 @@ import (
 	"github.com/posthorn/posthorn/adapters/memory"
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/pgcluster"
+	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/bridge/cdc"
 	"github.com/posthorn/posthorn/core"
@@ -92,12 +93,7 @@ func ledgerDB(t testing.TB, c *pgcluster.Cluster) *pgxpool.Pool {
 	if err := postgres.Migrate(ctx, url, postgres.LedgerSchema); err != nil {
 		t.Fatal(err)
 	}
-	pool, err := postgres.Connect(ctx, url, 16)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	return pool
+	return pgtest.Pool(t, url, 16)
 }
 
 // fixture is one ledger database in a logical cluster, a memory sink, and

@@ -97,11 +97,7 @@ func TestCheckNamesReplicationAttribute(t *testing.T) {
 		t.Fatal(err)
 	}
 	url := fmt.Sprintf("postgres://%s@127.0.0.1:%d/%s?sslmode=disable", role, f.cluster.Port(), f.pool.Config().ConnConfig.Database)
-	pool, err := postgres.Connect(ctx, url, 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool := pgtest.Pool(t, url, 2)
 	r, err := cdc.New(postgres.NewRelayStore(pool), postgres.NewCDCSource(pool), nil, cdc.Config{})
 	if err != nil {
 		t.Fatal(err)

@@ -82,12 +82,38 @@ func migrated(t testing.TB, s postgres.Schema) (string, *pgxpool.Pool) {
 	if err := postgres.Migrate(ctx, dsn, s); err != nil {
 		t.Fatalf("pgtest: %v", err)
 	}
-	pool, err := postgres.Connect(ctx, dsn, 16)
+	return dsn, Pool(t, dsn, 16)
+}
+
+// Pool opens postgres.Connect's pool of at least conns connections on url,
+// closed when the test ends.
+func Pool(t testing.TB, url string, conns int32) *pgxpool.Pool {
+	t.Helper()
+	pool, err := postgres.Connect(context.Background(), url, conns)
 	if err != nil {
 		t.Fatalf("pgtest: %v", err)
 	}
 	t.Cleanup(pool.Close)
-	return dsn, pool
+	return pool
+}
+
+// SmallPool opens a pool of at most conns connections on url, closed when
+// the test ends, so that many parallel tests on the shared server stay
+// under its max_connections. It does not check that the server answers:
+// a test may open it for a role the server refuses.
+func SmallPool(t testing.TB, url string, conns int32) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := postgres.ParseConfig(url)
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	cfg.MaxConns = conns
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
 }
 
 // LedgerState fingerprints the ledger's tables: the row count of each, plus
@@ -152,10 +178,5 @@ func LogicalLedger(t testing.TB, opts pgcluster.Options, conns int32) (*pgcluste
 	if err := postgres.Migrate(ctx, url, postgres.LedgerSchema); err != nil {
 		t.Fatalf("pgtest: %v", err)
 	}
-	pool, err := postgres.Connect(ctx, url, conns)
-	if err != nil {
-		t.Fatalf("pgtest: %v", err)
-	}
-	t.Cleanup(pool.Close)
-	return c, url, pool
+	return c, url, Pool(t, url, conns)
 }

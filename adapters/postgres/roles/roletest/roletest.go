@@ -71,17 +71,7 @@ func Login(t testing.TB, dbURL string, group postgres.Role, password string) str
 // Pool opens a small pool on u, closed when the test ends.
 func Pool(t testing.TB, u string) *pgxpool.Pool {
 	t.Helper()
-	cfg, err := postgres.ParseConfig(u)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.MaxConns = 4
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatalf("roletest: %v", err)
-	}
-	t.Cleanup(pool.Close)
-	return pool
+	return pgtest.SmallPool(t, u, 4)
 }
 
 // Denied reports whether err is PostgreSQL's insufficient_privilege (42501).
