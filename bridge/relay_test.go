@@ -124,25 +124,13 @@ func checkOrder(t *testing.T, got []core.Envelope, dups bool) map[string]int64 {
 func TestEveryCommittedEventNoneRolledBack(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, memory.Config{})
-	ctx := context.Background()
 	var committed []bridgetest.Posted
 	for i := range 60 {
 		committed = append(committed, bridgetest.MustPost(t, f.pool, fmt.Sprintf("acc-%d", i%13), fmt.Sprintf("acc-%d", (i+5)%13))...)
 	}
 	rolledBack := map[string]bool{}
 	for i := range 10 {
-		tx, err := f.pool.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ps, err := bridgetest.Post(ctx, tx, fmt.Sprintf("acc-%d", i))
-		if err != nil {
-			t.Fatal(err)
-		}
-		rolledBack[ps[0].EventID] = true
-		if err := tx.Rollback(ctx); err != nil {
-			t.Fatal(err)
-		}
+		rolledBack[bridgetest.MustRollBack(t, f.pool, fmt.Sprintf("acc-%d", i))[0].EventID] = true
 	}
 	r := f.start("relay-a", nil)
 	// Rows committed while the relay runs are found by its poll (bridgetest
@@ -475,17 +463,7 @@ func TestParkedAccountDoesNotStopOthers(t *testing.T) {
 	ctx := context.Background()
 	// acc-bad's first record is too large for the sink; its second is fine
 	// but must wait behind the first.
-	err := pgx.BeginFunc(ctx, f.pool, func(tx pgx.Tx) error {
-		rev, err := bridgetest.Lock(ctx, tx, "acc-bad")
-		if err != nil {
-			return err
-		}
-		_, err = bridgetest.Insert(ctx, tx, "acc-bad", rev, make([]byte, 4096))
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	bridgetest.MustPostPayload(t, f.pool, "acc-bad", make([]byte, 4096))
 	bridgetest.MustPost(t, f.pool, "acc-bad")
 	var good []bridgetest.Posted
 	for i := range 50 {

@@ -280,15 +280,7 @@ func recordTooLargeParksOnlyItsAccount(t *testing.T, exactlyOnce bool) {
 	_, pool := pgtest.Ledger(t)
 	b := startRelayBroker(t)
 	ctx := context.Background()
-	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		rev, err := bridgetest.Lock(ctx, tx, "acc-huge")
-		if err == nil {
-			_, err = bridgetest.Insert(ctx, tx, "acc-huge", rev, make([]byte, 2<<20))
-		}
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
+	bridgetest.MustPostPayload(t, pool, "acc-huge", make([]byte, 2<<20))
 	bridgetest.MustPost(t, pool, "acc-huge")
 	var good []bridgetest.Posted
 	for i := range 30 {

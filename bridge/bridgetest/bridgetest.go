@@ -84,6 +84,47 @@ func MustPost(t testing.TB, pool *pgxpool.Pool, accounts ...string) []Posted {
 	return out
 }
 
+// MustPostPayload commits one transaction with one event of account that
+// carries payload instead of the small JSON one: a record the sink may
+// refuse for its size.
+func MustPostPayload(t testing.TB, pool *pgxpool.Pool, account string, payload []byte) Posted {
+	t.Helper()
+	ctx := context.Background()
+	var p Posted
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		rev, err := Lock(ctx, tx, account)
+		if err != nil {
+			return err
+		}
+		p, err = Insert(ctx, tx, account, rev, payload)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("post %s: %v", account, err)
+	}
+	return p
+}
+
+// MustRollBack writes one event per account as Post does and rolls the
+// transaction back: events that exist in no snapshot and must never reach
+// a sink.
+func MustRollBack(t testing.TB, pool *pgxpool.Pool, accounts ...string) []Posted {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps, err := Post(ctx, tx, accounts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return ps
+}
+
 // Fill writes perAccount events for each of n accounts (acc-<prefix>-<i>) in
 // one INSERT … SELECT generate_series statement, revisions 1..perAccount,
 // ids in revision order per account: a backlog for benchmarks.

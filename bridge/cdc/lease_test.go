@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/posthorn/posthorn/adapters/memory"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/bridge/cdc"
@@ -69,18 +67,7 @@ func TestParkedAccountIsHeldAndSentInOrderAfterRelease(t *testing.T) {
 	r := f.start("relay-a", nil)
 	f.waitStreaming()
 	posted := bridgetest.MustPost(t, f.pool, "acc-bad", "acc-ok")
-	var bad bridgetest.Posted
-	err := pgx.BeginFunc(ctx, f.pool, func(tx pgx.Tx) error {
-		rev, err := bridgetest.Lock(ctx, tx, "acc-bad")
-		if err != nil {
-			return err
-		}
-		bad, err = bridgetest.Insert(ctx, tx, "acc-bad", rev, make([]byte, 2000))
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	bad := bridgetest.MustPostPayload(t, f.pool, "acc-bad", make([]byte, 2000))
 	posted = append(posted, bad)
 	held := bridgetest.MustPost(t, f.pool, "acc-bad")
 	posted = append(posted, held...)

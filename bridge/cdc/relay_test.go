@@ -23,7 +23,6 @@ import (
 func TestDeliversEveryCommittedEventInOrderUnderLoad(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, nil)
-	ctx := context.Background()
 	var backlog []bridgetest.Posted
 	for i := range 30 {
 		backlog = append(backlog, bridgetest.MustPost(t, f.pool, fmt.Sprintf("acc-%d", i%7), fmt.Sprintf("acc-%d", (i+3)%7))...)
@@ -33,18 +32,7 @@ func TestDeliversEveryCommittedEventInOrderUnderLoad(t *testing.T) {
 	w := startWriters(t, f.pool, 4, 25, 0)
 	rolledBack := map[string]bool{}
 	for i := range 20 {
-		tx, err := f.pool.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ps, err := bridgetest.Post(ctx, tx, fmt.Sprintf("acc-rb-%d", i))
-		if err != nil {
-			t.Fatal(err)
-		}
-		rolledBack[ps[0].EventID] = true
-		if err := tx.Rollback(ctx); err != nil {
-			t.Fatal(err)
-		}
+		rolledBack[bridgetest.MustRollBack(t, f.pool, fmt.Sprintf("acc-rb-%d", i))[0].EventID] = true
 	}
 	bridgetest.WaitFor(t, 30*time.Second, "2,000 events under load", func() bool { return w.count() >= 2000 })
 	posted := append(backlog, w.finish(t)...)
