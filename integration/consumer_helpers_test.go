@@ -281,15 +281,7 @@ func probeHandler(ctx context.Context, tx pgx.Tx, e core.Envelope) error {
 
 func probeOrder(t *testing.T, pool *pgxpool.Pool, account string) []int64 {
 	t.Helper()
-	rows, err := pool.Query(context.Background(), `SELECT revision FROM probe_applied WHERE account = $1 ORDER BY n`, account)
-	if err != nil {
-		t.Fatal(err)
-	}
-	revs, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-	if err != nil {
-		t.Fatal(err)
-	}
-	return revs
+	return pgtest.Column[int64](t, pool, `SELECT revision FROM probe_applied WHERE account = $1 ORDER BY n`, account)
 }
 
 // posted builds the ledger.account.posted event of one account revision.

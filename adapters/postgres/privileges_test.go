@@ -356,15 +356,8 @@ func TestRolesSQLNamesEveryTable(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		rows, err := pool.Query(context.Background(), `SELECT relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		names := pgtest.Column[string](t, pool, `SELECT relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname = 'public' AND c.relkind IN ('r', 'S', 'p')`)
-		if err != nil {
-			t.Fatal(err)
-		}
-		names, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			t.Fatal(err)
-		}
 		if len(names) < 4 {
 			t.Fatalf("%s: found only %v", schema, names)
 		}

@@ -337,14 +337,7 @@ WHERE r.rolname <> $1 AND d.datname = $2`, benchWriterRole, db).Scan(&calls, &ou
 // relayCPU returns utime+stime (clock ticks) of each backend of the relay's
 // sessions (application_name posthorn-relay, the WAL sender included).
 func relayCPU(b *testing.B, probe *pgxpool.Pool) map[int]float64 {
-	rows, err := probe.Query(context.Background(), `SELECT pid FROM pg_stat_activity WHERE application_name = $1`, postgres.RelayApplicationName)
-	if err != nil {
-		b.Fatal(err)
-	}
-	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
-	if err != nil {
-		b.Fatal(err)
-	}
+	pids := pgtest.Column[int32](b, probe, `SELECT pid FROM pg_stat_activity WHERE application_name = $1`, postgres.RelayApplicationName)
 	out := map[int]float64{}
 	for _, pid := range pids {
 		raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))

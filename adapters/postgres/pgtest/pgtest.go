@@ -116,6 +116,21 @@ func SmallPool(t testing.TB, url string, conns int32) *pgxpool.Pool {
 	return pool
 }
 
+// Column returns the first column of every row query returns on pool, in
+// the order returned, failing t on any error.
+func Column[T any](t testing.TB, pool *pgxpool.Pool, query string, args ...any) []T {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), query, args...)
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	vals, err := pgx.CollectRows(rows, pgx.RowTo[T])
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	return vals
+}
+
 // LedgerState fingerprints the ledger's tables: the row count of each, plus
 // the sum of account revisions and of balances, so a test can prove that a
 // refused request left no trace. Tables another migration may add are
