@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -99,12 +98,7 @@ func TestRelayKafkaLeadershipMoves(t *testing.T) {
 				return
 			default:
 			}
-			var p []bridgetest.Posted
-			err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-				var err error
-				p, err = bridgetest.Post(ctx, tx, fmt.Sprintf("acc-live-%d", i%23), fmt.Sprintf("acc-live-%d", (i+7)%23))
-				return err
-			})
+			p, err := bridgetest.Commit(ctx, pool, fmt.Sprintf("acc-live-%d", i%23), fmt.Sprintf("acc-live-%d", (i+7)%23))
 			if err != nil {
 				t.Errorf("post: %v", err)
 				return

@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -69,15 +70,22 @@ func Post(ctx context.Context, tx pgx.Tx, accounts ...string) ([]Posted, error) 
 	return out, nil
 }
 
+// Commit commits one transaction with one event per account; a load
+// generator moves on when it fails (a deadlock victim, say).
+func Commit(ctx context.Context, pool *pgxpool.Pool, accounts ...string) ([]Posted, error) {
+	var out []Posted
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		var err error
+		out, err = Post(ctx, tx, accounts...)
+		return err
+	})
+	return out, err
+}
+
 // MustPost commits one transaction with one event per account.
 func MustPost(t testing.TB, pool *pgxpool.Pool, accounts ...string) []Posted {
 	t.Helper()
-	var out []Posted
-	err := pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {
-		var err error
-		out, err = Post(context.Background(), tx, accounts...)
-		return err
-	})
+	out, err := Commit(context.Background(), pool, accounts...)
 	if err != nil {
 		t.Fatalf("post %v: %v", accounts, err)
 	}
@@ -171,6 +179,52 @@ func Unrelayed(t testing.TB, pool *pgxpool.Pool) int {
 		t.Fatalf("count unrelayed: %v", err)
 	}
 	return n
+}
+
+// AckTimes wraps a sink and records when it first ACKed each event ID: the
+// far end of the commit-to-ACK latency the relay benchmarks report.
+type AckTimes struct {
+	core.Sink
+	mu    sync.Mutex
+	acked map[string]time.Time
+}
+
+// NewAckTimes wraps s.
+func NewAckTimes(s core.Sink) *AckTimes {
+	return &AckTimes{Sink: s, acked: map[string]time.Time{}}
+}
+
+// Publish publishes through the wrapped sink and, when it ACKs, records
+// the time for each event ID not ACKed before.
+func (s *AckTimes) Publish(ctx context.Context, batch []core.Envelope) error {
+	err := s.Sink.Publish(ctx, batch)
+	if err != nil {
+		return err
+	}
+	s.Record(batch)
+	return nil
+}
+
+// Record records now as the ACK time of each event ID in batch not ACKed
+// before: for a sink whose ACK is another call than Publish (an
+// exactly-once sink's PublishShard, say).
+func (s *AckTimes) Record(batch []core.Envelope) {
+	now := time.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, e := range batch {
+		if _, ok := s.acked[e.EventID]; !ok {
+			s.acked[e.EventID] = now
+		}
+	}
+}
+
+// Acked returns when the event ID was first ACKed, and whether it was.
+func (s *AckTimes) Acked(id string) (time.Time, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	at, ok := s.acked[id]
+	return at, ok
 }
 
 // Relay is a relay of either mode as a test starts and stops it.

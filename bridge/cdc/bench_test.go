@@ -23,7 +23,6 @@ import (
 	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/bridge/cdc"
-	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/internal/syncbuf"
 )
 
@@ -34,29 +33,6 @@ const (
 	benchIdlePeriod = 5 * time.Second
 	benchWriterRole = "bench_writer"
 )
-
-// ackTimes wraps a sink and records when each event ID was first ACKed.
-type ackTimes struct {
-	core.Sink
-	mu    sync.Mutex
-	acked map[string]time.Time
-}
-
-func (s *ackTimes) Publish(ctx context.Context, batch []core.Envelope) error {
-	err := s.Sink.Publish(ctx, batch)
-	if err != nil {
-		return err
-	}
-	now := time.Now()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, e := range batch {
-		if _, ok := s.acked[e.EventID]; !ok {
-			s.acked[e.EventID] = now
-		}
-	}
-	return nil
-}
 
 // dbWork is what the relay cost the database over a period: statements
 // run by the relay's role (pg_stat_statements), those naming the outbox,
@@ -140,7 +116,7 @@ func benchMode(b *testing.B, c *pgcluster.Cluster, mode string) modeResult {
 	writerURL := fmt.Sprintf("postgres://%s@127.0.0.1:%d/%s?sslmode=disable", benchWriterRole, c.Port(), db)
 	writer := pgtest.Pool(b, writerURL, 16)
 
-	sink := &ackTimes{Sink: memory.New(memory.Config{}), acked: map[string]time.Time{}}
+	sink := bridgetest.NewAckTimes(memory.New(memory.Config{}))
 	defer sink.Close()
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	if os.Getenv("POSTHORN_BENCH_LOG") != "" {
@@ -214,12 +190,7 @@ func benchMode(b *testing.B, c *pgcluster.Cluster, mode string) modeResult {
 					case <-tokens:
 					}
 					a, bb := fmt.Sprintf("acc-%d", (g*131+i*7)%1000), fmt.Sprintf("acc-%d", (g*131+i*7+500)%1000)
-					var ps []bridgetest.Posted
-					err := pgx.BeginFunc(ctx, writer, func(tx pgx.Tx) error {
-						var err error
-						ps, err = bridgetest.Post(ctx, tx, a, bb)
-						return err
-					})
+					ps, err := bridgetest.Commit(ctx, writer, a, bb)
 					now := time.Now()
 					if err != nil {
 						continue // a deadlock victim; the load generator moves on
@@ -256,14 +227,12 @@ func benchMode(b *testing.B, c *pgcluster.Cluster, mode string) modeResult {
 	res.loaded = measureWork(b, writer, db, benchLoadPeriod, load)
 	res.postingsPerSec = float64(postings) / benchLoadPeriod.Seconds()
 	waitNoneUnrelayed(b, writer, time.Minute)
-	sink.mu.Lock()
 	lat := make([]time.Duration, 0, len(committed))
 	for id, t := range committed {
-		if a, ok := sink.acked[id]; ok {
+		if a, ok := sink.Acked(id); ok {
 			lat = append(lat, max(a.Sub(t), 0))
 		}
 	}
-	sink.mu.Unlock()
 	if len(lat) != len(committed) {
 		b.Fatalf("%s: %d of %d events ACKed", mode, len(lat), len(committed))
 	}

@@ -279,12 +279,7 @@ func startWriters(t *testing.T, pool *pgxpool.Pool, n, accounts int, pause time.
 				if a == b {
 					b = fmt.Sprintf("acc-%d", (g*13+i*3+2)%accounts)
 				}
-				var ps []bridgetest.Posted
-				err := pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {
-					var err error
-					ps, err = bridgetest.Post(context.Background(), tx, a, b)
-					return err
-				})
+				ps, err := bridgetest.Commit(context.Background(), pool, a, b)
 				if err != nil {
 					if strings.Contains(err.Error(), "deadlock") {
 						continue
