@@ -97,15 +97,9 @@ func relayBacklog(b *testing.B, ctx context.Context, brokers []string, prefix st
 		b.Fatal(err)
 	}
 	defer sink.Close()
-	r, err := bridge.New(postgres.NewRelayStore(pool), sink, bridge.Config{
+	r := startRelay(b, pool, sink, bridge.Config{
 		Owner: "bench", SinkName: "kafka", Logger: relayQuietLog, Registerer: prometheus.NewRegistry(), StatsInterval: time.Minute,
 	})
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := r.Start(ctx); err != nil {
-		b.Fatal(err)
-	}
 	defer r.Stop(ctx)
 	bridgetest.WaitFor(b, 3*time.Minute, "the relay to drain the backlog", func() bool { return bridgetest.Unrelayed(b, pool) == 0 })
 }

@@ -110,14 +110,8 @@ func startE2EPath(b *testing.B, ctx context.Context) *e2ePath {
 	if err != nil {
 		b.Fatal(err)
 	}
-	r, err := bridge.New(postgres.NewRelayStore(relayPool), sink, bridge.Config{
+	r := startRelay(b, relayPool, sink, bridge.Config{
 		Owner: "e2e", SinkName: "kafka", Logger: relayQuietLog, Registerer: prometheus.NewRegistry()})
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := r.Start(ctx); err != nil {
-		b.Fatal(err)
-	}
 	b.Cleanup(func() { r.Stop(ctx); sink.Close() })
 
 	pool := benchPool(b)

@@ -20,7 +20,6 @@ import (
 
 	"github.com/posthorn/posthorn/adapters/kafka"
 	"github.com/posthorn/posthorn/adapters/kafka/saramacontrol"
-	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
@@ -109,10 +108,7 @@ func benchRelayDrain(b *testing.B, ctx context.Context, newSink func([]string) (
 	reg := prometheus.NewRegistry()
 	cfg := bridge.Config{Owner: "bench", SinkName: "kafka", Logger: relayQuietLog, Registerer: reg, StatsInterval: time.Minute}
 	_, cfg.ExactlyOnce = sink.(bridge.FencedSink)
-	r, err := bridge.New(postgres.NewRelayStore(pool), sink, cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
+	r := newRelay(b, pool, sink, cfg)
 	start := time.Now()
 	if err := r.Start(ctx); err != nil {
 		b.Fatal(err)
@@ -291,13 +287,7 @@ func relayCommitToAck(b *testing.B, exactlyOnce bool) ackLatency {
 		sink = times
 	}
 	defer sink.Close()
-	r, err := bridge.New(postgres.NewRelayStore(pool), sink, bridge.Config{Owner: "bench", SinkName: "kafka", Logger: relayQuietLog, ExactlyOnce: exactlyOnce})
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := r.Start(ctx); err != nil {
-		b.Fatal(err)
-	}
+	r := startRelay(b, pool, sink, bridge.Config{Owner: "bench", SinkName: "kafka", Logger: relayQuietLog, ExactlyOnce: exactlyOnce})
 	defer r.Stop(ctx)
 	bridgetest.MustPost(b, pool, "acc-warmup")
 

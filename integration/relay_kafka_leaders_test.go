@@ -16,7 +16,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/posthorn/posthorn/adapters/kafka"
-	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
@@ -73,16 +72,10 @@ func TestRelayKafkaLeadershipMoves(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sink.Close()
-	r, err := bridge.New(postgres.NewRelayStore(pool), sink, bridge.Config{
+	r := startRelay(t, pool, sink, bridge.Config{
 		Owner: "leaders", SinkName: "kafka", Logger: relayQuietLog, Registerer: prometheus.NewRegistry(),
 		BatchSize: 1000, RetryInitial: 20 * time.Millisecond, RetryMax: 300 * time.Millisecond,
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := r.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
 	defer r.Stop(ctx)
 
 	// Live postings beside the backlog, on accounts of their own.

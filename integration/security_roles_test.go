@@ -80,16 +80,10 @@ func TestSecurityEveryComponentUnderItsRole(t *testing.T) {
 	}
 
 	// Relay as posthorn_relay.
-	rel, err := bridge.New(postgres.NewRelayStore(relayPool), sink, bridge.Config{
+	rel := startRelay(t, relayPool, sink, bridge.Config{
 		Owner: "roles-relay", PollInterval: 50 * time.Millisecond, LeaseTTL: 5 * time.Second,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := rel.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
 	bridgetest.WaitFor(t, opsWait, "outbox relayed by posthorn_relay", func() bool { return bridgetest.Unrelayed(t, ledgerOwner) == 0 })
 	stopCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
