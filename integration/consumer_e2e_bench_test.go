@@ -18,6 +18,7 @@ import (
 	"github.com/posthorn/posthorn/adapters/kfakebroker"
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
+	"github.com/posthorn/posthorn/adapters/sinktest"
 	"github.com/posthorn/posthorn/api"
 	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/consumers"
@@ -106,13 +107,10 @@ func startE2EPath(b *testing.B, ctx context.Context) *e2ePath {
 	b.Cleanup(func() { stopAPI(); <-apiDone })
 
 	relayPool := pgtest.Pool(b, ledgerURL, 4)
-	sink, err := kafka.New(kafka.Config{Brokers: brokers})
-	if err != nil {
-		b.Fatal(err)
-	}
+	sink := sinktest.Open(b, kafka.New, kafka.Config{Brokers: brokers})
 	r := startRelay(b, relayPool, sink, bridge.Config{
 		Owner: "e2e", SinkName: "kafka", Logger: relayQuietLog, Registerer: prometheus.NewRegistry()})
-	b.Cleanup(func() { r.Stop(ctx); sink.Close() })
+	b.Cleanup(func() { r.Stop(ctx) }) // runs before the sink closes: cleanups run last registered first
 
 	pool := benchPool(b)
 	clock := &effectClock{seen: map[string]map[string]time.Time{}, broker: map[string]time.Time{}}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/posthorn/posthorn/adapters/kafka"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
+	"github.com/posthorn/posthorn/adapters/sinktest"
 	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/core"
@@ -67,11 +68,7 @@ func TestRelayKafkaLeadershipMoves(t *testing.T) {
 	if err := bridgetest.Fill(ctx, pool, "lead", 1000, 60); err != nil {
 		t.Fatal(err)
 	}
-	sink, err := kafka.New(kafka.Config{Brokers: cluster.ListenAddrs()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sink.Close()
+	sink := sinktest.Open(t, kafka.New, kafka.Config{Brokers: cluster.ListenAddrs()})
 	r := startRelay(t, pool, sink, bridge.Config{
 		Owner: "leaders", SinkName: "kafka", Logger: relayQuietLog, Registerer: prometheus.NewRegistry(),
 		BatchSize: 1000, RetryInitial: 20 * time.Millisecond, RetryMax: 300 * time.Millisecond,
