@@ -86,10 +86,8 @@ func TestOpsKitMetricsAreExposedByRunningComponents(t *testing.T) {
 	logDir := t.TempDir()
 
 	// Polling relay and consumers over kfake.
-	ledgerURL, ledgerOwner := pgtest.Ledger(t)
-	consumerURL, consumerOwner := pgtest.Consumer(t)
-	roletest.Apply(t, ledgerURL, postgres.LedgerSchema)
-	roletest.Apply(t, consumerURL, postgres.ConsumerSchema)
+	ledgerURL, ledgerOwner := roletest.Ledger(t)
+	consumerURL, consumerOwner := roletest.Consumer(t)
 	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, core.TopicEvents), kfake.AllowAutoTopicCreation())
 	if err != nil {
 		t.Fatal(err)

@@ -40,18 +40,16 @@ import (
 func TestSecurityEveryComponentUnderItsRole(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	ledgerURL, ledgerOwner := pgtest.Ledger(t)
-	consumerURL, consumerOwner := pgtest.Consumer(t)
-	roletest.Apply(t, ledgerURL, postgres.LedgerSchema)
-	roletest.Apply(t, consumerURL, postgres.ConsumerSchema)
+	ledgerURL, ledgerOwner := roletest.Ledger(t)
+	consumerURL, consumerOwner := roletest.Consumer(t)
 	as := func(url string, r postgres.Role) *postgres.OpsStore {
-		return postgres.NewOpsStore(roletest.Pool(t, roletest.Login(t, url, r, "")))
+		return postgres.NewOpsStore(roletest.As(t, url, r))
 	}
-	apiPool := roletest.Pool(t, roletest.Login(t, ledgerURL, postgres.RoleAPI, ""))
-	relayPool := roletest.Pool(t, roletest.Login(t, ledgerURL, postgres.RoleRelay, ""))
-	consPool := roletest.Pool(t, roletest.Login(t, consumerURL, postgres.RoleConsumer, ""))
+	apiPool := roletest.As(t, ledgerURL, postgres.RoleAPI)
+	relayPool := roletest.As(t, ledgerURL, postgres.RoleRelay)
+	consPool := roletest.As(t, consumerURL, postgres.RoleConsumer)
 	reconciler := as(ledgerURL, postgres.RoleReconciler)
-	recInbox := postgres.NewInbox(roletest.Pool(t, roletest.Login(t, consumerURL, postgres.RoleReconciler, "")))
+	recInbox := postgres.NewInbox(roletest.As(t, consumerURL, postgres.RoleReconciler))
 	maintainer := as(ledgerURL, postgres.RoleMaintainer)
 	relayOps := postgres.NewOpsStore(relayPool)
 
