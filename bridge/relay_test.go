@@ -83,17 +83,7 @@ func (f *fixture) start(owner string, mod func(*bridge.Config)) relayHandle {
 }
 
 // delivered returns the envelopes the sink holds on ledger.events, in order.
-func (f *fixture) delivered() []core.Envelope {
-	var out []core.Envelope
-	for _, m := range f.sink.Records(core.TopicEvents) {
-		e, err := core.EnvelopeFromMessage(m)
-		if err != nil {
-			f.t.Fatalf("delivered record: %v", err)
-		}
-		out = append(out, e)
-	}
-	return out
-}
+func (f *fixture) delivered() []core.Envelope { return bridgetest.Delivered(f.t, f.sink) }
 
 func (f *fixture) waitDelivered(n int) []core.Envelope {
 	f.t.Helper()
@@ -101,24 +91,6 @@ func (f *fixture) waitDelivered(n int) []core.Envelope {
 		return len(f.sink.Records(core.TopicEvents)) >= n
 	})
 	return f.delivered()
-}
-
-// checkOrder fails on any revision that is not the account's next one
-// (repeats of the last seen or earlier revisions are allowed when dups is
-// true: at-least-once).
-func checkOrder(t *testing.T, got []core.Envelope, dups bool) map[string]int64 {
-	t.Helper()
-	last := map[string]int64{}
-	for _, e := range got {
-		switch {
-		case e.Revision == last[e.AggregateID]+1:
-			last[e.AggregateID] = e.Revision
-		case dups && e.Revision <= last[e.AggregateID]:
-		default:
-			t.Fatalf("%s: revision %d delivered after %d", e.AggregateID, e.Revision, last[e.AggregateID])
-		}
-	}
-	return last
 }
 
 func TestEveryCommittedEventNoneRolledBack(t *testing.T) {
@@ -155,7 +127,7 @@ func TestEveryCommittedEventNoneRolledBack(t *testing.T) {
 			t.Fatalf("committed event %s (%s r%d) not delivered", p.EventID, p.Account, p.Revision)
 		}
 	}
-	checkOrder(t, got, false)
+	bridgetest.CheckOrder(t, got, false)
 	if n := promtest.Value(t, r.reg, "posthorn_relay_published_total"); n != float64(len(committed)) {
 		t.Errorf("posthorn_relay_published_total = %v, want %d", n, len(committed))
 	}
@@ -350,7 +322,7 @@ func TestCrashAfterAckBeforeMarkerResends(t *testing.T) {
 			t.Fatalf("event %s sent %d times, want 2 (once before the crash, once after)", p.EventID, count[p.EventID])
 		}
 	}
-	checkOrder(t, got, true)
+	bridgetest.CheckOrder(t, got, true)
 }
 
 func leaseOwners(t *testing.T, store *postgres.RelayStore) map[string]int {
@@ -430,7 +402,7 @@ func TestTwoRelaysShareShardsAndTakeOverAStalledOne(t *testing.T) {
 			t.Fatalf("event %s not delivered", p.EventID)
 		}
 	}
-	checkOrder(t, f.delivered(), true)
+	bridgetest.CheckOrder(t, f.delivered(), true)
 }
 
 func TestStaleOwnersMarkerIsFenced(t *testing.T) {
@@ -528,7 +500,7 @@ func TestSinkOutageRetriesAndRecovers(t *testing.T) {
 	f.sink.SetDown(false)
 	got := f.waitDelivered(len(first) + len(posted))
 	bridgetest.WaitFor(t, 10*time.Second, "markers", func() bool { return bridgetest.Unrelayed(t, f.pool) == 0 })
-	checkOrder(t, got, false)
+	bridgetest.CheckOrder(t, got, false)
 }
 
 func TestStopReleasesLeases(t *testing.T) {

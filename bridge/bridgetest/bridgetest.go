@@ -1,7 +1,9 @@
 // Package bridgetest writes outbox rows the way the ledger's write path
 // does, for the relay's tests and benchmarks: each row is inserted after its
 // account's row lock is taken in the same transaction (the invariant the
-// relay's ordering rests on), with the account's next revision.
+// relay's ordering rests on), with the account's next revision. It also
+// reads back what a relay delivered and checks it kept each account's
+// order.
 package bridgetest
 
 import (
@@ -16,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/posthorn/posthorn/adapters/memory"
 	"github.com/posthorn/posthorn/core"
 )
 
@@ -225,6 +228,39 @@ func (s *AckTimes) Acked(id string) (time.Time, bool) {
 	defer s.mu.Unlock()
 	at, ok := s.acked[id]
 	return at, ok
+}
+
+// Delivered decodes the records sink holds on ledger.events, in the order
+// they were published.
+func Delivered(t testing.TB, sink *memory.Sink) []core.Envelope {
+	t.Helper()
+	var out []core.Envelope
+	for _, m := range sink.Records(core.TopicEvents) {
+		e, err := core.EnvelopeFromMessage(m)
+		if err != nil {
+			t.Fatalf("delivered record: %v", err)
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+// CheckOrder fails on any revision that is not the account's next one;
+// repeats of the last seen or earlier revisions are allowed when dups is
+// true (at-least-once). It returns each account's last revision.
+func CheckOrder(t testing.TB, got []core.Envelope, dups bool) map[string]int64 {
+	t.Helper()
+	last := map[string]int64{}
+	for _, e := range got {
+		switch {
+		case e.Revision == last[e.AggregateID]+1:
+			last[e.AggregateID] = e.Revision
+		case dups && e.Revision <= last[e.AggregateID]:
+		default:
+			t.Fatalf("%s: revision %d delivered after %d", e.AggregateID, e.Revision, last[e.AggregateID])
+		}
+	}
+	return last
 }
 
 // Relay is a relay of either mode as a test starts and stops it.

@@ -173,17 +173,7 @@ func (f *fixture) waitStreaming(n ...int) {
 	})
 }
 
-func (f *fixture) delivered() []core.Envelope {
-	var out []core.Envelope
-	for _, m := range f.sink.Records(core.TopicEvents) {
-		e, err := core.EnvelopeFromMessage(m)
-		if err != nil {
-			f.t.Fatalf("delivered record: %v", err)
-		}
-		out = append(out, e)
-	}
-	return out
-}
+func (f *fixture) delivered() []core.Envelope { return bridgetest.Delivered(f.t, f.sink) }
 
 // waitAllDelivered waits until every posted event is in the sink and
 // marked.
@@ -221,22 +211,6 @@ func (f *fixture) missing(posted []bridgetest.Posted) []bridgetest.Posted {
 		}
 	}
 	return out
-}
-
-// checkOrder fails on a revision delivered before its predecessor; repeats
-// of earlier revisions are allowed when dups is true (at-least-once).
-func checkOrder(t *testing.T, got []core.Envelope, dups bool) {
-	t.Helper()
-	last := map[string]int64{}
-	for _, e := range got {
-		switch {
-		case e.Revision == last[e.AggregateID]+1:
-			last[e.AggregateID] = e.Revision
-		case dups && e.Revision <= last[e.AggregateID]:
-		default:
-			t.Fatalf("%s: revision %d delivered after %d", e.AggregateID, e.Revision, last[e.AggregateID])
-		}
-	}
 }
 
 // repeats counts event IDs delivered more than once.

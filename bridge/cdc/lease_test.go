@@ -45,7 +45,7 @@ func TestStalledReaderIsReplacedByStandby(t *testing.T) {
 	bridgetest.WaitFor(t, 30*time.Second, "400 events", func() bool { return w.count() >= 400 })
 	posted := w.finish(t)
 	got := f.waitAllDelivered(posted, 60*time.Second)
-	checkOrder(t, got, true)
+	bridgetest.CheckOrder(t, got, true)
 	if n := promtest.Value(t, b.reg, "posthorn_relay_lease_takeovers_total"); n < 1 {
 		t.Errorf("takeovers by b = %v, want at least 1", n)
 	}
@@ -92,7 +92,7 @@ func TestParkedAccountIsHeldAndSentInOrderAfterRelease(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := f.waitAllDelivered(append(posted, others...), 30*time.Second)
-	checkOrder(t, got, false)
+	bridgetest.CheckOrder(t, got, false)
 	if n := promtest.Value(t, r.reg, "posthorn_relay_parked_aggregates"); n > 1 {
 		t.Errorf("parked gauge %v", n)
 	}
@@ -118,7 +118,7 @@ func TestSoftStopHandsOverWithoutLossOrRepeat(t *testing.T) {
 	bridgetest.WaitFor(t, 30*time.Second, "600 more events", func() bool { return w.count() >= 900 })
 	posted := w.finish(t)
 	got := f.waitAllDelivered(posted, 60*time.Second)
-	checkOrder(t, got, false)
+	bridgetest.CheckOrder(t, got, false)
 	if len(got) != len(posted) {
 		t.Fatalf("%d records for %d events: %d repeated across a soft stop", len(got), len(posted), repeats(got))
 	}

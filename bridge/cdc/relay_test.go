@@ -45,7 +45,7 @@ func TestDeliversEveryCommittedEventInOrderUnderLoad(t *testing.T) {
 	if len(got) != len(posted) {
 		t.Fatalf("delivered %d records for %d committed events (%d repeats)", len(got), len(posted), repeats(got))
 	}
-	checkOrder(t, got, false)
+	bridgetest.CheckOrder(t, got, false)
 	if n := promtest.Value(t, r.reg, "posthorn_relay_published_total"); n != float64(len(posted)) {
 		t.Errorf("posthorn_relay_published_total = %v, want %d", n, len(posted))
 	}
@@ -172,7 +172,7 @@ func TestCrashBetweenAckAndConfirmRepeatsNothingLost(t *testing.T) {
 			bridgetest.WaitFor(t, 30*time.Second, "1,000 events", func() bool { return w.count() >= 1000 })
 			posted := w.finish(t)
 			got := f.waitAllDelivered(posted, 60*time.Second)
-			checkOrder(t, got, true)
+			bridgetest.CheckOrder(t, got, true)
 			if n := promtest.Value(t, b.reg, "posthorn_relay_lease_takeovers_total"); n < 1 {
 				t.Errorf("takeovers by b = %v, want at least 1", n)
 			}
