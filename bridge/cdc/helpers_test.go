@@ -213,6 +213,17 @@ func (f *fixture) missing(posted []bridgetest.Posted) []bridgetest.Posted {
 	return out
 }
 
+// lostOnce waits until newest, committed after the rest of posted, is
+// delivered, and returns the events of posted the sink still lacks then:
+// what a negative control lost.
+func (f *fixture) lostOnce(newest bridgetest.Posted, what string, posted []bridgetest.Posted) []bridgetest.Posted {
+	f.t.Helper()
+	bridgetest.WaitFor(f.t, 30*time.Second, what, func() bool {
+		return len(f.missing([]bridgetest.Posted{newest})) == 0
+	})
+	return f.missing(posted)
+}
+
 // repeats counts event IDs delivered more than once.
 func repeats(got []core.Envelope) int {
 	seen := map[string]int{}
