@@ -298,6 +298,23 @@ func posted(run, account string, rev int64, currency string, delta int64) *messa
 	}.ToMessage()
 }
 
+// postedRun is posted for accounts accounts (prefix-0, prefix-1, …) at
+// revisions 1 to revisions, every account's revision r before any
+// revision r+1, account a's revision rev moving its currency balance by
+// delta(a, rev); want is the balance each account ends at.
+func postedRun(run, prefix, currency string, accounts int, revisions int64, delta func(a int, rev int64) int64) (msgs []*message.Message, want map[string]int64) {
+	want = map[string]int64{}
+	for rev := int64(1); rev <= revisions; rev++ {
+		for a := range accounts {
+			acc := fmt.Sprintf("%s-%d", prefix, a)
+			d := delta(a, rev)
+			want[acc] += d
+			msgs = append(msgs, posted(run, acc, rev, currency, d))
+		}
+	}
+	return msgs, want
+}
+
 // waitFor polls cond until it holds or the deadline passes.
 func waitFor(t *testing.T, what string, d time.Duration, cond func() (bool, string)) {
 	t.Helper()
