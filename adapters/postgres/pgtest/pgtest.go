@@ -1,6 +1,7 @@
 // Package pgtest gives each test a fresh, migrated database on the Postgres
 // server named by POSTHORN_TEST_DATABASE_URL (default: the local server with
-// trust auth), dropped when the test ends.
+// trust auth), dropped when the test ends, and the pools and reads tests
+// open on such databases, each closed when its test ends.
 package pgtest
 
 import (
@@ -99,8 +100,8 @@ func Pool(t testing.TB, url string, conns int32) *pgxpool.Pool {
 
 // SmallPool opens a pool of at most conns connections on url, closed when
 // the test ends, so that many parallel tests on the shared server stay
-// under its max_connections. It does not check that the server answers:
-// a test may open it for a role the server refuses.
+// under its max_connections. Unlike Pool it does not ping: it connects on
+// first use, as pgxpool does.
 func SmallPool(t testing.TB, url string, conns int32) *pgxpool.Pool {
 	t.Helper()
 	cfg, err := postgres.ParseConfig(url)
