@@ -112,9 +112,20 @@ func benchMode(b *testing.B, c *pgcluster.Cluster, mode string) modeResult {
 	if _, err := setup.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_stat_statements`); err != nil {
 		b.Fatal(err)
 	}
-	relayPool := pgtest.Pool(b, c.URL(db)+"&application_name="+postgres.RelayApplicationName, 8)
+	// Both pools close when this mode ends, not with the benchmark: the
+	// next mode's relay CPU is read from every posthorn-relay backend, and
+	// each iteration's pools would add up towards max_connections.
+	relayPool, err := postgres.Connect(ctx, c.URL(db)+"&application_name="+postgres.RelayApplicationName, 8)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer relayPool.Close()
 	writerURL := fmt.Sprintf("postgres://%s@127.0.0.1:%d/%s?sslmode=disable", benchWriterRole, c.Port(), db)
-	writer := pgtest.Pool(b, writerURL, 16)
+	writer, err := postgres.Connect(ctx, writerURL, 16)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer writer.Close()
 
 	sink := bridgetest.NewAckTimes(memory.New(memory.Config{}))
 	defer sink.Close()
