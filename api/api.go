@@ -308,15 +308,25 @@ func (s *Server) handleGetPosting(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p, err := s.store.Posting(r.Context(), id)
-	switch {
-	case errors.Is(err, core.ErrNotFound):
-		s.problem(w, r, http.StatusNotFound, "not-found", "Not Found", "journal_id", fmt.Sprintf("no posting with journal_id %q", id))
-		return
-	case err != nil:
-		s.internal(w, r, "read posting", err)
+	if s.readFailed(w, r, err, "journal_id", fmt.Sprintf("no posting with journal_id %q", id), "read posting") {
 		return
 	}
 	writeJSON(w, http.StatusOK, p)
+}
+
+// readFailed answers a failed read of the store, if err is one, and
+// reports whether it did: 404 naming field with detail when the store has
+// no such thing (core.ErrNotFound), 500 for anything else, logged as what.
+func (s *Server) readFailed(w http.ResponseWriter, r *http.Request, err error, field, detail, what string) bool {
+	switch {
+	case errors.Is(err, core.ErrNotFound):
+		s.problem(w, r, http.StatusNotFound, "not-found", "Not Found", field, detail)
+	case err != nil:
+		s.internal(w, r, what, err)
+	default:
+		return false
+	}
+	return true
 }
 
 // accountBody is the GET /v1/accounts/{account} answer; balances are
@@ -335,12 +345,7 @@ func (s *Server) handleGetAccount(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	acc, err := s.store.Account(r.Context(), id)
-	switch {
-	case errors.Is(err, core.ErrNotFound):
-		s.problem(w, r, http.StatusNotFound, "not-found", "Not Found", "account", fmt.Sprintf("no account %q", id))
-		return
-	case err != nil:
-		s.internal(w, r, "read account", err)
+	if s.readFailed(w, r, err, "account", fmt.Sprintf("no account %q", id), "read account") {
 		return
 	}
 	body := accountBody{Account: acc.ID, Balances: make(map[string]string, len(acc.Balances)), Revision: acc.Revision}

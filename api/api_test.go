@@ -21,6 +21,7 @@ import (
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/api"
+	"github.com/posthorn/posthorn/internal/syncbuf"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -30,34 +31,16 @@ const (
 	tokenB = "token-bbbbbbbbbbbbbbbb"
 )
 
-// syncBuffer collects log output written from handler goroutines.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 type env struct {
 	url  string
 	pool *pgxpool.Pool
-	logs *syncBuffer
+	logs *syncbuf.Buffer // written from handler goroutines
 }
 
 func newEnv(t *testing.T, tokens ...string) env {
 	t.Helper()
 	_, pool := pgtest.Ledger(t)
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	srv, err := api.New(api.Config{Tokens: tokens, Logger: slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))},
 		postgres.NewLedgerStore(pool, postgres.LedgerConfig{}))
 	if err != nil {
@@ -385,10 +368,7 @@ func TestHealthAndReadiness(t *testing.T) {
 	}
 	// A closed pool cannot answer: not ready, while still healthy.
 	dsn := pgtest.NewDatabase(t)
-	pool, err := postgres.Connect(context.Background(), dsn, 2)
-	if err != nil {
-		t.Fatal(err)
-	}
+	pool := pgtest.Pool(t, dsn, 2)
 	pool.Close()
 	srv, err := api.New(api.Config{Logger: slog.New(slog.DiscardHandler)}, postgres.NewLedgerStore(pool, postgres.LedgerConfig{}))
 	if err != nil {

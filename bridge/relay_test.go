@@ -83,17 +83,7 @@ func (f *fixture) start(owner string, mod func(*bridge.Config)) relayHandle {
 }
 
 // delivered returns the envelopes the sink holds on ledger.events, in order.
-func (f *fixture) delivered() []core.Envelope {
-	var out []core.Envelope
-	for _, m := range f.sink.Records(core.TopicEvents) {
-		e, err := core.EnvelopeFromMessage(m)
-		if err != nil {
-			f.t.Fatalf("delivered record: %v", err)
-		}
-		out = append(out, e)
-	}
-	return out
-}
+func (f *fixture) delivered() []core.Envelope { return bridgetest.Delivered(f.t, f.sink) }
 
 func (f *fixture) waitDelivered(n int) []core.Envelope {
 	f.t.Helper()
@@ -103,46 +93,16 @@ func (f *fixture) waitDelivered(n int) []core.Envelope {
 	return f.delivered()
 }
 
-// checkOrder fails on any revision that is not the account's next one
-// (repeats of the last seen or earlier revisions are allowed when dups is
-// true: at-least-once).
-func checkOrder(t *testing.T, got []core.Envelope, dups bool) map[string]int64 {
-	t.Helper()
-	last := map[string]int64{}
-	for _, e := range got {
-		switch {
-		case e.Revision == last[e.AggregateID]+1:
-			last[e.AggregateID] = e.Revision
-		case dups && e.Revision <= last[e.AggregateID]:
-		default:
-			t.Fatalf("%s: revision %d delivered after %d", e.AggregateID, e.Revision, last[e.AggregateID])
-		}
-	}
-	return last
-}
-
 func TestEveryCommittedEventNoneRolledBack(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, memory.Config{})
-	ctx := context.Background()
 	var committed []bridgetest.Posted
 	for i := range 60 {
 		committed = append(committed, bridgetest.MustPost(t, f.pool, fmt.Sprintf("acc-%d", i%13), fmt.Sprintf("acc-%d", (i+5)%13))...)
 	}
 	rolledBack := map[string]bool{}
 	for i := range 10 {
-		tx, err := f.pool.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ps, err := bridgetest.Post(ctx, tx, fmt.Sprintf("acc-%d", i))
-		if err != nil {
-			t.Fatal(err)
-		}
-		rolledBack[ps[0].EventID] = true
-		if err := tx.Rollback(ctx); err != nil {
-			t.Fatal(err)
-		}
+		rolledBack[bridgetest.MustRollBack(t, f.pool, fmt.Sprintf("acc-%d", i))[0].EventID] = true
 	}
 	r := f.start("relay-a", nil)
 	// Rows committed while the relay runs are found by its poll (bridgetest
@@ -167,7 +127,7 @@ func TestEveryCommittedEventNoneRolledBack(t *testing.T) {
 			t.Fatalf("committed event %s (%s r%d) not delivered", p.EventID, p.Account, p.Revision)
 		}
 	}
-	checkOrder(t, got, false)
+	bridgetest.CheckOrder(t, got, false)
 	if n := promtest.Value(t, r.reg, "posthorn_relay_published_total"); n != float64(len(committed)) {
 		t.Errorf("posthorn_relay_published_total = %v, want %d", n, len(committed))
 	}
@@ -362,7 +322,7 @@ func TestCrashAfterAckBeforeMarkerResends(t *testing.T) {
 			t.Fatalf("event %s sent %d times, want 2 (once before the crash, once after)", p.EventID, count[p.EventID])
 		}
 	}
-	checkOrder(t, got, true)
+	bridgetest.CheckOrder(t, got, true)
 }
 
 func leaseOwners(t *testing.T, store *postgres.RelayStore) map[string]int {
@@ -442,7 +402,7 @@ func TestTwoRelaysShareShardsAndTakeOverAStalledOne(t *testing.T) {
 			t.Fatalf("event %s not delivered", p.EventID)
 		}
 	}
-	checkOrder(t, f.delivered(), true)
+	bridgetest.CheckOrder(t, f.delivered(), true)
 }
 
 func TestStaleOwnersMarkerIsFenced(t *testing.T) {
@@ -475,17 +435,7 @@ func TestParkedAccountDoesNotStopOthers(t *testing.T) {
 	ctx := context.Background()
 	// acc-bad's first record is too large for the sink; its second is fine
 	// but must wait behind the first.
-	err := pgx.BeginFunc(ctx, f.pool, func(tx pgx.Tx) error {
-		rev, err := bridgetest.Lock(ctx, tx, "acc-bad")
-		if err != nil {
-			return err
-		}
-		_, err = bridgetest.Insert(ctx, tx, "acc-bad", rev, make([]byte, 4096))
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	bridgetest.MustPostPayload(t, f.pool, "acc-bad", make([]byte, 4096))
 	bridgetest.MustPost(t, f.pool, "acc-bad")
 	var good []bridgetest.Posted
 	for i := range 50 {
@@ -550,7 +500,7 @@ func TestSinkOutageRetriesAndRecovers(t *testing.T) {
 	f.sink.SetDown(false)
 	got := f.waitDelivered(len(first) + len(posted))
 	bridgetest.WaitFor(t, 10*time.Second, "markers", func() bool { return bridgetest.Unrelayed(t, f.pool) == 0 })
-	checkOrder(t, got, false)
+	bridgetest.CheckOrder(t, got, false)
 }
 
 func TestStopReleasesLeases(t *testing.T) {

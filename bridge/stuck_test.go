@@ -130,7 +130,7 @@ func TestStuckRetryableRecordParksItsAggregateOnly(t *testing.T) {
 		t.Fatal(err)
 	}
 	bridgetest.WaitFor(t, 30*time.Second, "released acc-stuck relayed", func() bool { return bridgetest.Unrelayed(t, f.pool) == 0 })
-	checkOrder(t, f.delivered(), false)
+	bridgetest.CheckOrder(t, f.delivered(), false)
 }
 
 // The negative control: with the retry-park bounds off (the old

@@ -24,11 +24,30 @@ func writeFile(t *testing.T, body string) string {
 	return p
 }
 
-func TestDefaultsAreValid(t *testing.T) {
-	cfg, err := Load("", []string{}, nil)
+// loadEnv is Load with no file, only env as the environment (not the
+// process's) and no flags, failing t when it refuses.
+func loadEnv(t *testing.T, env ...string) Config {
+	t.Helper()
+	cfg, err := Load("", append([]string{}, env...), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return cfg
+}
+
+// refusedNamingKey checks that each environment entry alone (the map's key)
+// makes Load refuse with an error that names its config key (the value).
+func refusedNamingKey(t *testing.T, cases map[string]string) {
+	t.Helper()
+	for env, key := range cases {
+		if _, err := Load("", []string{env}, nil); err == nil || !strings.Contains(err.Error(), key) {
+			t.Errorf("%s: %v, want an error naming %s", env, err, key)
+		}
+	}
+}
+
+func TestDefaultsAreValid(t *testing.T) {
+	cfg := loadEnv(t)
 	if cfg.API.Listen != "127.0.0.1:8080" || cfg.Relay.Mode != "polling" || cfg.Sink.Kind != "kafka" {
 		t.Fatalf("unexpected defaults: %+v", cfg)
 	}
@@ -142,14 +161,11 @@ func TestRequireNamesTheKey(t *testing.T) {
 
 func TestSecretsNeverInErrorsOrRedactedConfig(t *testing.T) {
 	const secret = "s3cr3t-pa55word"
-	cfg, err := Load("", []string{
-		"POSTHORN_DATABASE__URL=postgres://app:" + secret + "@db:5432/ledger?sslmode=disable",
-		"POSTHORN_CONSUMER__DATABASE__URL=host=db user=app password=" + secret + " dbname=c",
-		"POSTHORN_API__TOKENS=" + secret + "-and-more-token",
-	}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg := loadEnv(t,
+		"POSTHORN_DATABASE__URL=postgres://app:"+secret+"@db:5432/ledger?sslmode=disable",
+		"POSTHORN_CONSUMER__DATABASE__URL=host=db user=app password="+secret+" dbname=c",
+		"POSTHORN_API__TOKENS="+secret+"-and-more-token",
+	)
 	r := cfg.Redacted()
 	for _, s := range []string{r.Database.URL, r.Consumer.Database.URL, strings.Join(r.API.Tokens, ",")} {
 		if strings.Contains(s, secret) {
@@ -160,7 +176,7 @@ func TestSecretsNeverInErrorsOrRedactedConfig(t *testing.T) {
 		t.Fatalf("redaction mangled the URL: %s", r.Database.URL)
 	}
 	// A validation error about a secret-bearing key must not echo it.
-	_, err = Load("", []string{"POSTHORN_DATABASE__URL=mysql://app:" + secret + "@db/x"}, nil)
+	_, err := Load("", []string{"POSTHORN_DATABASE__URL=mysql://app:" + secret + "@db/x"}, nil)
 	if err == nil || strings.Contains(err.Error(), secret) {
 		t.Fatalf("error leaks or is missing: %v", err)
 	}

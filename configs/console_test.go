@@ -13,10 +13,7 @@ import (
 // checked like api.tokens, read from a file, and redacted.
 func TestConsoleKeys(t *testing.T) {
 	t.Parallel()
-	cfg, err := Load("", []string{}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg := loadEnv(t)
 	if cfg.Console.Listen != "127.0.0.1:8090" || cfg.Console.Token != "" {
 		t.Fatalf("defaults: %+v", cfg.Console)
 	}
@@ -37,10 +34,7 @@ func TestConsoleKeys(t *testing.T) {
 	if err := os.WriteFile(path, []byte(secret+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err = Load("", []string{"POSTHORN_CONSOLE__TOKEN=file:" + path}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg = loadEnv(t, "POSTHORN_CONSOLE__TOKEN=file:"+path)
 	if cfg.Console.Token != secret {
 		t.Fatalf("token from file: %q", cfg.Console.Token)
 	}

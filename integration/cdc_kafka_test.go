@@ -17,6 +17,7 @@ import (
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/pgcluster"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
+	"github.com/posthorn/posthorn/adapters/sinktest"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/bridge/cdc"
 	"github.com/posthorn/posthorn/core"
@@ -39,12 +40,7 @@ func startCDCRelay(t *testing.T, pool *pgxpool.Pool, brokers []string, owner str
 	if eo {
 		sink = newExactlyOnceSink(t, brokers)
 	} else {
-		ks, err := kafka.New(kafka.Config{Brokers: brokers})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = ks.Close() })
-		sink = ks
+		sink = sinktest.Open(t, kafka.New, kafka.Config{Brokers: brokers})
 	}
 	r, err := cdc.New(postgres.NewRelayStore(pool), postgres.NewCDCSource(pool), sink, cdc.Config{
 		Owner: owner, SinkName: "kafka", LeaseTTL: 2 * time.Second, ExactlyOnce: eo,

@@ -97,15 +97,9 @@ func relayBacklog(b *testing.B, ctx context.Context, brokers []string, prefix st
 		b.Fatal(err)
 	}
 	defer sink.Close()
-	r, err := bridge.New(postgres.NewRelayStore(pool), sink, bridge.Config{
+	r := startRelay(b, pool, sink, bridge.Config{
 		Owner: "bench", SinkName: "kafka", Logger: relayQuietLog, Registerer: prometheus.NewRegistry(), StatsInterval: time.Minute,
 	})
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := r.Start(ctx); err != nil {
-		b.Fatal(err)
-	}
 	defer r.Stop(ctx)
 	bridgetest.WaitFor(b, 3*time.Minute, "the relay to drain the backlog", func() bool { return bridgetest.Unrelayed(b, pool) == 0 })
 }
@@ -133,15 +127,10 @@ func (c *applyClock) rate(events int) float64 {
 }
 
 // benchPool is the consumer database as `posthorn consume` opens it.
-func benchPool(b *testing.B, ctx context.Context) *pgxpool.Pool {
+func benchPool(b *testing.B) *pgxpool.Pool {
 	b.Helper()
 	url, _ := pgtest.Consumer(b)
-	pool, err := postgres.Connect(ctx, url, 8)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(pool.Close)
-	return pool
+	return pgtest.Pool(b, url, 8)
 }
 
 // benchRun is how benchConsumers reads and applies.
@@ -155,7 +144,7 @@ type benchRun struct {
 // has applied events, and returns each one's rate.
 func benchConsumers(b *testing.B, ctx context.Context, run string, names []string, events int, how benchRun) map[string]float64 {
 	b.Helper()
-	pool := benchPool(b, ctx)
+	pool := benchPool(b)
 	reg := newRegistry(b, pool, 30*time.Second, consumers.Config{
 		Subscribers: func(consumer string) (message.Subscriber, error) {
 			return how.subscriber(consumer + "-bench-" + run)
@@ -222,7 +211,7 @@ func benchConsumers(b *testing.B, ctx context.Context, run string, names []strin
 // stock path a team would write).
 func benchPlainHandler(b *testing.B, ctx context.Context, run string, events int, subscriber func(group string) (message.Subscriber, error)) float64 {
 	b.Helper()
-	pool := benchPool(b, ctx)
+	pool := benchPool(b)
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, watermill.NopLogger{})
 	if err != nil {
 		b.Fatal(err)

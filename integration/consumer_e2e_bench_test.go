@@ -18,6 +18,7 @@ import (
 	"github.com/posthorn/posthorn/adapters/kfakebroker"
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
+	"github.com/posthorn/posthorn/adapters/sinktest"
 	"github.com/posthorn/posthorn/api"
 	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/consumers"
@@ -91,11 +92,7 @@ func startE2EPath(b *testing.B, ctx context.Context) *e2ePath {
 	b.Helper()
 	brokers := benchKfake(b, kfakebroker.DefaultPartitions)
 	ledgerURL, _ := pgtest.Ledger(b)
-	apiPool, err := postgres.Connect(ctx, ledgerURL, 16)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(apiPool.Close)
+	apiPool := pgtest.Pool(b, ledgerURL, 16)
 	srv, err := api.New(api.Config{Logger: relayQuietLog}, postgres.NewLedgerStore(apiPool, postgres.LedgerConfig{}))
 	if err != nil {
 		b.Fatal(err)
@@ -109,26 +106,13 @@ func startE2EPath(b *testing.B, ctx context.Context) *e2ePath {
 	go func() { apiDone <- srv.Serve(apiCtx, ln) }()
 	b.Cleanup(func() { stopAPI(); <-apiDone })
 
-	relayPool, err := postgres.Connect(ctx, ledgerURL, 4)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(relayPool.Close)
-	sink, err := kafka.New(kafka.Config{Brokers: brokers})
-	if err != nil {
-		b.Fatal(err)
-	}
-	r, err := bridge.New(postgres.NewRelayStore(relayPool), sink, bridge.Config{
+	relayPool := pgtest.Pool(b, ledgerURL, 4)
+	sink := sinktest.Open(b, kafka.New, kafka.Config{Brokers: brokers})
+	r := startRelay(b, relayPool, sink, bridge.Config{
 		Owner: "e2e", SinkName: "kafka", Logger: relayQuietLog, Registerer: prometheus.NewRegistry()})
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := r.Start(ctx); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { r.Stop(ctx); sink.Close() })
+	b.Cleanup(func() { r.Stop(ctx) }) // runs before the sink closes: cleanups run last registered first
 
-	pool := benchPool(b, ctx)
+	pool := benchPool(b)
 	clock := &effectClock{seen: map[string]map[string]time.Time{}, broker: map[string]time.Time{}}
 	reg := newRegistry(b, pool, 30*time.Second, consumers.Config{Logger: relayQuietLog,
 		Subscribers: func(consumer string) (message.Subscriber, error) {

@@ -120,17 +120,7 @@ func kfakeTransport(t *testing.T) consumerTransport {
 func smallConsumerPool(t *testing.T) *pgxpool.Pool {
 	t.Helper()
 	url, _ := pgtest.Consumer(t)
-	cfg, err := postgres.ParseConfig(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.MaxConns = 8
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	return pool
+	return pgtest.SmallPool(t, url, 8)
 }
 
 // consumerRig is one running instance of the example consumers (and
@@ -291,15 +281,7 @@ func probeHandler(ctx context.Context, tx pgx.Tx, e core.Envelope) error {
 
 func probeOrder(t *testing.T, pool *pgxpool.Pool, account string) []int64 {
 	t.Helper()
-	rows, err := pool.Query(context.Background(), `SELECT revision FROM probe_applied WHERE account = $1 ORDER BY n`, account)
-	if err != nil {
-		t.Fatal(err)
-	}
-	revs, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-	if err != nil {
-		t.Fatal(err)
-	}
-	return revs
+	return pgtest.Column[int64](t, pool, `SELECT revision FROM probe_applied WHERE account = $1 ORDER BY n`, account)
 }
 
 // posted builds the ledger.account.posted event of one account revision.
@@ -314,6 +296,23 @@ func posted(run, account string, rev int64, currency string, delta int64) *messa
 		AggregateType: core.AggregateAccount, AggregateID: account, Revision: rev, JournalID: p.JournalID,
 		OccurredAt: p.PostedAt, Payload: payload,
 	}.ToMessage()
+}
+
+// postedRun is posted for accounts accounts (prefix-0, prefix-1, …) at
+// revisions 1 to revisions, every account's revision r before any
+// revision r+1, account a's revision rev moving its currency balance by
+// delta(a, rev); want is the balance each account ends at.
+func postedRun(run, prefix, currency string, accounts int, revisions int64, delta func(a int, rev int64) int64) (msgs []*message.Message, want map[string]int64) {
+	want = map[string]int64{}
+	for rev := int64(1); rev <= revisions; rev++ {
+		for a := range accounts {
+			acc := fmt.Sprintf("%s-%d", prefix, a)
+			d := delta(a, rev)
+			want[acc] += d
+			msgs = append(msgs, posted(run, acc, rev, currency, d))
+		}
+	}
+	return msgs, want
 }
 
 // waitFor polls cond until it holds or the deadline passes.

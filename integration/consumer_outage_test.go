@@ -1,35 +1,16 @@
 package integration
 
 import (
-	"bytes"
 	"os/exec"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/posthorn/posthorn/adapters/kfakebroker"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
+	"github.com/posthorn/posthorn/internal/syncbuf"
 )
-
-// lockedBuffer collects a child's stderr while the test reads it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // TestConsumeWaitsForBrokerAtStart: `posthorn consume` started while the
 // Kafka broker is down keeps retrying (logged at WARN) instead of exiting,
@@ -41,7 +22,7 @@ func TestConsumeWaitsForBrokerAtStart(t *testing.T) {
 	url, _ := pgtest.Consumer(t)
 	addr := freeAddr(t) // nothing listens: the broker is down
 
-	var stderr lockedBuffer
+	var stderr syncbuf.Buffer // the child writes it while the test reads
 	cmd := exec.Command(bin, "consume")
 	cmd.Env = append(cmd.Environ(), "POSTHORN_CONSUMER__DATABASE__URL="+url,
 		"POSTHORN_SINK__KIND=kafka", "POSTHORN_SINK__KAFKA__BROKERS="+addr)

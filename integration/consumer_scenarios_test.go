@@ -34,19 +34,13 @@ func TestConsumerEveryEventAppliedOnce(t *testing.T) {
 	overTransports(t, func(t *testing.T, tr consumerTransport, pool *pgxpool.Pool) {
 		startConsumer(t, tr, pool, rigOptions{audit: true, probe: true})
 		const accounts, revisions = 5, 20
-		want := map[string]int64{}
-		var msgs []*message.Message
-		for rev := int64(1); rev <= revisions; rev++ {
-			for a := range accounts {
-				acc := fmt.Sprintf("acc-%d", a)
-				delta := rev*10 - int64(a)*7
-				if rev%3 == 0 {
-					delta = -delta
-				}
-				want[acc] += delta
-				msgs = append(msgs, posted("once", acc, rev, "EUR", delta))
+		msgs, want := postedRun("once", "acc", "EUR", accounts, revisions, func(a int, rev int64) int64 {
+			delta := rev*10 - int64(a)*7
+			if rev%3 == 0 {
+				delta = -delta
 			}
-		}
+			return delta
+		})
 		tr.publish(t, msgs...)
 		total := int64(accounts * revisions)
 		waitFor(t, "every event applied by every consumer", waitLong, func() (bool, string) {
@@ -232,15 +226,7 @@ func TestConsumerTwoInstancesRaceOneEffect(t *testing.T) {
 		startConsumer(t, tr, pool, rigOptions{instance: 0, probe: true})
 		startConsumer(t, tr, pool, rigOptions{instance: 1, probe: true})
 		const accounts, revisions = 3, 10
-		var msgs []*message.Message
-		want := map[string]int64{}
-		for rev := int64(1); rev <= revisions; rev++ {
-			for a := range accounts {
-				acc := fmt.Sprintf("race-%d", a)
-				want[acc] += rev
-				msgs = append(msgs, posted("race", acc, rev, "USD", rev))
-			}
-		}
+		msgs, want := postedRun("race", "race", "USD", accounts, revisions, func(_ int, rev int64) int64 { return rev })
 		tr.publish(t, msgs...)
 		total := int64(accounts * revisions)
 		// Both instances receive every event: total applications plus
@@ -328,15 +314,7 @@ func TestConsumerRestartMidStreamAppliesOnce(t *testing.T) {
 	pool := smallConsumerPool(t)
 	first := startConsumer(t, tr, pool, rigOptions{audit: true})
 	const accounts, revisions = 4, 30
-	var msgs []*message.Message
-	want := map[string]int64{}
-	for rev := int64(1); rev <= revisions; rev++ {
-		for a := range accounts {
-			acc := fmt.Sprintf("restart-%d", a)
-			want[acc] += rev * 3
-			msgs = append(msgs, posted("restart", acc, rev, "EUR", rev*3))
-		}
-	}
+	msgs, want := postedRun("restart", "restart", "EUR", accounts, revisions, func(_ int, rev int64) int64 { return rev * 3 })
 	tr.publish(t, msgs...)
 	total := int64(accounts * revisions)
 	waitFor(t, "some events applied before the stop", waitLong, func() (bool, string) {

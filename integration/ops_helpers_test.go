@@ -104,16 +104,10 @@ func (r *opsRig) post(t *testing.T, n int) int {
 // relay runs the bridge until the outbox has no unrelayed row, then stops it.
 func (r *opsRig) relay(t *testing.T, hooks *bridge.Hooks) *bridge.Relay {
 	t.Helper()
-	rel, err := bridge.New(postgres.NewRelayStore(r.ledger), r.sink, bridge.Config{
+	rel := startRelay(t, r.ledger, r.sink, bridge.Config{
 		Owner: fmt.Sprintf("ops-relay-%d", time.Now().UnixNano()), BatchSize: 200, LeaseTTL: time.Second,
 		PollInterval: 50 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Hooks: hooks,
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := rel.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
 	if hooks == nil {
 		bridgetest.WaitFor(t, 60*time.Second, "outbox relayed", func() bool { return bridgetest.Unrelayed(t, r.ledger) == 0 })
 		stopCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

@@ -15,13 +15,11 @@ import (
 	wmsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/components/forwarder"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/posthorn/posthorn/adapters/kafka"
 	"github.com/posthorn/posthorn/adapters/kafka/saramacontrol"
-	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
@@ -110,10 +108,7 @@ func benchRelayDrain(b *testing.B, ctx context.Context, newSink func([]string) (
 	reg := prometheus.NewRegistry()
 	cfg := bridge.Config{Owner: "bench", SinkName: "kafka", Logger: relayQuietLog, Registerer: reg, StatsInterval: time.Minute}
 	_, cfg.ExactlyOnce = sink.(bridge.FencedSink)
-	r, err := bridge.New(postgres.NewRelayStore(pool), sink, cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
+	r := newRelay(b, pool, sink, cfg)
 	start := time.Now()
 	if err := r.Start(ctx); err != nil {
 		b.Fatal(err)
@@ -202,47 +197,18 @@ FROM generate_series(0, $1::int - 1) AS i`, drainEvents, core.TopicEvents); err 
 	return rate
 }
 
-// ackTimes records when each event ID was first ACKed by a sink.
-type ackTimes struct {
-	mu    sync.Mutex
-	acked map[string]time.Time
-}
-
-func (a *ackTimes) record(batch []core.Envelope, err error) {
-	if err != nil {
-		return
-	}
-	now := time.Now()
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	for _, e := range batch {
-		if _, ok := a.acked[e.EventID]; !ok {
-			a.acked[e.EventID] = now
-		}
-	}
-}
-
-// timingSink times the ACKs of a sink's Publish.
-type timingSink struct {
-	core.Sink
-	*ackTimes
-}
-
-func (s timingSink) Publish(ctx context.Context, batch []core.Envelope) error {
-	err := s.Sink.Publish(ctx, batch)
-	s.record(batch, err)
-	return err
-}
-
-// timingFencedSink times the commits of an exactly-once sink.
+// timingFencedSink times the commits of an exactly-once sink: its ACK is
+// PublishShard's transaction commit, recorded in times.
 type timingFencedSink struct {
 	*kafka.ExactlyOnceSink
-	*ackTimes
+	times *bridgetest.AckTimes
 }
 
 func (s timingFencedSink) PublishShard(ctx context.Context, shard int, batch []core.Envelope, ids []int64) error {
 	err := s.ExactlyOnceSink.PublishShard(ctx, shard, batch, ids)
-	s.record(batch, err)
+	if err == nil {
+		s.times.Record(batch)
+	}
 	return err
 }
 
@@ -301,29 +267,27 @@ func relayCommitToAck(b *testing.B, exactlyOnce bool) ackLatency {
 	ctx := context.Background()
 	_, pool := pgtest.Ledger(b)
 	brokers := benchKfake(b, 16)
-	times := &ackTimes{acked: map[string]time.Time{}}
-	var sink core.Sink
+	var (
+		times *bridgetest.AckTimes
+		sink  core.Sink
+	)
 	if exactlyOnce {
 		ks, err := kafka.NewExactlyOnce(kafka.Config{Brokers: brokers})
 		if err != nil {
 			b.Fatal(err)
 		}
+		times = bridgetest.NewAckTimes(ks)
 		sink = timingFencedSink{ks, times}
 	} else {
 		ks, err := kafka.New(kafka.Config{Brokers: brokers})
 		if err != nil {
 			b.Fatal(err)
 		}
-		sink = timingSink{ks, times}
+		times = bridgetest.NewAckTimes(ks)
+		sink = times
 	}
 	defer sink.Close()
-	r, err := bridge.New(postgres.NewRelayStore(pool), sink, bridge.Config{Owner: "bench", SinkName: "kafka", Logger: relayQuietLog, ExactlyOnce: exactlyOnce})
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := r.Start(ctx); err != nil {
-		b.Fatal(err)
-	}
+	r := startRelay(b, pool, sink, bridge.Config{Owner: "bench", SinkName: "kafka", Logger: relayQuietLog, ExactlyOnce: exactlyOnce})
 	defer r.Stop(ctx)
 	bridgetest.MustPost(b, pool, "acc-warmup")
 
@@ -344,12 +308,7 @@ func relayCommitToAck(b *testing.B, exactlyOnce bool) ackLatency {
 				if a == c {
 					continue
 				}
-				var ps []bridgetest.Posted
-				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-					var err error
-					ps, err = bridgetest.Post(ctx, tx, a, c)
-					return err
-				})
+				ps, err := bridgetest.Commit(ctx, pool, a, c)
 				now := time.Now()
 				if err != nil {
 					failures.Add(1)
@@ -380,21 +339,18 @@ func relayCommitToAck(b *testing.B, exactlyOnce bool) ackLatency {
 	bridgetest.WaitFor(b, time.Minute, "every event ACKed", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
-		times.mu.Lock()
-		defer times.mu.Unlock()
 		for id := range committed {
-			if _, ok := times.acked[id]; !ok {
+			if _, ok := times.Acked(id); !ok {
 				return false
 			}
 		}
 		return true
 	})
 	lat := make([]time.Duration, 0, len(committed))
-	times.mu.Lock()
 	for id, c := range committed {
-		lat = append(lat, max(times.acked[id].Sub(c), 0))
+		a, _ := times.Acked(id)
+		lat = append(lat, max(a.Sub(c), 0))
 	}
-	times.mu.Unlock()
 	slices.Sort(lat)
 	postings := len(committed) / 2
 	return ackLatency{rate: float64(postings) / elapsed.Seconds(), postings: postings, events: len(committed), failed: failures.Load(),

@@ -10,7 +10,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/posthorn/posthorn/adapters/kafka/saramacontrol"
-	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
@@ -45,16 +44,10 @@ func brokerKillDrain(t *testing.T, newSink func([]string) (core.Sink, error), ev
 		t.Fatal(err)
 	}
 	defer sink.Close()
-	r, err := bridge.New(postgres.NewRelayStore(pool), sink, bridge.Config{
+	r := startRelay(t, pool, sink, bridge.Config{
 		Owner: "kill-drain", SinkName: "kafka", Logger: relayQuietLog, Registerer: prometheus.NewRegistry(),
 		RetryInitial: 20 * time.Millisecond, RetryMax: 500 * time.Millisecond,
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := r.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
 	defer r.Stop(ctx)
 	pending := func() int {
 		var n int

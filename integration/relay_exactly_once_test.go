@@ -15,6 +15,7 @@ import (
 	"github.com/posthorn/posthorn/adapters/kafka/kafkatest"
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
+	"github.com/posthorn/posthorn/adapters/sinktest"
 	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/bridge/cdc"
@@ -26,13 +27,8 @@ import (
 // with the test relays' short dial and retry timings.
 func newExactlyOnceSink(t *testing.T, brokers []string) *kafka.ExactlyOnceSink {
 	t.Helper()
-	sink, err := kafka.NewExactlyOnce(kafka.Config{Brokers: brokers, ClientOpts: []kgo.Opt{
+	return sinktest.Open(t, kafka.NewExactlyOnce, kafka.Config{Brokers: brokers, ClientOpts: []kgo.Opt{
 		kgo.DialTimeout(time.Second), kgo.RetryBackoffFn(func(int) time.Duration { return 50 * time.Millisecond })}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = sink.Close() })
-	return sink
 }
 
 // ackThenCrash posts events, lets an exactly-once relay crash right after

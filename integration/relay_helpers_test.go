@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -13,6 +14,28 @@ import (
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/core"
 )
+
+// newRelay builds a polling relay with cfg on pool's outbox to sink.
+func newRelay(tb testing.TB, pool *pgxpool.Pool, sink core.Sink, cfg bridge.Config) *bridge.Relay {
+	tb.Helper()
+	r, err := bridge.New(postgres.NewRelayStore(pool), sink, cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return r
+}
+
+// startRelay is newRelay, started. The caller stops it: a benchmark as
+// soon as its measurement ends, so that the relay does not run beside what
+// it measures next.
+func startRelay(tb testing.TB, pool *pgxpool.Pool, sink core.Sink, cfg bridge.Config) *bridge.Relay {
+	tb.Helper()
+	r := newRelay(tb, pool, sink, cfg)
+	if err := r.Start(context.Background()); err != nil {
+		tb.Fatal(err)
+	}
+	return r
+}
 
 // startTestRelay starts a polling relay on pool's outbox to sink with
 // timings short enough for a test (polls of 50 ms, retries from 20 ms up
@@ -31,10 +54,7 @@ func startTestRelay(t *testing.T, pool *pgxpool.Pool, sink core.Sink, owner, sin
 		cfg.Hooks = h
 	}
 	_, cfg.ExactlyOnce = sink.(bridge.FencedSink)
-	r, err := bridge.New(postgres.NewRelayStore(pool), sink, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := newRelay(t, pool, sink, cfg)
 	bridgetest.Start(t, r)
 	return r, reg
 }

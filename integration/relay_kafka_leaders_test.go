@@ -10,15 +10,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/posthorn/posthorn/adapters/kafka"
-	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
+	"github.com/posthorn/posthorn/adapters/sinktest"
 	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/core"
@@ -69,21 +68,11 @@ func TestRelayKafkaLeadershipMoves(t *testing.T) {
 	if err := bridgetest.Fill(ctx, pool, "lead", 1000, 60); err != nil {
 		t.Fatal(err)
 	}
-	sink, err := kafka.New(kafka.Config{Brokers: cluster.ListenAddrs()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sink.Close()
-	r, err := bridge.New(postgres.NewRelayStore(pool), sink, bridge.Config{
+	sink := sinktest.Open(t, kafka.New, kafka.Config{Brokers: cluster.ListenAddrs()})
+	r := startRelay(t, pool, sink, bridge.Config{
 		Owner: "leaders", SinkName: "kafka", Logger: relayQuietLog, Registerer: prometheus.NewRegistry(),
 		BatchSize: 1000, RetryInitial: 20 * time.Millisecond, RetryMax: 300 * time.Millisecond,
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := r.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
 	defer r.Stop(ctx)
 
 	// Live postings beside the backlog, on accounts of their own.
@@ -99,12 +88,7 @@ func TestRelayKafkaLeadershipMoves(t *testing.T) {
 				return
 			default:
 			}
-			var p []bridgetest.Posted
-			err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-				var err error
-				p, err = bridgetest.Post(ctx, tx, fmt.Sprintf("acc-live-%d", i%23), fmt.Sprintf("acc-live-%d", (i+7)%23))
-				return err
-			})
+			p, err := bridgetest.Commit(ctx, pool, fmt.Sprintf("acc-live-%d", i%23), fmt.Sprintf("acc-live-%d", (i+7)%23))
 			if err != nil {
 				t.Errorf("post: %v", err)
 				return

@@ -25,6 +25,7 @@ import (
 	"github.com/posthorn/posthorn/adapters/kafka/kafkatest"
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
+	"github.com/posthorn/posthorn/adapters/sinktest"
 	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/core"
@@ -129,12 +130,8 @@ func (b *relayBroker) recordsHolding(eventIDs []string, d time.Duration) []*kgo.
 
 func startKafkaRelay(t *testing.T, pool *pgxpool.Pool, brokers []string, owner string) (*bridge.Relay, *prometheus.Registry) {
 	t.Helper()
-	sink, err := kafka.New(kafka.Config{Brokers: brokers, ClientOpts: []kgo.Opt{
+	sink := sinktest.Open(t, kafka.New, kafka.Config{Brokers: brokers, ClientOpts: []kgo.Opt{
 		kgo.DialTimeout(time.Second), kgo.RetryBackoffFn(func(int) time.Duration { return 50 * time.Millisecond })}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = sink.Close() })
 	return startTestRelay(t, pool, sink, owner, "kafka")
 }
 
@@ -280,15 +277,7 @@ func recordTooLargeParksOnlyItsAccount(t *testing.T, exactlyOnce bool) {
 	_, pool := pgtest.Ledger(t)
 	b := startRelayBroker(t)
 	ctx := context.Background()
-	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		rev, err := bridgetest.Lock(ctx, tx, "acc-huge")
-		if err == nil {
-			_, err = bridgetest.Insert(ctx, tx, "acc-huge", rev, make([]byte, 2<<20))
-		}
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
+	bridgetest.MustPostPayload(t, pool, "acc-huge", make([]byte, 2<<20))
 	bridgetest.MustPost(t, pool, "acc-huge")
 	var good []bridgetest.Posted
 	for i := range 30 {

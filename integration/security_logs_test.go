@@ -24,7 +24,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/posthorn/posthorn/adapters/postgres"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/adapters/postgres/roles/roletest"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/core"
@@ -103,10 +102,8 @@ func TestSecurityNoSecretInAnyLog(t *testing.T) {
 		"kafka sasl password":  randomSecret("sasl"),
 	}
 
-	ledgerURL, _ := pgtest.Ledger(t)
-	consumerURL, consumerOwner := pgtest.Consumer(t)
-	roletest.Apply(t, ledgerURL, postgres.LedgerSchema)
-	roletest.Apply(t, consumerURL, postgres.ConsumerSchema)
+	ledgerURL, _ := roletest.Ledger(t)
+	consumerURL, consumerOwner := roletest.Consumer(t)
 	apiURL := roletest.Login(t, ledgerURL, postgres.RoleAPI, secrets["api db password"])
 	relayURL := roletest.Login(t, ledgerURL, postgres.RoleRelay, secrets["relay db password"])
 	consURL := roletest.Login(t, consumerURL, postgres.RoleConsumer, secrets["consumer db password"])

@@ -82,15 +82,9 @@ func relayToMemory(t *testing.T, pool *pgxpool.Pool) []wireRecord {
 	t.Helper()
 	sink := memory.New(memory.Config{})
 	defer sink.Close()
-	rel, err := bridge.New(postgres.NewRelayStore(pool), sink, bridge.Config{
+	rel := startRelay(t, pool, sink, bridge.Config{
 		Owner: "md-relay-memory", PollInterval: 50 * time.Millisecond, LeaseTTL: 5 * time.Second, Logger: relayQuietLog,
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := rel.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
 	bridgetest.WaitFor(t, 60*time.Second, "outbox relayed to memory", func() bool { return bridgetest.Unrelayed(t, pool) == 0 })
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

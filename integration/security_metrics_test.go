@@ -86,10 +86,8 @@ func TestOpsKitMetricsAreExposedByRunningComponents(t *testing.T) {
 	logDir := t.TempDir()
 
 	// Polling relay and consumers over kfake.
-	ledgerURL, ledgerOwner := pgtest.Ledger(t)
-	consumerURL, consumerOwner := pgtest.Consumer(t)
-	roletest.Apply(t, ledgerURL, postgres.LedgerSchema)
-	roletest.Apply(t, consumerURL, postgres.ConsumerSchema)
+	ledgerURL, ledgerOwner := roletest.Ledger(t)
+	consumerURL, consumerOwner := roletest.Consumer(t)
 	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, core.TopicEvents), kfake.AllowAutoTopicCreation())
 	if err != nil {
 		t.Fatal(err)
@@ -136,11 +134,7 @@ func TestOpsKitMetricsAreExposedByRunningComponents(t *testing.T) {
 		t.Fatal(err)
 	}
 	admin.Close(cctx)
-	cdcPool, err := postgres.Connect(cctx, cdcOwnerURL, 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cdcPool.Close()
+	cdcPool := pgtest.Pool(t, cdcOwnerURL, 2)
 	if err := postgres.NewCDCSource(cdcPool).EnsurePublication(cctx, "posthorn_outbox"); err != nil {
 		t.Fatal(err)
 	}

@@ -40,18 +40,16 @@ import (
 func TestSecurityEveryComponentUnderItsRole(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	ledgerURL, ledgerOwner := pgtest.Ledger(t)
-	consumerURL, consumerOwner := pgtest.Consumer(t)
-	roletest.Apply(t, ledgerURL, postgres.LedgerSchema)
-	roletest.Apply(t, consumerURL, postgres.ConsumerSchema)
+	ledgerURL, ledgerOwner := roletest.Ledger(t)
+	consumerURL, consumerOwner := roletest.Consumer(t)
 	as := func(url string, r postgres.Role) *postgres.OpsStore {
-		return postgres.NewOpsStore(roletest.Pool(t, roletest.Login(t, url, r, "")))
+		return postgres.NewOpsStore(roletest.As(t, url, r))
 	}
-	apiPool := roletest.Pool(t, roletest.Login(t, ledgerURL, postgres.RoleAPI, ""))
-	relayPool := roletest.Pool(t, roletest.Login(t, ledgerURL, postgres.RoleRelay, ""))
-	consPool := roletest.Pool(t, roletest.Login(t, consumerURL, postgres.RoleConsumer, ""))
+	apiPool := roletest.As(t, ledgerURL, postgres.RoleAPI)
+	relayPool := roletest.As(t, ledgerURL, postgres.RoleRelay)
+	consPool := roletest.As(t, consumerURL, postgres.RoleConsumer)
 	reconciler := as(ledgerURL, postgres.RoleReconciler)
-	recInbox := postgres.NewInbox(roletest.Pool(t, roletest.Login(t, consumerURL, postgres.RoleReconciler, "")))
+	recInbox := postgres.NewInbox(roletest.As(t, consumerURL, postgres.RoleReconciler))
 	maintainer := as(ledgerURL, postgres.RoleMaintainer)
 	relayOps := postgres.NewOpsStore(relayPool)
 
@@ -80,16 +78,10 @@ func TestSecurityEveryComponentUnderItsRole(t *testing.T) {
 	}
 
 	// Relay as posthorn_relay.
-	rel, err := bridge.New(postgres.NewRelayStore(relayPool), sink, bridge.Config{
+	rel := startRelay(t, relayPool, sink, bridge.Config{
 		Owner: "roles-relay", PollInterval: 50 * time.Millisecond, LeaseTTL: 5 * time.Second,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := rel.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
 	bridgetest.WaitFor(t, opsWait, "outbox relayed by posthorn_relay", func() bool { return bridgetest.Unrelayed(t, ledgerOwner) == 0 })
 	stopCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()

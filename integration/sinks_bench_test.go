@@ -15,7 +15,6 @@ import (
 	"github.com/posthorn/posthorn/adapters/brokers"
 	"github.com/posthorn/posthorn/adapters/kafka"
 	"github.com/posthorn/posthorn/adapters/nats/natstest"
-	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/adapters/redisstream/redistest"
 	"github.com/posthorn/posthorn/bridge"
@@ -118,12 +117,9 @@ func benchSinkDrain(b *testing.B, kind string) (drain, publish float64) {
 	}
 	defer sink.Close()
 	clock := &publishClock{Sink: sink}
-	r, err := bridge.New(postgres.NewRelayStore(pool), clock, bridge.Config{
+	r := newRelay(b, pool, clock, bridge.Config{
 		Owner: "bench-" + kind, SinkName: kind, Logger: relayQuietLog, Registerer: prometheus.NewRegistry(), StatsInterval: time.Minute,
 	})
-	if err != nil {
-		b.Fatal(err)
-	}
 	start := time.Now()
 	if err := r.Start(ctx); err != nil {
 		b.Fatal(err)

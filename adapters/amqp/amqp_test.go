@@ -51,13 +51,8 @@ func TestConformance(t *testing.T) {
 		cfg := phamqp.Config{URL: url, Consumers: []string{reader}, MaxPayloadBytes: 1 << 20,
 			CommandOwners: map[string]string{"payouts": reader}}
 		cfg.ExchangePrefix = amqptest.Prefix(t, url, topics, cfg.Consumers)
-		s, err := phamqp.New(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = s.Close() })
 		return sinktest.Harness{
-			Sink:     s,
+			Sink:     sinktest.Open(t, phamqp.New, cfg),
 			Read:     readFunc(cfg),
 			TooLarge: make([]byte, 2<<20),
 			Outage:   outage,
@@ -125,22 +120,14 @@ func TestUnroutableIsNotAnAck(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 
-	bare, err := phamqp.New(phamqp.Config{URL: url, ExchangePrefix: prefix})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer bare.Close()
-	err = bare.Publish(ctx, []core.Envelope{sinktest.Envelope(core.TopicEvents, "acc-x", 1)})
+	bare := sinktest.Open(t, phamqp.New, phamqp.Config{URL: url, ExchangePrefix: prefix})
+	err := bare.Publish(ctx, []core.Envelope{sinktest.Envelope(core.TopicEvents, "acc-x", 1)})
 	var be *core.BatchError
 	if !errors.As(err, &be) || !errors.Is(be.Failed[0], phamqp.ErrUnroutable) || core.IsPermanent(be.Failed[0]) {
 		t.Fatalf("publish to an exchange without queues: %v, want a retryable ErrUnroutable for record 0", err)
 	}
 
-	withQueue, err := phamqp.New(phamqp.Config{URL: url, ExchangePrefix: prefix, Consumers: []string{reader}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer withQueue.Close()
+	withQueue := sinktest.Open(t, phamqp.New, phamqp.Config{URL: url, ExchangePrefix: prefix, Consumers: []string{reader}})
 	if err := withQueue.Publish(ctx, []core.Envelope{sinktest.Envelope(core.TopicEvents, "acc-x", 1)}); err != nil {
 		t.Fatalf("control: publish with the consumer's queue declared: %v", err)
 	}
@@ -157,12 +144,8 @@ func TestCommandExchangeRoutesOnlyToItsOwner(t *testing.T) {
 	prefix := amqptest.Prefix(t, url, []string{core.TopicEvents, "commands.payouts", "commands.billing"}, all)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	s, err := phamqp.New(phamqp.Config{URL: url, ExchangePrefix: prefix, Consumers: consumers,
+	s := sinktest.Open(t, phamqp.New, phamqp.Config{URL: url, ExchangePrefix: prefix, Consumers: consumers,
 		CommandOwners: map[string]string{"payouts": "payouts-worker"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
 	if err := s.Publish(ctx, []core.Envelope{
 		sinktest.Envelope(core.TopicEvents, "acc-x", 1),
 		sinktest.Envelope("commands.payouts", "journal-1", 1),

@@ -28,12 +28,7 @@ func startTxBroker(t *testing.T) []string {
 
 func newExactlyOnce(t *testing.T, addrs []string, prefix string) *kafka.ExactlyOnceSink {
 	t.Helper()
-	s, err := kafka.NewExactlyOnce(kafka.Config{Brokers: addrs, TransactionalIDPrefix: prefix})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
-	return s
+	return sinktest.Open(t, kafka.NewExactlyOnce, kafka.Config{Brokers: addrs, TransactionalIDPrefix: prefix})
 }
 
 func shardBatch(agg string, n int) []core.Envelope {

@@ -47,13 +47,8 @@ func TestConformanceDedicatedServer(t *testing.T) {
 
 func harness(t *testing.T, url string, outage func(*testing.T) func()) sinktest.Harness {
 	cfg := phnats.Config{URL: url, SubjectPrefix: natstest.Prefix(t, url), ConnectTimeout: time.Second}
-	s, err := phnats.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
 	return sinktest.Harness{
-		Sink:     s,
+		Sink:     sinktest.Open(t, phnats.New, cfg),
 		Read:     readFunc(cfg),
 		TooLarge: make([]byte, 2<<20), // over the server's default max_payload of 1 MiB
 		Outage:   outage,
@@ -124,11 +119,7 @@ func deadline(ctx context.Context) time.Time {
 func TestResendWithinDuplicateWindowIsDropped(t *testing.T) {
 	url := natstest.SharedURL()
 	cfg := phnats.Config{URL: url, SubjectPrefix: natstest.Prefix(t, url)}
-	s, err := phnats.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := sinktest.Open(t, phnats.New, cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	e := sinktest.Envelope(core.TopicEvents, "acc-dup", 1)
@@ -156,11 +147,7 @@ func TestResendWithinDuplicateWindowIsDropped(t *testing.T) {
 func TestRelaySizedBatch(t *testing.T) {
 	url := natstest.SharedURL()
 	cfg := phnats.Config{URL: url, SubjectPrefix: natstest.Prefix(t, url)}
-	s, err := phnats.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := sinktest.Open(t, phnats.New, cfg)
 	var batch []core.Envelope
 	for i := 1; i <= 6000; i++ {
 		batch = append(batch, sinktest.Envelope(core.TopicEvents, fmt.Sprintf("acc-%d", i%100), int64(i/100+1)))

@@ -47,17 +47,7 @@ func effects(t *testing.T, pool *pgxpool.Pool) (consumers.Handler, func() []stri
 		_, err := tx.Exec(ctx, `INSERT INTO effects (event_id) VALUES ($1)`, e.EventID)
 		return err
 	}
-	read := func() []string {
-		rows, err := pool.Query(ctx, `SELECT event_id FROM effects ORDER BY n`)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			t.Fatal(err)
-		}
-		return ids
-	}
+	read := func() []string { return pgtest.Column[string](t, pool, `SELECT event_id FROM effects ORDER BY n`) }
 	return apply, read
 }
 

@@ -233,6 +233,26 @@ func randomPosting(r *rand.Rand, n int) core.Posting {
 	return p
 }
 
+// revisionsOf groups the (account, revision) rows query returns by
+// account, each account's revisions in row order.
+func revisionsOf(t *testing.T, pool *pgxpool.Pool, query string) map[string][]int64 {
+	t.Helper()
+	out := map[string][]int64{}
+	rows, _ := pool.Query(context.Background(), query) // a failed query surfaces in rows.Err
+	for rows.Next() {
+		var a string
+		var r int64
+		if err := rows.Scan(&a, &r); err != nil {
+			t.Fatal(err)
+		}
+		out[a] = append(out[a], r)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
 // ledgerViolations lists every broken ledger invariant.
 func ledgerViolations(t *testing.T, pool *pgxpool.Pool, wantJournals int) []string {
 	t.Helper()
@@ -247,49 +267,14 @@ func ledgerViolations(t *testing.T, pool *pgxpool.Pool, wantJournals int) []stri
 	}
 	// Per account: line revisions, outbox revisions in id order, and the
 	// account's own revision.
-	lines := map[string][]int64{}
-	rows, _ := pool.Query(ctx, `SELECT account_id, revision FROM journal_lines ORDER BY account_id, revision`)
-	for rows.Next() {
-		var a string
-		var r int64
-		if err := rows.Scan(&a, &r); err != nil {
-			t.Fatal(err)
-		}
-		lines[a] = append(lines[a], r)
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	events := map[string][]int64{}
-	rows, _ = pool.Query(ctx, `SELECT aggregate_id, revision FROM outbox WHERE kind = 'event' AND aggregate_type = 'account' ORDER BY id`)
-	for rows.Next() {
-		var a string
-		var r int64
-		if err := rows.Scan(&a, &r); err != nil {
-			t.Fatal(err)
-		}
-		events[a] = append(events[a], r)
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	accRev := map[string]int64{}
-	rows, _ = pool.Query(ctx, `SELECT id, revision FROM accounts`)
-	for rows.Next() {
-		var a string
-		var r int64
-		if err := rows.Scan(&a, &r); err != nil {
-			t.Fatal(err)
-		}
-		accRev[a] = r
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
+	lines := revisionsOf(t, pool, `SELECT account_id, revision FROM journal_lines ORDER BY account_id, revision`)
+	events := revisionsOf(t, pool, `SELECT aggregate_id, revision FROM outbox WHERE kind = 'event' AND aggregate_type = 'account' ORDER BY id`)
+	accRev := revisionsOf(t, pool, `SELECT id, revision FROM accounts`) // one row per account
 	if len(accRev) == 0 {
 		t.Fatal("no accounts")
 	}
-	for a, k := range accRev {
+	for a, revs := range accRev {
+		k := revs[0]
 		want := make([]int64, k)
 		for i := range want {
 			want[i] = int64(i + 1)

@@ -33,6 +33,13 @@ func Connect(ctx context.Context, dsn string, minConns int32) (*pgxpool.Pool, er
 	if cfg.MaxConns < minConns {
 		cfg.MaxConns = minConns
 	}
+	return ConnectConfig(ctx, cfg)
+}
+
+// ConnectConfig opens a pool with cfg (from ParseConfig) and checks that the
+// server answers. Its errors name host, port and database, never the
+// password.
+func ConnectConfig(ctx context.Context, cfg *pgxpool.Config) (*pgxpool.Pool, error) {
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("connect to %s:%d/%s: %w", cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Database, err)

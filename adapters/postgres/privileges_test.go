@@ -66,9 +66,8 @@ func samplePosting() core.Posting {
 func TestRolesAPIWritesPostingsButCannotDeleteOrMark(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	url, owner := pgtest.Ledger(t)
-	roletest.Apply(t, url, postgres.LedgerSchema)
-	api := roletest.Pool(t, roletest.Login(t, url, postgres.RoleAPI, ""))
+	url, owner := roletest.Ledger(t)
+	api := roletest.As(t, url, postgres.RoleAPI)
 
 	store := postgres.NewLedgerStore(api, postgres.LedgerConfig{})
 	res, replayed, err := store.Post(ctx, "k-1", samplePosting())
@@ -111,7 +110,7 @@ func TestRolesRelayReadsOutboxButNotJournalLinesOrBalances(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	url, owner := postedLedgerWithRoles(t)
-	relay := roletest.Pool(t, roletest.Login(t, url, postgres.RoleRelay, ""))
+	relay := roletest.As(t, url, postgres.RoleRelay)
 	s := postgres.NewRelayStore(relay)
 
 	// Everything the relay does, under its role.
@@ -179,9 +178,8 @@ VALUES (gen_random_uuid(), 'event', 't', 't', 'account', 'x', 99, 0, '', now())`
 func TestRolesSeeOtherRolesTransactions(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	url, _ := pgtest.Ledger(t)
-	roletest.Apply(t, url, postgres.LedgerSchema)
-	api := roletest.Pool(t, roletest.Login(t, url, postgres.RoleAPI, ""))
+	url, _ := roletest.Ledger(t)
+	api := roletest.As(t, url, postgres.RoleAPI)
 	tx, err := api.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -201,17 +199,17 @@ func TestRolesSeeOtherRolesTransactions(t *testing.T) {
 		}
 		return n == 1
 	}
-	relay := roletest.Pool(t, roletest.Login(t, url, postgres.RoleRelay, ""))
+	relay := roletest.As(t, url, postgres.RoleRelay)
 	if !sees(relay, "xact_start") {
 		t.Error("posthorn_relay does not see the start of the API's open transaction")
 	}
 	if age, err := postgres.NewRelayStore(relay).OldestOpenTransactionAge(ctx); err != nil || age <= 0 {
 		t.Errorf("posthorn_relay: open transaction age %v, %v; want > 0", age, err)
 	}
-	if !sees(roletest.Pool(t, roletest.Login(t, url, postgres.RoleReconciler, "")), "backend_xid") {
+	if !sees(roletest.As(t, url, postgres.RoleReconciler), "backend_xid") {
 		t.Error("posthorn_reconciler does not see the API's transaction ID")
 	}
-	if sees(roletest.Pool(t, roletest.Login(t, url, postgres.RoleConsumer, "")), "xact_start") {
+	if sees(roletest.As(t, url, postgres.RoleConsumer), "xact_start") {
 		t.Error("control: a role without pg_read_all_stats sees another role's xact_start; the grant would prove nothing")
 	}
 }
@@ -220,7 +218,7 @@ func TestRolesReconcilerReadsAndRecordsCoverageOnly(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	url, owner := postedLedgerWithRoles(t)
-	rec := roletest.Pool(t, roletest.Login(t, url, postgres.RoleReconciler, ""))
+	rec := roletest.As(t, url, postgres.RoleReconciler)
 	store := postgres.NewOpsStore(rec)
 	cut, err := store.OpenCut(ctx, ops.CutRequest{Settle: 5 * time.Second})
 	if err != nil {
@@ -254,10 +252,8 @@ func TestRolesReconcilerReadsAndRecordsCoverageOnly(t *testing.T) {
 func TestRolesConsumerOwnsItsInboxAndCannotTouchTheLedger(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	ledgerURL, ledgerOwner := pgtest.Ledger(t)
-	roletest.Apply(t, ledgerURL, postgres.LedgerSchema)
-	consumerURL, consumerOwner := pgtest.Consumer(t)
-	roletest.Apply(t, consumerURL, postgres.ConsumerSchema)
+	ledgerURL, ledgerOwner := roletest.Ledger(t)
+	consumerURL, consumerOwner := roletest.Consumer(t)
 	login := roletest.Login(t, consumerURL, postgres.RoleConsumer, "")
 	cons := roletest.Pool(t, login)
 
@@ -356,15 +352,8 @@ func TestRolesSQLNamesEveryTable(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		rows, err := pool.Query(context.Background(), `SELECT relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		names := pgtest.Column[string](t, pool, `SELECT relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname = 'public' AND c.relkind IN ('r', 'S', 'p')`)
-		if err != nil {
-			t.Fatal(err)
-		}
-		names, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			t.Fatal(err)
-		}
 		if len(names) < 4 {
 			t.Fatalf("%s: found only %v", schema, names)
 		}
@@ -382,9 +371,8 @@ WHERE n.nspname = 'public' AND c.relkind IN ('r', 'S', 'p')`)
 func TestWarnIfSuperuser(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	url, owner := pgtest.Ledger(t)
-	roletest.Apply(t, url, postgres.LedgerSchema)
-	api := roletest.Pool(t, roletest.Login(t, url, postgres.RoleAPI, ""))
+	url, owner := roletest.Ledger(t)
+	api := roletest.As(t, url, postgres.RoleAPI)
 	var buf bytes.Buffer
 	log := slog.New(slog.NewJSONHandler(&buf, nil))
 	postgres.WarnIfSuperuser(ctx, owner, log, "api", postgres.RoleAPI) // pgtest connects as the superuser postgres
@@ -403,8 +391,7 @@ func TestWarnIfSuperuser(t *testing.T) {
 func TestSCRAMVerifierMatchesPostgres(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	url, pool := pgtest.Ledger(t)
-	roletest.Apply(t, url, postgres.LedgerSchema)
+	_, pool := roletest.Ledger(t)
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -465,7 +452,7 @@ func TestSCRAMVerifierMatchesPostgres(t *testing.T) {
 func TestRolesMaintainerDeletesOutboxRowsOnly(t *testing.T) {
 	t.Parallel()
 	url, owner := postedLedgerWithRoles(t)
-	m := roletest.Pool(t, roletest.Login(t, url, postgres.RoleMaintainer, ""))
+	m := roletest.As(t, url, postgres.RoleMaintainer)
 	assertRefused(t, owner, m, []refusal{
 		{"read journal lines", `SELECT * FROM journal_lines`},
 		{"read balances", `SELECT * FROM account_balances`},
@@ -482,8 +469,7 @@ VALUES (gen_random_uuid(), 'event', 't', 't', 'account', 'x', 99, 0, '', now())`
 // ledger database with the component roles applied and one sample posting.
 func postedLedgerWithRoles(t *testing.T) (string, *pgxpool.Pool) {
 	t.Helper()
-	url, owner := pgtest.Ledger(t)
-	roletest.Apply(t, url, postgres.LedgerSchema)
+	url, owner := roletest.Ledger(t)
 	if _, _, err := postgres.NewLedgerStore(owner, postgres.LedgerConfig{}).Post(context.Background(), "k-1", samplePosting()); err != nil {
 		t.Fatal(err)
 	}

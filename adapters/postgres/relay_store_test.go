@@ -219,11 +219,7 @@ func TestOutboxPendingMigrationKeepsTheBacklog(t *testing.T) {
 	if err := postgres.MigrateToForTest(ctx, dsn, postgres.LedgerSchema, 4); err != nil {
 		t.Fatal(err)
 	}
-	pool, err := postgres.Connect(ctx, dsn, 4)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool := pgtest.Pool(t, dsn, 4)
 	insert := func(account string, rev int, relayed bool) int64 {
 		t.Helper()
 		var id int64
@@ -245,15 +241,7 @@ VALUES (gen_random_uuid(), 'event', 't', 't', 'account', $1, $2, $3, '', now(), 
 	}
 	pending := func() []int64 {
 		t.Helper()
-		rows, err := pool.Query(ctx, `SELECT id FROM outbox_pending ORDER BY id`)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-		if err != nil {
-			t.Fatal(err)
-		}
-		return ids
+		return pgtest.Column[int64](t, pool, `SELECT id FROM outbox_pending ORDER BY id`)
 	}
 	if got := pending(); !slices.Equal(got, []int64{a2, b2}) {
 		t.Fatalf("pending after the migration: %v, want the unrelayed %v", got, []int64{a2, b2})

@@ -58,42 +58,38 @@ func benchPrune(b *testing.B, pool *pgxpool.Pool, load []string, prune func() (o
 // An ordered consumer: 10,000 accounts x 100 revisions, positions at 100;
 // everything but the last applied revision of each account goes.
 func BenchmarkRetention1MInboxOrdered(b *testing.B) {
-	skipUnless1M(b)
-	_, pool := pgtest.Consumer(b)
-	in := postgres.NewInbox(pool)
-	load := []string{
-		`TRUNCATE consumer_inbox, consumer_positions, consumer_retention`,
-		`INSERT INTO consumer_inbox (consumer, event_id, kind, type, aggregate_type, aggregate_id, revision, disposition, received_at, updated_at)
-		 SELECT 'bench', gen_random_uuid()::text, 'event', 'ledger.account.posted', 'account', 'acc-' || (g % 10000), g / 10000 + 1, 'applied',
-		        now() - interval '48 hours', now() - interval '48 hours'
-		 FROM generate_series(0, 999999) g`,
+	benchInboxPrune(b, `now() - interval '48 hours'`, []string{
 		`INSERT INTO consumer_positions (consumer, aggregate_type, aggregate_id, last_revision)
 		 SELECT 'bench', 'account', 'acc-' || a, 100 FROM generate_series(0, 9999) a`,
-		`VACUUM ANALYZE consumer_inbox`,
-	}
-	h := ops.InboxHorizon{Ordered: time.Now().Add(-time.Hour), Unordered: time.Now().Add(-time.Hour)}
-	benchPrune(b, pool, load, func() (ops.PruneResult, error) {
-		return in.PruneInbox(context.Background(), "bench", h, 1000)
-	}, 1_000_000-10_000)
+	}, ops.InboxHorizon{Ordered: time.Now().Add(-time.Hour), Unordered: time.Now().Add(-time.Hour)}, 1_000_000-10_000)
 }
 
 // An unordered consumer: 1M rows past the replay window plus the margin.
 func BenchmarkRetention1MInboxUnordered(b *testing.B) {
+	benchInboxPrune(b, `now() - interval '10 days' + g * interval '1 millisecond'`, nil,
+		ops.InboxHorizon{Ordered: time.Now().Add(-time.Hour), Unordered: time.Now().Add(-8 * 24 * time.Hour)}, 1_000_000)
+}
+
+// benchInboxPrune loads 1M applied inbox rows of consumer "bench" (10,000
+// accounts x 100 revisions, row g received and updated at the SQL
+// expression receivedAt of g), then the statements of extra, and prunes
+// them behind h, expecting want rows deleted.
+func benchInboxPrune(b *testing.B, receivedAt string, extra []string, h ops.InboxHorizon, want int64) {
+	b.Helper()
 	skipUnless1M(b)
 	_, pool := pgtest.Consumer(b)
 	in := postgres.NewInbox(pool)
-	load := []string{
+	load := append([]string{
 		`TRUNCATE consumer_inbox, consumer_positions, consumer_retention`,
 		`INSERT INTO consumer_inbox (consumer, event_id, kind, type, aggregate_type, aggregate_id, revision, disposition, received_at, updated_at)
 		 SELECT 'bench', gen_random_uuid()::text, 'event', 'ledger.account.posted', 'account', 'acc-' || (g % 10000), g / 10000 + 1, 'applied',
-		        now() - interval '10 days' + g * interval '1 millisecond', now() - interval '10 days' + g * interval '1 millisecond'
+		        ` + receivedAt + `, ` + receivedAt + `
 		 FROM generate_series(0, 999999) g`,
-		`VACUUM ANALYZE consumer_inbox`,
-	}
-	h := ops.InboxHorizon{Ordered: time.Now().Add(-time.Hour), Unordered: time.Now().Add(-8 * 24 * time.Hour)}
+	}, extra...)
+	load = append(load, `VACUUM ANALYZE consumer_inbox`)
 	benchPrune(b, pool, load, func() (ops.PruneResult, error) {
 		return in.PruneInbox(context.Background(), "bench", h, 1000)
-	}, 1_000_000)
+	}, want)
 }
 
 // 1M idempotency keys older than the TTL.

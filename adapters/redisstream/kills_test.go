@@ -20,12 +20,7 @@ func TestBrokerKillsControlVolatile(t *testing.T) {
 	}
 	srv := redistest.StartVolatile(t)
 	cfg := redisstream.Config{Addr: srv.Addr, StreamPrefix: redistest.Prefix(t, srv.Addr), MaxPayloadBytes: 1 << 20, DialTimeout: 500 * time.Millisecond}
-	s, err := redisstream.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
-	h := sinktest.Harness{Sink: s, Read: readNow(cfg), Kill: func(*testing.T) func() { srv.Kill(); return srv.StartAgain }}
+	h := sinktest.Harness{Sink: sinktest.Open(t, redisstream.New, cfg), Read: readNow(cfg), Kill: func(*testing.T) func() { srv.Kill(); return srv.StartAgain }}
 	r := sinktest.MeasureKills(t, h, sinktest.KillOptions{Kills: 2})
 	if r.Absent == 0 {
 		t.Fatalf("no ACKed record lost across %d kills of a server without persistence: the kill case cannot see a loss", r.Kills)

@@ -35,12 +35,7 @@ func TestConformance(t *testing.T) {
 			kill = func(*testing.T) func() { srv.Kill(); return srv.StartAgain }
 		}
 		cfg := redisstream.Config{Addr: addr, StreamPrefix: redistest.Prefix(t, addr), MaxPayloadBytes: 1 << 20, DialTimeout: 500 * time.Millisecond}
-		s, err := redisstream.New(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = s.Close() })
-		h := sinktest.Harness{Sink: s, Read: readFunc(cfg), TooLarge: make([]byte, 2<<20), Outage: outage, Kill: kill}
+		h := sinktest.Harness{Sink: sinktest.Open(t, redisstream.New, cfg), Read: readFunc(cfg), TooLarge: make([]byte, 2<<20), Outage: outage, Kill: kill}
 		if kill != nil {
 			h.Read = readNow(cfg) // kills_test.go
 		}

@@ -75,6 +75,19 @@ type Harness struct {
 	Kill func(t *testing.T) (restart func())
 }
 
+// Open returns the sink newSink builds from cfg, failing t when it cannot,
+// and closes it when t ends. Close is idempotent (the Close case checks it),
+// so a test may still close the sink itself earlier.
+func Open[C any, S core.Sink](t testing.TB, newSink func(C) (S, error), cfg C) S {
+	t.Helper()
+	s, err := newSink(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
 // Factory starts a fresh broker (or a fresh namespace on one) and sink for
 // one subtest; it registers its own cleanup with t.
 type Factory func(t *testing.T) Harness

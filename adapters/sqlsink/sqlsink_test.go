@@ -24,13 +24,8 @@ func TestConformance(t *testing.T) {
 	sinktest.Run(t, func(t *testing.T) sinktest.Harness {
 		target := pgtest.NewDatabase(t)
 		cfg := sqlsink.Config{URL: target, MaxPayloadBytes: 1 << 20}
-		s, err := sqlsink.New(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = s.Close() })
 		return sinktest.Harness{
-			Sink:     s,
+			Sink:     sinktest.Open(t, sqlsink.New, cfg),
 			Read:     readFunc(target),
 			TooLarge: make([]byte, 2<<20),
 			Outage:   func(t *testing.T) func() { return sqltest.Outage(t, target) },

@@ -1,13 +1,16 @@
 // Package bridgetest writes outbox rows the way the ledger's write path
 // does, for the relay's tests and benchmarks: each row is inserted after its
 // account's row lock is taken in the same transaction (the invariant the
-// relay's ordering rests on), with the account's next revision.
+// relay's ordering rests on), with the account's next revision. It also
+// reads back what a relay delivered and checks it kept each account's
+// order.
 package bridgetest
 
 import (
 	"context"
 	"fmt"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -15,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/posthorn/posthorn/adapters/memory"
 	"github.com/posthorn/posthorn/core"
 )
 
@@ -69,19 +73,67 @@ func Post(ctx context.Context, tx pgx.Tx, accounts ...string) ([]Posted, error) 
 	return out, nil
 }
 
+// Commit commits one transaction with one event per account; a load
+// generator moves on when it fails (a deadlock victim, say).
+func Commit(ctx context.Context, pool *pgxpool.Pool, accounts ...string) ([]Posted, error) {
+	var out []Posted
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		var err error
+		out, err = Post(ctx, tx, accounts...)
+		return err
+	})
+	return out, err
+}
+
 // MustPost commits one transaction with one event per account.
 func MustPost(t testing.TB, pool *pgxpool.Pool, accounts ...string) []Posted {
 	t.Helper()
-	var out []Posted
-	err := pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {
-		var err error
-		out, err = Post(context.Background(), tx, accounts...)
-		return err
-	})
+	out, err := Commit(context.Background(), pool, accounts...)
 	if err != nil {
 		t.Fatalf("post %v: %v", accounts, err)
 	}
 	return out
+}
+
+// MustPostPayload commits one transaction with one event of account that
+// carries payload instead of the small JSON one: a record the sink may
+// refuse for its size.
+func MustPostPayload(t testing.TB, pool *pgxpool.Pool, account string, payload []byte) Posted {
+	t.Helper()
+	ctx := context.Background()
+	var p Posted
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		rev, err := Lock(ctx, tx, account)
+		if err != nil {
+			return err
+		}
+		p, err = Insert(ctx, tx, account, rev, payload)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("post %s: %v", account, err)
+	}
+	return p
+}
+
+// MustRollBack writes one event per account as Post does and rolls the
+// transaction back: events that exist in no snapshot and must never reach
+// a sink.
+func MustRollBack(t testing.TB, pool *pgxpool.Pool, accounts ...string) []Posted {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps, err := Post(ctx, tx, accounts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return ps
 }
 
 // Fill writes perAccount events for each of n accounts (acc-<prefix>-<i>) in
@@ -130,6 +182,85 @@ func Unrelayed(t testing.TB, pool *pgxpool.Pool) int {
 		t.Fatalf("count unrelayed: %v", err)
 	}
 	return n
+}
+
+// AckTimes wraps a sink and records when it first ACKed each event ID: the
+// far end of the commit-to-ACK latency the relay benchmarks report.
+type AckTimes struct {
+	core.Sink
+	mu    sync.Mutex
+	acked map[string]time.Time
+}
+
+// NewAckTimes wraps s.
+func NewAckTimes(s core.Sink) *AckTimes {
+	return &AckTimes{Sink: s, acked: map[string]time.Time{}}
+}
+
+// Publish publishes through the wrapped sink and, when it ACKs, records
+// the time for each event ID not ACKed before.
+func (s *AckTimes) Publish(ctx context.Context, batch []core.Envelope) error {
+	err := s.Sink.Publish(ctx, batch)
+	if err != nil {
+		return err
+	}
+	s.Record(batch)
+	return nil
+}
+
+// Record records now as the ACK time of each event ID in batch not ACKed
+// before: for a sink whose ACK is another call than Publish (an
+// exactly-once sink's PublishShard, say).
+func (s *AckTimes) Record(batch []core.Envelope) {
+	now := time.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, e := range batch {
+		if _, ok := s.acked[e.EventID]; !ok {
+			s.acked[e.EventID] = now
+		}
+	}
+}
+
+// Acked returns when the event ID was first ACKed, and whether it was.
+func (s *AckTimes) Acked(id string) (time.Time, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	at, ok := s.acked[id]
+	return at, ok
+}
+
+// Delivered decodes the records sink holds on ledger.events, in the order
+// they were published.
+func Delivered(t testing.TB, sink *memory.Sink) []core.Envelope {
+	t.Helper()
+	var out []core.Envelope
+	for _, m := range sink.Records(core.TopicEvents) {
+		e, err := core.EnvelopeFromMessage(m)
+		if err != nil {
+			t.Fatalf("delivered record: %v", err)
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+// CheckOrder fails on any revision that is not the account's next one;
+// repeats of the last seen or earlier revisions are allowed when dups is
+// true (at-least-once). It returns each account's last revision.
+func CheckOrder(t testing.TB, got []core.Envelope, dups bool) map[string]int64 {
+	t.Helper()
+	last := map[string]int64{}
+	for _, e := range got {
+		switch {
+		case e.Revision == last[e.AggregateID]+1:
+			last[e.AggregateID] = e.Revision
+		case dups && e.Revision <= last[e.AggregateID]:
+		default:
+			t.Fatalf("%s: revision %d delivered after %d", e.AggregateID, e.Revision, last[e.AggregateID])
+		}
+	}
+	return last
 }
 
 // Relay is a relay of either mode as a test starts and stops it.

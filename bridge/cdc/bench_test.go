@@ -23,7 +23,7 @@ import (
 	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/bridge/cdc"
-	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/syncbuf"
 )
 
 const (
@@ -33,29 +33,6 @@ const (
 	benchIdlePeriod = 5 * time.Second
 	benchWriterRole = "bench_writer"
 )
-
-// ackTimes wraps a sink and records when each event ID was first ACKed.
-type ackTimes struct {
-	core.Sink
-	mu    sync.Mutex
-	acked map[string]time.Time
-}
-
-func (s *ackTimes) Publish(ctx context.Context, batch []core.Envelope) error {
-	err := s.Sink.Publish(ctx, batch)
-	if err != nil {
-		return err
-	}
-	now := time.Now()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, e := range batch {
-		if _, ok := s.acked[e.EventID]; !ok {
-			s.acked[e.EventID] = now
-		}
-	}
-	return nil
-}
 
 // dbWork is what the relay cost the database over a period: statements
 // run by the relay's role (pg_stat_statements), those naming the outbox,
@@ -135,6 +112,9 @@ func benchMode(b *testing.B, c *pgcluster.Cluster, mode string) modeResult {
 	if _, err := setup.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_stat_statements`); err != nil {
 		b.Fatal(err)
 	}
+	// Both pools close when this mode ends, not with the benchmark: the
+	// next mode's relay CPU is read from every posthorn-relay backend, and
+	// each iteration's pools would add up towards max_connections.
 	relayPool, err := postgres.Connect(ctx, c.URL(db)+"&application_name="+postgres.RelayApplicationName, 8)
 	if err != nil {
 		b.Fatal(err)
@@ -147,7 +127,7 @@ func benchMode(b *testing.B, c *pgcluster.Cluster, mode string) modeResult {
 	}
 	defer writer.Close()
 
-	sink := &ackTimes{Sink: memory.New(memory.Config{}), acked: map[string]time.Time{}}
+	sink := bridgetest.NewAckTimes(memory.New(memory.Config{}))
 	defer sink.Close()
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	if os.Getenv("POSTHORN_BENCH_LOG") != "" {
@@ -166,7 +146,7 @@ func benchMode(b *testing.B, c *pgcluster.Cluster, mode string) modeResult {
 		}
 		stop = func() { _ = r.Stop(ctx) }
 	case "cdc":
-		logs := &logBuffer{}
+		logs := &syncbuf.Buffer{}
 		var out io.Writer = logs
 		if os.Getenv("POSTHORN_BENCH_LOG") != "" {
 			out = io.MultiWriter(logs, os.Stderr)
@@ -221,12 +201,7 @@ func benchMode(b *testing.B, c *pgcluster.Cluster, mode string) modeResult {
 					case <-tokens:
 					}
 					a, bb := fmt.Sprintf("acc-%d", (g*131+i*7)%1000), fmt.Sprintf("acc-%d", (g*131+i*7+500)%1000)
-					var ps []bridgetest.Posted
-					err := pgx.BeginFunc(ctx, writer, func(tx pgx.Tx) error {
-						var err error
-						ps, err = bridgetest.Post(ctx, tx, a, bb)
-						return err
-					})
+					ps, err := bridgetest.Commit(ctx, writer, a, bb)
 					now := time.Now()
 					if err != nil {
 						continue // a deadlock victim; the load generator moves on
@@ -263,14 +238,12 @@ func benchMode(b *testing.B, c *pgcluster.Cluster, mode string) modeResult {
 	res.loaded = measureWork(b, writer, db, benchLoadPeriod, load)
 	res.postingsPerSec = float64(postings) / benchLoadPeriod.Seconds()
 	waitNoneUnrelayed(b, writer, time.Minute)
-	sink.mu.Lock()
 	lat := make([]time.Duration, 0, len(committed))
 	for id, t := range committed {
-		if a, ok := sink.acked[id]; ok {
+		if a, ok := sink.Acked(id); ok {
 			lat = append(lat, max(a.Sub(t), 0))
 		}
 	}
-	sink.mu.Unlock()
 	if len(lat) != len(committed) {
 		b.Fatalf("%s: %d of %d events ACKed", mode, len(lat), len(committed))
 	}
@@ -344,14 +317,7 @@ WHERE r.rolname <> $1 AND d.datname = $2`, benchWriterRole, db).Scan(&calls, &ou
 // relayCPU returns utime+stime (clock ticks) of each backend of the relay's
 // sessions (application_name posthorn-relay, the WAL sender included).
 func relayCPU(b *testing.B, probe *pgxpool.Pool) map[int]float64 {
-	rows, err := probe.Query(context.Background(), `SELECT pid FROM pg_stat_activity WHERE application_name = $1`, postgres.RelayApplicationName)
-	if err != nil {
-		b.Fatal(err)
-	}
-	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
-	if err != nil {
-		b.Fatal(err)
-	}
+	pids := pgtest.Column[int32](b, probe, `SELECT pid FROM pg_stat_activity WHERE application_name = $1`, postgres.RelayApplicationName)
 	out := map[int]float64{}
 	for _, pid := range pids {
 		raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))

@@ -1,7 +1,6 @@
 package cdc_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -21,9 +20,11 @@ import (
 	"github.com/posthorn/posthorn/adapters/memory"
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/pgcluster"
+	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/bridge/cdc"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/syncbuf"
 )
 
 // shared is the throwaway wal_level=logical cluster most tests use (the
@@ -92,30 +93,7 @@ func ledgerDB(t testing.TB, c *pgcluster.Cluster) *pgxpool.Pool {
 	if err := postgres.Migrate(ctx, url, postgres.LedgerSchema); err != nil {
 		t.Fatal(err)
 	}
-	pool, err := postgres.Connect(ctx, url, 16)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	return pool
-}
-
-// logBuffer collects the relays' logs so tests can check what they say.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
+	return pgtest.Pool(t, url, 16)
 }
 
 // fixture is one ledger database in a logical cluster, a memory sink, and
@@ -128,7 +106,7 @@ type fixture struct {
 	source  *postgres.CDCSource
 	sink    *memory.Sink
 	slot    string
-	logs    *logBuffer
+	logs    *syncbuf.Buffer // the relays' logs, so tests can check what they say
 }
 
 func newFixture(t *testing.T, c *pgcluster.Cluster) *fixture {
@@ -140,7 +118,7 @@ func newFixture(t *testing.T, c *pgcluster.Cluster) *fixture {
 	s := memory.New(memory.Config{})
 	t.Cleanup(func() { _ = s.Close() })
 	f := &fixture{t: t, cluster: c, pool: pool, store: postgres.NewRelayStore(pool), source: postgres.NewCDCSource(pool), sink: s,
-		slot: randName("slot_"), logs: &logBuffer{}}
+		slot: randName("slot_"), logs: &syncbuf.Buffer{}}
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("relay logs:\n%s", f.logs)
@@ -195,17 +173,7 @@ func (f *fixture) waitStreaming(n ...int) {
 	})
 }
 
-func (f *fixture) delivered() []core.Envelope {
-	var out []core.Envelope
-	for _, m := range f.sink.Records(core.TopicEvents) {
-		e, err := core.EnvelopeFromMessage(m)
-		if err != nil {
-			f.t.Fatalf("delivered record: %v", err)
-		}
-		out = append(out, e)
-	}
-	return out
-}
+func (f *fixture) delivered() []core.Envelope { return bridgetest.Delivered(f.t, f.sink) }
 
 // waitAllDelivered waits until every posted event is in the sink and
 // marked.
@@ -245,20 +213,15 @@ func (f *fixture) missing(posted []bridgetest.Posted) []bridgetest.Posted {
 	return out
 }
 
-// checkOrder fails on a revision delivered before its predecessor; repeats
-// of earlier revisions are allowed when dups is true (at-least-once).
-func checkOrder(t *testing.T, got []core.Envelope, dups bool) {
-	t.Helper()
-	last := map[string]int64{}
-	for _, e := range got {
-		switch {
-		case e.Revision == last[e.AggregateID]+1:
-			last[e.AggregateID] = e.Revision
-		case dups && e.Revision <= last[e.AggregateID]:
-		default:
-			t.Fatalf("%s: revision %d delivered after %d", e.AggregateID, e.Revision, last[e.AggregateID])
-		}
-	}
+// lostOnce waits until newest, committed after the rest of posted, is
+// delivered, and returns the events of posted the sink still lacks then:
+// what a negative control lost.
+func (f *fixture) lostOnce(newest bridgetest.Posted, what string, posted []bridgetest.Posted) []bridgetest.Posted {
+	f.t.Helper()
+	bridgetest.WaitFor(f.t, 30*time.Second, what, func() bool {
+		return len(f.missing([]bridgetest.Posted{newest})) == 0
+	})
+	return f.missing(posted)
 }
 
 // repeats counts event IDs delivered more than once.
@@ -301,12 +264,7 @@ func startWriters(t *testing.T, pool *pgxpool.Pool, n, accounts int, pause time.
 				if a == b {
 					b = fmt.Sprintf("acc-%d", (g*13+i*3+2)%accounts)
 				}
-				var ps []bridgetest.Posted
-				err := pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {
-					var err error
-					ps, err = bridgetest.Post(context.Background(), tx, a, b)
-					return err
-				})
+				ps, err := bridgetest.Commit(context.Background(), pool, a, b)
 				if err != nil {
 					if strings.Contains(err.Error(), "deadlock") {
 						continue

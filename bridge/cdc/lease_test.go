@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/posthorn/posthorn/adapters/memory"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/bridge/cdc"
@@ -47,7 +45,7 @@ func TestStalledReaderIsReplacedByStandby(t *testing.T) {
 	bridgetest.WaitFor(t, 30*time.Second, "400 events", func() bool { return w.count() >= 400 })
 	posted := w.finish(t)
 	got := f.waitAllDelivered(posted, 60*time.Second)
-	checkOrder(t, got, true)
+	bridgetest.CheckOrder(t, got, true)
 	if n := promtest.Value(t, b.reg, "posthorn_relay_lease_takeovers_total"); n < 1 {
 		t.Errorf("takeovers by b = %v, want at least 1", n)
 	}
@@ -69,18 +67,7 @@ func TestParkedAccountIsHeldAndSentInOrderAfterRelease(t *testing.T) {
 	r := f.start("relay-a", nil)
 	f.waitStreaming()
 	posted := bridgetest.MustPost(t, f.pool, "acc-bad", "acc-ok")
-	var bad bridgetest.Posted
-	err := pgx.BeginFunc(ctx, f.pool, func(tx pgx.Tx) error {
-		rev, err := bridgetest.Lock(ctx, tx, "acc-bad")
-		if err != nil {
-			return err
-		}
-		bad, err = bridgetest.Insert(ctx, tx, "acc-bad", rev, make([]byte, 2000))
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	bad := bridgetest.MustPostPayload(t, f.pool, "acc-bad", make([]byte, 2000))
 	posted = append(posted, bad)
 	held := bridgetest.MustPost(t, f.pool, "acc-bad")
 	posted = append(posted, held...)
@@ -105,7 +92,7 @@ func TestParkedAccountIsHeldAndSentInOrderAfterRelease(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := f.waitAllDelivered(append(posted, others...), 30*time.Second)
-	checkOrder(t, got, false)
+	bridgetest.CheckOrder(t, got, false)
 	if n := promtest.Value(t, r.reg, "posthorn_relay_parked_aggregates"); n > 1 {
 		t.Errorf("parked gauge %v", n)
 	}
@@ -131,7 +118,7 @@ func TestSoftStopHandsOverWithoutLossOrRepeat(t *testing.T) {
 	bridgetest.WaitFor(t, 30*time.Second, "600 more events", func() bool { return w.count() >= 900 })
 	posted := w.finish(t)
 	got := f.waitAllDelivered(posted, 60*time.Second)
-	checkOrder(t, got, false)
+	bridgetest.CheckOrder(t, got, false)
 	if len(got) != len(posted) {
 		t.Fatalf("%d records for %d events: %d repeated across a soft stop", len(got), len(posted), repeats(got))
 	}

@@ -66,11 +66,7 @@ func TestSlotDroppedMidStreamRecoversThroughOutbox(t *testing.T) {
 				t.Errorf("no error log about the lost slot:\n%s", f.logs)
 			}
 			if !catchUp {
-				last := posted[len(posted)-len(gap)-1]
-				bridgetest.WaitFor(t, 30*time.Second, "the newest streamed event", func() bool {
-					return len(f.missing([]bridgetest.Posted{last})) == 0
-				})
-				lost := f.missing(posted)
+				lost := f.lostOnce(posted[len(posted)-len(gap)-1], "the newest streamed event", posted)
 				if len(lost) == 0 {
 					t.Fatal("negative control: without the outbox catch-up, dropping the slot lost nothing")
 				}
@@ -78,7 +74,7 @@ func TestSlotDroppedMidStreamRecoversThroughOutbox(t *testing.T) {
 				return
 			}
 			got := f.waitAllDelivered(posted, 60*time.Second)
-			checkOrder(t, got, true)
+			bridgetest.CheckOrder(t, got, true)
 			t.Logf("%d events, %d records (%d repeated), catch-up sent %v, skipped as marked %v", len(posted), len(got), repeats(got),
 				promtest.Value(t, r.reg, "posthorn_cdc_catchup_events_total"), promtest.Value(t, r.reg, "posthorn_cdc_skipped_marked_total"))
 		})
@@ -167,7 +163,7 @@ func TestSlotInvalidatedWhileStoppedRecoversThroughOutbox(t *testing.T) {
 				return
 			}
 			got := f.waitAllDelivered(posted, 30*time.Second)
-			checkOrder(t, got, true)
+			bridgetest.CheckOrder(t, got, true)
 			if promtest.Value(t, b.reg, "posthorn_wal_slot_status", "status", "reserved") != 1 {
 				t.Errorf("the new slot's wal_status gauge is not reserved")
 			}

@@ -23,7 +23,6 @@ import (
 func TestDeliversEveryCommittedEventInOrderUnderLoad(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, nil)
-	ctx := context.Background()
 	var backlog []bridgetest.Posted
 	for i := range 30 {
 		backlog = append(backlog, bridgetest.MustPost(t, f.pool, fmt.Sprintf("acc-%d", i%7), fmt.Sprintf("acc-%d", (i+3)%7))...)
@@ -33,18 +32,7 @@ func TestDeliversEveryCommittedEventInOrderUnderLoad(t *testing.T) {
 	w := startWriters(t, f.pool, 4, 25, 0)
 	rolledBack := map[string]bool{}
 	for i := range 20 {
-		tx, err := f.pool.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ps, err := bridgetest.Post(ctx, tx, fmt.Sprintf("acc-rb-%d", i))
-		if err != nil {
-			t.Fatal(err)
-		}
-		rolledBack[ps[0].EventID] = true
-		if err := tx.Rollback(ctx); err != nil {
-			t.Fatal(err)
-		}
+		rolledBack[bridgetest.MustRollBack(t, f.pool, fmt.Sprintf("acc-rb-%d", i))[0].EventID] = true
 	}
 	bridgetest.WaitFor(t, 30*time.Second, "2,000 events under load", func() bool { return w.count() >= 2000 })
 	posted := append(backlog, w.finish(t)...)
@@ -57,7 +45,7 @@ func TestDeliversEveryCommittedEventInOrderUnderLoad(t *testing.T) {
 	if len(got) != len(posted) {
 		t.Fatalf("delivered %d records for %d committed events (%d repeats)", len(got), len(posted), repeats(got))
 	}
-	checkOrder(t, got, false)
+	bridgetest.CheckOrder(t, got, false)
 	if n := promtest.Value(t, r.reg, "posthorn_relay_published_total"); n != float64(len(posted)) {
 		t.Errorf("posthorn_relay_published_total = %v, want %d", n, len(posted))
 	}
@@ -97,11 +85,7 @@ func TestCheckNamesReplicationAttribute(t *testing.T) {
 		t.Fatal(err)
 	}
 	url := fmt.Sprintf("postgres://%s@127.0.0.1:%d/%s?sslmode=disable", role, f.cluster.Port(), f.pool.Config().ConnConfig.Database)
-	pool, err := postgres.Connect(ctx, url, 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool := pgtest.Pool(t, url, 2)
 	r, err := cdc.New(postgres.NewRelayStore(pool), postgres.NewCDCSource(pool), nil, cdc.Config{})
 	if err != nil {
 		t.Fatal(err)
@@ -188,7 +172,7 @@ func TestCrashBetweenAckAndConfirmRepeatsNothingLost(t *testing.T) {
 			bridgetest.WaitFor(t, 30*time.Second, "1,000 events", func() bool { return w.count() >= 1000 })
 			posted := w.finish(t)
 			got := f.waitAllDelivered(posted, 60*time.Second)
-			checkOrder(t, got, true)
+			bridgetest.CheckOrder(t, got, true)
 			if n := promtest.Value(t, b.reg, "posthorn_relay_lease_takeovers_total"); n < 1 {
 				t.Errorf("takeovers by b = %v, want at least 1", n)
 			}
@@ -231,11 +215,7 @@ func TestCrashNegativeControlConfirmOnReceiptLoses(t *testing.T) {
 	posted := w.finish(t)
 	// Wait for b to deliver what it can: everything committed after the
 	// crash (the last posted event is a proxy).
-	last := posted[len(posted)-1]
-	bridgetest.WaitFor(t, 30*time.Second, "b to deliver the newest event", func() bool {
-		return len(f.missing([]bridgetest.Posted{last})) == 0
-	})
-	lost := f.missing(posted)
+	lost := f.lostOnce(posted[len(posted)-1], "b to deliver the newest event", posted)
 	if len(lost) == 0 {
 		t.Fatal("negative control: confirming on receipt lost nothing; the crash test would not catch an early confirmation")
 	}

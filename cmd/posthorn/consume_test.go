@@ -15,7 +15,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/twmb/franz-go/pkg/kfake"
 
-	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/core"
 )
@@ -74,11 +73,7 @@ func TestConsumeAgainstKafkaStopsCleanly(t *testing.T) {
 		}
 	}()
 
-	pool, err := postgres.Connect(context.Background(), dsn, 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool := pgtest.Pool(t, dsn, 2)
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		var bal, audited int64

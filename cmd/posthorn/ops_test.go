@@ -9,9 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/consumers/auditlog"
-	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/ops"
 )
 
@@ -23,7 +21,7 @@ func TestOpsCommands(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	r := newOpsCLIRig(t)
-	env, ledger, consumer, archiveDir, reconcile := r.env, r.ledger, r.consumer, r.archiveDir, r.reconcile
+	env, consumer, archiveDir, reconcile := r.env, r.consumer, r.archiveDir, r.reconcile
 	events := r.postings(6)
 
 	// Nothing relayed yet: discrepancies, exit 1.
@@ -56,19 +54,7 @@ func TestOpsCommands(t *testing.T) {
 	}
 
 	// The consumers receive every event through their real handlers.
-	inbox := postgres.NewInbox(consumer)
-	rows, err := postgres.NewOpsStore(ledger).ReadRows(ctx, ops.RowFilter{EventsOnly: true}, 1000)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, r := range rows {
-		if _, err := inbox.Receive(ctx, projection.Name, true, r.Envelope, projection.Handle); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := inbox.Receive(ctx, auditlog.Name, false, r.Envelope, auditlog.Handle); err != nil {
-			t.Fatal(err)
-		}
-	}
+	r.deliver("")
 	code, rep, stderr = reconcile()
 	if code != 0 || !rep.Clean || rep.Consumers[0].Coverage == nil || rep.Consumers[1].Coverage == nil {
 		t.Fatalf("clean run: code %d, %+v, %s", code, rep, stderr)

@@ -72,15 +72,7 @@ func connectReadOnly(ctx context.Context, dsn string) (*pgxpool.Pool, error) {
 	}
 	pc.ConnConfig.RuntimeParams["default_transaction_read_only"] = "on"
 	pc.MaxConns = 4
-	pool, err := pgxpool.NewWithConfig(ctx, pc)
-	if err != nil {
-		return nil, fmt.Errorf("connect to %s:%d/%s: %w", pc.ConnConfig.Host, pc.ConnConfig.Port, pc.ConnConfig.Database, err)
-	}
-	if err := pool.Ping(ctx); err != nil {
-		pool.Close()
-		return nil, fmt.Errorf("connect to %s:%d/%s: %w", pc.ConnConfig.Host, pc.ConnConfig.Port, pc.ConnConfig.Database, err)
-	}
-	return pool, nil
+	return postgres.ConnectConfig(ctx, pc)
 }
 
 // openArchive returns the configured archive store, or nil when archive.dir is unset.

@@ -37,8 +37,7 @@ func SharedURL() string {
 // exchanges of topics and the queues of consumers on them are deleted from
 // the broker at url.
 func Prefix(t testing.TB, url string, topics, consumers []string) string {
-	p := servertest.Name("t") + "."
-	t.Cleanup(func() {
+	return servertest.Prefix(t, func(p string) {
 		conn, err := amqp.DialConfig(url, amqp.Config{Dial: amqp.DefaultDial(2 * time.Second)})
 		if err != nil {
 			return
@@ -55,7 +54,6 @@ func Prefix(t testing.TB, url string, topics, consumers []string) string {
 			_ = ch.ExchangeDelete(p+tp, false, false)
 		}
 	})
-	return p
 }
 
 // Vhost is a vhost of one test on the machine's broker, deleted at

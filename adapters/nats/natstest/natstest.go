@@ -26,8 +26,7 @@ func SharedURL() string { return servertest.Getenv("POSTHORN_TEST_NATS_URL", "na
 // server never see each other's streams; the streams under it are deleted
 // from the server at url at cleanup.
 func Prefix(t testing.TB, url string) string {
-	p := servertest.Name("t") + "."
-	t.Cleanup(func() {
+	return servertest.Prefix(t, func(p string) {
 		nc, err := nats.Connect(url, nats.Timeout(time.Second))
 		if err != nil {
 			return // a dedicated server already gone
@@ -43,7 +42,6 @@ func Prefix(t testing.TB, url string) string {
 			}
 		}
 	})
-	return p
 }
 
 // Server is a dedicated nats-server with JetStream.
@@ -97,10 +95,4 @@ func (s *Server) StartAgain() {
 // Kill ends the server with SIGKILL, as a crash would: what JetStream
 // stored (written to the OS, not necessarily fsynced) is found again by
 // StartAgain.
-func (s *Server) Kill() {
-	if s.cmd == nil || s.cmd.Process == nil || s.cmd.ProcessState != nil {
-		return
-	}
-	_ = s.cmd.Process.Kill()
-	_ = s.cmd.Wait()
-}
+func (s *Server) Kill() { servertest.Kill(s.cmd) }

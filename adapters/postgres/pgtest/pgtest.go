@@ -1,6 +1,7 @@
 // Package pgtest gives each test a fresh, migrated database on the Postgres
 // server named by POSTHORN_TEST_DATABASE_URL (default: the local server with
-// trust auth), dropped when the test ends.
+// trust auth), dropped when the test ends, and the pools and reads tests
+// open on such databases, each closed when its test ends.
 package pgtest
 
 import (
@@ -82,12 +83,53 @@ func migrated(t testing.TB, s postgres.Schema) (string, *pgxpool.Pool) {
 	if err := postgres.Migrate(ctx, dsn, s); err != nil {
 		t.Fatalf("pgtest: %v", err)
 	}
-	pool, err := postgres.Connect(ctx, dsn, 16)
+	return dsn, Pool(t, dsn, 16)
+}
+
+// Pool opens postgres.Connect's pool of at least conns connections on url,
+// closed when the test ends.
+func Pool(t testing.TB, url string, conns int32) *pgxpool.Pool {
+	t.Helper()
+	pool, err := postgres.Connect(context.Background(), url, conns)
 	if err != nil {
 		t.Fatalf("pgtest: %v", err)
 	}
 	t.Cleanup(pool.Close)
-	return dsn, pool
+	return pool
+}
+
+// SmallPool opens a pool of at most conns connections on url, closed when
+// the test ends, so that many parallel tests on the shared server stay
+// under its max_connections. Unlike Pool it does not ping: it connects on
+// first use, as pgxpool does.
+func SmallPool(t testing.TB, url string, conns int32) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := postgres.ParseConfig(url)
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	cfg.MaxConns = conns
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// Column returns the first column of every row query returns on pool, in
+// the order returned, failing t on any error.
+func Column[T any](t testing.TB, pool *pgxpool.Pool, query string, args ...any) []T {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), query, args...)
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	vals, err := pgx.CollectRows(rows, pgx.RowTo[T])
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	return vals
 }
 
 // LedgerState fingerprints the ledger's tables: the row count of each, plus
@@ -152,10 +194,5 @@ func LogicalLedger(t testing.TB, opts pgcluster.Options, conns int32) (*pgcluste
 	if err := postgres.Migrate(ctx, url, postgres.LedgerSchema); err != nil {
 		t.Fatalf("pgtest: %v", err)
 	}
-	pool, err := postgres.Connect(ctx, url, conns)
-	if err != nil {
-		t.Fatalf("pgtest: %v", err)
-	}
-	t.Cleanup(pool.Close)
-	return c, url, pool
+	return c, url, Pool(t, url, conns)
 }

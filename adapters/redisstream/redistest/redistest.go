@@ -25,8 +25,7 @@ func SharedAddr() string { return servertest.Getenv("POSTHORN_TEST_REDIS_ADDR", 
 // Prefix returns a fresh key prefix ("t<hex>."); the keys under it are
 // deleted from addr at cleanup.
 func Prefix(t testing.TB, addr string) string {
-	p := servertest.Name("t") + "."
-	t.Cleanup(func() {
+	return servertest.Prefix(t, func(p string) {
 		c := redis.NewClient(&redis.Options{Addr: addr, DialTimeout: time.Second, MaxRetries: -1})
 		defer c.Close()
 		ctx := context.Background()
@@ -35,7 +34,6 @@ func Prefix(t testing.TB, addr string) string {
 			c.Del(ctx, it.Val())
 		}
 	})
-	return p
 }
 
 // Server is a dedicated redis-server.
@@ -93,10 +91,4 @@ func (s *Server) StartAgain() {
 }
 
 // Kill ends the server with SIGKILL, as a crash would.
-func (s *Server) Kill() {
-	if s.cmd == nil || s.cmd.Process == nil || s.cmd.ProcessState != nil {
-		return
-	}
-	_ = s.cmd.Process.Kill()
-	_ = s.cmd.Wait()
-}
+func (s *Server) Kill() { servertest.Kill(s.cmd) }

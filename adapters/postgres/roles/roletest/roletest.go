@@ -20,6 +20,23 @@ import (
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 )
 
+// Ledger returns the URL and the owner's pool of a fresh ledger database
+// (pgtest.Ledger) with the group roles' privileges applied.
+func Ledger(t testing.TB) (string, *pgxpool.Pool) {
+	t.Helper()
+	u, owner := pgtest.Ledger(t)
+	Apply(t, u, postgres.LedgerSchema)
+	return u, owner
+}
+
+// Consumer is Ledger for a consumer database.
+func Consumer(t testing.TB) (string, *pgxpool.Pool) {
+	t.Helper()
+	u, owner := pgtest.Consumer(t)
+	Apply(t, u, postgres.ConsumerSchema)
+	return u, owner
+}
+
 // Apply grants the group roles' privileges on schema in the database at dbURL.
 func Apply(t testing.TB, dbURL string, schema postgres.Schema) {
 	t.Helper()
@@ -68,20 +85,17 @@ func Login(t testing.TB, dbURL string, group postgres.Role, password string) str
 	return u.String()
 }
 
+// As opens a small pool on dbURL as a fresh passwordless LOGIN member of
+// group (Login, then Pool).
+func As(t testing.TB, dbURL string, group postgres.Role) *pgxpool.Pool {
+	t.Helper()
+	return Pool(t, Login(t, dbURL, group, ""))
+}
+
 // Pool opens a small pool on u, closed when the test ends.
 func Pool(t testing.TB, u string) *pgxpool.Pool {
 	t.Helper()
-	cfg, err := postgres.ParseConfig(u)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.MaxConns = 4
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatalf("roletest: %v", err)
-	}
-	t.Cleanup(pool.Close)
-	return pool
+	return pgtest.SmallPool(t, u, 4)
 }
 
 // Denied reports whether err is PostgreSQL's insufficient_privilege (42501).
