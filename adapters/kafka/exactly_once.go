@@ -187,21 +187,7 @@ func (s *ExactlyOnceSink) PublishShard(ctx context.Context, shard int, batch []c
 	if cl == nil {
 		return fmt.Errorf("kafka sink: shard %d is not fenced", shard)
 	}
-	fails := core.BatchFailures{NotSent: "kafka sink: not sent", Sink: "kafka sink"}
-	recs := make([]*kgo.Record, 0, len(batch)+1)
-	index := make([]int, 0, len(batch))
-	for i, e := range batch {
-		if fails.Blocked(i, e) {
-			continue
-		}
-		r, err := s.record(e)
-		if err != nil {
-			fails.Fail(i, e, core.Permanent(err))
-			continue
-		}
-		recs = append(recs, r)
-		index = append(index, i)
-	}
+	fails, recs, index := s.records(batch)
 	if len(recs) == 0 {
 		return fails.Err()
 	}

@@ -193,24 +193,7 @@ func (s *Sink) Publish(ctx context.Context, batch []core.Envelope) error {
 	if s.closed.Load() {
 		return ErrClosed
 	}
-	// Never send a record after a predecessor of its aggregate that cannot
-	// be sent: the aggregate is parked with the first one.
-	fails := core.BatchFailures{NotSent: "kafka sink: not sent", Sink: "kafka sink"}
-	recs := make([]*kgo.Record, 0, len(batch))
-	index := make([]int, 0, len(batch))
-	for i, e := range batch {
-		if fails.Blocked(i, e) {
-			continue
-		}
-		r, err := s.record(e)
-		if err != nil {
-			fails.Fail(i, e, core.Permanent(err))
-			continue
-		}
-		recs = append(recs, r)
-		index = append(index, i)
-	}
-
+	fails, recs, index := s.records(batch)
 	results := make([]error, len(recs))
 	done := make(chan struct{})
 	var pending atomic.Int64
@@ -244,6 +227,30 @@ func (s *Sink) Publish(ctx context.Context, batch []core.Envelope) error {
 	// no failure of its own aggregate.
 	fails.HoldBack(batch)
 	return fails.Err()
+}
+
+// records builds the records of batch and the index in batch of each,
+// failing for good a record that cannot be built and holding back the later
+// records of its aggregate: a record is never sent after a predecessor of
+// its aggregate that cannot be sent (the aggregate is parked with the first
+// one).
+func (s *Sink) records(batch []core.Envelope) (fails core.BatchFailures, recs []*kgo.Record, index []int) {
+	fails = core.BatchFailures{NotSent: "kafka sink: not sent", Sink: "kafka sink"}
+	recs = make([]*kgo.Record, 0, len(batch)+1) // room for a positions record
+	index = make([]int, 0, len(batch))
+	for i, e := range batch {
+		if fails.Blocked(i, e) {
+			continue
+		}
+		r, err := s.record(e)
+		if err != nil {
+			fails.Fail(i, e, core.Permanent(err))
+			continue
+		}
+		recs = append(recs, r)
+		index = append(index, i)
+	}
+	return fails, recs, index
 }
 
 // record builds e's Kafka record in watermill-kafka's format and refuses one
