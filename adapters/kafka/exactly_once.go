@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -128,7 +129,9 @@ func (s *ExactlyOnceSink) Fence(ctx context.Context, shard int) ([]int64, error)
 		return nil, err
 	}
 	s.Unfence(shard)
-	cl, err := kgo.NewClient(append(s.opts,
+	// A copy: shards are fenced in parallel, and appending to the shared
+	// options could hand one shard another's transactional ID.
+	cl, err := kgo.NewClient(append(slices.Clone(s.opts),
 		kgo.TransactionalID(s.TransactionalID(shard)),
 		// Longer than a relay batch takes, short enough that a transaction
 		// of a relay that died is aborted by the broker soon after.
