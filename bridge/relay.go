@@ -213,8 +213,8 @@ func (r *Relay) run(ctx context.Context) {
 	if err := r.store.ReleaseLeases(rctx, r.cfg.Owner, r.leases); err != nil {
 		r.log.Warn("release leases on stop", "err", err)
 	}
-	for _, l := range r.leases {
-		if r.fences != nil {
+	if r.fences != nil {
+		for _, l := range r.leases {
 			r.fences.Drop(l.Shard)
 		}
 	}

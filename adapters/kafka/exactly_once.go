@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -79,11 +78,15 @@ const (
 // ExactlyOnceSink is the Kafka sink in exactly-once mode.
 type ExactlyOnceSink struct {
 	*Sink
-	cfg    Config
 	prefix string
-	opts   []kgo.Opt
+	opts   []kgo.Opt // of the shards' producers
+	// readerOpts are those of the positions reader, but for what it reads.
+	readerOpts []kgo.Opt
 
-	topicReady atomic.Bool
+	// topicMu makes the first fences, which run in parallel, create the
+	// positions topic once.
+	topicMu    sync.Mutex
+	topicReady bool
 	mu         sync.Mutex
 	producers  map[int]*kgo.Client // by shard, between Fence and Unfence
 
@@ -104,11 +107,24 @@ func NewExactlyOnce(cfg Config) (*ExactlyOnceSink, error) {
 		plain.Close()
 		return nil, err
 	}
+	sec, err := cfg.Security.kgoOpts()
+	if err != nil {
+		plain.Close()
+		return nil, fmt.Errorf("kafka sink: %w", err)
+	}
+	readerOpts := append(sec,
+		kgo.SeedBrokers(cfg.Brokers...),
+		kgo.ClientID("posthorn-relay-positions"),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		// The fence record is there at once; a fetch that waits for more
+		// bytes (5 s by default) would only delay the relay.
+		kgo.FetchMaxWait(100*time.Millisecond),
+	)
 	prefix := cfg.TransactionalIDPrefix
 	if prefix == "" {
 		prefix = TransactionalIDPrefixDefault
 	}
-	return &ExactlyOnceSink{Sink: plain, cfg: cfg, prefix: prefix, opts: opts, producers: map[int]*kgo.Client{}}, nil
+	return &ExactlyOnceSink{Sink: plain, prefix: prefix, opts: opts, readerOpts: readerOpts, producers: map[int]*kgo.Client{}}, nil
 }
 
 // TransactionalID is shard's transactional ID: the same for every relay
@@ -300,17 +316,7 @@ func (s *ExactlyOnceSink) committedPositions(ctx context.Context, shard int) ([]
 // through the fence record at end, read_committed, and returns the ids of
 // the last committed record of key before end.
 func (s *ExactlyOnceSink) readPositions(ctx context.Context, shard int, key string, start, end int64) (ids []int64, found bool, err error) {
-	sec, err := s.cfg.Security.kgoOpts()
-	if err != nil {
-		return nil, false, err
-	}
-	rd, err := kgo.NewClient(append(sec,
-		kgo.SeedBrokers(s.cfg.Brokers...),
-		kgo.ClientID("posthorn-relay-positions"),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
-		// The fence record is there at once; a fetch that waits for more
-		// bytes (5 s by default) would only delay the relay.
-		kgo.FetchMaxWait(100*time.Millisecond),
+	rd, err := kgo.NewClient(append(slices.Clone(s.readerOpts),
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{PositionsTopic: {int32(shard): kgo.NewOffset().At(start)}}),
 	)...)
 	if err != nil {
@@ -366,7 +372,9 @@ func recordKind(r *kgo.Record) string {
 // shard, compacted) unless it exists, and refuses one with too few
 // partitions.
 func (s *ExactlyOnceSink) ensurePositionsTopic(ctx context.Context) error {
-	if s.topicReady.Load() {
+	s.topicMu.Lock()
+	defer s.topicMu.Unlock()
+	if s.topicReady {
 		return nil
 	}
 	adm := kadm.NewClient(s.cl)
@@ -386,7 +394,7 @@ func (s *ExactlyOnceSink) ensurePositionsTopic(ctx context.Context) error {
 	if n := len(d.Partitions); n < core.Shards {
 		return fmt.Errorf("kafka sink: topic %s has %d partitions; exactly-once needs one per shard, %d", PositionsTopic, n, core.Shards)
 	}
-	s.topicReady.Store(true)
+	s.topicReady = true
 	return nil
 }
 

@@ -277,7 +277,12 @@ func (s *System) Rejoins() []string {
 
 // KillAndRestart SIGKILLs p, waits pause, and starts it again.
 func (s *System) KillAndRestart(ctx context.Context, p *Proc, pause time.Duration) error {
-	p.Kill()
+	return restartAfter(ctx, p, pause, p.Kill)
+}
+
+// restartAfter stops p with stop, waits pause, and starts it again.
+func restartAfter(ctx context.Context, p *Proc, pause time.Duration, stop func()) error {
+	stop()
 	select {
 	case <-ctx.Done():
 		return ctx.Err()
@@ -343,13 +348,7 @@ func (s *System) BrokerOutage(ctx context.Context, d time.Duration) error {
 	if !s.cfg.BrokerStopsCleanly {
 		return s.KillAndRestart(ctx, s.Broker, d)
 	}
-	s.Broker.Term(30 * time.Second)
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-time.After(d):
-	}
-	return s.Broker.Start(ctx)
+	return restartAfter(ctx, s.Broker, d, func() { s.Broker.Term(30 * time.Second) })
 }
 
 // FaultPosting posts a balanced transfer between accounts through the
