@@ -13,6 +13,8 @@ import (
 	"github.com/knadh/koanf/providers/structs"
 	"github.com/knadh/koanf/v2"
 	"github.com/spf13/pflag"
+
+	"github.com/posthorn/posthorn/core"
 )
 
 func writeFile(t *testing.T, body string) string {
@@ -112,6 +114,9 @@ func TestBadValuesNameTheKey(t *testing.T) {
 		{"kafka without brokers", "sink:\n  kafka:\n    brokers: []\n", nil, "sink.kafka.brokers"},
 		{"bad broker address", "", []string{"POSTHORN_SINK__KAFKA__BROKERS=nohostport"}, "sink.kafka.brokers[0]"},
 		{"unknown kafka partitioner", "", []string{"POSTHORN_SINK__KAFKA__PARTITIONER=crc32"}, "sink.kafka.partitioner"},
+		{"unknown wire format", "", []string{"POSTHORN_SINK__FORMAT=avro"}, "sink.format"},
+		{"cloudevents source with a space", "", []string{"POSTHORN_SINK__FORMAT=cloudevents", "POSTHORN_SINK__CLOUDEVENTS__SOURCE=/ledger eu"}, "sink.cloudevents.source"},
+		{"cloudevents source empty", "sink:\n  format: cloudevents\n  cloudevents:\n    source: \"\"\n", nil, "sink.cloudevents.source"},
 		{"exactly-once with a bad transactional id prefix", "", []string{"POSTHORN_SINK__KAFKA__EXACTLY_ONCE=true", "POSTHORN_SINK__KAFKA__TRANSACTIONAL_ID_PREFIX=a b"}, "sink.kafka.transactional_id_prefix"},
 		{"exactly-once not a bool", "", []string{"POSTHORN_SINK__KAFKA__EXACTLY_ONCE=maybe"}, "sink.kafka.exactly_once"},
 		{"bad database url", "", []string{"POSTHORN_DATABASE__URL=mysql://x/y"}, "database.url"},
@@ -197,5 +202,17 @@ func TestExampleFileListsEveryKey(t *testing.T) {
 		if !example.Exists(key) {
 			t.Errorf("posthorn.example.yaml lacks %s", key)
 		}
+	}
+}
+
+// sink.format and sink.cloudevents.source reach the wire format; the
+// default is Posthorn's own headers under the default source.
+func TestWireFormatFromConfig(t *testing.T) {
+	if f := loadEnv(t).Sink.WireFormat(); f.Format != core.FormatPosthorn || f.Source != core.DefaultCloudEventsSource {
+		t.Fatalf("default wire format %+v", f)
+	}
+	f := loadEnv(t, "POSTHORN_SINK__FORMAT=cloudevents", "POSTHORN_SINK__CLOUDEVENTS__SOURCE=urn:bank:ledger:eu-1").Sink.WireFormat()
+	if f.Format != core.FormatCloudEvents || f.Source != "urn:bank:ledger:eu-1" {
+		t.Fatalf("configured wire format %+v", f)
 	}
 }

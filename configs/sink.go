@@ -10,6 +10,8 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+
+	"github.com/posthorn/posthorn/core"
 )
 
 // Sink selects and configures the broker the relay publishes to and the
@@ -24,6 +26,23 @@ type Sink struct {
 	Postgres PostgresSink `koanf:"postgres"`
 	// CommandTopicPrefix prefixes a command's service: commands.<service>.
 	CommandTopicPrefix string `koanf:"command_topic_prefix"`
+	// Format lays the records out on the wire: posthorn (the contract
+	// headers alone), cloudevents or debezium-outbox (core.Formats).
+	Format      string          `koanf:"format"`
+	CloudEvents CloudEventsSink `koanf:"cloudevents"`
+}
+
+// CloudEventsSink configures sink.format cloudevents.
+type CloudEventsSink struct {
+	// Source is every record's ce_source: a URI reference naming this
+	// outbox, e.g. /ledger/eu-1 or urn:bank:ledger.
+	Source string `koanf:"source"`
+}
+
+// WireFormat returns the wire format sink.format and sink.cloudevents
+// configure.
+func (s Sink) WireFormat() core.WireFormat {
+	return core.WireFormat{Format: core.Format(s.Format), Source: s.CloudEvents.Source}
 }
 
 // KafkaSink configures the Kafka sink.
@@ -206,6 +225,8 @@ func defaultSink() Sink {
 		AMQP:               AMQPSink{URL: "amqp://guest:guest@127.0.0.1:5672/", Consumers: []string{"balance-projection", "audit-log"}},
 		Redis:              RedisSink{Addr: "127.0.0.1:6379"},
 		CommandTopicPrefix: "commands.",
+		Format:             string(core.FormatPosthorn),
+		CloudEvents:        CloudEventsSink{Source: core.DefaultCloudEventsSource},
 	}
 }
 
@@ -241,6 +262,14 @@ func (s Sink) validate() error {
 	}
 	if s.CommandTopicPrefix == "" {
 		return fieldErr("sink.command_topic_prefix", "is required")
+	}
+	if !slices.Contains(core.Formats, core.Format(s.Format)) {
+		return fieldErr("sink.format", "is %q, want one of %v", s.Format, core.Formats)
+	}
+	if s.Format == string(core.FormatCloudEvents) {
+		if u, err := url.Parse(s.CloudEvents.Source); s.CloudEvents.Source == "" || err != nil || strings.ContainsAny(s.CloudEvents.Source, " \t\r\n") || u.String() != s.CloudEvents.Source {
+			return fieldErr("sink.cloudevents.source", "is %.80q, want a URI reference (e.g. /ledger/eu-1 or urn:bank:ledger)", s.CloudEvents.Source)
+		}
 	}
 	return s.validateBrokers()
 }

@@ -5,8 +5,9 @@
 //
 // What it proves:
 //   - a batch is delivered whole, per aggregate in batch order, across topics;
-//   - the event ID, every contract header, extra headers, the payload and
-//     (for keyed brokers) the record key = aggregate ID survive the trip;
+//   - the event ID, every contract header, extra headers, the headers of
+//     each wire format (core.Formats), the payload and (for keyed brokers)
+//     the record key = aggregate ID survive the trip;
 //   - Publish returns nil only for records the broker has: after a nil
 //     return, a reader finds every record; during an outage Publish fails;
 //   - failures are classified by core.IsPermanent: a record the broker can
@@ -172,32 +173,57 @@ func testBatchDelivery(t *testing.T, h Harness) {
 	}
 }
 
+// testHeaders publishes one record in each wire format (core.Formats) and
+// reads each back: its headers (the contract's and those its format adds),
+// payload and key survive the trip. The formats' topic routing is the
+// relay's, not the sink's: every record here goes to one topic.
 func testHeaders(t *testing.T, h Harness) {
-	e := Envelope(core.TopicEvents, "acc-headers", 7)
-	e.Headers = map[string]string{"reference": "inv-2026-0042"}
-	e.Payload = []byte{0, 1, 2, 255, '{'}
-	if err := publish(t, h, []core.Envelope{e}); err != nil {
+	var batch []core.Envelope
+	for i, f := range core.Formats {
+		e := Envelope(core.TopicEvents, "acc-headers-"+string(f), int64(7+i))
+		e.Headers = map[string]string{"reference": "inv-2026-0042"}
+		e.Payload = []byte{0, 1, 2, 255, '{'}
+		e = core.WireFormat{Format: f, Source: "/sinktest"}.Apply(e)
+		e.Topic = core.TopicEvents
+		batch = append(batch, e)
+	}
+	if err := publish(t, h, batch); err != nil {
 		t.Fatalf("publish: %v", err)
 	}
-	recs := read(t, h, core.TopicEvents, 1)
-	r := recs[0]
+	byID := map[string]Record{}
+	for _, r := range read(t, h, core.TopicEvents, len(batch)) {
+		byID[r.Headers[core.HeaderEventID]] = r
+	}
+	for i, e := range batch {
+		r, ok := byID[e.EventID]
+		if !ok {
+			t.Errorf("format %s: record %s not read back", core.Formats[i], e.EventID)
+			continue
+		}
+		checkRecord(t, h, string(core.Formats[i]), e, r)
+	}
+}
+
+// checkRecord compares record r, read back, with e, which was published.
+func checkRecord(t *testing.T, h Harness, format string, e core.Envelope, r Record) {
+	t.Helper()
 	for k, v := range e.WireHeaders() {
 		if r.Headers[k] != v {
-			t.Errorf("header %s = %q, want %q", k, r.Headers[k], v)
+			t.Errorf("format %s: header %s = %q, want %q", format, k, r.Headers[k], v)
 		}
 	}
 	if _, ok := r.Headers[core.HeaderReplay]; ok {
-		t.Errorf("header replay present on a non-replay record")
+		t.Errorf("format %s: header replay present on a non-replay record", format)
 	}
 	if string(r.Payload) != string(e.Payload) {
-		t.Errorf("payload %q, want %q", r.Payload, e.Payload)
+		t.Errorf("format %s: payload %q, want %q", format, r.Payload, e.Payload)
 	}
 	if h.Keyed && r.Key != e.AggregateID {
-		t.Errorf("key %q, want the aggregate ID %q", r.Key, e.AggregateID)
+		t.Errorf("format %s: key %q, want the aggregate ID %q", format, r.Key, e.AggregateID)
 	}
 	got, err := core.EnvelopeFromHeaders(r.Headers, r.Payload)
 	if err != nil || got.EventID != e.EventID || !got.OccurredAt.Equal(e.OccurredAt) {
-		t.Errorf("envelope back: %+v, %v", got, err)
+		t.Errorf("format %s: envelope back: %+v, %v", format, got, err)
 	}
 }
 

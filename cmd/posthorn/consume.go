@@ -122,8 +122,11 @@ func runConsumers(ctx context.Context, cfg configs.Config, o consumeOptions) err
 		log.Warn("UNSAFE --unsafe-no-inbox: handlers run without the inbox, so repeats apply twice; for negative-control tests only")
 		handlerOpts = append(handlerOpts, consumers.WithoutInbox())
 	}
+	// The example consumers read account events wherever sink.format routes
+	// them (debezium-outbox: outbox.event.account).
+	topic := cfg.Sink.WireFormat().Topic(core.KindEvent, core.TopicEvents, core.AggregateAccount)
 	for _, n := range names {
-		if err := exampleConsumers[n](registry, core.TopicEvents, handlerOpts...); err != nil {
+		if err := exampleConsumers[n](registry, topic, handlerOpts...); err != nil {
 			return err
 		}
 	}
@@ -146,7 +149,7 @@ func runConsumers(ctx context.Context, cfg configs.Config, o consumeOptions) err
 		log.Info("consumer metrics listening", "addr", srv.Addr())
 	}
 	startRetention(ctx, cfg, pool, nil, names, log) // issue 14: inbox retention on retention.interval
-	log.Info("consumers starting", "consumers", names, "sink", cfg.Sink.Kind, "topic", core.TopicEvents, "hold", o.hold.String())
+	log.Info("consumers starting", "consumers", names, "sink", cfg.Sink.Kind, "topic", topic, "hold", o.hold.String())
 	if err := registry.Run(ctx); err != nil && ctx.Err() == nil {
 		return err
 	}

@@ -335,7 +335,7 @@ func (d *demoRun) startConsole(ctx context.Context) (stop func(), err error) {
 	cfg.Database.URL, cfg.Consumer.Database.URL = d.ledgerURL, d.consumerURL
 	var sink core.Sink
 	if d.mem != nil {
-		sink = keepOpen{d.mem}
+		sink = bridge.Formatted(keepOpen{d.mem}, d.cfg.Sink.WireFormat())
 	} else if sink, err = openSink(cfg.Sink); err != nil {
 		return nil, err
 	}
@@ -453,7 +453,7 @@ func (d *demoRun) databases(ctx context.Context) (cleanup func(), err error) {
 func (d *demoRun) startRelay(pool *pgxpool.Pool) error {
 	var sink core.Sink
 	if d.mem != nil {
-		sink = keepOpen{d.mem}
+		sink = bridge.Formatted(keepOpen{d.mem}, d.cfg.Sink.WireFormat())
 	} else {
 		var err error
 		if sink, err = openSink(d.cfg.Sink); err != nil {

@@ -15,8 +15,15 @@ import (
 	"github.com/posthorn/posthorn/core"
 )
 
-// openSink returns the sink configured by sink.* (brokers.go).
-func openSink(c configs.Sink) (core.Sink, error) { return openBroker(c, brokers.OpenSink) }
+// openSink returns the sink configured by sink.* (brokers.go), laying its
+// records out in sink.format.
+func openSink(c configs.Sink) (core.Sink, error) {
+	s, err := openBroker(c, brokers.OpenSink)
+	if err != nil {
+		return nil, err
+	}
+	return bridge.Formatted(s, c.WireFormat()), nil
+}
 
 func runRelay(ctx context.Context, args []string) error {
 	fs := newFlags("relay", "database.url", "metrics.listen", "sink.kind", "sink.kafka.brokers", "relay.owner")
