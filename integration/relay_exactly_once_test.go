@@ -27,8 +27,7 @@ import (
 // with the test relays' short dial and retry timings.
 func newExactlyOnceSink(t *testing.T, brokers []string) *kafka.ExactlyOnceSink {
 	t.Helper()
-	return sinktest.Open(t, kafka.NewExactlyOnce, kafka.Config{Brokers: brokers, ClientOpts: []kgo.Opt{
-		kgo.DialTimeout(time.Second), kgo.RetryBackoffFn(func(int) time.Duration { return 50 * time.Millisecond })}})
+	return sinktest.Open(t, kafka.NewExactlyOnce, kafka.Config{Brokers: brokers, ClientOpts: testKafkaOpts()})
 }
 
 // readCommitted reads the event topic from its start as a read_committed

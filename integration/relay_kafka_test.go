@@ -130,9 +130,20 @@ func (b *relayBroker) recordsHolding(eventIDs []string, d time.Duration) []*kgo.
 
 func startKafkaRelay(t *testing.T, pool *pgxpool.Pool, brokers []string, owner string) (*bridge.Relay, *prometheus.Registry) {
 	t.Helper()
-	sink := sinktest.Open(t, kafka.New, kafka.Config{Brokers: brokers, ClientOpts: []kgo.Opt{
-		kgo.DialTimeout(time.Second), kgo.RetryBackoffFn(func(int) time.Duration { return 50 * time.Millisecond })}})
-	return startTestRelay(t, pool, sink, owner, "kafka")
+	return startTestRelay(t, pool, newKafkaSink(t, brokers), owner, "kafka")
+}
+
+// newKafkaSink is the Kafka sink on brokers with the test relays' short
+// dial and retry timings.
+func newKafkaSink(t *testing.T, brokers []string) *kafka.Sink {
+	t.Helper()
+	return sinktest.Open(t, kafka.New, kafka.Config{Brokers: brokers, ClientOpts: testKafkaOpts()})
+}
+
+// testKafkaOpts are the test relays' Kafka client timings: a dead broker
+// is noticed within a second and retried every 50 ms.
+func testKafkaOpts() []kgo.Opt {
+	return []kgo.Opt{kgo.DialTimeout(time.Second), kgo.RetryBackoffFn(func(int) time.Duration { return 50 * time.Millisecond })}
 }
 
 // TestRelayToKafkaReadByWatermillSubscriber: every committed event reaches
