@@ -234,8 +234,15 @@ func (s *AckTimes) Acked(id string) (time.Time, bool) {
 // they were published.
 func Delivered(t testing.TB, sink *memory.Sink) []core.Envelope {
 	t.Helper()
+	return DeliveredOn(t, sink, core.TopicEvents)
+}
+
+// DeliveredOn decodes the records sink holds on topic, in the order they
+// were published.
+func DeliveredOn(t testing.TB, sink *memory.Sink, topic string) []core.Envelope {
+	t.Helper()
 	var out []core.Envelope
-	for _, m := range sink.Records(core.TopicEvents) {
+	for _, m := range sink.Records(topic) {
 		e, err := core.EnvelopeFromMessage(m)
 		if err != nil {
 			t.Fatalf("delivered record: %v", err)

@@ -26,7 +26,7 @@
 
 REVOKE ALL ON TABLE accounts, account_balances, journals, journal_lines, idempotency_keys, outbox, outbox_pending,
     relay_leases, relay_members, relay_parked, relay_cdc_leases,
-    ops_coverage, ops_archive_segments, ops_cleanup, ops_replay_progress, console_audit,
+    ops_coverage, ops_archive_segments, ops_cleanup, ops_replay_progress, console_audit, posthorn_aggregates,
     posthorn_ledger_migrations
     FROM posthorn_api, posthorn_relay, posthorn_relay_cdc, posthorn_reconciler, posthorn_maintainer, posthorn_consumer;
 REVOKE ALL ON SEQUENCE journal_sequence, outbox_id_seq, relay_fencing_token, console_audit_id_seq
@@ -53,6 +53,17 @@ GRANT INSERT (event_id, kind, type, topic, aggregate_type, aggregate_id, revisio
               journal_id, headers, payload, occurred_at) ON outbox TO posthorn_api;
 -- The outbox's trigger runs as the inserting role: it enqueues the rows.
 GRANT INSERT ON outbox_pending TO posthorn_api;
+-- Publishing from a team's own service (migration 00008): the SQL
+-- functions, and the aggregate lock the publish package takes through
+-- posthorn_next_revision before its outbox insert. They run as their owner
+-- (SECURITY DEFINER), so posthorn_aggregates itself stays closed to every
+-- role: its revisions move only through them. Another service's login role
+-- gets them with GRANT posthorn_api TO <role> (all the write path's rights,
+-- which the publish package's outbox insert needs), or, for the SQL
+-- functions alone, with GRANT EXECUTE ON FUNCTION … TO <role>.
+GRANT EXECUTE ON FUNCTION posthorn_next_revision(text, text, text, text, jsonb, jsonb, bigint, text),
+    posthorn_publish(text, text, text, jsonb, jsonb, bigint),
+    posthorn_send_command(text, text, text, jsonb, jsonb, bigint, text) TO posthorn_api;
 
 -- posthorn_relay: relay, outbox status/release/resend, replay.
 GRANT SELECT ON outbox TO posthorn_relay;

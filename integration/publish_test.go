@@ -1,0 +1,537 @@
+package integration
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/posthorn/posthorn/adapters/memory"
+	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
+	"github.com/posthorn/posthorn/adapters/postgres/roles/roletest"
+	"github.com/posthorn/posthorn/bridge/bridgetest"
+	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/publish"
+)
+
+const walletTopic = "events.wallet"
+
+// writer is one way a team's service publishes in its own transaction:
+// the Go library on a pgx.Tx or on a database/sql *sql.Tx, or the SQL
+// function posthorn_publish.
+type writer struct {
+	name string
+	// begin opens a transaction on pool and returns its publish and end
+	// (commit true, or roll back) functions and its backend's PID.
+	begin func(t *testing.T, pool *pgxpool.Pool) (pub func(publish.Message) (publish.Published, error), end func(commit bool) error, pid int)
+}
+
+var writers = []writer{
+	{"go library on pgx", func(t *testing.T, pool *pgxpool.Pool) (func(publish.Message) (publish.Published, error), func(bool) error, int) {
+		ctx := context.Background()
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = tx.Rollback(ctx) })
+		pid := backendPID(t, tx.QueryRow(ctx, `SELECT pg_backend_pid()`))
+		return func(m publish.Message) (publish.Published, error) { return publish.Pgx(tx).Event(ctx, m) },
+			func(commit bool) error { return endPgx(ctx, tx, commit) }, pid
+	}},
+	{"go library on database/sql", func(t *testing.T, pool *pgxpool.Pool) (func(publish.Message) (publish.Published, error), func(bool) error, int) {
+		ctx := context.Background()
+		db := stdlib.OpenDBFromPool(pool)
+		t.Cleanup(func() { _ = db.Close() })
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = tx.Rollback() })
+		pid := backendPID(t, tx.QueryRowContext(ctx, `SELECT pg_backend_pid()`))
+		return func(m publish.Message) (publish.Published, error) { return publish.StdSQL(tx).Event(ctx, m) },
+			func(commit bool) error { return endStdSQL(tx, commit) }, pid
+	}},
+	{"sql function posthorn_publish", func(t *testing.T, pool *pgxpool.Pool) (func(publish.Message) (publish.Published, error), func(bool) error, int) {
+		ctx := context.Background()
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = tx.Rollback(ctx) })
+		pid := backendPID(t, tx.QueryRow(ctx, `SELECT pg_backend_pid()`))
+		return func(m publish.Message) (publish.Published, error) { return sqlPublish(ctx, tx, m) },
+			func(commit bool) error { return endPgx(ctx, tx, commit) }, pid
+	}},
+}
+
+func backendPID(t *testing.T, row interface{ Scan(...any) error }) int {
+	t.Helper()
+	var pid int
+	if err := row.Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	return pid
+}
+
+func endPgx(ctx context.Context, tx pgx.Tx, commit bool) error {
+	if commit {
+		return tx.Commit(ctx)
+	}
+	return tx.Rollback(ctx)
+}
+
+func endStdSQL(tx *sql.Tx, commit bool) error {
+	if commit {
+		return tx.Commit()
+	}
+	return tx.Rollback()
+}
+
+// sqlPublish calls posthorn_publish as a psql or JDBC caller would.
+func sqlPublish(ctx context.Context, tx pgx.Tx, m publish.Message) (publish.Published, error) {
+	headers := "{}"
+	if len(m.Headers) > 0 {
+		var parts []string
+		for k, v := range m.Headers {
+			parts = append(parts, fmt.Sprintf("%q:%q", k, v))
+		}
+		headers = "{" + strings.Join(parts, ",") + "}"
+	}
+	var want *int64
+	if m.Revision != 0 {
+		want = &m.Revision
+	}
+	var p publish.Published
+	err := tx.QueryRow(ctx, `SELECT event_id::text, revision FROM posthorn_publish($1, $2, $3, $4::text::jsonb, $5::text::jsonb, $6)`,
+		m.AggregateType, m.AggregateID, m.Type, string(m.Payload), headers, want).Scan(&p.EventID, &p.Revision)
+	p.Topic = walletTopic
+	return p, err
+}
+
+func wallet(id string, rev int64) publish.Message {
+	return publish.Message{AggregateType: "wallet", AggregateID: id, Type: "wallet.credited",
+		Payload: fmt.Appendf(nil, `{"wallet":%q,"amount":"1.00"}`, id), Revision: rev}
+}
+
+// TestPublishTransactionIDInversionKeepsRevisionOrder is the ledger path's
+// deterministic inversion (bridge's TestTransactionIDInversionKeepsRevisionOrder)
+// run through each writer: T2 takes its transaction ID first (a write on
+// wallet B), T1 publishes revision 1 of wallet A, T2 publishes revision 2
+// of A, which waits for T1's aggregate lock, and commits after T1. So
+// revision 2 has the smaller transaction ID, yet the relay delivers A's
+// revisions in order. Control: a writer that inserts outbox rows with its
+// own revisions and no lock (T2's revision 2 goes in and commits while T1
+// still holds revision 1) inverts them: the relay delivers 2 before 1.
+func TestPublishTransactionIDInversionKeepsRevisionOrder(t *testing.T) {
+	t.Parallel()
+	for _, w := range writers {
+		t.Run(w.name, func(t *testing.T) {
+			t.Parallel()
+			_, pool := pgtest.Ledger(t)
+			pub2, end2, pid2 := w.begin(t, pool)
+			mustPublish(t, pub2, wallet("B", 0))
+			pub1, end1, _ := w.begin(t, pool)
+			r1 := mustPublish(t, pub1, wallet("A", 0))
+			done := make(chan error, 1)
+			go func() {
+				p, err := pub2(wallet("A", 0))
+				if err == nil && p.Revision != 2 {
+					err = fmt.Errorf("T2 got revision %d of A, want 2", p.Revision)
+				}
+				if err == nil {
+					err = end2(true)
+				}
+				done <- err
+			}()
+			waitForLock(t, pool, pid2)
+			if err := end1(true); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+			if r1.Revision != 1 {
+				t.Fatalf("T1 got revision %d of A, want 1", r1.Revision)
+			}
+			checkXIDInverted(t, pool, "A")
+			if got := relayedRevisions(t, pool, "A", 3); fmt.Sprint(got) != "[1 2]" {
+				t.Fatalf("wallet A delivered as revisions %v, want [1 2]", got)
+			}
+		})
+	}
+	t.Run("negative control: outbox rows inserted without the lock", func(t *testing.T) {
+		t.Parallel()
+		_, pool := pgtest.Ledger(t)
+		ctx := context.Background()
+		t1, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer t1.Rollback(ctx)
+		if _, err := t1.Exec(ctx, `SELECT pg_current_xact_id()`); err != nil { // T1 "has" revision 1
+			t.Fatal(err)
+		}
+		t2, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer t2.Rollback(ctx)
+		if _, err := bridgetest.Insert(ctx, t2, "A", 2, nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := t2.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := bridgetest.Insert(ctx, t1, "A", 1, nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := t1.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		sink := memory.New(memory.Config{})
+		startTestRelay(t, pool, sink, "relay-control", "memory")
+		bridgetest.WaitFor(t, 10*time.Second, "both rows relayed", func() bool { return bridgetest.Unrelayed(t, pool) == 0 })
+		var revs []int64
+		for _, e := range bridgetest.Delivered(t, sink) {
+			revs = append(revs, e.Revision)
+		}
+		if fmt.Sprint(revs) != "[2 1]" {
+			t.Fatalf("without the lock A was delivered as %v; the control expects the inversion [2 1]", revs)
+		}
+	})
+}
+
+func mustPublish(t *testing.T, pub func(publish.Message) (publish.Published, error), m publish.Message) publish.Published {
+	t.Helper()
+	p, err := pub(m)
+	if err != nil {
+		t.Fatalf("publish %s %s: %v", m.AggregateType, m.AggregateID, err)
+	}
+	return p
+}
+
+// waitForLock waits until backend pid waits for a lock.
+func waitForLock(t *testing.T, pool *pgxpool.Pool, pid int) {
+	t.Helper()
+	bridgetest.WaitFor(t, 10*time.Second, "T2 to wait for A's lock", func() bool {
+		var waiting bool
+		_ = pool.QueryRow(context.Background(), `SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&waiting)
+		return waiting
+	})
+}
+
+// checkXIDInverted fails unless revision 2 of wallet agg has the smaller
+// transaction ID: the setup really built the inversion.
+func checkXIDInverted(t *testing.T, pool *pgxpool.Pool, agg string) {
+	t.Helper()
+	var x1, x2 uint64
+	if err := pool.QueryRow(context.Background(), `SELECT
+		(SELECT xid::text::bigint FROM outbox WHERE aggregate_id = $1 AND revision = 1),
+		(SELECT xid::text::bigint FROM outbox WHERE aggregate_id = $1 AND revision = 2)`, agg).Scan(&x1, &x2); err != nil {
+		t.Fatal(err)
+	}
+	if x2 >= x1 {
+		t.Fatalf("setup: want revision 2's xid (%d) below revision 1's (%d)", x2, x1)
+	}
+}
+
+// relayedRevisions runs a relay to a memory sink until every row is
+// relayed and returns agg's revisions in the order delivered on the
+// wallet topic (want is how many records in all to wait for).
+func relayedRevisions(t *testing.T, pool *pgxpool.Pool, agg string, want int) []int64 {
+	t.Helper()
+	sink := memory.New(memory.Config{})
+	startTestRelay(t, pool, sink, "relay-publish", "memory")
+	bridgetest.WaitFor(t, 10*time.Second, "every row relayed", func() bool {
+		return bridgetest.Unrelayed(t, pool) == 0 && len(sink.Records(walletTopic)) >= want
+	})
+	var revs []int64
+	for _, e := range bridgetest.DeliveredOn(t, sink, walletTopic) {
+		if e.AggregateID == agg {
+			revs = append(revs, e.Revision)
+		}
+	}
+	return revs
+}
+
+// TestPublishConcurrentWritersKeepRevisionsGapless: the three writers at
+// once, on the same few wallets: every wallet's revisions are 1..n with no
+// gap or repeat, in outbox id order, and the relay delivers them in order.
+func TestPublishConcurrentWritersKeepRevisionsGapless(t *testing.T) {
+	t.Parallel()
+	_, pool := pgtest.Ledger(t)
+	const perWriter, wallets = 40, 3
+	var wg sync.WaitGroup
+	errs := make(chan error, len(writers)*2)
+	for _, w := range writers {
+		for g := range 2 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range perWriter {
+					pub, end, _ := w.begin(t, pool)
+					if _, err := pub(wallet(fmt.Sprintf("w-%d", (i+g)%wallets), 0)); err != nil {
+						errs <- fmt.Errorf("%s: %w", w.name, err)
+						return
+					}
+					if err := end(true); err != nil {
+						errs <- err
+						return
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	total := perWriter * len(writers) * 2
+	rows := pgtest.Column[string](t, pool, `SELECT aggregate_id || ':' || revision FROM outbox ORDER BY id`)
+	if len(rows) != total {
+		t.Fatalf("%d outbox rows, want %d", len(rows), total)
+	}
+	next := map[string]int64{}
+	for _, r := range rows {
+		agg, rev, _ := strings.Cut(r, ":")
+		next[agg]++
+		if rev != fmt.Sprint(next[agg]) {
+			t.Fatalf("in id order %s has revision %s, want %d", agg, rev, next[agg])
+		}
+	}
+	sink := memory.New(memory.Config{})
+	startTestRelay(t, pool, sink, "relay-concurrent", "memory")
+	bridgetest.WaitFor(t, 20*time.Second, "every row relayed", func() bool { return len(sink.Records(walletTopic)) >= total })
+	bridgetest.CheckOrder(t, bridgetest.DeliveredOn(t, sink, walletTopic), false)
+}
+
+// TestPublishRolledBackNeverReachesTheSink: a message published in a
+// transaction that rolls back is never relayed, and its revision is given
+// to the next committed message (no gap).
+func TestPublishRolledBackNeverReachesTheSink(t *testing.T) {
+	t.Parallel()
+	for _, w := range writers {
+		t.Run(w.name, func(t *testing.T) {
+			t.Parallel()
+			_, pool := pgtest.Ledger(t)
+			pub, end, _ := w.begin(t, pool)
+			gone := mustPublish(t, pub, wallet("W", 0))
+			if err := end(false); err != nil {
+				t.Fatal(err)
+			}
+			pub, end, _ = w.begin(t, pool)
+			kept := mustPublish(t, pub, wallet("W", 0))
+			if err := end(true); err != nil {
+				t.Fatal(err)
+			}
+			if kept.Revision != 1 {
+				t.Fatalf("after a rollback the next revision is %d, want 1", kept.Revision)
+			}
+			sink := memory.New(memory.Config{})
+			startTestRelay(t, pool, sink, "relay-rollback", "memory")
+			bridgetest.WaitFor(t, 10*time.Second, "the committed event relayed", func() bool { return len(sink.Records(walletTopic)) >= 1 })
+			// The relay passed the rolled-back transaction's position: a
+			// second committed event behind it arrives, the rolled-back one never.
+			pub, end, _ = w.begin(t, pool)
+			mustPublish(t, pub, wallet("W", 0))
+			if err := end(true); err != nil {
+				t.Fatal(err)
+			}
+			bridgetest.WaitFor(t, 10*time.Second, "the second event relayed", func() bool { return len(sink.Records(walletTopic)) >= 2 })
+			for _, e := range bridgetest.DeliveredOn(t, sink, walletTopic) {
+				if e.EventID == gone.EventID {
+					t.Fatalf("event %s of a rolled-back transaction was delivered", gone.EventID)
+				}
+			}
+			if n := len(sink.Records(walletTopic)); n != 2 {
+				t.Fatalf("%d records delivered, want the 2 committed", n)
+			}
+		})
+	}
+}
+
+// TestPublishRefusalsNameTheFieldInGoAndSQL: each bad message is refused
+// with the same error by the Go library and by posthorn_publish, naming
+// its field (or the revision it expected), and nothing is written.
+func TestPublishRefusalsNameTheFieldInGoAndSQL(t *testing.T) {
+	t.Parallel()
+	_, pool := pgtest.Ledger(t)
+	{ // wallet S is at revision 1
+		pub, end, _ := writers[0].begin(t, pool)
+		mustPublish(t, pub, wallet("S", 0))
+		if err := end(true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mod := func(f func(*publish.Message)) publish.Message { m := wallet("S", 0); f(&m); return m }
+	cases := []struct {
+		name  string
+		m     publish.Message
+		field string // "" for a revision refusal
+		says  string
+	}{
+		{"no aggregate type", mod(func(m *publish.Message) { m.AggregateType = "" }), "aggregate_type", "want 1 to 64"},
+		{"ledger's aggregate type", mod(func(m *publish.Message) { m.AggregateType = "account" }), "aggregate_type", "the ledger's own"},
+		{"aggregate type with a space", mod(func(m *publish.Message) { m.AggregateType = "my wallet" }), "aggregate_type", "want 1 to 64"},
+		{"no aggregate id", mod(func(m *publish.Message) { m.AggregateID = "" }), "aggregate_id", "1 to 256"},
+		{"aggregate id too long", mod(func(m *publish.Message) { m.AggregateID = strings.Repeat("x", 257) }), "aggregate_id", "1 to 256"},
+		{"no type", mod(func(m *publish.Message) { m.Type = "" }), "type", "want 1 to 128"},
+		{"payload too large", mod(func(m *publish.Message) { m.Payload = fmt.Appendf(nil, `{"x":%q}`, strings.Repeat("a", 1000001)) }), "payload", "at most 1000000"},
+		{"contract header", mod(func(m *publish.Message) { m.Headers = map[string]string{"revision": "9"} }), "headers", "contract header"},
+		{"bad header key", mod(func(m *publish.Message) { m.Headers = map[string]string{"two words": "x"} }), "headers", "want 1 to 64"},
+		{"revision zero or less", mod(func(m *publish.Message) { m.Revision = -1 }), "revision", "want 1 or more"},
+		{"revision gap", mod(func(m *publish.Message) { m.Revision = 4 }), "", "the next is 2 (a gap)"},
+		{"revision repeat", mod(func(m *publish.Message) { m.Revision = 1 }), "", "the next is 2 (a repeat)"},
+	}
+	for _, tc := range cases {
+		var msgs []string
+		for _, w := range []writer{writers[0], writers[1], writers[2]} {
+			pub, end, _ := w.begin(t, pool)
+			_, err := pub(tc.m)
+			_ = end(false)
+			if err == nil {
+				t.Fatalf("%s: %s accepted it", tc.name, w.name)
+			}
+			msg := err.Error()
+			var fe *publish.FieldError
+			var pgErr *pgconn.PgError
+			switch {
+			case errors.As(err, &fe):
+				if fe.Field != tc.field {
+					t.Errorf("%s: %s names field %q, want %q", tc.name, w.name, fe.Field, tc.field)
+				}
+				msg = fe.Field + ": " + fe.Reason
+			case errors.Is(err, publish.ErrRevision):
+				if tc.field != "" {
+					t.Errorf("%s: %s refused the revision, want field %s: %v", tc.name, w.name, tc.field, err)
+				}
+				_, msg, _ = strings.Cut(err.Error(), publish.ErrRevision.Error()+": ")
+				msg = "revision: " + msg
+			case errors.As(err, &pgErr):
+				msg = pgErr.Message
+				if (tc.field == "" && pgErr.Code != "PH001") || (tc.field != "" && (pgErr.Code != "22023" || !strings.HasPrefix(msg, tc.field+": "))) {
+					t.Errorf("%s: %s: SQLSTATE %s %q", tc.name, w.name, pgErr.Code, msg)
+				}
+			default:
+				t.Errorf("%s: %s: unclassified error %v", tc.name, w.name, err)
+			}
+			if !strings.Contains(msg, tc.says) {
+				t.Errorf("%s: %s says %q, want it to say %q", tc.name, w.name, msg, tc.says)
+			}
+			msgs = append(msgs, msg)
+		}
+		if msgs[0] != msgs[1] || msgs[1] != msgs[2] {
+			t.Errorf("%s: the writers' errors differ: %q", tc.name, msgs)
+		}
+	}
+	// A payload that is not JSON is refused before anything is sent: the
+	// Go caller's transaction stays usable.
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	var fe *publish.FieldError
+	if _, err := publish.Pgx(tx).Event(ctx, mod(func(m *publish.Message) { m.Payload = []byte("{not json") })); !errors.As(err, &fe) || fe.Field != "payload" {
+		t.Fatalf("not-JSON payload: %v", err)
+	}
+	if p, err := publish.Pgx(tx).Event(ctx, wallet("S", 2)); err != nil || p.Revision != 2 {
+		t.Fatalf("the transaction after a refused payload: %+v, %v", p, err)
+	}
+	if n := pgtest.Column[int64](t, pool, `SELECT count(*) FROM outbox`); n[0] != 1 {
+		t.Fatalf("the refusals wrote rows: %d in the outbox, want the 1 committed", n[0])
+	}
+}
+
+// TestPublishSQLMatchesGo: posthorn_publish and posthorn_send_command put
+// a row where the library does, with core.ShardOf's shard, the library's
+// topic and a version 7 UUID.
+func TestPublishSQLMatchesGo(t *testing.T) {
+	t.Parallel()
+	_, pool := pgtest.Ledger(t)
+	ctx := context.Background()
+	ids := []string{"w-1", "", "Ünïcødé wallet ✓", strings.Repeat("z", 200)}
+	for i := range 200 {
+		ids = append(ids, fmt.Sprintf("acct-%d-%x", i, i*7919))
+	}
+	for _, id := range ids {
+		var shard int
+		if err := pool.QueryRow(ctx, `SELECT posthorn_shard($1)`, id).Scan(&shard); err != nil {
+			t.Fatal(err)
+		}
+		if shard != core.ShardOf(id) {
+			t.Fatalf("posthorn_shard(%q) = %d, core.ShardOf = %d", id, shard, core.ShardOf(id))
+		}
+	}
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := publish.Pgx(tx).Command(ctx, publish.Message{AggregateType: "wallet", AggregateID: "w-9", Type: "payouts.payout.execute", Payload: []byte(`{}`)}); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `SELECT * FROM posthorn_send_command('wallet', 'w-9', 'payouts.payout.execute', '{}')`)
+		if err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, `SELECT * FROM posthorn_publish('wallet', 'w-9', 'wallet.credited', '{"amount":"1"}', '{"trace":"t-1"}')`)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := pgtest.Column[string](t, pool, `SELECT concat_ws(' ', kind, topic, revision, shard, substr(event_id::text, 15, 1), headers::text) FROM outbox ORDER BY id`)
+	want := []string{
+		fmt.Sprintf("command commands.payouts 1 %d 7 {}", core.ShardOf("w-9")),
+		fmt.Sprintf("command commands.payouts 2 %d 7 {}", core.ShardOf("w-9")),
+		fmt.Sprintf(`event events.wallet 3 %d 7 {"trace": "t-1"}`, core.ShardOf("w-9")),
+	}
+	if fmt.Sprint(rows) != fmt.Sprint(want) {
+		t.Fatalf("outbox rows\n %q\nwant\n %q", rows, want)
+	}
+}
+
+// TestPublishGrants: the write role (migrate --roles) publishes through the
+// library and the SQL functions; the relay's role may call neither, and no
+// role touches the aggregate locks directly.
+func TestPublishGrants(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url, _ := roletest.Ledger(t)
+	api := roletest.As(t, url, postgres.RoleAPI)
+	err := pgx.BeginFunc(ctx, api, func(tx pgx.Tx) error {
+		if _, err := publish.Pgx(tx).Event(ctx, wallet("g-1", 0)); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `SELECT * FROM posthorn_publish('wallet', 'g-1', 'wallet.credited', '{}')`)
+		if err == nil {
+			_, err = tx.Exec(ctx, `SELECT * FROM posthorn_send_command('wallet', 'g-1', 'payouts.payout.execute', '{}')`)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatalf("posthorn_api publishing: %v", err)
+	}
+	if _, err := api.Exec(ctx, `UPDATE posthorn_aggregates SET revision = 1`); !roletest.Denied(err) {
+		t.Fatalf("posthorn_api writing posthorn_aggregates directly: %v, want permission denied", err)
+	}
+	relay := roletest.As(t, url, postgres.RoleRelay)
+	for _, q := range []string{
+		`SELECT * FROM posthorn_publish('wallet', 'g-2', 'wallet.credited', '{}')`,
+		`SELECT * FROM posthorn_send_command('wallet', 'g-2', 'payouts.payout.execute', '{}')`,
+		`SELECT * FROM posthorn_next_revision('event', 'wallet', 'g-2', 'wallet.credited', '{}', '{}', NULL, '')`,
+	} {
+		if _, err := relay.Exec(ctx, q); !roletest.Denied(err) {
+			t.Errorf("posthorn_relay: %s: %v, want permission denied", q, err)
+		}
+	}
+}
