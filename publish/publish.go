@@ -98,7 +98,9 @@ type Publisher struct {
 }
 
 // Pgx publishes in tx.
-func Pgx(tx pgx.Tx) *Publisher { return &Publisher{tx: wsql.TxFromPgx(tx), commandPrefix: core.CommandTopicPrefix} }
+func Pgx(tx pgx.Tx) *Publisher {
+	return &Publisher{tx: wsql.TxFromPgx(tx), commandPrefix: core.CommandTopicPrefix}
+}
 
 // StdSQL publishes in tx, a database/sql transaction of the pgx driver
 // (github.com/jackc/pgx/v5/stdlib), whose arrays the outbox insert needs.
