@@ -484,16 +484,29 @@ func TestPublishSQLMatchesGo(t *testing.T) {
 			return err
 		}
 		_, err = tx.Exec(ctx, `SELECT * FROM posthorn_publish('wallet', 'w-9', 'wallet.credited', '{"amount":"1"}', '{"trace":"t-1"}')`)
+		if err != nil {
+			return err
+		}
+		_, err = publish.Pgx(tx).WithCommandTopicPrefix("cmd.").Command(ctx, publish.Message{AggregateType: "wallet", AggregateID: "w-9", Type: "payouts.payout.execute", Payload: []byte(`{}`)})
 		return err
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+	var fe *publish.FieldError
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		_, err := publish.Pgx(tx).WithCommandTopicPrefix("two words").Command(ctx, publish.Message{AggregateType: "wallet", AggregateID: "w-9", Type: "payouts.payout.execute", Payload: []byte(`{}`)})
+		return err
+	})
+	if !errors.As(err, &fe) || fe.Field != "topic_prefix" {
+		t.Fatalf("a bad command topic prefix: %v", err)
 	}
 	rows := pgtest.Column[string](t, pool, `SELECT concat_ws(' ', kind, topic, revision, shard, substr(event_id::text, 15, 1), headers::text) FROM outbox ORDER BY id`)
 	want := []string{
 		fmt.Sprintf("command commands.payouts 1 %d 7 {}", core.ShardOf("w-9")),
 		fmt.Sprintf("command commands.payouts 2 %d 7 {}", core.ShardOf("w-9")),
 		fmt.Sprintf(`event events.wallet 3 %d 7 {"trace": "t-1"}`, core.ShardOf("w-9")),
+		fmt.Sprintf("command cmd.payouts 4 %d 7 {}", core.ShardOf("w-9")),
 	}
 	if fmt.Sprint(rows) != fmt.Sprint(want) {
 		t.Fatalf("outbox rows\n %q\nwant\n %q", rows, want)

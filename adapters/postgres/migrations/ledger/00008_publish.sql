@@ -103,6 +103,9 @@ BEGIN
             RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = format('headers: %s is a JSON %s, want a string', quote_literal(k), jsonb_typeof(v));
         END IF;
     END LOOP;
+    IF kind = 'command' AND (topic_prefix IS NULL OR topic_prefix !~ '^[A-Za-z0-9._-]{1,64}$') THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'topic_prefix: want 1 to 64 letters, digits, ''.'', ''_'' or ''-''';
+    END IF;
     IF revision IS NOT NULL AND revision < 1 THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = format('revision: is %s, want 1 or more (or none: the next)', revision);
     END IF;
@@ -162,9 +165,6 @@ CREATE FUNCTION posthorn_send_command(aggregate_type text, aggregate_id text, ty
 DECLARE
     n record;
 BEGIN
-    IF topic_prefix IS NULL OR topic_prefix !~ '^[A-Za-z0-9._-]{1,64}$' THEN
-        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'topic_prefix: want 1 to 64 letters, digits, ''.'', ''_'' or ''-''';
-    END IF;
     SELECT * INTO n FROM posthorn_next_revision('command', aggregate_type, aggregate_id, type, payload, headers, expected_revision, topic_prefix);
     event_id := posthorn_uuidv7();
     revision := n.next_revision;
