@@ -1,0 +1,207 @@
+package postgres_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
+	"github.com/posthorn/posthorn/adapters/postgres/roles/roletest"
+	"github.com/posthorn/posthorn/core"
+)
+
+// sqlReceive calls posthorn_inbox_receive for e in its own transaction, as
+// a consumer outside Go would, and commits when it answers apply or
+// duplicate; it returns the answer.
+func sqlReceive(t *testing.T, pool *pgxpool.Pool, consumer string, ordered bool, e core.Envelope) (string, int64) {
+	t.Helper()
+	ctx := context.Background()
+	h, err := json.Marshal(e.WireHeaders())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d string
+	var waits *int64
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		return tx.QueryRow(ctx, `SELECT disposition, waits_for FROM posthorn_inbox_receive($1, $2::text::jsonb, $3)`,
+			consumer, string(h), ordered).Scan(&d, &waits)
+	})
+	if err != nil {
+		t.Fatalf("posthorn_inbox_receive %s r%d: %v", e.AggregateID, e.Revision, err)
+	}
+	if waits == nil {
+		return d, 0
+	}
+	return d, *waits
+}
+
+// TestSQLInboxAnswersApplyDuplicateGap: the SQL protocol's answers for an
+// ordered consumer, and what it records: applied once, repeats counted,
+// a gap names the revision it waits for and records nothing, a parked
+// aggregate is refused; unordered, every new event ID applies.
+func TestSQLInboxAnswersApplyDuplicateGap(t *testing.T) {
+	t.Parallel()
+	_, pool := pgtest.Consumer(t)
+	const c = "py-consumer"
+	steps := []struct {
+		e     core.Envelope
+		want  string
+		waits int64
+	}{
+		{inboxEvent("acc-1", 1), "apply", 0},
+		{inboxEvent("acc-1", 1), "duplicate", 0}, // the same event again
+		{inboxEvent("acc-1", 3), "gap", 2},
+		{inboxEvent("acc-1", 2), "apply", 0},
+		{inboxEvent("acc-1", 3), "apply", 0}, // redelivered after its predecessor
+		{withID(inboxEvent("acc-1", 2), "other-id"), "duplicate", 0},
+	}
+	for i, s := range steps {
+		if d, w := sqlReceive(t, pool, c, true, s.e); d != s.want || w != s.waits {
+			t.Fatalf("step %d (%s r%d): %s waits_for %d, want %s %d", i, s.e.EventID, s.e.Revision, d, w, s.want, s.waits)
+		}
+	}
+	got := pgtest.Column[string](t, pool, `SELECT event_id || ' ' || disposition || ' ' || duplicates FROM consumer_inbox WHERE consumer = $1 ORDER BY event_id`, c)
+	want := []string{"acc-1-r1 applied 1", "acc-1-r2 applied 0", "acc-1-r3 applied 0", "other-id duplicate 0"}
+	if strings.Join(got, "; ") != strings.Join(want, "; ") {
+		t.Fatalf("inbox rows %q, want %q", got, want)
+	}
+	if last := pgtest.Column[int64](t, pool, `SELECT last_revision FROM consumer_positions WHERE consumer = $1`, c); len(last) != 1 || last[0] != 3 {
+		t.Fatalf("position %v, want 3", last)
+	}
+	if _, err := pool.Exec(context.Background(), `UPDATE consumer_positions SET parked = true WHERE consumer = $1`, c); err != nil {
+		t.Fatal(err)
+	}
+	if d, w := sqlReceive(t, pool, c, true, inboxEvent("acc-1", 4)); d != "parked" || w != 4 {
+		t.Fatalf("parked aggregate: %s %d", d, w)
+	}
+	for _, rev := range []int64{5, 2, 9} {
+		if d, _ := sqlReceive(t, pool, "unordered", false, inboxEvent("acc-u", rev)); d != "apply" {
+			t.Fatalf("unordered r%d: %s", rev, d)
+		}
+	}
+	if d, _ := sqlReceive(t, pool, "unordered", false, inboxEvent("acc-u", 2)); d != "duplicate" {
+		t.Fatalf("unordered repeat: %s", d)
+	}
+}
+
+func withID(e core.Envelope, id string) core.Envelope {
+	e.EventID = id
+	return e
+}
+
+// TestSQLInboxRollbackRecordsNothingAndInstancesApplyOnce: a consumer's
+// transaction that rolls back after apply leaves no trace (the next
+// delivery applies); two instances receiving the same event at once: the
+// second waits for the first and answers duplicate.
+func TestSQLInboxRollbackRecordsNothingAndInstancesApplyOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	_, pool := pgtest.Consumer(t)
+	e := inboxEvent("acc-2", 1)
+	h, _ := json.Marshal(e.WireHeaders())
+	receive := func(tx pgx.Tx) string {
+		var d string
+		if err := tx.QueryRow(ctx, `SELECT disposition FROM posthorn_inbox_receive('c', $1::text::jsonb)`, string(h)).Scan(&d); err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := receive(tx); d != "apply" {
+		t.Fatalf("first delivery: %s", d)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	first, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Rollback(ctx)
+	if d := receive(first); d != "apply" {
+		t.Fatalf("after a rollback: %s, want apply", d)
+	}
+	second := make(chan string, 1)
+	go func() {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			second <- err.Error()
+			return
+		}
+		defer tx.Rollback(ctx)
+		var d string
+		if err := tx.QueryRow(ctx, `SELECT disposition FROM posthorn_inbox_receive('c', $1::text::jsonb)`, string(h)).Scan(&d); err != nil {
+			d = err.Error()
+		}
+		second <- d
+		_ = tx.Commit(ctx)
+	}()
+	select {
+	case d := <-second:
+		t.Fatalf("the second instance answered %q while the first had not committed", d)
+	case <-time.After(300 * time.Millisecond):
+	}
+	if err := first.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if d := <-second; d != "duplicate" {
+		t.Fatalf("second instance: %s, want duplicate", d)
+	}
+}
+
+// TestSQLInboxSharesTheGoInbox: the SQL protocol and the Go inbox keep one
+// position per consumer and aggregate: what one applied, the other sees.
+func TestSQLInboxSharesTheGoInbox(t *testing.T) {
+	t.Parallel()
+	_, pool := pgtest.Consumer(t)
+	apply, _ := effects(t, pool)
+	goInbox := postgres.NewInbox(pool)
+	mustReceive(t, goInbox, "shared", true, inboxEvent("acc-3", 1), apply, core.DispositionApplied)
+	if d, _ := sqlReceive(t, pool, "shared", true, inboxEvent("acc-3", 1)); d != "duplicate" {
+		t.Fatalf("SQL after Go applied r1: %s", d)
+	}
+	if d, _ := sqlReceive(t, pool, "shared", true, inboxEvent("acc-3", 2)); d != "apply" {
+		t.Fatalf("SQL r2 after Go's r1: %s", d)
+	}
+	mustReceive(t, goInbox, "shared", true, inboxEvent("acc-3", 2), apply, core.DispositionDuplicate)
+}
+
+// TestSQLInboxRefusesBadHeadersAndRoles: headers lacking a contract header
+// are refused naming it; the consumer role may call the function, the
+// relay's may not.
+func TestSQLInboxRefusesBadHeadersAndRoles(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url, _ := roletest.Consumer(t)
+	consumer := roletest.As(t, url, postgres.RoleConsumer)
+	for _, tc := range []struct{ headers, says string }{
+		{`{"kind":"event","type":"t","aggregate_type":"a","aggregate_id":"x","revision":"1"}`, "headers: event_id is missing"},
+		{`{"event_id":"e","kind":"event","type":"t","aggregate_type":"a","aggregate_id":"x","revision":"0"}`, "headers: revision is '0'"},
+		{`[]`, "headers: want the record's headers"},
+	} {
+		_, err := consumer.Exec(ctx, `SELECT * FROM posthorn_inbox_receive('c', $1::text::jsonb)`, tc.headers)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "22023" || !strings.HasPrefix(pgErr.Message, tc.says) {
+			t.Errorf("headers %s: %v, want 22023 %q", tc.headers, err, tc.says)
+		}
+	}
+	h, _ := json.Marshal(inboxEvent("acc-4", 1).WireHeaders())
+	if _, err := consumer.Exec(ctx, `SELECT * FROM posthorn_inbox_receive('c', $1::text::jsonb)`, string(h)); err != nil {
+		t.Fatalf("posthorn_consumer: %v", err)
+	}
+	relay := roletest.As(t, url, postgres.RoleRelay)
+	if _, err := relay.Exec(ctx, `SELECT * FROM posthorn_inbox_receive('c', $1::text::jsonb)`, string(h)); !roletest.Denied(err) {
+		t.Fatalf("posthorn_relay calling posthorn_inbox_receive: %v, want permission denied", err)
+	}
+}
