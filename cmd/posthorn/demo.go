@@ -17,11 +17,13 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/schollz/progressbar/v3"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/posthorn/posthorn/adapters/kfakebroker"
 	"github.com/posthorn/posthorn/adapters/memory"
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/pgcluster"
+	"github.com/posthorn/posthorn/adapters/tracing"
 	"github.com/posthorn/posthorn/api"
 	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/configs"
@@ -87,8 +89,9 @@ func runDemo(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	defer p.close() // flushes the spans
 	cfg, log := p.cfg, p.log
-	d := &demoRun{cfg: cfg, log: log, json: *asJSON, workers: *workers, accounts: *accounts, timeout: *timeout, console: *withConsole}
+	d := &demoRun{cfg: cfg, log: log, tracer: p.tracer, json: *asJSON, workers: *workers, accounts: *accounts, timeout: *timeout, console: *withConsole}
 	sum, err := d.run(ctx, *postings)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -118,6 +121,7 @@ func runDemo(ctx context.Context, args []string) error {
 type demoRun struct {
 	cfg      configs.Config
 	log      *slog.Logger
+	tracer   trace.TracerProvider // nil: tracing off
 	json     bool
 	workers  int
 	accounts int
@@ -187,7 +191,7 @@ func (d *demoRun) run(ctx context.Context, postings int) (demoSummary, error) {
 		return sum, err
 	}
 	defer apiPool.Close()
-	srv, err := api.New(api.Config{Tokens: d.cfg.API.Tokens, Logger: d.log}, ledgerStore(d.cfg, apiPool))
+	srv, err := api.New(api.Config{Tokens: d.cfg.API.Tokens, Logger: d.log, TracerProvider: d.tracer}, ledgerStore(d.cfg, apiPool))
 	if err != nil {
 		return sum, err
 	}
@@ -460,6 +464,7 @@ func (d *demoRun) startRelay(pool *pgxpool.Pool) error {
 			return err
 		}
 	}
+	sink = tracing.Sink(sink, d.tracer, d.cfg.Sink.Kind)
 	d.relayN++
 	cut := new(atomic.Bool)
 	r, err := bridge.New(postgres.NewRelayStore(pool), sink, bridge.Config{
@@ -507,7 +512,7 @@ func (d *demoRun) stopRelay(hard bool) {
 func (d *demoRun) startConsumers() {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	opts := consumeOptions{log: d.log}
+	opts := consumeOptions{log: d.log, tracer: d.tracer}
 	if d.mem != nil {
 		opts.memory = d.mem.Subscriber()
 	}

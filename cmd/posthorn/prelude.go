@@ -10,9 +10,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/pflag"
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/term"
 
 	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/tracing"
 	"github.com/posthorn/posthorn/configs"
 	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/ops"
@@ -73,7 +75,9 @@ type prelude struct {
 	archive  ops.ArchiveStore
 	sink     core.Sink
 	reg      *prometheus.Registry
-	closers  []func()
+	// tracer is tracing.*'s provider, nil when tracing is off.
+	tracer  trace.TracerProvider
+	closers []func()
 }
 
 // start parses args, loads the configuration, runs n.check, checks the
@@ -94,6 +98,10 @@ func (f cmdFlags) start(ctx context.Context, args []string, n needs) (*prelude, 
 		}
 	}
 	p := &prelude{cfg: cfg, log: newLogger(cfg.Log, os.Stderr)}
+	// Tracing first, so that its flush, at close, comes last (tracing.go).
+	if err := p.openTracing(ctx, f.Name()); err != nil {
+		return nil, err
+	}
 	if err := p.open(ctx, n); err != nil {
 		p.close()
 		return nil, err
@@ -142,6 +150,7 @@ func (p *prelude) open(ctx context.Context, n needs) error {
 		if err != nil {
 			return err
 		}
+		sink = tracing.Sink(sink, p.tracer, p.cfg.Sink.Kind) // a publish span per envelope, or sink itself
 		p.sink = sink
 		p.closers = append(p.closers, func() { _ = sink.Close() })
 	}
