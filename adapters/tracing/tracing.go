@@ -25,6 +25,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
+	"path"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
@@ -90,7 +92,18 @@ func New(ctx context.Context, cfg Config, attrs ...attribute.KeyValue) (trace.Tr
 	if cfg.Endpoint == "" {
 		return nil, nil, errors.New("tracing: the OTLP exporter needs an endpoint")
 	}
-	exp, err := otlptracehttp.New(ctx, otlptracehttp.WithEndpointURL(cfg.Endpoint))
+	u, err := url.Parse(cfg.Endpoint)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, nil, errors.New("tracing: the OTLP endpoint must be an http:// or https:// URL")
+	}
+	// The endpoint is a base URL, as OTEL_EXPORTER_OTLP_ENDPOINT is: the
+	// signal's path goes below it (WithEndpointURL would post to the bare
+	// URL instead).
+	opts := []otlptracehttp.Option{otlptracehttp.WithEndpoint(u.Host), otlptracehttp.WithURLPath(path.Join("/", u.Path, "v1/traces"))}
+	if u.Scheme == "http" {
+		opts = append(opts, otlptracehttp.WithInsecure())
+	}
+	exp, err := otlptracehttp.New(ctx, opts...)
 	if err != nil {
 		return nil, nil, fmt.Errorf("tracing: OTLP exporter: %w", err)
 	}
