@@ -49,7 +49,8 @@ const (
 // API on a fresh ledger, the relay to a kfake broker over sockets through
 // the Kafka sink, and the balance projection reading it with the Kafka
 // subscriber into its own database. tp nil is tracing off, wired as cmd
-// wires it (tracing.Sink returns the bare sink).
+// wires it (tracing.Sink returns the bare sink); exactlyOnce selects the
+// Kafka sink's exactly-once mode (a bridge.FencedSink).
 type traceRig struct {
 	pool   *pgxpool.Pool
 	broker *relayBroker
@@ -58,12 +59,17 @@ type traceRig struct {
 	tp     trace.TracerProvider
 }
 
-func newTraceRig(t *testing.T, tp trace.TracerProvider) *traceRig {
+func newTraceRig(t *testing.T, tp trace.TracerProvider, exactlyOnce bool) *traceRig {
 	t.Helper()
 	_, pool := pgtest.Ledger(t)
 	b := startRelayBroker(t)
-	inner := sinktest.Open(t, kafka.New, kafka.Config{Brokers: b.addrs, ClientOpts: []kgo.Opt{
-		kgo.DialTimeout(time.Second), kgo.RetryBackoffFn(func(int) time.Duration { return 50 * time.Millisecond })}})
+	var inner core.Sink
+	if exactlyOnce {
+		inner = newExactlyOnceSink(t, b.addrs)
+	} else {
+		inner = sinktest.Open(t, kafka.New, kafka.Config{Brokers: b.addrs, ClientOpts: []kgo.Opt{
+			kgo.DialTimeout(time.Second), kgo.RetryBackoffFn(func(int) time.Duration { return 50 * time.Millisecond })}})
+	}
 	srv, err := api.New(api.Config{Logger: slog.New(slog.DiscardHandler), TracerProvider: tp},
 		postgres.NewLedgerStore(pool, postgres.LedgerConfig{}))
 	if err != nil {
@@ -180,7 +186,7 @@ func TestOneTraceFromAPIToConsumer(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	r := newTraceRig(t, tp)
+	r := newTraceRig(t, tp, false)
 	cons := r.startConsumer(t)
 	res := r.post(t)
 	events := []string{res.Events[0].EventID, res.Events[1].EventID}
@@ -305,6 +311,62 @@ func TestOneTraceFromAPIToConsumer(t *testing.T) {
 	}
 }
 
+// TestOneTraceExactlyOnce: through the exactly-once Kafka sink (the
+// decorator must stay a FencedSink, or the relay refuses it) an ACK-then-
+// crash is not published again (the successor's fence marks the committed
+// rows), so each event has one publish span, the API span's child, and its
+// one committed record carries that span.
+func TestOneTraceExactlyOnce(t *testing.T) {
+	t.Parallel()
+	exp := tracetest.NewInMemoryExporter()
+	tp, err := tracing.NewProvider(sdktrace.NewSimpleSpanProcessor(exp), tracing.Config{SampleRatio: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	r := newTraceRig(t, tp, true)
+	if _, ok := r.sink.(bridge.FencedSink); !ok {
+		t.Fatal("the traced exactly-once sink is not a FencedSink")
+	}
+	res := r.post(t)
+	first, _ := startTestRelay(t, r.pool, r.sink, "relay-crashes", "kafka", &bridge.Hooks{AfterAck: func([]core.Envelope) error {
+		return errors.New("crash between ACK and marker")
+	}})
+	select {
+	case <-first.Stopped():
+	case <-time.After(30 * time.Second):
+		t.Fatal("the first relay did not crash")
+	}
+	startTestRelay(t, r.pool, r.sink, "relay-takes-over", "kafka")
+	waitFor(t, "the successor to mark every row", 30*time.Second, func() (bool, string) {
+		n := pgtest.Column[int64](t, r.pool, `SELECT count(*) FROM outbox_pending`)[0]
+		return n == 0, fmt.Sprintf("%d rows unmarked", n)
+	})
+	var apiSpan trace.SpanContext
+	for _, s := range exp.GetSpans() {
+		if s.Name == "POST /v1/postings" {
+			apiSpan = s.SpanContext
+		}
+	}
+	publish := spansBy(exp, "publish ")
+	recs := readCommitted(t, r.broker.addrs)
+	for _, e := range res.Events {
+		pubs := publish[e.EventID]
+		if len(pubs) != 1 || pubs[0].Parent.SpanID() != apiSpan.SpanID() {
+			t.Fatalf("event %s: publish spans %v, want one, child of the API span %s", e.EventID, pubs, apiSpan.SpanID())
+		}
+		var carried []trace.SpanID
+		for _, rec := range recs {
+			if h := headers(rec); h[core.HeaderEventID] == e.EventID {
+				carried = append(carried, spanOf(h).SpanID())
+			}
+		}
+		if len(carried) != 1 || carried[0] != pubs[0].SpanContext.SpanID() {
+			t.Errorf("event %s: committed records carry spans %v, want its publish span %s", e.EventID, carried, pubs[0].SpanContext.SpanID())
+		}
+	}
+}
+
 // TestTracingOffWritesNoTraceContext is the off case: the caller still
 // sends a traceparent, but with tracing off the rows and the records carry
 // no trace header, and no span is recorded, not even by a global tracer
@@ -318,7 +380,7 @@ func TestTracingOffWritesNoTraceContext(t *testing.T) {
 		otel.SetTracerProvider(prev)
 		_ = global.Shutdown(context.Background())
 	})
-	r := newTraceRig(t, nil)
+	r := newTraceRig(t, nil, false)
 	cons := r.startConsumer(t)
 	res := r.post(t)
 	events := []string{res.Events[0].EventID, res.Events[1].EventID}
