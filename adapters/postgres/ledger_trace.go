@@ -6,20 +6,20 @@ import (
 
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
-
-	"github.com/posthorn/posthorn/adapters/tracing"
 )
 
 // traceHeaders returns the W3C trace context of ctx's span (the Posting
 // API's) as outbox headers, so the relay's publish span continues the
 // posting's trace; nil when ctx has no span, which is always the case with
-// tracing off: then no row carries a trace header.
+// tracing off: then no row carries a trace header. The format is W3C
+// Trace Context, adapters/tracing.Propagator's; the OpenTelemetry API
+// alone writes it, so the ledger does not depend on the SDK.
 func traceHeaders(ctx context.Context) map[string]string {
 	if !trace.SpanContextFromContext(ctx).IsValid() {
 		return nil
 	}
 	h := make(map[string]string, 2)
-	tracing.Propagator.Inject(ctx, propagation.MapCarrier(h))
+	propagation.TraceContext{}.Inject(ctx, propagation.MapCarrier(h))
 	return h
 }
 
