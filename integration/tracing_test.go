@@ -26,12 +26,15 @@ import (
 
 	phbrokers "github.com/posthorn/posthorn/adapters/brokers"
 	"github.com/posthorn/posthorn/adapters/kafka"
+	"github.com/posthorn/posthorn/adapters/memory"
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/adapters/sinktest"
 	"github.com/posthorn/posthorn/adapters/tracing"
 	"github.com/posthorn/posthorn/api"
 	"github.com/posthorn/posthorn/bridge"
+	"github.com/posthorn/posthorn/bridge/bridgetest"
+	"github.com/posthorn/posthorn/bridge/cdc"
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/ops"
@@ -70,6 +73,13 @@ func newTraceRig(t *testing.T, tp trace.TracerProvider, exactlyOnce bool) *trace
 		inner = sinktest.Open(t, kafka.New, kafka.Config{Brokers: b.addrs, ClientOpts: []kgo.Opt{
 			kgo.DialTimeout(time.Second), kgo.RetryBackoffFn(func(int) time.Duration { return 50 * time.Millisecond })}})
 	}
+	return newTraceRigOn(t, pool, b, inner, tp)
+}
+
+// newTraceRigOn is the rig's API on pool, publishing to inner (on broker
+// b, nil for a sink without one).
+func newTraceRigOn(t *testing.T, pool *pgxpool.Pool, b *relayBroker, inner core.Sink, tp trace.TracerProvider) *traceRig {
+	t.Helper()
 	srv, err := api.New(api.Config{Logger: slog.New(slog.DiscardHandler), TracerProvider: tp},
 		postgres.NewLedgerStore(pool, postgres.LedgerConfig{}))
 	if err != nil {
@@ -364,6 +374,53 @@ func TestOneTraceExactlyOnce(t *testing.T) {
 		if len(carried) != 1 || carried[0] != pubs[0].SpanContext.SpanID() {
 			t.Errorf("event %s: committed records carry spans %v, want its publish span %s", e.EventID, carried, pubs[0].SpanContext.SpanID())
 		}
+	}
+}
+
+// TestOneTraceThroughCDC: the CDC relay reads the rows from the WAL with
+// the same headers, so its publish spans are the API span's children and
+// its records carry them.
+func TestOneTraceThroughCDC(t *testing.T) {
+	t.Parallel()
+	exp := tracetest.NewInMemoryExporter()
+	tp, err := tracing.NewProvider(sdktrace.NewSimpleSpanProcessor(exp), tracing.Config{SampleRatio: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	mem := memory.New(memory.Config{})
+	r := newTraceRigOn(t, cdcLedger(t), nil, mem, tp)
+	relay, err := cdc.New(postgres.NewRelayStore(r.pool), postgres.NewCDCSource(r.pool), r.sink, cdc.Config{
+		Owner: "relay-cdc", SinkName: "memory", LeaseTTL: 2 * time.Second, Logger: relayQuietLog})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bridgetest.Start(t, relay)
+	res := r.post(t)
+	want := len(res.Events) + len(res.Commands)
+	waitFor(t, "the CDC relay to publish the posting", 30*time.Second, func() (bool, string) {
+		n, spans := len(mem.Records(core.TopicEvents)), len(spansBy(exp, "publish "))
+		return n == len(res.Events) && spans == want, fmt.Sprintf("%d event records, %d publish spans", n, spans)
+	})
+	var apiSpan trace.SpanContext
+	for _, s := range exp.GetSpans() {
+		if s.Name == "POST /v1/postings" {
+			apiSpan = s.SpanContext
+		}
+	}
+	publish := spansBy(exp, "publish ")
+	for _, m := range mem.Records(core.TopicEvents) {
+		id := m.Metadata.Get(core.HeaderEventID)
+		pubs := publish[id]
+		if len(pubs) != 1 || pubs[0].Parent.SpanID() != apiSpan.SpanID() {
+			t.Fatalf("event %s: publish spans %v, want one, child of the API span %s", id, pubs, apiSpan.SpanID())
+		}
+		if sc := spanOf(m.Metadata); sc.SpanID() != pubs[0].SpanContext.SpanID() {
+			t.Errorf("record of %s carries span %s, want its publish span %s", id, sc.SpanID(), pubs[0].SpanContext.SpanID())
+		}
+	}
+	if len(publish) != want {
+		t.Errorf("publish spans for %d events and commands, want %d", len(publish), want)
 	}
 }
 
