@@ -17,6 +17,10 @@
 //     kept and compared as the SHA-256 of the token, so a hash in the
 //     configuration accepts the token it was made from.
 //   - With Config.TLS the API serves HTTPS only.
+//   - With Config.TracerProvider every POST /v1/postings runs in a server
+//     span that continues the caller's W3C traceparent (trace.go), and the
+//     store gets that span in the context, so the posting's outbox rows
+//     carry it; without one there is no span and no trace header.
 //
 // The package takes plain structs (Config) and a small Store port; koanf
 // stays in cmd/ and configs/.
@@ -38,6 +42,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/posthorn/posthorn/core"
 )
@@ -81,6 +86,9 @@ type Config struct {
 	ShutdownTimeout time.Duration
 	// Logger receives structured logs; default slog.Default().
 	Logger *slog.Logger
+	// TracerProvider, when set, traces the posting requests (trace.go);
+	// nil is tracing off.
+	TracerProvider trace.TracerProvider
 }
 
 // Server is the Posting API.
@@ -90,6 +98,8 @@ type Server struct {
 	log    *slog.Logger
 	tokens core.Tokens
 	mux    *http.ServeMux
+	// tracer is nil with tracing off.
+	tracer trace.Tracer
 }
 
 // New returns a server on store. It logs a warning when authentication is off.
@@ -104,6 +114,9 @@ func New(cfg Config, store Store) (*Server, error) {
 		cfg.Logger = slog.Default()
 	}
 	s := &Server{cfg: cfg, store: store, log: cfg.Logger, mux: http.NewServeMux()}
+	if cfg.TracerProvider != nil {
+		s.tracer = cfg.TracerProvider.Tracer(tracerName)
+	}
 	tokens, err := core.ParseTokens(cfg.Tokens)
 	if err != nil {
 		return nil, fmt.Errorf("api: %w", err)
@@ -114,7 +127,7 @@ func New(cfg Config, store Store) (*Server, error) {
 	} else {
 		s.log.Info("Posting API authentication is on", "tokens", s.tokens.Len())
 	}
-	s.mux.HandleFunc("POST /v1/postings", s.auth(s.handlePost))
+	s.mux.HandleFunc("POST /v1/postings", s.traced("/v1/postings", s.auth(s.handlePost)))
 	s.mux.HandleFunc("GET /v1/postings/{journal_id}", s.auth(s.handleGetPosting))
 	s.mux.HandleFunc("GET /v1/accounts/{account}", s.auth(s.handleGetAccount))
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
@@ -280,6 +293,7 @@ func (s *Server) handlePost(w http.ResponseWriter, r *http.Request) {
 	} else {
 		s.log.Debug("posting committed", "journal_id", res.JournalID, "sequence", res.Sequence, "lines", len(res.Events))
 	}
+	postedSpan(r.Context(), res, replayed)
 	w.Header().Set("Location", "/v1/postings/"+res.JournalID)
 	writeJSON(w, status, res)
 }

@@ -46,6 +46,7 @@ type Config struct {
 	Outbox    Outbox    `koanf:"outbox"`
 	Retention Retention `koanf:"retention"`
 	Console   Console   `koanf:"console"`
+	Tracing   Tracing   `koanf:"tracing"`
 }
 
 // Database is a Postgres connection.
@@ -110,6 +111,7 @@ func Default() Config {
 		Consumer:  Consumer{Hold: consumers.DefaultHoldTime},
 		Retention: defaultRetention(),
 		Console:   defaultConsole(),
+		Tracing:   defaultTracing(),
 	}
 }
 
@@ -256,6 +258,7 @@ func (c Config) Validate() error {
 		c.Retention.validate(),
 		c.Consumer.validate(),
 		c.Console.validate(),
+		c.Tracing.validate(),
 		validateCommandOwners(c.Sink),
 	} {
 		if err != nil {

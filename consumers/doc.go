@@ -108,4 +108,12 @@
 // the concrete subscriber does (watermill-kafka: record offsets in the
 // message context, high-water marks through PartitionOffset), package
 // subscribers adds posthorn_consumer_offset_lag{consumer,topic,partition}.
+//
+// # Tracing
+//
+// With Config.TracerProvider set, each delivery runs in an "apply
+// <consumer>" span continuing the record's W3C traceparent (the relay's
+// publish span), around the inbox transaction and the handler, ended with
+// the disposition or the error (trace.go). Without it nothing is traced and
+// nothing is read from the headers.
 package consumers

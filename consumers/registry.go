@@ -13,6 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/posthorn/posthorn/core"
 )
@@ -107,6 +108,9 @@ type Config struct {
 	// transaction of its own, as before batching (the benchmark's
 	// baseline).
 	MaxBatch int
+	// TracerProvider, when set, gives every delivery an apply span that
+	// continues the record's traceparent (trace.go); nil is tracing off.
+	TracerProvider trace.TracerProvider
 }
 
 func (c *Config) setDefaults() {
@@ -201,6 +205,8 @@ type Registry struct {
 	inbox   Inbox
 	metrics *metrics
 	log     *slog.Logger
+	// tracer is nil with tracing off.
+	tracer trace.Tracer
 
 	mu       sync.Mutex
 	handlers []*handlerConfig
@@ -222,14 +228,18 @@ func New(router *message.Router, cfg Config) (*Registry, error) {
 		return nil, errors.New("consumers: Config.Inbox is required")
 	}
 	cfg.setDefaults()
-	return &Registry{
+	r := &Registry{
 		router:  router,
 		cfg:     cfg,
 		inbox:   cfg.Inbox,
 		metrics: newMetrics(cfg.Registerer),
 		log:     cfg.Logger,
 		owners:  make(map[string]string),
-	}, nil
+	}
+	if cfg.TracerProvider != nil {
+		r.tracer = cfg.TracerProvider.Tracer(tracerName)
+	}
+	return r, nil
 }
 
 // Router is the Watermill router the handlers are added to.
@@ -332,11 +342,14 @@ func (r *Registry) middleware(hc *handlerConfig) message.NoPublishHandlerFunc {
 			return r.reject(ctx, hc, msg, e, fmt.Sprintf("record of kind %s delivered to %s handler %s on %s", e.Kind, hc.kind, hc.consumer, hc.topic))
 		}
 		e.Topic = hc.topic
+		ctx, span := r.startApply(ctx, hc, msg, e)
 		if hc.noInbox {
 			if sequenced {
 				hc.handOff.pass(seq)
 			}
-			return r.applyWithoutInbox(ctx, hc, e)
+			err := r.applyWithoutInbox(ctx, hc, e)
+			endApply(span, Outcome{Disposition: core.DispositionApplied}, err)
+			return err
 		}
 		lane := hc.lanes.of(e)
 		p := lane.enqueue(e)
@@ -345,7 +358,9 @@ func (r *Registry) middleware(hc *handlerConfig) message.NoPublishHandlerFunc {
 		}
 		// The batch counts the outcome and drains the successors of what
 		// it applied.
-		if _, err := lane.receive(ctx, p); err != nil {
+		out, err := lane.receive(ctx, p)
+		endApply(span, out, err)
+		if err != nil {
 			return r.failed(ctx, hc, err)
 		}
 		return nil

@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"go.opentelemetry.io/otel/trace"
 
 	phbrokers "github.com/posthorn/posthorn/adapters/brokers"
 	"github.com/posthorn/posthorn/adapters/postgres"
@@ -140,6 +141,8 @@ type rigOptions struct {
 	audit      bool
 	probe      bool
 	registerer *prometheus.Registry
+	// tracer gives the deliveries apply spans; nil is tracing off.
+	tracer trace.TracerProvider
 }
 
 const probeConsumer = "order-probe"
@@ -156,9 +159,10 @@ func startConsumer(t *testing.T, tr consumerTransport, pool *pgxpool.Pool, o rig
 		prom = prometheus.NewRegistry()
 	}
 	reg := newRegistry(t, pool, 10*time.Second, consumers.Config{
-		Subscribers: func(c string) (message.Subscriber, error) { return tr.subscriber(t, c, o.instance), nil },
-		Registerer:  prom,
-		HoldTime:    o.hold,
+		Subscribers:    func(c string) (message.Subscriber, error) { return tr.subscriber(t, c, o.instance), nil },
+		Registerer:     prom,
+		HoldTime:       o.hold,
+		TracerProvider: o.tracer,
 	})
 	var extra []consumers.Option
 	if o.noInbox {

@@ -36,6 +36,10 @@ func (s *LedgerStore) post(ctx context.Context, key string, hash [32]byte, p cor
 	if err != nil {
 		return core.PostingResult{}, err
 	}
+	traceMD := traceHeaders(ctx)
+	if traceMD != nil {
+		wireMD = withTrace(wireMD, traceMD)
+	}
 	plan, err := planPosting(p)
 	if err != nil {
 		return core.PostingResult{}, err
@@ -62,7 +66,7 @@ func (s *LedgerStore) post(ctx context.Context, key string, hash [32]byte, p cor
 	// round trip with step 3, in this order, and an error in any of them
 	// aborts the transaction before the journal is written.
 	final := &pgx.Batch{}
-	if err := s.writeOutbox(ctx, &pipelinedTx{Tx: tx, batch: final}, res, lines, p.Commands, wireMD); err != nil {
+	if err := s.writeOutbox(ctx, &pipelinedTx{Tx: tx, batch: final}, res, lines, p.Commands, wireMD, traceMD); err != nil {
 		return core.PostingResult{}, err
 	}
 	outboxStatements := final.Len()
@@ -320,8 +324,9 @@ func (t *pipelinedTx) Exec(_ context.Context, sql string, args ...any) (pgconn.C
 // writeOutbox publishes the posting's events and commands through
 // Watermill's SQL publisher on tx. Events go in one Publish (one INSERT);
 // commands in one Publish per topic, in request order within it. Events
-// carry the allow-listed metadata headers md; commands carry none.
-func (s *LedgerStore) writeOutbox(ctx context.Context, tx pgx.Tx, res core.PostingResult, lines []line, cmds []core.CommandSpec, md map[string]string) error {
+// carry the headers md (allow-listed metadata and the trace context);
+// commands carry only the trace context, tc.
+func (s *LedgerStore) writeOutbox(ctx context.Context, tx pgx.Tx, res core.PostingResult, lines []line, cmds []core.CommandSpec, md, tc map[string]string) error {
 	if s.schema == nil {
 		return nil // OutboxNone: measurement only
 	}
@@ -381,6 +386,7 @@ func (s *LedgerStore) writeOutbox(ctx context.Context, tx pgx.Tx, res core.Posti
 			Revision:   int64(i + 1),
 			JournalID:  res.JournalID,
 			OccurredAt: res.PostedAt,
+			Headers:    tc,
 			Payload:    c.Payload,
 		}
 		msg := env.ToMessage()

@@ -51,7 +51,7 @@ func TestBrokerRoundTrip(t *testing.T) {
 			if err := configsValidate(sc); err != nil {
 				t.Fatalf("configuration: %v", err)
 			}
-			sink, err := openSink(sc)
+			sink, err := openSink(sc, nil)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -14,6 +14,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/posthorn/posthorn/adapters/brokers"
 	"github.com/posthorn/posthorn/adapters/metricshttp"
@@ -47,6 +48,8 @@ type consumeOptions struct {
 	hold   time.Duration
 	memory message.Subscriber
 	log    *slog.Logger
+	// tracer traces the deliveries; nil is tracing off.
+	tracer trace.TracerProvider
 	// unsafeNoInbox runs the handlers without the inbox: the fault suite's
 	// negative control (--unsafe-no-inbox, only with -tags posthorn_unsafe),
 	// never for real use.
@@ -67,7 +70,8 @@ func runConsume(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	return runConsumers(ctx, p.cfg, consumeOptions{only: *only, hold: *hold, log: p.log, unsafeNoInbox: *unsafeNoInbox})
+	defer p.close() // flushes the spans
+	return runConsumers(ctx, p.cfg, consumeOptions{only: *only, hold: *hold, log: p.log, tracer: p.tracer, unsafeNoInbox: *unsafeNoInbox})
 }
 
 // runConsumers runs the example consumers until ctx is cancelled, then
@@ -113,6 +117,7 @@ func runConsumers(ctx context.Context, cfg configs.Config, o consumeOptions) err
 		Logger:             log,
 		HoldTime:           o.hold,
 		CommandTopicPrefix: cfg.Sink.CommandTopicPrefix,
+		TracerProvider:     o.tracer,
 	})
 	if err != nil {
 		return err

@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/schollz/progressbar/v3"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/posthorn/posthorn/adapters/kfakebroker"
 	"github.com/posthorn/posthorn/adapters/memory"
@@ -87,8 +88,9 @@ func runDemo(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	defer p.close() // flushes the spans
 	cfg, log := p.cfg, p.log
-	d := &demoRun{cfg: cfg, log: log, json: *asJSON, workers: *workers, accounts: *accounts, timeout: *timeout, console: *withConsole}
+	d := &demoRun{cfg: cfg, log: log, tracer: p.tracer, json: *asJSON, workers: *workers, accounts: *accounts, timeout: *timeout, console: *withConsole}
 	sum, err := d.run(ctx, *postings)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -118,6 +120,7 @@ func runDemo(ctx context.Context, args []string) error {
 type demoRun struct {
 	cfg      configs.Config
 	log      *slog.Logger
+	tracer   trace.TracerProvider // nil: tracing off
 	json     bool
 	workers  int
 	accounts int
@@ -187,7 +190,7 @@ func (d *demoRun) run(ctx context.Context, postings int) (demoSummary, error) {
 		return sum, err
 	}
 	defer apiPool.Close()
-	srv, err := api.New(api.Config{Tokens: d.cfg.API.Tokens, Logger: d.log}, ledgerStore(d.cfg, apiPool))
+	srv, err := api.New(api.Config{Tokens: d.cfg.API.Tokens, Logger: d.log, TracerProvider: d.tracer}, ledgerStore(d.cfg, apiPool))
 	if err != nil {
 		return sum, err
 	}
@@ -335,8 +338,8 @@ func (d *demoRun) startConsole(ctx context.Context) (stop func(), err error) {
 	cfg.Database.URL, cfg.Consumer.Database.URL = d.ledgerURL, d.consumerURL
 	var sink core.Sink
 	if d.mem != nil {
-		sink = bridge.Formatted(keepOpen{d.mem}, d.cfg.Sink.WireFormat())
-	} else if sink, err = openSink(cfg.Sink); err != nil {
+		sink = decorateSink(keepOpen{d.mem}, d.cfg.Sink, d.tracer)
+	} else if sink, err = openSink(cfg.Sink, d.tracer); err != nil {
 		return nil, err
 	}
 	// A pool of its own: the demo's checks keep theirs.
@@ -453,10 +456,10 @@ func (d *demoRun) databases(ctx context.Context) (cleanup func(), err error) {
 func (d *demoRun) startRelay(pool *pgxpool.Pool) error {
 	var sink core.Sink
 	if d.mem != nil {
-		sink = bridge.Formatted(keepOpen{d.mem}, d.cfg.Sink.WireFormat())
+		sink = decorateSink(keepOpen{d.mem}, d.cfg.Sink, d.tracer)
 	} else {
 		var err error
-		if sink, err = openSink(d.cfg.Sink); err != nil {
+		if sink, err = openSink(d.cfg.Sink, d.tracer); err != nil {
 			return err
 		}
 	}
@@ -507,7 +510,7 @@ func (d *demoRun) stopRelay(hard bool) {
 func (d *demoRun) startConsumers() {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	opts := consumeOptions{log: d.log}
+	opts := consumeOptions{log: d.log, tracer: d.tracer}
 	if d.mem != nil {
 		opts.memory = d.mem.Subscriber()
 	}

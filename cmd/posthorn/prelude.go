@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/pflag"
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/term"
 
 	"github.com/posthorn/posthorn/adapters/postgres"
@@ -73,7 +74,9 @@ type prelude struct {
 	archive  ops.ArchiveStore
 	sink     core.Sink
 	reg      *prometheus.Registry
-	closers  []func()
+	// tracer is tracing.*'s provider, nil when tracing is off.
+	tracer  trace.TracerProvider
+	closers []func()
 }
 
 // start parses args, loads the configuration, runs n.check, checks the
@@ -94,6 +97,10 @@ func (f cmdFlags) start(ctx context.Context, args []string, n needs) (*prelude, 
 		}
 	}
 	p := &prelude{cfg: cfg, log: newLogger(cfg.Log, os.Stderr)}
+	// Tracing first, so that its flush, at close, comes last (tracing.go).
+	if err := p.openTracing(ctx, f.Name()); err != nil {
+		return nil, err
+	}
 	if err := p.open(ctx, n); err != nil {
 		p.close()
 		return nil, err
@@ -138,7 +145,7 @@ func (p *prelude) open(ctx context.Context, n needs) error {
 		}
 	}
 	if n.sink {
-		sink, err := openSink(p.cfg.Sink)
+		sink, err := openSink(p.cfg.Sink, p.tracer)
 		if err != nil {
 			return err
 		}

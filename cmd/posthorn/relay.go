@@ -7,22 +7,32 @@ import (
 	"log/slog"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/posthorn/posthorn/adapters/brokers"
 	"github.com/posthorn/posthorn/adapters/metricshttp"
 	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/tracing"
 	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/configs"
 	"github.com/posthorn/posthorn/core"
 )
 
-// openSink returns the sink configured by sink.* (brokers.go), laying its
-// records out in sink.format.
-func openSink(c configs.Sink) (core.Sink, error) {
+// openSink returns the sink configured by sink.* (brokers.go), decorated
+// by decorateSink.
+func openSink(c configs.Sink, tp trace.TracerProvider) (core.Sink, error) {
 	s, err := openBroker(c, brokers.OpenSink)
 	if err != nil {
 		return nil, err
 	}
-	return bridge.Formatted(s, c.WireFormat()), nil
+	return decorateSink(s, c, tp), nil
+}
+
+// decorateSink lays s's records out in sink.format and gives each a
+// publish span (tracing.*; none when tp is nil). The span sees the record
+// as it goes out: its format's topic and headers.
+func decorateSink(s core.Sink, c configs.Sink, tp trace.TracerProvider) core.Sink {
+	return bridge.Formatted(tracing.Sink(s, tp, c.Kind), c.WireFormat())
 }
 
 func runRelay(ctx context.Context, args []string) error {

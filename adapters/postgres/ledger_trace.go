@@ -1,0 +1,34 @@
+package postgres
+
+import (
+	"context"
+	"maps"
+
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// traceHeaders returns the W3C trace context of ctx's span (the Posting
+// API's) as outbox headers, so the relay's publish span continues the
+// posting's trace; nil when ctx has no span, which is always the case with
+// tracing off: then no row carries a trace header. The format is W3C
+// Trace Context, adapters/tracing.Propagator's; the OpenTelemetry API
+// alone writes it, so the ledger does not depend on the SDK.
+func traceHeaders(ctx context.Context) map[string]string {
+	if !trace.SpanContextFromContext(ctx).IsValid() {
+		return nil
+	}
+	h := make(map[string]string, 2)
+	propagation.TraceContext{}.Inject(ctx, propagation.MapCarrier(h))
+	return h
+}
+
+// withTrace adds the trace headers tc to md, the posting's own metadata
+// headers (wireMetadata makes them per posting, or returns nil).
+func withTrace(md, tc map[string]string) map[string]string {
+	if md == nil {
+		return tc
+	}
+	maps.Copy(md, tc)
+	return md
+}
