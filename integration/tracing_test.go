@@ -16,8 +16,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/twmb/franz-go/pkg/kgo"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/propagation"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -25,11 +25,9 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	phbrokers "github.com/posthorn/posthorn/adapters/brokers"
-	"github.com/posthorn/posthorn/adapters/kafka"
 	"github.com/posthorn/posthorn/adapters/memory"
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
-	"github.com/posthorn/posthorn/adapters/sinktest"
 	"github.com/posthorn/posthorn/adapters/tracing"
 	"github.com/posthorn/posthorn/api"
 	"github.com/posthorn/posthorn/bridge"
@@ -38,6 +36,7 @@ import (
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/ops"
+	"github.com/posthorn/posthorn/publish"
 )
 
 // The caller of the Posting API in these tests sends this traceparent: the
@@ -70,8 +69,7 @@ func newTraceRig(t *testing.T, tp trace.TracerProvider, exactlyOnce bool) *trace
 	if exactlyOnce {
 		inner = newExactlyOnceSink(t, b.addrs)
 	} else {
-		inner = sinktest.Open(t, kafka.New, kafka.Config{Brokers: b.addrs, ClientOpts: []kgo.Opt{
-			kgo.DialTimeout(time.Second), kgo.RetryBackoffFn(func(int) time.Duration { return 50 * time.Millisecond })}})
+		inner = newKafkaSink(t, b.addrs)
 	}
 	return newTraceRigOn(t, pool, b, inner, tp)
 }
@@ -464,5 +462,56 @@ func TestTracingOffWritesNoTraceContext(t *testing.T) {
 	})
 	if spans := exp.GetSpans(); len(spans) != 0 {
 		t.Errorf("tracing off recorded %d spans, first %q", len(spans), spans[0].Name)
+	}
+}
+
+// TestPublishContinuesTheCallersTrace: a team's service publishing with
+// the publish package inside its own span: the row stores that span, and
+// the relay's publish span is its child; without a span in the context the
+// row carries no trace header.
+func TestPublishContinuesTheCallersTrace(t *testing.T) {
+	t.Parallel()
+	exp := tracetest.NewInMemoryExporter()
+	tp, err := tracing.NewProvider(sdktrace.NewSimpleSpanProcessor(exp), tracing.Config{SampleRatio: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	_, pool := pgtest.Ledger(t)
+	ctx, caller := tp.Tracer("wallets").Start(context.Background(), "credit wallet")
+	var traced, plain publish.Published
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		var err error
+		if traced, err = publish.Pgx(tx).Event(ctx, wallet("t-1", 0)); err != nil {
+			return err
+		}
+		plain, err = publish.Pgx(tx).Event(context.Background(), wallet("t-2", 0))
+		return err
+	})
+	caller.End()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := map[string]map[string]string{}
+	for _, id := range []string{traced.EventID, plain.EventID} {
+		raw := pgtest.Column[[]byte](t, pool, `SELECT headers FROM outbox WHERE event_id = $1::uuid`, id)
+		h := map[string]string{}
+		if err := json.Unmarshal(raw[0], &h); err != nil {
+			t.Fatal(err)
+		}
+		rows[id] = h
+	}
+	if got := spanOf(rows[traced.EventID]); got.SpanID() != caller.SpanContext().SpanID() {
+		t.Fatalf("the row stores span %s, the caller's is %s", got.SpanID(), caller.SpanContext().SpanID())
+	}
+	if _, ok := rows[plain.EventID][tracing.HeaderTraceparent]; ok {
+		t.Fatalf("a row published without a span carries a traceparent: %v", rows[plain.EventID])
+	}
+	sink := memory.New(memory.Config{})
+	startTestRelay(t, pool, tracing.Sink(sink, tp, "memory"), "relay-publish-trace", "memory")
+	bridgetest.WaitFor(t, 10*time.Second, "both rows relayed", func() bool { return bridgetest.Unrelayed(t, pool) == 0 })
+	pubs := spansBy(exp, "publish ")[traced.EventID]
+	if len(pubs) != 1 || pubs[0].Parent.SpanID() != caller.SpanContext().SpanID() || pubs[0].SpanContext.TraceID() != caller.SpanContext().TraceID() {
+		t.Fatalf("publish spans of the traced event %+v, want one child of the caller's span %s", pubs, caller.SpanContext().SpanID())
 	}
 }

@@ -26,6 +26,9 @@
 //     publisher with the outbox's schema adapter, as the ledger's do.
 //   - The SQL functions posthorn_publish and posthorn_send_command do the
 //     same from any language, with the same lock, checks and errors.
+//   - When ctx holds an OpenTelemetry span, its W3C trace context
+//     (traceparent, tracestate) goes into the row's headers, so the relay's
+//     publish span and the consumers' apply spans join the caller's trace.
 //
 // A refused message names its field (*FieldError) or its revision
 // (ErrRevision). A payload that is not JSON is refused before anything is
@@ -40,6 +43,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"strings"
 	"time"
 
@@ -130,10 +134,13 @@ func (p *Publisher) publish(ctx context.Context, kind core.Kind, m Message) (Pub
 	if !json.Valid(m.Payload) {
 		return Published{}, &FieldError{Field: "payload", Reason: "is not a JSON document"}
 	}
-	headers := m.Headers
+	// The caller's span, when its context has one, continues through the
+	// relay's publish span to the consumers' (as a posting's does).
+	headers := maps.Clone(m.Headers)
 	if headers == nil {
 		headers = map[string]string{}
 	}
+	maps.Copy(headers, postgres.TraceHeaders(ctx))
 	hJSON, err := json.Marshal(headers)
 	if err != nil {
 		return Published{}, err

@@ -8,13 +8,14 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// traceHeaders returns the W3C trace context of ctx's span (the Posting
-// API's) as outbox headers, so the relay's publish span continues the
-// posting's trace; nil when ctx has no span, which is always the case with
-// tracing off: then no row carries a trace header. The format is W3C
+// TraceHeaders returns the W3C trace context of ctx's span (the Posting
+// API's, or a publish package caller's) as outbox headers, so that the
+// relay's publish span continues that trace; nil when ctx has no span,
+// which is always the case with tracing off: then no row carries a trace
+// header. The format is W3C
 // Trace Context, adapters/tracing.Propagator's; the OpenTelemetry API
 // alone writes it, so the ledger does not depend on the SDK.
-func traceHeaders(ctx context.Context) map[string]string {
+func TraceHeaders(ctx context.Context) map[string]string {
 	if !trace.SpanContextFromContext(ctx).IsValid() {
 		return nil
 	}
