@@ -26,9 +26,12 @@ type FencedSink interface {
 	// marker may be missing.
 	Fence(ctx context.Context, shard int) ([]int64, error)
 	// PublishShard publishes batch, all of one shard, in one transaction
-	// that also records ids as the shard's newest committed rows. On an
-	// error nothing of it is committed, or the outcome is unknown; the
-	// shard must be fenced again before its next publish.
+	// that also records the shard's newest committed rows: ids[i] is the
+	// row of batch[i], and the ids after len(batch) are rows of earlier
+	// transactions whose markers are still in flight. Only the rows whose
+	// records the transaction holds are recorded. On an error nothing of it
+	// is committed, or the outcome is unknown; the shard must be fenced
+	// again before its next publish.
 	PublishShard(ctx context.Context, shard int, batch []core.Envelope, ids []int64) error
 	// Unfence closes the shard's producer (its lease was given back or
 	// lost).

@@ -206,11 +206,14 @@ func (s *ExactlyOnceSink) PublishShard(ctx context.Context, shard int, batch []c
 	if cl == nil {
 		return fmt.Errorf("kafka sink: shard %d is not fenced", shard)
 	}
+	if len(ids) < len(batch) {
+		return fmt.Errorf("kafka sink: shard %d: %d ids for a batch of %d", shard, len(ids), len(batch))
+	}
 	fails, recs, index := s.records(batch)
 	if len(recs) == 0 {
 		return fails.Err()
 	}
-	value, err := json.Marshal(positions{IDs: ids})
+	value, err := json.Marshal(positions{IDs: committedIDs(ids, len(batch), index)})
 	if err != nil {
 		return err
 	}
@@ -260,6 +263,21 @@ func (s *ExactlyOnceSink) PublishShard(ctx context.Context, shard int, batch []c
 		fails.Fail(i, batch[i], fmt.Errorf("kafka sink: transaction not committed: %v", first))
 	}
 	return fails.Err()
+}
+
+// committedIDs are the ids a transaction's positions record names: of the
+// batch's rows (ids[:n], one per envelope) only those whose records are in
+// the transaction (index), then the rows carried from earlier
+// transactions (ids[n:]). A record that could not be built (too large),
+// or one held back behind it, is not in the transaction: naming it would
+// let the next owner's fence mark it relayed though the broker never had
+// it.
+func committedIDs(ids []int64, n int, index []int) []int64 {
+	out := make([]int64, 0, len(index)+len(ids)-n)
+	for _, i := range index {
+		out = append(out, ids[i])
+	}
+	return append(out, ids[n:]...)
 }
 
 // produceAll produces recs and waits for every result.
