@@ -49,7 +49,18 @@ const (
 	// outbox resend): a deliberate repeat that a broker's own dedup must
 	// not swallow (see Envelope.OperatorRepeat).
 	HeaderResend = "resend"
+	// HeaderSchemaVersion is the version of the payload's schema for its
+	// type (1, 2, …; 1 when a writer set none), so consumers can handle
+	// old and new payloads side by side (consumers.Versions).
+	HeaderSchemaVersion = "schema_version"
+	// HeaderContentType is the payload's media type (ContentTypeJSON when a
+	// writer set none).
+	HeaderContentType = "content_type"
 )
+
+// AccountPostedVersion is the schema version of TypeAccountPosted payloads
+// the ledger writes (docs/schemas/ledger.account.posted.v1.json).
+const AccountPostedVersion = 1
 
 // OperatorRepeat reports whether e is a replay or an operator's resend: a
 // repeat of an event ID that must reach the consumer (whose inbox absorbs
@@ -73,6 +84,12 @@ type Envelope struct {
 	OccurredAt    time.Time
 	// Replay is set on records sent by a historical replay.
 	Replay bool
+	// SchemaVersion is the payload schema's version; 0 means the one in
+	// Headers, else 1.
+	SchemaVersion int
+	// ContentType is the payload's media type; "" means the one in
+	// Headers, else ContentTypeJSON.
+	ContentType string
 	// Headers are extra headers (allow-listed metadata); they never override
 	// the contract headers above.
 	Headers map[string]string
@@ -88,7 +105,7 @@ func CommandTopic(prefix, commandType string) string {
 
 // WireHeaders returns every header the contract requires, plus the extra ones.
 func (e Envelope) WireHeaders() map[string]string {
-	h := make(map[string]string, len(e.Headers)+9)
+	h := make(map[string]string, len(e.Headers)+11)
 	for k, v := range e.Headers {
 		h[k] = v
 	}
@@ -100,12 +117,38 @@ func (e Envelope) WireHeaders() map[string]string {
 	h[HeaderRevision] = strconv.FormatInt(e.Revision, 10)
 	h[HeaderJournalID] = e.JournalID
 	h[HeaderOccurredAt] = e.OccurredAt.UTC().Format(time.RFC3339Nano)
+	h[HeaderSchemaVersion] = e.version()
+	h[HeaderContentType] = e.MediaType()
 	if e.Replay {
 		h[HeaderReplay] = "true"
 	} else {
 		delete(h, HeaderReplay)
 	}
 	return h
+}
+
+// version is the payload schema's version as a header value: the field's,
+// else the one in Headers, else 1.
+func (e Envelope) version() string {
+	switch {
+	case e.SchemaVersion > 0:
+		return strconv.Itoa(e.SchemaVersion)
+	case e.Headers[HeaderSchemaVersion] != "":
+		return e.Headers[HeaderSchemaVersion]
+	}
+	return "1"
+}
+
+// MediaType is the payload's content type: the field's, else the one in
+// Headers, else ContentTypeJSON.
+func (e Envelope) MediaType() string {
+	switch {
+	case e.ContentType != "":
+		return e.ContentType
+	case e.Headers[HeaderContentType] != "":
+		return e.Headers[HeaderContentType]
+	}
+	return ContentTypeJSON
 }
 
 // ErrBadEnvelope is returned when a received record lacks or garbles a
@@ -138,6 +181,17 @@ func EnvelopeFromHeaders(h map[string]string, payload []byte) (Envelope, error) 
 		return Envelope{}, fmt.Errorf("%w: header %q is %q, want a positive integer", ErrBadEnvelope, HeaderRevision, h[HeaderRevision])
 	}
 	e.Revision = rev
+	e.SchemaVersion, e.ContentType = 1, ContentTypeJSON
+	if s := h[HeaderSchemaVersion]; s != "" {
+		v, err := strconv.Atoi(s)
+		if err != nil || v < 1 {
+			return Envelope{}, fmt.Errorf("%w: header %q is %q, want a positive integer", ErrBadEnvelope, HeaderSchemaVersion, s)
+		}
+		e.SchemaVersion = v
+	}
+	if s := h[HeaderContentType]; s != "" {
+		e.ContentType = s
+	}
 	if s := h[HeaderOccurredAt]; s != "" {
 		t, err := time.Parse(time.RFC3339Nano, s)
 		if err != nil {

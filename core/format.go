@@ -37,8 +37,8 @@ const (
 	HeaderCESubject      = "ce_subject"
 	HeaderCEPartitionKey = "ce_partitionkey"
 	HeaderCESequence     = "ce_sequence"
-	// HeaderContentType is CloudEvents' datacontenttype in binary mode.
-	HeaderContentType = "content-type"
+	// HeaderCEContentType is CloudEvents' datacontenttype in binary mode.
+	HeaderCEContentType = "content-type"
 	// HeaderDebeziumID is the header Debezium's router puts the event ID in.
 	HeaderDebeziumID = "id"
 )
@@ -49,8 +49,8 @@ const (
 	// DefaultCloudEventsSource is ce_source unless sink.cloudevents.source
 	// says otherwise.
 	DefaultCloudEventsSource = "/posthorn"
-	// ContentTypeJSON is every outbox payload's content type: the ledger's
-	// events and commands are JSON documents.
+	// ContentTypeJSON is the payloads' content type unless a writer set
+	// another: the ledger's events and commands are JSON documents.
 	ContentTypeJSON = "application/json"
 	// DebeziumTopicPrefix is Debezium's default route.topic.replacement,
 	// outbox.event.${routedByValue}, with aggregatetype as route.by.field.
@@ -98,7 +98,7 @@ func (f WireFormat) Apply(e Envelope) Envelope {
 		h[HeaderCESubject] = e.AggregateID
 		h[HeaderCEPartitionKey] = e.AggregateID
 		h[HeaderCESequence] = fmt.Sprintf("%0*d", sequenceDigits, e.Revision)
-		h[HeaderContentType] = ContentTypeJSON
+		h[HeaderCEContentType] = e.MediaType()
 		if !e.OccurredAt.IsZero() {
 			h[HeaderCETime] = e.OccurredAt.UTC().Format(time.RFC3339Nano)
 		}

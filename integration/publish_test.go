@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -10,16 +11,19 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/posthorn/posthorn/adapters/memory"
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/adapters/postgres/roles/roletest"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
+	"github.com/posthorn/posthorn/consumers"
 	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/publish"
 )
@@ -546,5 +550,80 @@ func TestPublishGrants(t *testing.T) {
 		if _, err := relay.Exec(ctx, q); !roletest.Denied(err) {
 			t.Errorf("posthorn_relay: %s: %v, want permission denied", q, err)
 		}
+	}
+}
+
+// TestVersionedPayloadsGoToTheirHandlers: one wallet's events in schema
+// versions 1 and 2 (the amount moved from units to cents) are applied by
+// the handler of their version, in revision order, through the relay and
+// the inbox; an event of a version with no handler is parked as poison
+// naming the version, and not applied by another version's handler.
+func TestVersionedPayloadsGoToTheirHandlers(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	_, ledger := pgtest.Ledger(t)
+	msgs := []publish.Message{
+		{AggregateType: "wallet", AggregateID: "v-1", Type: "wallet.credited", Payload: []byte(`{"amount":5}`)}, // version 0: 1
+		{AggregateType: "wallet", AggregateID: "v-1", Type: "wallet.credited", Payload: []byte(`{"amount_cents":700}`), SchemaVersion: 2},
+		{AggregateType: "wallet", AggregateID: "v-1", Type: "wallet.credited", Payload: []byte(`{"amount":1}`), SchemaVersion: 1},
+		{AggregateType: "wallet", AggregateID: "v-2", Type: "wallet.credited", Payload: []byte(`{"amount_millis":9}`), SchemaVersion: 3},
+	}
+	var unknown publish.Published
+	if err := pgx.BeginFunc(ctx, ledger, func(tx pgx.Tx) error {
+		for _, m := range msgs {
+			p, err := publish.Pgx(tx).Event(ctx, m)
+			if err != nil {
+				return err
+			}
+			unknown = p
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	sink := memory.New(memory.Config{})
+	startTestRelay(t, ledger, sink, "relay-versions", "memory")
+	pool := smallConsumerPool(t)
+	if _, err := pool.Exec(ctx, `CREATE TABLE wallet_cents (wallet text PRIMARY KEY, cents bigint NOT NULL, seen text NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	add := func(version string, cents func(p map[string]int64) int64) consumers.Handler {
+		return func(ctx context.Context, tx pgx.Tx, e core.Envelope) error {
+			var p map[string]int64
+			if err := json.Unmarshal(e.Payload, &p); err != nil {
+				return consumers.Permanent(err)
+			}
+			_, err := tx.Exec(ctx, `INSERT INTO wallet_cents VALUES ($1, $2, $3)
+				ON CONFLICT (wallet) DO UPDATE SET cents = wallet_cents.cents + EXCLUDED.cents, seen = wallet_cents.seen || EXCLUDED.seen`,
+				e.AggregateID, cents(p), version)
+			return err
+		}
+	}
+	reg := newRegistry(t, pool, 10*time.Second, consumers.Config{
+		Subscribers: func(string) (message.Subscriber, error) { return sink.Subscriber(), nil },
+		Registerer:  prometheus.NewRegistry(), HoldTime: time.Minute,
+	})
+	handler := consumers.Versions{
+		1: add("1", func(p map[string]int64) int64 { return p["amount"] * 100 }),
+		2: add("2", func(p map[string]int64) int64 { return p["amount_cents"] }),
+	}.Handler()
+	if err := reg.AddEventHandler("wallet-cents", walletTopic, handler, consumers.DependsOnPredecessor()); err != nil {
+		t.Fatal(err)
+	}
+	runRegistry(t, reg, t.Errorf)
+	waitFor(t, "the unknown version parked", 20*time.Second, func() (bool, string) {
+		d := disposition(t, pool, "wallet-cents", unknown.EventID)
+		return d == core.DispositionParkedPoison, string(d)
+	})
+	waitFor(t, "wallet v-1 applied", 20*time.Second, func() (bool, string) {
+		got := pgtest.Column[string](t, pool, `SELECT cents || ' ' || seen FROM wallet_cents WHERE wallet = 'v-1'`)
+		return fmt.Sprint(got) == "[1300 121]", fmt.Sprint(got)
+	})
+	if n := pgtest.Column[int64](t, pool, `SELECT count(*) FROM wallet_cents WHERE wallet = 'v-2'`); n[0] != 0 {
+		t.Fatal("the event of an unknown version was applied")
+	}
+	reason := pgtest.Column[string](t, pool, `SELECT reason FROM consumer_inbox WHERE event_id = $1`, unknown.EventID)
+	if len(reason) != 1 || !strings.Contains(reason[0], "no handler for schema version 3") {
+		t.Fatalf("poison reason %q", reason)
 	}
 }

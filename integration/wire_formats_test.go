@@ -2,6 +2,7 @@ package integration
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -17,6 +18,7 @@ import (
 	"github.com/cloudevents/sdk-go/v2/binding"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/santhosh-tekuri/jsonschema/v6"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/posthorn/posthorn/adapters/brokers"
@@ -82,7 +84,8 @@ func documentedHeaders(t *testing.T) (always, sometimes map[core.Format][]string
 // Go SDK's Kafka binding (the relay runs in exactly-once mode there, so the
 // format is proven through the fenced transactions too). Both example
 // consumers, reading the format's topic, apply every event once and the
-// projection's balances equal the ledger's.
+// projection's balances equal the ledger's. Every payload matches the JSON
+// Schema of its type and schema_version (docs/schemas).
 func TestWireFormatsReadByKcat(t *testing.T) {
 	kcat, err := exec.LookPath("kcat")
 	if err != nil {
@@ -146,6 +149,7 @@ func TestWireFormatsReadByKcat(t *testing.T) {
 			if format == core.FormatCloudEvents {
 				checkCloudEvents(t, wf, recs)
 			}
+			checkPayloadSchemas(t, recs)
 			if exactlyOnce && len(recs) != events {
 				t.Fatalf("exactly-once: %d records for %d events", len(recs), events)
 			}
@@ -268,4 +272,42 @@ func applyWithExampleConsumers(t *testing.T, addrs []string, topic string, ledge
 		})
 	}
 	checkBalances(t, ledgerPool, pool)
+}
+
+// checkPayloadSchemas validates every record's payload against the JSON
+// Schema in docs/schemas named by its type and schema_version header, and
+// checks that the schema refuses the same payload without its delta (so a
+// pass means something).
+func checkPayloadSchemas(t *testing.T, recs []*kgo.Record) {
+	t.Helper()
+	c := jsonschema.NewCompiler()
+	c.AssertFormat()
+	schemas := map[string]*jsonschema.Schema{}
+	for _, r := range recs {
+		name := fmt.Sprintf("../docs/schemas/%s.v%s.json", kafkatest.Header(r, core.HeaderType), kafkatest.Header(r, core.HeaderSchemaVersion))
+		sch, ok := schemas[name]
+		if !ok {
+			var err error
+			if sch, err = c.Compile(name); err != nil {
+				t.Fatalf("record of %s: schema: %v", name, err)
+			}
+			schemas[name] = sch
+		}
+		v, err := jsonschema.UnmarshalJSON(bytes.NewReader(r.Value))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := sch.Validate(v); err != nil {
+			t.Fatalf("record %s/%d does not match %s: %v", r.Topic, r.Offset, name, err)
+		}
+		if m, ok := v.(map[string]any); ok {
+			delete(m, "delta")
+			if sch.Validate(m) == nil {
+				t.Fatalf("%s accepts a payload without delta", name)
+			}
+		}
+	}
+	if len(schemas) == 0 {
+		t.Fatal("no record was checked against a schema")
+	}
 }

@@ -44,6 +44,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"strconv"
 	"strings"
 	"time"
 
@@ -74,6 +75,10 @@ type Message struct {
 	Headers map[string]string
 	// Revision, when not 0, must be the aggregate's next revision.
 	Revision int64
+	// SchemaVersion is the version of Payload's schema for Type (header
+	// schema_version; 0 means 1), so consumers can handle old and new
+	// payloads side by side (consumers.Versions).
+	SchemaVersion int
 }
 
 // Published is what a published message got.
@@ -141,6 +146,12 @@ func (p *Publisher) publish(ctx context.Context, kind core.Kind, m Message) (Pub
 		headers = map[string]string{}
 	}
 	maps.Copy(headers, postgres.TraceHeaders(ctx))
+	if m.SchemaVersion < 0 {
+		return Published{}, &FieldError{Field: "schema_version", Reason: fmt.Sprintf("is %d, want 1 or more (or 0: 1)", m.SchemaVersion)}
+	}
+	if m.SchemaVersion > 0 {
+		headers[core.HeaderSchemaVersion] = strconv.Itoa(m.SchemaVersion)
+	}
 	hJSON, err := json.Marshal(headers)
 	if err != nil {
 		return Published{}, err

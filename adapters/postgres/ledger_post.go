@@ -359,6 +359,7 @@ func (s *LedgerStore) writeOutbox(ctx context.Context, tx pgx.Tx, res core.Posti
 			Revision:      l.revision,
 			JournalID:     res.JournalID,
 			OccurredAt:    res.PostedAt,
+			SchemaVersion: core.AccountPostedVersion,
 			Headers:       md,
 			Payload:       payload,
 		}

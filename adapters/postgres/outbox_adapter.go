@@ -48,6 +48,13 @@ var contractHeaders = map[string]bool{
 	core.HeaderJournalID: true, core.HeaderOccurredAt: true, core.HeaderReplay: true,
 }
 
+// defaultHeader reports a versioning header at its default, which the row
+// need not store: Envelope.WireHeaders puts it back on the wire. So the
+// ledger's rows (version 1, JSON) cost no byte more for carrying it.
+func defaultHeader(k, v string) bool {
+	return (k == core.HeaderSchemaVersion && v == "1") || (k == core.HeaderContentType && v == core.ContentTypeJSON)
+}
+
 // InsertQuery builds the insert of params.Msgs into the outbox under
 // params.Topic. A message without valid contract headers is refused, which
 // fails the Publish and therefore the posting transaction.
@@ -73,7 +80,7 @@ func (OutboxSchema) InsertQuery(params wsql.InsertQueryParams) (wsql.Query, erro
 		}
 		extra := make(map[string]string)
 		for k, v := range msg.Metadata {
-			if !contractHeaders[k] {
+			if !contractHeaders[k] && !defaultHeader(k, v) {
 				extra[k] = v
 			}
 		}

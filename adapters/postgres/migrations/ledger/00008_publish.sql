@@ -99,6 +99,10 @@ BEGIN
                  'occurred_at', 'replay', 'resend') THEN
             RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = format('headers: key %s is a contract header', quote_literal(k));
         END IF;
+        IF k = 'schema_version' AND v #>> '{}' !~ '^[1-9][0-9]{0,8}$' THEN
+            RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = format(
+                'headers: schema_version is %s, want a positive integer', v);
+        END IF;
         IF jsonb_typeof(v) <> 'string' THEN
             RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = format('headers: %s is a JSON %s, want a string', quote_literal(k), jsonb_typeof(v));
         END IF;
