@@ -44,10 +44,13 @@ func exampleNames() []string {
 // consumeOptions configures runConsumers beyond the configuration: the
 // demo passes its in-process memory subscriber here.
 type consumeOptions struct {
-	only   string
-	hold   time.Duration
-	memory message.Subscriber
-	log    *slog.Logger
+	only string
+	// bootstrap is a topic a replay filled for a consumer that starts
+	// mid-history (--bootstrap-topic): read beside the live topic.
+	bootstrap string
+	hold      time.Duration
+	memory    message.Subscriber
+	log       *slog.Logger
 	// tracer traces the deliveries; nil is tracing off.
 	tracer trace.TracerProvider
 	// unsafeNoInbox runs the handlers without the inbox: the fault suite's
@@ -59,11 +62,15 @@ type consumeOptions struct {
 func runConsume(ctx context.Context, args []string) error {
 	fs := newFlags("consume", "consumer.database.url", "metrics.listen", "sink.kind", "sink.kafka.brokers")
 	only := fs.String("only", "", "run only this consumer: "+fmt.Sprint(exampleNames()))
+	bootstrap := fs.String("bootstrap-topic", "", "also read this topic, which `posthorn replay --topic` filled with the history: a consumer that starts mid-history (docs/consumers.md); needs --only")
 	hold := fs.Duration("hold", 0, "how long an event ahead of its predecessor is held before its account is parked (default: config key consumer.hold, "+consumers.DefaultHoldTime.String()+")")
 	unsafeNoInbox := unsafeFlag(fs.FlagSet, "unsafe-no-inbox", "UNSAFE, tests only: apply without the inbox (no dedup, no gap check)")
 	p, err := fs.start(ctx, args, needs{check: func(*configs.Config) error {
 		if *hold < 0 {
 			return fmt.Errorf("--hold must be positive, is %s", *hold)
+		}
+		if *bootstrap != "" && *only == "" {
+			return errors.New("--bootstrap-topic needs --only: the topic a replay filled is one consumer's")
 		}
 		return nil
 	}})
@@ -71,7 +78,7 @@ func runConsume(ctx context.Context, args []string) error {
 		return err
 	}
 	defer p.close() // flushes the spans
-	return runConsumers(ctx, p.cfg, consumeOptions{only: *only, hold: *hold, log: p.log, tracer: p.tracer, unsafeNoInbox: *unsafeNoInbox})
+	return runConsumers(ctx, p.cfg, consumeOptions{only: *only, bootstrap: *bootstrap, hold: *hold, log: p.log, tracer: p.tracer, unsafeNoInbox: *unsafeNoInbox})
 }
 
 // runConsumers runs the example consumers until ctx is cancelled, then
@@ -133,6 +140,14 @@ func runConsumers(ctx context.Context, cfg configs.Config, o consumeOptions) err
 	for _, n := range names {
 		if err := exampleConsumers[n](registry, topic, handlerOpts...); err != nil {
 			return err
+		}
+		// The history from the replay's topic and the live topic, side by
+		// side: the inbox holds a live event until its predecessors come
+		// from the replay and absorbs the overlap.
+		if o.bootstrap != "" {
+			if err := exampleConsumers[n](registry, o.bootstrap, handlerOpts...); err != nil {
+				return err
+			}
 		}
 	}
 	if cfg.Metrics.Listen != "" {
