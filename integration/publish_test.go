@@ -41,17 +41,9 @@ type writer struct {
 }
 
 var writers = []writer{
-	{"go library on pgx", func(t *testing.T, pool *pgxpool.Pool) (func(publish.Message) (publish.Published, error), func(bool) error, int) {
-		ctx := context.Background()
-		tx, err := pool.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = tx.Rollback(ctx) })
-		pid := backendPID(t, tx.QueryRow(ctx, `SELECT pg_backend_pid()`))
-		return func(m publish.Message) (publish.Published, error) { return publish.Pgx(tx).Event(ctx, m) },
-			func(commit bool) error { return endPgx(ctx, tx, commit) }, pid
-	}},
+	{"go library on pgx", pgxWriter(func(ctx context.Context, tx pgx.Tx, m publish.Message) (publish.Published, error) {
+		return publish.Pgx(tx).Event(ctx, m)
+	})},
 	{"go library on database/sql", func(t *testing.T, pool *pgxpool.Pool) (func(publish.Message) (publish.Published, error), func(bool) error, int) {
 		ctx := context.Background()
 		db := stdlib.OpenDBFromPool(pool)
@@ -65,7 +57,13 @@ var writers = []writer{
 		return func(m publish.Message) (publish.Published, error) { return publish.StdSQL(tx).Event(ctx, m) },
 			func(commit bool) error { return endStdSQL(tx, commit) }, pid
 	}},
-	{"sql function posthorn_publish", func(t *testing.T, pool *pgxpool.Pool) (func(publish.Message) (publish.Published, error), func(bool) error, int) {
+	{"sql function posthorn_publish", pgxWriter(sqlPublish)},
+}
+
+// pgxWriter is a writer's begin on a pgx transaction that publishes with
+// pub.
+func pgxWriter(pub func(context.Context, pgx.Tx, publish.Message) (publish.Published, error)) func(*testing.T, *pgxpool.Pool) (func(publish.Message) (publish.Published, error), func(bool) error, int) {
+	return func(t *testing.T, pool *pgxpool.Pool) (func(publish.Message) (publish.Published, error), func(bool) error, int) {
 		ctx := context.Background()
 		tx, err := pool.Begin(ctx)
 		if err != nil {
@@ -73,9 +71,9 @@ var writers = []writer{
 		}
 		t.Cleanup(func() { _ = tx.Rollback(ctx) })
 		pid := backendPID(t, tx.QueryRow(ctx, `SELECT pg_backend_pid()`))
-		return func(m publish.Message) (publish.Published, error) { return sqlPublish(ctx, tx, m) },
+		return func(m publish.Message) (publish.Published, error) { return pub(ctx, tx, m) },
 			func(commit bool) error { return endPgx(ctx, tx, commit) }, pid
-	}},
+	}
 }
 
 func backendPID(t *testing.T, row interface{ Scan(...any) error }) int {

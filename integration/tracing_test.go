@@ -29,6 +29,7 @@ import (
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/adapters/tracing"
+	"github.com/posthorn/posthorn/adapters/tracing/tracingtest"
 	"github.com/posthorn/posthorn/api"
 	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
@@ -188,12 +189,7 @@ func spanIDs(spans []tracetest.SpanStub) []trace.SpanID {
 // consumer's apply span of each repeat (a duplicate) is its child.
 func TestOneTraceFromAPIToConsumer(t *testing.T) {
 	t.Parallel()
-	exp := tracetest.NewInMemoryExporter()
-	tp, err := tracing.NewProvider(sdktrace.NewSimpleSpanProcessor(exp), tracing.Config{SampleRatio: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	tp, exp := tracingtest.Memory(t)
 	r := newTraceRig(t, tp, false)
 	cons := r.startConsumer(t)
 	res := r.post(t)
@@ -326,12 +322,7 @@ func TestOneTraceFromAPIToConsumer(t *testing.T) {
 // one committed record carries that span.
 func TestOneTraceExactlyOnce(t *testing.T) {
 	t.Parallel()
-	exp := tracetest.NewInMemoryExporter()
-	tp, err := tracing.NewProvider(sdktrace.NewSimpleSpanProcessor(exp), tracing.Config{SampleRatio: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	tp, exp := tracingtest.Memory(t)
 	r := newTraceRig(t, tp, true)
 	if _, ok := r.sink.(bridge.FencedSink); !ok {
 		t.Fatal("the traced exactly-once sink is not a FencedSink")
@@ -380,12 +371,7 @@ func TestOneTraceExactlyOnce(t *testing.T) {
 // its records carry them.
 func TestOneTraceThroughCDC(t *testing.T) {
 	t.Parallel()
-	exp := tracetest.NewInMemoryExporter()
-	tp, err := tracing.NewProvider(sdktrace.NewSimpleSpanProcessor(exp), tracing.Config{SampleRatio: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	tp, exp := tracingtest.Memory(t)
 	mem := memory.New(memory.Config{})
 	r := newTraceRigOn(t, cdcLedger(t), nil, mem, tp)
 	relay, err := cdc.New(postgres.NewRelayStore(r.pool), postgres.NewCDCSource(r.pool), r.sink, cdc.Config{
@@ -471,16 +457,11 @@ func TestTracingOffWritesNoTraceContext(t *testing.T) {
 // row carries no trace header.
 func TestPublishContinuesTheCallersTrace(t *testing.T) {
 	t.Parallel()
-	exp := tracetest.NewInMemoryExporter()
-	tp, err := tracing.NewProvider(sdktrace.NewSimpleSpanProcessor(exp), tracing.Config{SampleRatio: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	tp, exp := tracingtest.Memory(t)
 	_, pool := pgtest.Ledger(t)
 	ctx, caller := tp.Tracer("wallets").Start(context.Background(), "credit wallet")
 	var traced, plain publish.Published
-	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		var err error
 		if traced, err = publish.Pgx(tx).Event(ctx, wallet("t-1", 0)); err != nil {
 			return err

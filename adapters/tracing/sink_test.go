@@ -7,12 +7,12 @@ import (
 
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/goleak"
 
 	"github.com/posthorn/posthorn/adapters/tracing"
+	"github.com/posthorn/posthorn/adapters/tracing/tracingtest"
 	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/core"
 )
@@ -47,17 +47,6 @@ func (f *fenced) PublishShard(ctx context.Context, _ int, batch []core.Envelope,
 
 func (f *fenced) Unfence(int) {}
 
-func provider(t *testing.T) (*sdktrace.TracerProvider, *tracetest.InMemoryExporter) {
-	t.Helper()
-	exp := tracetest.NewInMemoryExporter()
-	tp, err := tracing.NewProvider(sdktrace.NewSimpleSpanProcessor(exp), tracing.Config{SampleRatio: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	return tp, exp
-}
-
 // rowContext is the trace context the Posting API's span leaves in a row.
 func rowContext(t *testing.T, tp trace.TracerProvider) (trace.SpanContext, map[string]string) {
 	t.Helper()
@@ -84,7 +73,7 @@ func TestSinkOffIsTheInnerSink(t *testing.T) {
 // publish span (not the row's), the other headers pass, and the caller's
 // batch is left as it was.
 func TestSinkPublishSpanContinuesTheRow(t *testing.T) {
-	tp, exp := provider(t)
+	tp, exp := tracingtest.Memory(t)
 	api, headers := rowContext(t, tp)
 	rowTraceparent := headers[tracing.HeaderTraceparent]
 	inner := &scripted{}
@@ -128,7 +117,7 @@ func TestSinkPublishSpanContinuesTheRow(t *testing.T) {
 
 // A failed record's span has an error status; an ACKed one's has not.
 func TestSinkSpanStatusFollowsTheRecord(t *testing.T) {
-	tp, exp := provider(t)
+	tp, exp := tracingtest.Memory(t)
 	inner := &scripted{err: &core.BatchError{Failed: map[int]error{1: errors.New("broker said no")}}}
 	sink := tracing.Sink(inner, tp, "memory")
 	if err := sink.Publish(context.Background(), []core.Envelope{envelope("a", nil), envelope("b", nil)}); err == nil {
@@ -149,7 +138,7 @@ func TestSinkSpanStatusFollowsTheRecord(t *testing.T) {
 // Over a FencedSink the decorator is one too (the relay's exactly-once mode
 // type-asserts it), and PublishShard is traced.
 func TestSinkKeepsTheFencedSink(t *testing.T) {
-	tp, exp := provider(t)
+	tp, exp := tracingtest.Memory(t)
 	inner := &fenced{}
 	fs, ok := tracing.Sink(inner, tp, "kafka").(bridge.FencedSink)
 	if !ok {

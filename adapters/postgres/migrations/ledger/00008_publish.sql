@@ -137,21 +137,21 @@ $$;
 -- +goose StatementEnd
 
 -- +goose StatementBegin
--- posthorn_publish writes one event into the outbox in the caller's
--- transaction and returns its event ID and revision (contract.md).
--- expected_revision, when given, must be the aggregate's next revision.
-CREATE FUNCTION posthorn_publish(aggregate_type text, aggregate_id text, type text, payload jsonb,
-        headers jsonb DEFAULT '{}', expected_revision bigint DEFAULT NULL)
+-- posthorn_write writes one event or command (kind) into the outbox in
+-- the caller's transaction, after its checks and its aggregate's lock
+-- (posthorn_next_revision), and returns its event ID and revision.
+CREATE FUNCTION posthorn_write(kind text, aggregate_type text, aggregate_id text, type text, payload jsonb,
+        headers jsonb, expected_revision bigint, topic_prefix text)
     RETURNS TABLE (event_id uuid, revision bigint)
     LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 DECLARE
     n record;
 BEGIN
-    SELECT * INTO n FROM posthorn_next_revision('event', aggregate_type, aggregate_id, type, payload, headers, expected_revision, '');
+    SELECT * INTO n FROM posthorn_next_revision(kind, aggregate_type, aggregate_id, type, payload, headers, expected_revision, topic_prefix);
     event_id := posthorn_uuidv7();
     revision := n.next_revision;
     INSERT INTO outbox (event_id, kind, type, topic, aggregate_type, aggregate_id, revision, shard, headers, payload, occurred_at)
-    VALUES (event_id, 'event', type, n.topic, aggregate_type, aggregate_id, revision, posthorn_shard(aggregate_id),
+    VALUES (event_id, kind, type, n.topic, aggregate_type, aggregate_id, revision, posthorn_shard(aggregate_id),
             headers, convert_to(payload::text, 'UTF8'), clock_timestamp());
     RETURN NEXT;
 END
@@ -159,36 +159,39 @@ $$;
 -- +goose StatementEnd
 
 -- +goose StatementBegin
--- posthorn_send_command writes one command into the outbox in the caller's
--- transaction, to <topic_prefix><service> (the type's first segment, as
--- the Posting API's commands), ordered within its aggregate.
+-- posthorn_publish writes one event (contract.md); expected_revision, when
+-- given, must be the aggregate's next revision.
+CREATE FUNCTION posthorn_publish(aggregate_type text, aggregate_id text, type text, payload jsonb,
+        headers jsonb DEFAULT '{}', expected_revision bigint DEFAULT NULL)
+    RETURNS TABLE (event_id uuid, revision bigint)
+    LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+    SELECT * FROM posthorn_write('event', aggregate_type, aggregate_id, type, payload, headers, expected_revision, '')
+$$;
+-- +goose StatementEnd
+
+-- +goose StatementBegin
+-- posthorn_send_command writes one command to <topic_prefix><service>
+-- (the type's first segment, as the Posting API's commands), ordered
+-- within its aggregate.
 CREATE FUNCTION posthorn_send_command(aggregate_type text, aggregate_id text, type text, payload jsonb,
         headers jsonb DEFAULT '{}', expected_revision bigint DEFAULT NULL, topic_prefix text DEFAULT 'commands.')
     RETURNS TABLE (event_id uuid, revision bigint)
-    LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
-DECLARE
-    n record;
-BEGIN
-    SELECT * INTO n FROM posthorn_next_revision('command', aggregate_type, aggregate_id, type, payload, headers, expected_revision, topic_prefix);
-    event_id := posthorn_uuidv7();
-    revision := n.next_revision;
-    INSERT INTO outbox (event_id, kind, type, topic, aggregate_type, aggregate_id, revision, shard, headers, payload, occurred_at)
-    VALUES (event_id, 'command', type, n.topic, aggregate_type, aggregate_id, revision, posthorn_shard(aggregate_id),
-            headers, convert_to(payload::text, 'UTF8'), clock_timestamp());
-    RETURN NEXT;
-END
+    LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+    SELECT * FROM posthorn_write('command', aggregate_type, aggregate_id, type, payload, headers, expected_revision, topic_prefix)
 $$;
 -- +goose StatementEnd
 
 -- Functions are executable by PUBLIC by default; only the roles granted in
 -- roles/ledger.sql may call these.
 REVOKE ALL ON FUNCTION posthorn_next_revision(text, text, text, text, jsonb, jsonb, bigint, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION posthorn_write(text, text, text, text, jsonb, jsonb, bigint, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION posthorn_publish(text, text, text, jsonb, jsonb, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION posthorn_send_command(text, text, text, jsonb, jsonb, bigint, text) FROM PUBLIC;
 
 -- +goose Down
 DROP FUNCTION posthorn_send_command(text, text, text, jsonb, jsonb, bigint, text);
 DROP FUNCTION posthorn_publish(text, text, text, jsonb, jsonb, bigint);
+DROP FUNCTION posthorn_write(text, text, text, text, jsonb, jsonb, bigint, text);
 DROP FUNCTION posthorn_next_revision(text, text, text, text, jsonb, jsonb, bigint, text);
 DROP FUNCTION posthorn_shard(text);
 DROP FUNCTION posthorn_uuidv7();
