@@ -355,11 +355,7 @@ func TestRelayKafkaTopicReadByKcat(t *testing.T) {
 		if len(f) != 4 {
 			t.Fatalf("kcat line %q", line)
 		}
-		h := map[string]string{}
-		for _, kv := range strings.Split(f[2], ",") {
-			k, v, _ := strings.Cut(kv, "=")
-			h[k] = v
-		}
+		h := kcatHeaders(f[2])
 		e, err := core.EnvelopeFromHeaders(h, []byte(f[3]))
 		if err != nil {
 			t.Fatalf("kcat record %q: %v", line, err)
@@ -391,6 +387,17 @@ func TestRelayKafkaTopicReadByKcat(t *testing.T) {
 	if len(seen) != len(want) {
 		t.Fatalf("kcat read %d of %d events", len(seen), len(want))
 	}
+}
+
+// kcatHeaders parses kcat's %h: key=value pairs separated by commas (no
+// header value of ours holds either).
+func kcatHeaders(s string) map[string]string {
+	h := map[string]string{}
+	for _, kv := range strings.Split(s, ",") {
+		k, v, _ := strings.Cut(kv, "=")
+		h[k] = v
+	}
+	return h
 }
 
 func eventIDs(posted []bridgetest.Posted) []string {

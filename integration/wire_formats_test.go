@@ -167,11 +167,7 @@ func checkKcatRecord(t *testing.T, wf core.WireFormat, line string, always, some
 	if len(f) != 3 {
 		t.Fatalf("kcat line %q", line)
 	}
-	h := map[string]string{}
-	for _, kv := range strings.Split(f[1], ",") {
-		k, v, _ := strings.Cut(kv, "=")
-		h[k] = v
-	}
+	h := kcatHeaders(f[1])
 	for _, name := range always {
 		if _, ok := h[name]; !ok {
 			t.Fatalf("%s record lacks documented header %s: %q", wf.Format, name, line)

@@ -51,10 +51,27 @@ func TestAPIServesAndStopsOnSIGTERM(t *testing.T) {
 		t.Error("with no tokens the API must log a warning that authentication is off")
 	}
 
+	postTransfer(t, addr, "cli-1", nil)
+
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("posthorn api after SIGTERM: %v, want exit 0", err)
+	}
+}
+
+// postTransfer posts one small transfer to the API at addr under key, with
+// the extra request headers, and fails t unless it is created.
+func postTransfer(t *testing.T, addr, key string, headers map[string]string) {
+	t.Helper()
 	req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/postings", strings.NewReader(
 		`{"entries":[{"account":"a","direction":"debit","amount":"1","currency":"EUR"},{"account":"b","direction":"credit","amount":"1","currency":"EUR"}]}`))
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Idempotency-Key", "cli-1")
+	req.Header.Set("Idempotency-Key", key)
+	for k, v := range headers {
+		req.Header.Set(k, v)
+	}
 	res, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -62,12 +79,5 @@ func TestAPIServesAndStopsOnSIGTERM(t *testing.T) {
 	res.Body.Close()
 	if res.StatusCode != http.StatusCreated {
 		t.Fatalf("POST /v1/postings: %d, want 201", res.StatusCode)
-	}
-
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Wait(); err != nil {
-		t.Fatalf("posthorn api after SIGTERM: %v, want exit 0", err)
 	}
 }

@@ -107,19 +107,7 @@ func TestTracingFromTheBinary(t *testing.T) {
 		for sc.Scan() {
 		}
 	}()
-	req, _ := http.NewRequest(http.MethodPost, "http://"+rec["addr"].(string)+"/v1/postings", strings.NewReader(
-		`{"entries":[{"account":"a","direction":"debit","amount":"1","currency":"EUR"},{"account":"b","direction":"credit","amount":"1","currency":"EUR"}]}`))
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Idempotency-Key", "cli-trace-1")
-	req.Header.Set("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
-	res, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	res.Body.Close()
-	if res.StatusCode != http.StatusCreated {
-		t.Fatalf("POST /v1/postings: %d, want 201", res.StatusCode)
-	}
+	postTransfer(t, rec["addr"].(string), "cli-trace-1", map[string]string{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"})
 	if err := api.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
