@@ -41,6 +41,9 @@ SELECT $1, `+v7("e", "'ev'")+`::text, 'event', 'ledger.account.posted', 'account
 FROM generate_series(0, $2::int - 1) e`, c, events)
 	}
 	exec(b, consumer, `VACUUM ANALYZE consumer_inbox`)
+	// The load's writes are flushed now, not by a checkpoint during the
+	// measurement.
+	exec(b, consumer, `CHECKPOINT`)
 	in := postgres.NewInbox(consumer)
 	var sources []ops.ConsumerSource
 	for _, c := range consumers {
