@@ -75,4 +75,4 @@ func freePort(t testing.TB) int {
 }
 
 // freeAddr is freePort as host:port.
-func freeAddr(t *testing.T) string { return fmt.Sprintf("127.0.0.1:%d", freePort(t)) }
+func freeAddr(t testing.TB) string { return fmt.Sprintf("127.0.0.1:%d", freePort(t)) }

@@ -40,12 +40,7 @@ func BenchmarkRelayMemory1M(b *testing.B) {
 	if _, err := pool.Exec(ctx, `VACUUM ANALYZE outbox, outbox_pending`); err != nil {
 		b.Fatal(err)
 	}
-	brokers := benchKfake(b, 16)
-	metrics := "127.0.0.1:" + strconv.Itoa(freePort(b))
-	relay := faultkit.NewProc(faultkit.ProcConfig{Name: "relay", Bin: posthornBin(b), Args: []string{"relay"}, LogDir: b.TempDir(),
-		Env: []string{"POSTHORN_DATABASE__URL=" + url, "POSTHORN_SINK__KIND=kafka", "POSTHORN_SINK__KAFKA__BROKERS=" + strings.Join(brokers, ","),
-			"POSTHORN_METRICS__LISTEN=" + metrics, "POSTHORN_LOG__LEVEL=warn"},
-		Ready: faultkit.HTTPReady("http://" + metrics + "/readyz")})
+	relay, metrics := relayProcess(b, url, benchKfake(b, 16))
 	b.ResetTimer()
 	start := time.Now()
 	if err := relay.Start(ctx); err != nil {
@@ -77,6 +72,16 @@ func BenchmarkRelayMemory1M(b *testing.B) {
 	}
 	fmt.Printf("relay memory: drained %d events in %.1fs = %.0f events/s (relay process, kfake in the benchmark's process)\n",
 		events, time.Since(start).Seconds(), events/time.Since(start).Seconds())
+}
+
+// relayProcess is `posthorn relay` on the ledger at url with the Kafka
+// sink to brokers, not started, and the address of its metrics.
+func relayProcess(b *testing.B, url string, brokers []string) (*faultkit.Proc, string) {
+	metrics := freeAddr(b)
+	return faultkit.NewProc(faultkit.ProcConfig{Name: "relay", Bin: posthornBin(b), Args: []string{"relay"}, LogDir: b.TempDir(),
+		Env: []string{"POSTHORN_DATABASE__URL=" + url, "POSTHORN_SINK__KIND=kafka", "POSTHORN_SINK__KAFKA__BROKERS=" + strings.Join(brokers, ","),
+			"POSTHORN_METRICS__LISTEN=" + metrics, "POSTHORN_LOG__LEVEL=warn"},
+		Ready: faultkit.HTTPReady("http://" + metrics + "/readyz")}), metrics
 }
 
 // procStatus reads the kB figures of /proc/<pid>/status (VmRSS, VmHWM, …).
