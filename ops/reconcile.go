@@ -255,7 +255,7 @@ type matching struct {
 	// done; stop cancels the read and waits for it.
 	twice     []appliedTwice
 	twiceRead sync.WaitGroup
-	stop      context.CancelFunc
+	stop      func()
 }
 
 // appliedTwice is what one consumer's AppliedTwice returned.
