@@ -57,7 +57,8 @@ type Config struct {
 	ParkAfterAttempts int
 	ParkAfter         time.Duration
 	// StatsInterval is how often the backlog and open-transaction gauges are
-	// refreshed.
+	// refreshed (the polling relay waits longer while reading them is slow,
+	// see refreshStats).
 	StatsInterval time.Duration
 	// Logger receives structured logs; nil means slog.Default().
 	Logger *slog.Logger

@@ -526,11 +526,16 @@ func (r *Relay) poke() {
 	}
 }
 
-// refreshStats updates the backlog, parked and open-transaction gauges.
+// refreshStats updates the backlog, parked and open-transaction gauges
+// every StatsInterval, or, when reading them took longer than a tenth of
+// that, ten times as long as it took: the backlog query reads every
+// pending row (about a second of database time per million), and at the
+// default 2 s it slowed the drain of a 1M backlog by a quarter to a third.
 func (r *Relay) refreshStats(ctx context.Context) {
-	t := time.NewTicker(r.cfg.StatsInterval)
+	t := time.NewTimer(r.cfg.StatsInterval)
 	defer t.Stop()
 	for {
+		began := time.Now()
 		st, err := r.store.Status(ctx)
 		if err == nil {
 			r.m.backlog.Set(float64(st.Backlog))
@@ -542,6 +547,7 @@ func (r *Relay) refreshStats(ctx context.Context) {
 		if age, err := r.store.OldestOpenTransactionAge(ctx); err == nil {
 			r.m.heldByOpenTx.Set(age.Seconds())
 		}
+		t.Reset(max(r.cfg.StatsInterval, 10*time.Since(began)))
 		select {
 		case <-t.C:
 		case <-ctx.Done():

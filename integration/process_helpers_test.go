@@ -26,7 +26,7 @@ var posthorn struct {
 // posthornBin builds the child binary once per test process (without the
 // race detector: only the test process runs under -race; with the
 // posthorn_unsafe tag, for the negative controls' --unsafe-* flags).
-func posthornBin(t *testing.T) string {
+func posthornBin(t testing.TB) string {
 	t.Helper()
 	posthorn.once.Do(func() {
 		dir, err := os.MkdirTemp("", "posthorn-fault-bin")
@@ -65,7 +65,7 @@ func TestMain(m *testing.M) {
 }
 
 // freePort is a TCP port on 127.0.0.1 that was free a moment ago.
-func freePort(t *testing.T) int {
+func freePort(t testing.TB) int {
 	t.Helper()
 	port, err := faultkit.FreePort()
 	if err != nil {
@@ -75,4 +75,4 @@ func freePort(t *testing.T) int {
 }
 
 // freeAddr is freePort as host:port.
-func freeAddr(t *testing.T) string { return fmt.Sprintf("127.0.0.1:%d", freePort(t)) }
+func freeAddr(t testing.TB) string { return fmt.Sprintf("127.0.0.1:%d", freePort(t)) }

@@ -5,14 +5,19 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
+
+	"github.com/google/uuid"
 
 	"github.com/posthorn/posthorn/core"
 )
 
 // ReconcileConfig configures Reconcile.
 type ReconcileConfig struct {
-	Ledger    Store
+	Ledger Store
+	// Consumers are read concurrently, one goroutine per consumer, so
+	// their readers (and Ledger) must allow concurrent calls.
 	Consumers []ConsumerSource
 	// Archive, when set, is searched for inbox event IDs the outbox no
 	// longer has (cleaned up), so they are not reported as unknown.
@@ -132,9 +137,14 @@ var ErrNoConsumers = errors.New("no consumers to reconcile")
 //
 // The steps: open a provable cut; find the journal lines without events;
 // match the cut's expected events, batch by batch, against every
-// consumer's dispositions (matchBatch); then, outside the cut, find each
-// consumer's events applied twice and its unknown event IDs
-// (finishConsumers); last, record the clean consumers' coverage.
+// consumer's dispositions (matchCut); then find each consumer's unknown
+// event IDs and name its events applied twice (finishConsumers); last,
+// record the clean consumers' coverage. What does not depend on the cut
+// runs beside it: each consumer's applied-twice groups are read from its
+// inbox from the start (startAppliedTwice), the consumers are matched and
+// finished concurrently, and the next batch is read while one is matched.
+// The report does not depend on the order. Memory grows with the cut:
+// one 16-byte key per event of the cut and consumer that recorded it.
 func Reconcile(ctx context.Context, cfg ReconcileConfig) (Report, error) {
 	if cfg.Cap <= 0 {
 		cfg.Cap = 20
@@ -158,6 +168,11 @@ func Reconcile(ctx context.Context, cfg ReconcileConfig) (Report, error) {
 	}
 	rep := Report{Cut: CutInfo{Sequence: cut.Sequence, LastCommitted: cut.LastCommitted, Floor: cut.Floor,
 		TakenAt: cut.TakenAt, WaitedSeconds: cut.Waited.Seconds()}}
+	m, err := newMatching(ctx, cfg)
+	if err != nil {
+		return rep, err
+	}
+	defer m.stop()
 	if rep.Cut.CoveredOutboxID, err = cut.CoveredOutboxID(ctx); err != nil {
 		return rep, err
 	}
@@ -165,22 +180,11 @@ func Reconcile(ctx context.Context, cfg ReconcileConfig) (Report, error) {
 	if err != nil {
 		return rep, err
 	}
-	m, err := newMatching(ctx, cfg, journals)
-	if err != nil {
-		return rep, err
+	for i := range m.reps {
+		m.reps[i].Discrepancies.JournalWithoutEvents = journals
 	}
-	for after := int64(0); ; {
-		batch, err := cut.ExpectedEvents(ctx, after, cfg.Batch)
-		if err != nil {
-			return rep, err
-		}
-		if len(batch) == 0 {
-			break
-		}
-		after = batch[len(batch)-1].ID
-		if err := m.matchBatch(ctx, batch); err != nil {
-			return rep, err
-		}
+	if err := m.matchCut(ctx, cut); err != nil {
+		return rep, err
 	}
 	if !m.oldest.IsZero() {
 		m.unrelayed.OldestAgeSeconds = cut.TakenAt.Sub(m.oldest).Seconds()
@@ -236,38 +240,105 @@ func journalsWithoutEvents(ctx context.Context, cut *Cut, limit int) (Class, err
 type matching struct {
 	cfg  ReconcileConfig
 	reps []ConsumerReport
-	// applied holds, per consumer, the events of the cut it applied, for
-	// naming an applied-twice group by its event of the cut.
-	applied []map[string]bool
+	// recorded holds, per consumer, the events of the cut it had a
+	// disposition for, true if it applied them: for naming an applied-twice
+	// group by its event of the cut, and for not asking the outbox about
+	// the consumer's event IDs the cut already proved known. Keyed by the
+	// 16 bytes of the event ID: a map of a million strings gave the garbage
+	// collector more to scan than the matching had to do.
+	recorded []map[uuid.UUID]bool
 	// prev is the coverage recorded before this run.
 	prev      map[string]Coverage
 	unrelayed Class
 	oldest    time.Time
+	// twice holds each consumer's applied-twice groups once twiceRead is
+	// done; stop cancels the read and waits for it.
+	twice     []appliedTwice
+	twiceRead sync.WaitGroup
+	stop      func()
 }
 
-// newMatching starts the tally of every consumer with the cut's journals
-// without events.
-func newMatching(ctx context.Context, cfg ReconcileConfig, journals Class) (*matching, error) {
-	m := &matching{cfg: cfg, reps: make([]ConsumerReport, len(cfg.Consumers)), applied: make([]map[string]bool, len(cfg.Consumers))}
+// appliedTwice is what one consumer's AppliedTwice returned.
+type appliedTwice struct {
+	groups [][]string
+	err    error
+}
+
+// newMatching starts the tally of every consumer and the reads of their
+// applied-twice groups (call stop when done).
+func newMatching(ctx context.Context, cfg ReconcileConfig) (*matching, error) {
+	m := &matching{cfg: cfg, reps: make([]ConsumerReport, len(cfg.Consumers)), recorded: make([]map[uuid.UUID]bool, len(cfg.Consumers))}
 	for i, c := range cfg.Consumers {
 		m.reps[i] = ConsumerReport{Name: c.Name}
-		m.reps[i].Discrepancies.JournalWithoutEvents = journals
-		m.applied[i] = map[string]bool{}
+		m.recorded[i] = map[uuid.UUID]bool{}
 	}
 	// Coverage already recorded: a disposition pruned since is still proven.
 	var err error
 	if m.prev, err = cfg.Ledger.Coverages(ctx); err != nil {
 		return nil, err
 	}
+	m.startAppliedTwice(ctx)
 	return m, nil
 }
 
+// startAppliedTwice reads every consumer's applied-twice groups in the
+// background: a grouping of the whole inbox (seconds on a million rows)
+// that needs nothing from the cut, so it overlaps the cut's reads.
+func (m *matching) startAppliedTwice(ctx context.Context) {
+	ctx, cancel := context.WithCancel(ctx)
+	m.twice = make([]appliedTwice, len(m.cfg.Consumers))
+	for ci, c := range m.cfg.Consumers {
+		m.twiceRead.Go(func() {
+			m.twice[ci].groups, m.twice[ci].err = c.Reader.AppliedTwice(ctx)
+		})
+	}
+	m.stop = func() {
+		cancel()
+		m.twiceRead.Wait()
+	}
+}
+
+// matchCut streams the cut's expected events and matches them batch by
+// batch (matchBatch) while the next batch is read. It returns only once the
+// read has stopped, so the cut can be closed.
+func (m *matching) matchCut(ctx context.Context, cut *Cut) error {
+	readCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	batches, readErr := make(chan []ExpectedEvent, 1), make(chan error, 1)
+	go func() {
+		defer close(batches)
+		readErr <- cut.ExpectedEvents(readCtx, m.cfg.Batch, func(batch []ExpectedEvent) error {
+			select {
+			case batches <- batch:
+				return nil
+			case <-readCtx.Done():
+				return readCtx.Err()
+			}
+		})
+	}()
+	for batch := range batches {
+		if err := m.matchBatch(ctx, batch); err != nil {
+			cancel()
+			for range batches {
+			}
+			<-readErr
+			return err
+		}
+	}
+	return <-readErr
+}
+
 // matchBatch tallies one batch of the cut's expected events: the unrelayed
-// ones, and for every consumer what it recorded for each.
+// ones, and for every consumer (concurrently) what it recorded for each.
 func (m *matching) matchBatch(ctx context.Context, batch []ExpectedEvent) error {
 	ids := make([]string, len(batch))
+	keys := make([]uuid.UUID, len(batch))
 	for i, e := range batch {
 		ids[i] = e.EventID
+		var err error
+		if keys[i], err = uuid.Parse(e.EventID); err != nil {
+			return fmt.Errorf("expected event %d: %w", e.ID, err)
+		}
 		if !e.Relayed {
 			m.unrelayed.add(m.cfg.Cap, e.EventID)
 			if m.oldest.IsZero() || e.CreatedAt.Before(m.oldest) {
@@ -275,25 +346,37 @@ func (m *matching) matchBatch(ctx context.Context, batch []ExpectedEvent) error 
 			}
 		}
 	}
+	type found struct {
+		disp   map[string][]Disposition
+		pruned map[string]bool
+		err    error
+	}
+	res := make([]found, len(m.cfg.Consumers))
+	var wg sync.WaitGroup
 	for ci, c := range m.cfg.Consumers {
-		disp, err := c.Reader.Dispositions(ctx, ids)
-		if err != nil {
-			return fmt.Errorf("consumer %s: %w", c.Name, err)
+		wg.Go(func() {
+			f := &res[ci]
+			if f.disp, f.err = c.Reader.Dispositions(ctx, ids); f.err == nil {
+				f.pruned, f.err = prunedOf(ctx, c, batch, f.disp, m.prev[c.Name].CoveredOutboxID)
+			}
+		})
+	}
+	wg.Wait()
+	for ci, f := range res {
+		if f.err != nil {
+			return fmt.Errorf("consumer %s: %w", m.cfg.Consumers[ci].Name, f.err)
 		}
-		pruned, err := prunedOf(ctx, c, batch, disp, m.prev[c.Name].CoveredOutboxID)
-		if err != nil {
-			return fmt.Errorf("consumer %s: %w", c.Name, err)
-		}
-		for _, e := range batch {
-			m.tally(ci, e, disp[e.EventID], pruned[e.EventID])
+		for i, e := range batch {
+			m.tally(ci, e, keys[i], f.disp[e.EventID], f.pruned[e.EventID])
 		}
 	}
 	return nil
 }
 
-// tally adds what consumer ci recorded for e (ds; pruned: retention removed
-// its proven disposition) to the consumer's report.
-func (m *matching) tally(ci int, e ExpectedEvent, ds []Disposition, pruned bool) {
+// tally adds what consumer ci recorded for e (key: its event ID; ds;
+// pruned: retention removed its proven disposition) to the consumer's
+// report.
+func (m *matching) tally(ci int, e ExpectedEvent, key uuid.UUID, ds []Disposition, pruned bool) {
 	c, r := m.cfg.Consumers[ci], &m.reps[ci]
 	r.Expected++
 	if e.Relayed {
@@ -332,9 +415,11 @@ func (m *matching) tally(ci int, e ExpectedEvent, ds []Disposition, pruned bool)
 				Reason: "held: waiting for its predecessor inside the hold time"}
 		}
 	}
+	if len(ds) > 0 {
+		m.recorded[ci][key] = nApplied > 0
+	}
 	if nApplied > 0 {
 		r.Applied++
-		m.applied[ci][e.EventID] = true
 	}
 	if nApplied > 1 {
 		r.Discrepancies.MultipleApplied.add(m.cfg.Cap, e.EventID)
@@ -351,29 +436,46 @@ func (m *matching) tally(ci int, e ExpectedEvent, ds []Disposition, pruned bool)
 }
 
 // finishConsumers completes every consumer's report outside the cut: the
-// unrelayed events, the revisions applied twice and the unknown event IDs,
-// and whether the report is clean.
+// unrelayed events, the revisions applied twice (read by
+// startAppliedTwice) and the unknown event IDs, and whether the report is
+// clean. The consumers' inboxes and the outbox are read for every consumer
+// concurrently; the archive, last, for one consumer after the other.
 func (m *matching) finishConsumers(ctx context.Context) error {
+	type finish struct {
+		unknown []string
+		err     error
+	}
+	res := make([]finish, len(m.cfg.Consumers))
+	var wg sync.WaitGroup
 	for ci, c := range m.cfg.Consumers {
-		r := &m.reps[ci]
-		r.Discrepancies.Unrelayed = m.unrelayed
-		groups, err := c.Reader.AppliedTwice(ctx)
-		if err != nil {
-			return fmt.Errorf("consumer %s: %w", c.Name, err)
+		wg.Go(func() {
+			res[ci].unknown, res[ci].err = m.unknownToOutbox(ctx, ci, c.Reader)
+		})
+	}
+	wg.Wait()
+	m.twiceRead.Wait()
+	for ci, c := range m.cfg.Consumers {
+		f, r := res[ci], &m.reps[ci]
+		if f.err == nil {
+			f.err = m.twice[ci].err
 		}
-		for _, g := range groups {
+		if f.err != nil {
+			return fmt.Errorf("consumer %s: %w", c.Name, f.err)
+		}
+		r.Discrepancies.Unrelayed = m.unrelayed
+		for _, g := range m.twice[ci].groups {
 			// Report the group by its event of the cut (the ledger's), or
 			// by its first ID when none is.
 			id := g[0]
 			for _, e := range g {
-				if m.applied[ci][e] {
+				if m.recordedInCut(ci, e, true) {
 					id = e
 					break
 				}
 			}
 			r.Discrepancies.MultipleApplied.add(m.cfg.Cap, id)
 		}
-		unknown, err := unknownEventIDs(ctx, m.cfg, c.Reader)
+		unknown, err := notArchived(ctx, m.cfg.Archive, f.unknown)
 		if err != nil {
 			return fmt.Errorf("consumer %s: %w", c.Name, err)
 		}
@@ -383,15 +485,38 @@ func (m *matching) finishConsumers(ctx context.Context) error {
 	return nil
 }
 
+// recordedInCut says whether id, exactly as written, is an event of the
+// cut consumer ci had a disposition for (with applied, one it applied).
+func (m *matching) recordedInCut(ci int, id string, applied bool) bool {
+	k, err := uuid.Parse(id)
+	if err != nil {
+		return false
+	}
+	a, ok := m.recorded[ci][k]
+	// uuid.Parse also reads other spellings; the cut's IDs are canonical.
+	return ok && (a || !applied) && k.String() == id
+}
+
 // maxUnknownCandidates bounds the IDs kept for the archive lookup.
 const maxUnknownCandidates = 100_000
 
-// unknownEventIDs returns the consumer's event IDs that neither the outbox
-// (read now) nor the archive has.
-func unknownEventIDs(ctx context.Context, cfg ReconcileConfig, r DispositionReader) ([]string, error) {
+// unknownToOutbox returns consumer ci's event IDs that the outbox, read
+// now, does not have. The IDs it had recorded for events of the cut are
+// known without asking: only the others (for a consumer that is up to date
+// with the cut, hardly any) are looked up.
+func (m *matching) unknownToOutbox(ctx context.Context, ci int, r DispositionReader) ([]string, error) {
 	var candidates []string
-	err := r.EventIDs(ctx, cfg.Batch, func(ids []string) error {
-		u, err := cfg.Ledger.UnknownEventIDs(ctx, ids)
+	err := r.EventIDs(ctx, m.cfg.Batch, func(ids []string) error {
+		var ask []string
+		for _, id := range ids {
+			if !m.recordedInCut(ci, id, false) {
+				ask = append(ask, id)
+			}
+		}
+		if len(ask) == 0 {
+			return nil
+		}
+		u, err := m.cfg.Ledger.UnknownEventIDs(ctx, ask)
 		if err != nil {
 			return err
 		}
@@ -401,10 +526,16 @@ func unknownEventIDs(ctx context.Context, cfg ReconcileConfig, r DispositionRead
 		candidates = append(candidates, u...)
 		return nil
 	})
-	if err != nil || len(candidates) == 0 || cfg.Archive == nil {
-		return candidates, err
+	return candidates, err
+}
+
+// notArchived returns those of candidates (event IDs the outbox does not
+// have) that the archive, if any, does not have either.
+func notArchived(ctx context.Context, archive ArchiveStore, candidates []string) ([]string, error) {
+	if len(candidates) == 0 || archive == nil {
+		return candidates, nil
 	}
-	archived, err := ArchivedEventIDs(ctx, cfg.Archive, candidates)
+	archived, err := ArchivedEventIDs(ctx, archive, candidates)
 	if err != nil {
 		return nil, err
 	}

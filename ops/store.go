@@ -100,9 +100,11 @@ type CutReader interface {
 	// CoveredOutboxID is the largest outbox id X such that every outbox row
 	// with id <= X is final and belongs to a journal of the cut.
 	CoveredOutboxID(ctx context.Context) (int64, error)
-	// ExpectedEvents returns up to limit events of the cut's journals above
-	// the floor with outbox id > after, in id order.
-	ExpectedEvents(ctx context.Context, after int64, limit int) ([]ExpectedEvent, error)
+	// ExpectedEvents calls fn with every event of the cut's journals above
+	// the floor, in id order, in batches of up to batch. The events are read
+	// as one stream from the snapshot, so fn must not read the cut; an
+	// error from fn stops the read and is returned.
+	ExpectedEvents(ctx context.Context, batch int, fn func([]ExpectedEvent) error) error
 	// Close ends the snapshot.
 	Close()
 }

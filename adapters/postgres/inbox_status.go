@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/jackc/pgx/v5"
 
@@ -14,14 +15,58 @@ import (
 // Dispositions returns the inbox rows of the given event IDs for consumer;
 // an event ID without a row is absent from the map (the consumer has not
 // seen it).
+//
+// A long list (reconciliation's batches) is read first as one range of the
+// primary key, from its smallest to its largest ID, at most twice as many
+// rows as asked for: event IDs are time-ordered (UUIDv7), so a batch of
+// consecutive events is nearly one contiguous range of the inbox, and
+// reading it costs about an eighth of looking each ID up (measured on 1M
+// rows). The IDs the range did not yield (not received, or spread wider
+// than the range's limit) are then looked up one by one, so the answer
+// does not depend on how the IDs are spread.
 func (in *Inbox) Dispositions(ctx context.Context, consumer string, eventIDs []string) (map[string]core.InboxRecord, error) {
+	out := make(map[string]core.InboxRecord, len(eventIDs))
+	rest := eventIDs
+	if len(eventIDs) >= dispositionsRangeMin {
+		recs, err := queryRows(ctx, in.pool, scanInboxRecord, `SELECT `+inboxRecordColumns+`
+		FROM consumer_inbox WHERE consumer = $1 AND event_id >= $2 AND event_id <= $3
+		ORDER BY event_id LIMIT $4`, consumer, slices.Min(eventIDs), slices.Max(eventIDs), 2*len(eventIDs))
+		if err != nil {
+			return nil, fmt.Errorf("inbox: dispositions: %w", err)
+		}
+		want := make(map[string]bool, len(eventIDs))
+		for _, id := range eventIDs {
+			want[id] = true
+		}
+		for _, r := range recs {
+			if want[r.EventID] {
+				out[r.EventID] = r
+			}
+		}
+		rest = nil
+		for _, id := range eventIDs {
+			if _, ok := out[id]; !ok {
+				rest = append(rest, id)
+			}
+		}
+	}
+	if len(rest) == 0 {
+		return out, nil
+	}
 	recs, err := queryRows(ctx, in.pool, scanInboxRecord, `SELECT `+inboxRecordColumns+`
-		FROM consumer_inbox WHERE consumer = $1 AND event_id = ANY($2)`, consumer, eventIDs)
+		FROM consumer_inbox WHERE consumer = $1 AND event_id = ANY($2)`, consumer, rest)
 	if err != nil {
 		return nil, fmt.Errorf("inbox: dispositions: %w", err)
 	}
-	return byKey(recs, func(r core.InboxRecord) string { return r.EventID }), nil
+	for _, r := range recs {
+		out[r.EventID] = r
+	}
+	return out, nil
 }
+
+// dispositionsRangeMin is the shortest list Dispositions reads as a range
+// first: below it, looking the IDs up is as cheap.
+const dispositionsRangeMin = 64
 
 // List returns up to limit rows of consumer with disposition d, oldest first.
 func (in *Inbox) List(ctx context.Context, consumer string, d core.Disposition, limit int) ([]core.InboxRecord, error) {

@@ -298,3 +298,55 @@ func TestInboxReject(t *testing.T) {
 		t.Fatalf("%+v, %v", list, err)
 	}
 }
+
+// A long list is read as a range first (Dispositions): the answer must be
+// the same whatever the IDs' spread. Asked: consecutive IDs (the range has
+// them all), then IDs spread over many more rows of the consumer than the
+// range may read; some of them are not in the inbox, one is not even of
+// the IDs' form, and another consumer's rows share the IDs.
+func TestInboxDispositionsOfALongListWhateverTheSpread(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	_, pool := pgtest.Consumer(t)
+	in := postgres.NewInbox(pool)
+	if _, err := pool.Exec(ctx, `
+INSERT INTO consumer_inbox (consumer, event_id, disposition, duplicates)
+SELECT c, lpad(g::text, 6, '0'), CASE WHEN g % 3 = 0 THEN 'parked_gap' ELSE 'applied' END, CASE WHEN c = 'c' THEN g % 5 ELSE 0 END
+FROM generate_series(0, 9999) g, unnest(ARRAY['c', 'other']) c
+WHERE g % 7 <> 0`); err != nil {
+		t.Fatal(err)
+	}
+	for _, step := range []int{1, 50} {
+		ids := []string{"not-received"}
+		for g := 1000; len(ids) <= 200; g += step {
+			ids = append(ids, fmt.Sprintf("%06d", g))
+		}
+		recs, err := in.Dispositions(ctx, "c", ids)
+		if err != nil {
+			t.Fatal(err)
+		}
+		found := 0
+		for _, id := range ids {
+			var g int
+			_, scanErr := fmt.Sscanf(id, "%d", &g)
+			r, ok := recs[id]
+			if scanErr != nil || g%7 == 0 || g > 9999 {
+				if ok {
+					t.Fatalf("step %d, %s: a disposition %+v for an ID the consumer never recorded", step, id, r)
+				}
+				continue
+			}
+			want := core.DispositionApplied
+			if g%3 == 0 {
+				want = core.DispositionParkedGap
+			}
+			if !ok || r.Disposition != want || r.Duplicates != g%5 {
+				t.Fatalf("step %d, %s: record %+v (found %v), want %s with %d duplicates", step, id, r, ok, want, g%5)
+			}
+			found++
+		}
+		if len(recs) != found {
+			t.Fatalf("step %d: %d records, %d of them asked for", step, len(recs), found)
+		}
+	}
+}

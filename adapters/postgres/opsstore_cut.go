@@ -2,7 +2,6 @@ package postgres
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -171,13 +170,17 @@ LIMIT $4`, c.floor, c.sequence, core.AggregateAccount, limit)
 // CoveredOutboxID is the largest outbox id X such that every outbox row
 // with id <= X is final and belongs to a journal of the cut: the first row
 // of a later journal (or of none) bounds it, and so does OutboxIDLimit.
+//
+// The first such row is found with min() rather than ORDER BY id LIMIT 1:
+// the planner then hashes the journals once instead of looking up each
+// row's journal through its index, and on a cut of a million events (where
+// the first later row is at the end) that took 1.0 s instead of 0.2 s.
 func (c *cutSnapshot) CoveredOutboxID(ctx context.Context) (int64, error) {
 	var first pgtype.Int8
 	err := c.tx.QueryRow(ctx, `
-SELECT o.id FROM outbox o
-WHERE NOT EXISTS (SELECT 1 FROM journals j WHERE j.id = o.journal_id AND j.sequence <= $1)
-ORDER BY o.id LIMIT 1`, c.sequence).Scan(&first)
-	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+SELECT min(o.id) FROM outbox o
+WHERE NOT EXISTS (SELECT 1 FROM journals j WHERE j.id = o.journal_id AND j.sequence <= $1)`, c.sequence).Scan(&first)
+	if err != nil {
 		return 0, fmt.Errorf("covered outbox id: %w", err)
 	}
 	x := c.outboxIDLimit
@@ -187,18 +190,43 @@ ORDER BY o.id LIMIT 1`, c.sequence).Scan(&first)
 	return max(x, 0), nil
 }
 
-// ExpectedEvents returns up to limit events (kind event) of the cut's
-// journals above the floor with outbox id > after, in id order.
-func (c *cutSnapshot) ExpectedEvents(ctx context.Context, after int64, limit int) ([]ops.ExpectedEvent, error) {
-	out, err := queryRows(ctx, c.tx, pgx.RowToStructByPos[ops.ExpectedEvent], `
+// ExpectedEvents calls fn with the events (kind event) of the cut's
+// journals above the floor, in id order, in batches of up to batch. One
+// query streams them all: the database joins the outbox to the journals
+// once (a hash join and a sort) instead of once per batch through the
+// journals' index, which made the read of a million events several times
+// slower; fn runs while the next rows arrive.
+func (c *cutSnapshot) ExpectedEvents(ctx context.Context, batch int, fn func([]ops.ExpectedEvent) error) error {
+	rows, err := c.tx.Query(ctx, `
 SELECT o.id, o.event_id::text, j.sequence, o.created_at, `+Relayed+`, o.aggregate_type, o.aggregate_id, o.revision
 FROM outbox o JOIN journals j ON j.id = o.journal_id
-WHERE o.id > $1 AND o.kind = 'event' AND j.sequence > $2 AND j.sequence <= $3
-ORDER BY o.id LIMIT $4`, after, c.floor, c.sequence, limit)
+WHERE o.kind = 'event' AND j.sequence > $1 AND j.sequence <= $2
+ORDER BY o.id`, c.floor, c.sequence)
 	if err != nil {
-		return nil, fmt.Errorf("expected events: %w", err)
+		return fmt.Errorf("expected events: %w", err)
 	}
-	return out, nil
+	defer rows.Close()
+	batch = max(batch, 1)
+	out := make([]ops.ExpectedEvent, 0, batch)
+	for rows.Next() {
+		var e ops.ExpectedEvent
+		if err := rows.Scan(&e.ID, &e.EventID, &e.Sequence, &e.CreatedAt, &e.Relayed, &e.AggregateType, &e.AggregateID, &e.Revision); err != nil {
+			return fmt.Errorf("expected events: %w", err)
+		}
+		if out = append(out, e); len(out) == batch {
+			if err := fn(out); err != nil {
+				return err
+			}
+			out = make([]ops.ExpectedEvent, 0, batch)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("expected events: %w", err)
+	}
+	if len(out) > 0 {
+		return fn(out)
+	}
+	return nil
 }
 
 // UnknownEventIDs returns those of ids that no outbox row carries, read

@@ -270,6 +270,17 @@ func (p *Proc) Running() bool {
 	}
 }
 
+// Pid is the process ID of the current run (0 before the first start),
+// e.g. for reading its /proc/<pid>/status.
+func (p *Proc) Pid() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil || p.cmd.Process == nil {
+		return 0
+	}
+	return p.cmd.Process.Pid
+}
+
 // Starts is how many times the process was started.
 func (p *Proc) Starts() int {
 	p.mu.Lock()
