@@ -287,11 +287,13 @@ func (r *Relay) markUnder(ctx context.Context, ids []int64, lease Lease, maintai
 	return nil
 }
 
-// refreshStats updates the backlog, open-transaction, slot and lag gauges.
+// refreshStats updates the backlog, open-transaction, slot and lag gauges,
+// waiting bridge.StatsWait between reads (longer while reading is slow).
 func (r *Relay) refreshStats(ctx context.Context) {
-	t := time.NewTicker(r.cfg.StatsInterval)
+	t := time.NewTimer(r.cfg.StatsInterval)
 	defer t.Stop()
 	for {
+		began := time.Now()
 		if st, err := r.outbx.Status(ctx); err == nil {
 			r.bm.SetStatus(st)
 		} else if ctx.Err() == nil {
@@ -310,6 +312,7 @@ func (r *Relay) refreshStats(ctx context.Context) {
 		} else {
 			r.m.lag.Set(0)
 		}
+		t.Reset(bridge.StatsWait(r.cfg.StatsInterval, time.Since(began)))
 		select {
 		case <-t.C:
 		case <-ctx.Done():
