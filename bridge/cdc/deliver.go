@@ -16,21 +16,7 @@ import (
 // ACKed (fenced by the slot lease), parks what the sink rejected for good
 // and retries the rest with backoff until it is ACKed. It returns only
 // when every row is marked or parked, or with the reason it could not.
-//
-// Outside exactly-once mode a batch's marker is written while the next
-// batch is published, as the polling relay does (the marker still follows
-// its own batch's ACK, and a batch is published only after the one before
-// was ACKed): a huge transaction drains without waiting for each marker.
-// deliver waits for the last marker before it returns, so the caller never
-// confirms a position past an unmarked row. Exactly-once mode marks each
-// batch before the next, whose transaction would otherwise have to name
-// the rows of the marker in flight.
-func (r *Relay) deliver(ctx context.Context, rows []core.OutboxRow) (err error) {
-	defer func() {
-		if merr := r.awaitMark(); err == nil {
-			err = merr
-		}
-	}()
+func (r *Relay) deliver(ctx context.Context, rows []core.OutboxRow) error {
 	for len(rows) > 0 {
 		n := min(len(rows), r.cfg.BatchSize)
 		if err := r.deliverBatch(ctx, rows[:n]); err != nil {
@@ -39,31 +25,6 @@ func (r *Relay) deliver(ctx context.Context, rows []core.OutboxRow) (err error) 
 		rows = rows[n:]
 	}
 	return nil
-}
-
-// markBehind writes the markers of ids in the background, once the marker
-// before it (if any) has finished: an error of that one is returned now,
-// and ends the delivery. The marker runs under a copy of the lease: a
-// takeover meanwhile changes its token, and the marker is refused.
-func (r *Relay) markBehind(ctx context.Context, ids []int64) error {
-	if err := r.awaitMark(); err != nil {
-		return err
-	}
-	done := make(chan error, 1)
-	lease := *r.lease
-	go func() { done <- r.markUnder(ctx, ids, lease, nil) }()
-	r.marking = done
-	return nil
-}
-
-// awaitMark waits for the marker in flight, if any, and returns its error.
-func (r *Relay) awaitMark() error {
-	if r.marking == nil {
-		return nil
-	}
-	err := <-r.marking
-	r.marking = nil
-	return err
 }
 
 func (r *Relay) deliverBatch(ctx context.Context, rows []core.OutboxRow) error {
@@ -114,11 +75,7 @@ func (r *Relay) deliverBatch(ctx context.Context, rows []core.OutboxRow) error {
 			for i, j := range s.Mark {
 				ids[i] = rows[j].ID
 			}
-			mark := r.markBehind
-			if r.fences != nil {
-				mark = r.mark
-			}
-			if err := mark(ctx, ids); err != nil {
+			if err := r.mark(ctx, ids); err != nil {
 				return err
 			}
 		}
@@ -241,21 +198,14 @@ func (r *Relay) dropFences() {
 	}
 }
 
-// mark writes the markers of ids, renewing the lease while it waits.
+// mark writes the markers of ids. Rows the marker statement cannot see yet
+// (their commit is decoded but not yet visible to other sessions) are
+// marked again shortly, until they are: the position is never confirmed
+// past an unmarked row.
 func (r *Relay) mark(ctx context.Context, ids []int64) error {
-	return r.markUnder(ctx, ids, *r.lease, func() error { _, err := r.maintain(ctx); return err })
-}
-
-// markUnder writes the markers of ids under lease. Rows the marker
-// statement cannot see yet (their commit is decoded but not yet visible to
-// other sessions) are marked again shortly, until they are: the position
-// is never confirmed past an unmarked row. Between tries it calls
-// maintain when given (not from the background marker, which must not
-// touch the relay's lease state).
-func (r *Relay) markUnder(ctx context.Context, ids []int64, lease Lease, maintain func() error) error {
 	wait := time.Millisecond
 	for len(ids) > 0 {
-		_, invisible, fenced, err := r.store.MarkRelayed(ctx, ids, lease)
+		_, invisible, fenced, err := r.store.MarkRelayed(ctx, ids, *r.lease)
 		if err != nil {
 			// The records are out; without a marker nothing is confirmed and
 			// they will be sent again with the same event IDs.
@@ -278,10 +228,8 @@ func (r *Relay) markUnder(ctx context.Context, ids []int64, lease Lease, maintai
 			return ctx.Err()
 		}
 		wait = min(2*wait, 100*time.Millisecond)
-		if maintain != nil {
-			if err := maintain(); err != nil {
-				return err
-			}
+		if _, err := r.maintain(ctx); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -41,11 +41,8 @@ type Relay struct {
 	lagNanos atomic.Int64 // commit time (unix ns) of the oldest unconfirmed transaction; 0 none
 
 	// Owned by the loop goroutine.
-	lease    *Lease
-	deadline time.Time // lease expiry as this relay knows it
-	// marking is the marker deliver writes in the background while it
-	// publishes the next batch (markBehind); nil when none is in flight.
-	marking      chan error
+	lease        *Lease
+	deadline     time.Time // lease expiry as this relay knows it
 	nextMaintain time.Time
 	retry        *backoff.ExponentialBackOff
 	stuck        *bridge.StuckTracker
