@@ -86,7 +86,7 @@ func (f WireFormat) Topic(kind Kind, topic, aggregateType string) string {
 func (f WireFormat) Apply(e Envelope) Envelope {
 	switch f.Format {
 	case FormatCloudEvents:
-		h := f.withHeaders(e, 9)
+		h := headersWithRoom(e, 9)
 		source := f.Source
 		if source == "" {
 			source = DefaultCloudEventsSource
@@ -104,7 +104,7 @@ func (f WireFormat) Apply(e Envelope) Envelope {
 		}
 		e.Headers = h
 	case FormatDebeziumOutbox:
-		h := f.withHeaders(e, 1)
+		h := headersWithRoom(e, 1)
 		h[HeaderDebeziumID] = e.EventID
 		e.Headers = h
 		e.Topic = f.Topic(e.Kind, e.Topic, e.AggregateType)
@@ -112,8 +112,8 @@ func (f WireFormat) Apply(e Envelope) Envelope {
 	return e
 }
 
-// withHeaders returns a copy of e's extra headers with room for n more.
-func (WireFormat) withHeaders(e Envelope, n int) map[string]string {
+// headersWithRoom returns a copy of e's extra headers with room for n more.
+func headersWithRoom(e Envelope, n int) map[string]string {
 	h := make(map[string]string, len(e.Headers)+n)
 	maps.Copy(h, e.Headers)
 	return h

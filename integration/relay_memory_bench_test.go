@@ -28,9 +28,7 @@ import (
 //
 //	POSTHORN_BENCH_1M=1 go test -run '^$' -bench 'RelayMemory1M' -benchtime 1x -timeout 30m ./integration/
 func BenchmarkRelayMemory1M(b *testing.B) {
-	if os.Getenv("POSTHORN_BENCH_1M") == "" {
-		b.Skip("set POSTHORN_BENCH_1M=1: loads 1,000,000 events (minutes)")
-	}
+	pgtest.Require1M(b, "loads 1,000,000 events (minutes)")
 	const events = 1_000_000
 	ctx := context.Background()
 	url, pool := pgtest.Ledger(b)

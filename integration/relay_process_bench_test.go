@@ -3,7 +3,6 @@ package integration
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -26,9 +25,7 @@ import (
 //
 //	POSTHORN_BENCH_1M=1 go test -run '^$' -bench 'RelayDrainProcessFactors' -benchtime 1x -timeout 30m ./integration/
 func BenchmarkRelayDrainProcessFactors(b *testing.B) {
-	if os.Getenv("POSTHORN_BENCH_1M") == "" {
-		b.Skip("set POSTHORN_BENCH_1M=1: drains a 200,000-event backlog eight times (minutes)")
-	}
+	pgtest.Require1M(b, "drains a 200,000-event backlog eight times (minutes)")
 	inMemory := func(b *testing.B) []string { return benchKfake(b, 16) }
 	// The dev broker as its own process, 16 partitions like benchKfake;
 	// dataDir false keeps its log in memory.

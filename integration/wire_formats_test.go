@@ -23,7 +23,6 @@ import (
 
 	"github.com/posthorn/posthorn/adapters/brokers"
 	"github.com/posthorn/posthorn/adapters/kafka/kafkatest"
-	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
@@ -103,21 +102,14 @@ func TestWireFormatsReadByKcat(t *testing.T) {
 			_, pool := pgtest.Ledger(t)
 			_, consumerPool := pgtest.Consumer(t)
 			b := startRelayBroker(t)
-			store := postgres.NewLedgerStore(pool, postgres.LedgerConfig{})
-			for i := range 40 {
-				amount := int64(100 + i)
-				if _, _, err := store.Post(context.Background(), fmt.Sprintf("fmt-%d", i), core.Posting{Entries: []core.Entry{
-					{Account: fmt.Sprintf("acc-%d", i%7), Direction: core.Debit, Amount: amount, Currency: "EUR"},
-					{Account: fmt.Sprintf("acc-%d", (i+3)%7), Direction: core.Credit, Amount: amount, Currency: "EUR"},
-				}}); err != nil {
-					t.Fatal(err)
-				}
-			}
+			postTransfers(t, pool, "fmt", 40, 7)
 			events := countEvents(t, pool)
-			var sink core.Sink = newKafkaSink(t, b.addrs)
 			exactlyOnce := format == core.FormatCloudEvents
+			var sink core.Sink
 			if exactlyOnce {
 				sink = newExactlyOnceSink(t, b.addrs)
+			} else {
+				sink = newKafkaSink(t, b.addrs)
 			}
 			startTestRelay(t, pool, bridge.Formatted(sink, wf), "relay-"+string(format), "kafka")
 			bridgetest.WaitFor(t, 30*time.Second, "the outbox drained", func() bool { return bridgetest.Unrelayed(t, pool) == 0 })

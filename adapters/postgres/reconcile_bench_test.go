@@ -27,7 +27,7 @@ import (
 // and derived from e, so the consumer database (another database) writes
 // the same ones.
 func BenchmarkReconcile1M(b *testing.B) {
-	skipUnless1M(b)
+	pgtest.Require1M(b, "loads 1,000,000 rows (minutes)")
 	const events = 1_000_000
 	ctx := context.Background()
 	_, ledger := pgtest.Ledger(b)

@@ -2,7 +2,6 @@ package postgres_test
 
 import (
 	"context"
-	"os"
 	"testing"
 	"time"
 
@@ -22,12 +21,6 @@ import (
 // Each iteration loads 1,000,000 rows (outside the timer) and prunes them
 // in batches of 1000; rows/s and the mean time per batch (one statement,
 // so the longest any lock is held is about that) are reported.
-
-func skipUnless1M(b *testing.B) {
-	if os.Getenv("POSTHORN_BENCH_1M") == "" {
-		b.Skip("set POSTHORN_BENCH_1M=1: loads 1,000,000 rows (minutes)")
-	}
-}
 
 func benchPrune(b *testing.B, pool *pgxpool.Pool, load []string, prune func() (ops.PruneResult, error), want int64) {
 	b.Helper()
@@ -76,7 +69,7 @@ func BenchmarkRetention1MInboxUnordered(b *testing.B) {
 // them behind h, expecting want rows deleted.
 func benchInboxPrune(b *testing.B, receivedAt string, extra []string, h ops.InboxHorizon, want int64) {
 	b.Helper()
-	skipUnless1M(b)
+	pgtest.Require1M(b, "loads 1,000,000 rows (minutes)")
 	_, pool := pgtest.Consumer(b)
 	in := postgres.NewInbox(pool)
 	load := append([]string{
@@ -94,7 +87,7 @@ func benchInboxPrune(b *testing.B, receivedAt string, extra []string, h ops.Inbo
 
 // 1M idempotency keys older than the TTL.
 func BenchmarkRetention1MIdempotencyKeys(b *testing.B) {
-	skipUnless1M(b)
+	pgtest.Require1M(b, "loads 1,000,000 rows (minutes)")
 	_, pool := pgtest.Ledger(b)
 	store := postgres.NewOpsStore(pool)
 	load := []string{

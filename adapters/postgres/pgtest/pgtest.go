@@ -196,3 +196,13 @@ func LogicalLedger(t testing.TB, opts pgcluster.Options, conns int32) (*pgcluste
 	}
 	return c, url, Pool(t, url, conns)
 }
+
+// Require1M skips a benchmark that loads a million rows (minutes) unless
+// POSTHORN_BENCH_1M is set: `make bench` has no time for it. what says
+// what the run does, for the skip message.
+func Require1M(b testing.TB, what string) {
+	b.Helper()
+	if os.Getenv("POSTHORN_BENCH_1M") == "" {
+		b.Skip("set POSTHORN_BENCH_1M=1: " + what)
+	}
+}
