@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -305,34 +304,13 @@ WHERE r.rolname <> $1 AND d.datname = $2`, benchWriterRole, db).Scan(&calls, &ou
 	if err != nil {
 		b.Fatal(err)
 	}
-	var ticks float64
-	for pid, t1 := range cpu1 {
-		ticks += t1 - cpu0[pid] // a backend that started during the period counts from zero
-	}
 	w.stmtsPerSec, w.outboxStmtsPerSec, w.rowsPerSec, w.execMsPerSec = calls/secs, outboxCalls/secs, rows/secs, execMs/secs
-	w.cpuMsPerSec = ticks * 10 / secs // USER_HZ is 100 on Linux
+	w.cpuMsPerSec = pgtest.CPUSince(cpu0, cpu1) * 1000 / secs
 	return w
 }
 
-// relayCPU returns utime+stime (clock ticks) of each backend of the relay's
-// sessions (application_name posthorn-relay, the WAL sender included).
+// relayCPU reads the CPU of each backend of the relay's sessions
+// (application_name posthorn-relay, the WAL sender included).
 func relayCPU(b *testing.B, probe *pgxpool.Pool) map[int]float64 {
-	pids := pgtest.Column[int32](b, probe, `SELECT pid FROM pg_stat_activity WHERE application_name = $1`, postgres.RelayApplicationName)
-	out := map[int]float64{}
-	for _, pid := range pids {
-		raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if err != nil {
-			continue // ended meanwhile
-		}
-		// Fields after the command name (which may hold spaces): state is
-		// field 3, utime 14, stime 15.
-		f := strings.Fields(string(raw[strings.LastIndexByte(string(raw), ')')+2:]))
-		if len(f) < 13 {
-			continue
-		}
-		u, _ := strconv.ParseFloat(f[11], 64)
-		s, _ := strconv.ParseFloat(f[12], 64)
-		out[int(pid)] = u + s
-	}
-	return out
+	return pgtest.BackendCPU(b, probe, `SELECT pid FROM pg_stat_activity WHERE application_name = $1`, postgres.RelayApplicationName)
 }
