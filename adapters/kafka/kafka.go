@@ -151,6 +151,11 @@ func clientOpts(cfg Config) ([]kgo.Opt, error) {
 		// sarama producer's metadata requests asked; kgo does not ask by
 		// default.
 		kgo.AllowAutoTopicCreation(),
+		// No linger (kgo's default is 10 ms): a relay batch is handed over
+		// whole, and records that arrive while a produce request is in
+		// flight are batched anyway; lingering only adds its wait to every
+		// record's latency.
+		kgo.ProducerLinger(0),
 	}, sec...)
 	opts = append(opts, cfg.ClientOpts...)
 	return append(opts,
