@@ -1,6 +1,7 @@
 package bridge
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -105,36 +106,18 @@ func (c *Config) setDefaults() {
 		host, _ := os.Hostname()
 		c.Owner = fmt.Sprintf("%s-%d", host, os.Getpid())
 	}
-	if c.SinkName == "" {
-		c.SinkName = "sink"
-	}
-	if c.BatchSize == 0 {
-		c.BatchSize = BatchSizeDefault
-	}
-	if c.PollInterval == 0 {
-		c.PollInterval = PollIntervalDefault
-	}
+	c.SinkName = cmp.Or(c.SinkName, "sink")
+	c.BatchSize = cmp.Or(c.BatchSize, BatchSizeDefault)
+	c.PollInterval = cmp.Or(c.PollInterval, PollIntervalDefault)
 	if c.MinPollInterval == 0 {
 		c.MinPollInterval = min(MinPollIntervalDefault, c.PollInterval)
 	}
-	if c.LeaseTTL == 0 {
-		c.LeaseTTL = LeaseTTLDefault
-	}
-	if c.RetryInitial == 0 {
-		c.RetryInitial = RetryInitialDefault
-	}
-	if c.RetryMax == 0 {
-		c.RetryMax = RetryMaxDefault
-	}
-	if c.StatsInterval == 0 {
-		c.StatsInterval = StatsIntervalDefault
-	}
-	if c.ParkAfterAttempts == 0 {
-		c.ParkAfterAttempts = ParkAfterAttemptsDefault
-	}
-	if c.ParkAfter == 0 {
-		c.ParkAfter = ParkAfterDefault
-	}
+	c.LeaseTTL = cmp.Or(c.LeaseTTL, LeaseTTLDefault)
+	c.RetryInitial = cmp.Or(c.RetryInitial, RetryInitialDefault)
+	c.RetryMax = cmp.Or(c.RetryMax, RetryMaxDefault)
+	c.StatsInterval = cmp.Or(c.StatsInterval, StatsIntervalDefault)
+	c.ParkAfterAttempts = cmp.Or(c.ParkAfterAttempts, ParkAfterAttemptsDefault)
+	c.ParkAfter = cmp.Or(c.ParkAfter, ParkAfterDefault)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}

@@ -23,8 +23,12 @@ import (
 
 func nop(context.Context, pgx.Tx, core.Envelope) error { return nil }
 
-func newRegistry(t *testing.T, pool *pgxpool.Pool, ch *gochannel.GoChannel, cfg consumers.Config) *consumers.Registry {
+// newRegistry is a registry with cfg on a fresh consumer database, whose
+// subscribers are all the returned gochannel (the caller closes it).
+func newRegistry(t *testing.T, cfg consumers.Config) (*pgxpool.Pool, *gochannel.GoChannel, *consumers.Registry) {
 	t.Helper()
+	_, pool := pgtest.Consumer(t)
+	ch := gochannel.NewGoChannel(gochannel.Config{}, nil)
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, watermill.NopLogger{})
 	if err != nil {
 		t.Fatal(err)
@@ -36,7 +40,7 @@ func newRegistry(t *testing.T, pool *pgxpool.Pool, ch *gochannel.GoChannel, cfg 
 	if err != nil {
 		t.Fatal(err)
 	}
-	return reg
+	return pool, ch, reg
 }
 
 func run(t *testing.T, reg *consumers.Registry) {
@@ -62,6 +66,14 @@ func event(acc string, rev int64, kind core.Kind) *message.Message {
 		AggregateType: core.AggregateAccount, AggregateID: acc, Revision: rev, Payload: []byte(`{}`)}.ToMessage()
 }
 
+// publish publishes msg on topic, as the relay would.
+func publish(t *testing.T, ch *gochannel.GoChannel, topic string, msg *message.Message) {
+	t.Helper()
+	if err := ch.Publish(topic, msg); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func waitDisposition(t *testing.T, in *postgres.Inbox, consumer, id string, want core.Disposition) core.InboxRecord {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
@@ -82,10 +94,8 @@ func waitDisposition(t *testing.T, in *postgres.Inbox, consumer, id string, want
 
 func TestRegistrationSeparatesEventsAndCommands(t *testing.T) {
 	t.Parallel()
-	_, pool := pgtest.Consumer(t)
-	ch := gochannel.NewGoChannel(gochannel.Config{}, nil)
+	_, ch, reg := newRegistry(t, consumers.Config{})
 	defer ch.Close()
-	reg := newRegistry(t, pool, ch, consumers.Config{})
 
 	if err := reg.AddEventHandler("audit", "commands.payouts", nop); !errors.Is(err, consumers.ErrWrongTopic) {
 		t.Fatalf("event handler on a command topic: %v", err)
@@ -117,10 +127,8 @@ func TestRegistrationSeparatesEventsAndCommands(t *testing.T) {
 // topic (or a command on the event topic) is rejected, never handled.
 func TestRuntimeKindMismatchIsRejected(t *testing.T) {
 	t.Parallel()
-	_, pool := pgtest.Consumer(t)
-	ch := gochannel.NewGoChannel(gochannel.Config{}, nil)
+	pool, ch, reg := newRegistry(t, consumers.Config{})
 	defer ch.Close()
-	reg := newRegistry(t, pool, ch, consumers.Config{})
 	var called atomic.Int32
 	h := func(context.Context, pgx.Tx, core.Envelope) error { called.Add(1); return nil }
 	if err := reg.AddCommandHandler("payouts", "commands.payouts", h); err != nil {
@@ -130,16 +138,10 @@ func TestRuntimeKindMismatchIsRejected(t *testing.T) {
 		t.Fatal(err)
 	}
 	run(t, reg)
-	if err := ch.Publish("commands.payouts", event("acc", 1, core.KindEvent)); err != nil {
-		t.Fatal(err)
-	}
-	if err := ch.Publish(core.TopicEvents, event("acc", 2, core.KindCommand)); err != nil {
-		t.Fatal(err)
-	}
+	publish(t, ch, "commands.payouts", event("acc", 1, core.KindEvent))
+	publish(t, ch, core.TopicEvents, event("acc", 2, core.KindCommand))
 	bad := message.NewMessage("no-headers", []byte("x"))
-	if err := ch.Publish(core.TopicEvents, bad); err != nil {
-		t.Fatal(err)
-	}
+	publish(t, ch, core.TopicEvents, bad)
 	rec := waitDisposition(t, postgres.NewInbox(pool), "payouts", "acc-1", core.DispositionRejected)
 	t.Logf("reason: %s", rec.Reason)
 	waitDisposition(t, postgres.NewInbox(pool), "audit", "acc-2", core.DispositionRejected)
@@ -149,9 +151,7 @@ func TestRuntimeKindMismatchIsRejected(t *testing.T) {
 		t.Fatalf("handler called %d times for mismatching records", n)
 	}
 	// Control: matching kinds are handled.
-	if err := ch.Publish("commands.payouts", event("cmd", 1, core.KindCommand)); err != nil {
-		t.Fatal(err)
-	}
+	publish(t, ch, "commands.payouts", event("cmd", 1, core.KindCommand))
 	waitDisposition(t, postgres.NewInbox(pool), "payouts", "cmd-1", core.DispositionApplied)
 }
 
@@ -159,13 +159,11 @@ func TestRuntimeKindMismatchIsRejected(t *testing.T) {
 // applied once; the failed attempts leave no effect.
 func TestTransientErrorsAndPanicsAreRetried(t *testing.T) {
 	t.Parallel()
-	_, pool := pgtest.Consumer(t)
+	pool, ch, reg := newRegistry(t, consumers.Config{Retry: middleware.Retry{InitialInterval: time.Millisecond, MaxInterval: 5 * time.Millisecond}})
+	defer ch.Close()
 	if _, err := pool.Exec(context.Background(), `CREATE TABLE fx (id text)`); err != nil {
 		t.Fatal(err)
 	}
-	ch := gochannel.NewGoChannel(gochannel.Config{}, nil)
-	defer ch.Close()
-	reg := newRegistry(t, pool, ch, consumers.Config{Retry: middleware.Retry{InitialInterval: time.Millisecond, MaxInterval: 5 * time.Millisecond}})
 	var attempts atomic.Int32
 	h := func(ctx context.Context, tx pgx.Tx, e core.Envelope) error {
 		if _, err := tx.Exec(ctx, `INSERT INTO fx VALUES ($1)`, e.EventID); err != nil {
@@ -183,9 +181,7 @@ func TestTransientErrorsAndPanicsAreRetried(t *testing.T) {
 		t.Fatal(err)
 	}
 	run(t, reg)
-	if err := ch.Publish(core.TopicEvents, event("acc", 1, core.KindEvent)); err != nil {
-		t.Fatal(err)
-	}
+	publish(t, ch, core.TopicEvents, event("acc", 1, core.KindEvent))
 	waitDisposition(t, postgres.NewInbox(pool), "flaky", "acc-1", core.DispositionApplied)
 	var n int
 	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM fx`).Scan(&n); err != nil || n != 1 {
@@ -197,21 +193,15 @@ func TestTransientErrorsAndPanicsAreRetried(t *testing.T) {
 // running consumer's sweeper re-drives the released events.
 func TestSweeperRedrivesAfterOutOfProcessRelease(t *testing.T) {
 	t.Parallel()
-	_, pool := pgtest.Consumer(t)
-	ch := gochannel.NewGoChannel(gochannel.Config{}, nil)
+	pool, ch, reg := newRegistry(t, consumers.Config{HoldTime: 100 * time.Millisecond})
 	defer ch.Close()
-	reg := newRegistry(t, pool, ch, consumers.Config{HoldTime: 100 * time.Millisecond})
 	if err := reg.AddEventHandler("ordered", core.TopicEvents, nop, consumers.DependsOnPredecessor()); err != nil {
 		t.Fatal(err)
 	}
 	run(t, reg)
-	if err := ch.Publish(core.TopicEvents, event("acc", 2, core.KindEvent)); err != nil {
-		t.Fatal(err)
-	}
+	publish(t, ch, core.TopicEvents, event("acc", 2, core.KindEvent))
 	waitDisposition(t, postgres.NewInbox(pool), "ordered", "acc-2", core.DispositionParkedGap)
-	if err := ch.Publish(core.TopicEvents, event("acc", 1, core.KindEvent)); err != nil {
-		t.Fatal(err)
-	}
+	publish(t, ch, core.TopicEvents, event("acc", 1, core.KindEvent))
 	waitDisposition(t, postgres.NewInbox(pool), "ordered", "acc-1", core.DispositionParkedGap)
 	other := postgres.NewInbox(pool) // as `posthorn consume release` does
 	if n, err := other.Release(context.Background(), "ordered", core.AggregateAccount, "acc"); err != nil || n != 2 {

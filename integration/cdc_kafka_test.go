@@ -55,6 +55,35 @@ func startCDCRelay(t *testing.T, pool *pgxpool.Pool, brokers []string, owner str
 	return r
 }
 
+// crashOnce is an AfterAck hook that, once armed is set, fails with msg
+// the first time it runs: a crash of whichever relay it follows.
+func crashOnce(msg string) (armed *atomic.Bool, hook func([]core.Envelope) error) {
+	armed = new(atomic.Bool)
+	var fired atomic.Bool
+	return armed, func([]core.Envelope) error {
+		if armed.Load() && fired.CompareAndSwap(false, true) {
+			return errors.New(msg)
+		}
+		return nil
+	}
+}
+
+// transfers posts, at each call of post(n), n transfers from acc-(i mod
+// accounts) to acc-((i+step) mod accounts) for i from 0, and keeps the
+// events they wrote.
+type transfers struct {
+	t              *testing.T
+	pool           *pgxpool.Pool
+	accounts, step int
+	posted         []bridgetest.Posted
+}
+
+func (p *transfers) post(n int) {
+	for i := range n {
+		p.posted = append(p.posted, bridgetest.MustPost(p.t, p.pool, fmt.Sprintf("acc-%d", i%p.accounts), fmt.Sprintf("acc-%d", (i+p.step)%p.accounts))...)
+	}
+}
+
 // The CDC relay over the Kafka sink to kfake on real sockets: through a
 // broker outage the relay retries (confirming nothing it has not delivered)
 // and delivery resumes when the broker is back; a crash of the reader
@@ -67,36 +96,26 @@ func TestCDCRelayToKafkaThroughOutageAndCrash(t *testing.T) {
 	broker := startRelayBroker(t)
 	// Whichever relay reads the slot once armed crashes (once); the outage
 	// may have moved the lease to the standby.
-	var armed, fired atomic.Bool
-	hooks := &cdc.Hooks{AfterAck: func([]core.Envelope) error {
-		if armed.Load() && fired.CompareAndSwap(false, true) {
-			return errors.New("crash")
-		}
-		return nil
-	}}
+	armed, crash := crashOnce("crash")
+	hooks := &cdc.Hooks{AfterAck: crash}
 	a := startCDCRelay(t, pool, broker.addrs, "relay-a", hooks)
 	b := startCDCRelay(t, pool, broker.addrs, "relay-b", hooks)
-	var posted []bridgetest.Posted
-	post := func(n int) {
-		for i := range n {
-			posted = append(posted, bridgetest.MustPost(t, pool, fmt.Sprintf("acc-%d", i%11), fmt.Sprintf("acc-%d", (i+5)%11))...)
-		}
-	}
-	post(10)
+	tr := &transfers{t: t, pool: pool, accounts: 11, step: 5}
+	tr.post(10)
 	bridgetest.WaitFor(t, 30*time.Second, "the first events relayed", func() bool { return bridgetest.Unrelayed(t, pool) == 0 })
 	broker.stop()
-	post(10) // committed during the outage: the relay retries, confirms nothing
+	tr.post(10) // committed during the outage: the relay retries, confirms nothing
 	broker.restart()
-	post(30)
+	tr.post(30)
 	bridgetest.WaitFor(t, 60*time.Second, "delivery after the outage", func() bool { return bridgetest.Unrelayed(t, pool) == 0 })
 	armed.Store(true)
-	post(30)
+	tr.post(30)
 	bridgetest.WaitFor(t, 30*time.Second, "the reader to crash", func() bool { return a.Crashed() || b.Crashed() })
-	post(20)
+	tr.post(20)
 	bridgetest.WaitFor(t, 60*time.Second, "every event relayed", func() bool { return bridgetest.Unrelayed(t, pool) == 0 })
 
-	ids := make([]string, len(posted))
-	for i, p := range posted {
+	ids := make([]string, len(tr.posted))
+	for i, p := range tr.posted {
 		ids[i] = p.EventID
 	}
 	recs := broker.recordsHolding(ids, 30*time.Second)
@@ -120,10 +139,10 @@ func TestCDCRelayToKafkaThroughOutageAndCrash(t *testing.T) {
 		last[acc] = max(last[acc], rev)
 		seen[h[core.HeaderEventID]] = true
 	}
-	for _, p := range posted {
+	for _, p := range tr.posted {
 		if !seen[p.EventID] {
 			t.Fatalf("committed event %s (%s r%d) not in the topic", p.EventID, p.Account, p.Revision)
 		}
 	}
-	t.Logf("%d events, %d records in the topic, %d revision jumps on the wire around the outage", len(posted), len(recs), jumps)
+	t.Logf("%d events, %d records in the topic, %d revision jumps on the wire around the outage", len(tr.posted), len(recs), jumps)
 }

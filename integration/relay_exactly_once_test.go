@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -164,31 +163,21 @@ func TestCDCRelayExactlyOnceThroughOutageAndCrash(t *testing.T) {
 			t.Parallel()
 			pool := cdcLedger(t)
 			broker := startRelayBroker(t)
-			var armed, fired atomic.Bool
-			hooks := &cdc.Hooks{UnsafeSkipPositions: control, AfterAck: func([]core.Envelope) error {
-				if armed.Load() && fired.CompareAndSwap(false, true) {
-					return errors.New("crash after the commit")
-				}
-				return nil
-			}}
+			armed, crash := crashOnce("crash after the commit") // cdc_kafka_test.go
+			hooks := &cdc.Hooks{UnsafeSkipPositions: control, AfterAck: crash}
 			a := startCDCRelay(t, pool, broker.addrs, "relay-a", hooks, true)
 			b := startCDCRelay(t, pool, broker.addrs, "relay-b", hooks, true)
-			var posted []bridgetest.Posted
-			post := func(n int) {
-				for i := range n {
-					posted = append(posted, bridgetest.MustPost(t, pool, fmt.Sprintf("acc-%d", i%7), fmt.Sprintf("acc-%d", (i+3)%7))...)
-				}
-			}
-			post(10)
+			tr := &transfers{t: t, pool: pool, accounts: 7, step: 3}
+			tr.post(10)
 			bridgetest.WaitFor(t, 30*time.Second, "the first events relayed", func() bool { return bridgetest.Unrelayed(t, pool) == 0 })
 			broker.stop()
-			post(10)
+			tr.post(10)
 			broker.restart()
 			bridgetest.WaitFor(t, 60*time.Second, "delivery after the outage", func() bool { return bridgetest.Unrelayed(t, pool) == 0 })
 			armed.Store(true)
-			post(20)
+			tr.post(20)
 			bridgetest.WaitFor(t, 30*time.Second, "the reader to crash", func() bool { return a.Crashed() || b.Crashed() })
-			post(10)
+			tr.post(10)
 			bridgetest.WaitFor(t, 60*time.Second, "every event relayed", func() bool { return bridgetest.Unrelayed(t, pool) == 0 })
 			recs := readCommitted(t, broker.addrs)
 			count := map[string]int{}
@@ -202,18 +191,18 @@ func TestCDCRelayExactlyOnceThroughOutageAndCrash(t *testing.T) {
 				last[string(r.Key)] = max(last[string(r.Key)], rev)
 			}
 			repeats := len(recs) - len(count)
-			for _, p := range posted {
+			for _, p := range tr.posted {
 				if count[p.EventID] == 0 {
 					t.Fatalf("committed event %s not on the wire", p.EventID)
 				}
 			}
 			switch {
 			case !control && repeats > 0:
-				t.Fatalf("exactly-once CDC relay: %d repeats among %d records for %d events", repeats, len(recs), len(posted))
+				t.Fatalf("exactly-once CDC relay: %d repeats among %d records for %d events", repeats, len(recs), len(tr.posted))
 			case control && repeats == 0:
 				t.Fatal("without the positions read the crashed batch was not sent again: this control no longer shows the repeat")
 			}
-			t.Logf("%d events, %d records, %d repeats", len(posted), len(recs), repeats)
+			t.Logf("%d events, %d records, %d repeats", len(tr.posted), len(recs), repeats)
 		})
 	}
 }

@@ -4,17 +4,18 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/integration/faultkit"
+	"github.com/posthorn/posthorn/internal/promset/promtest"
 )
 
 // BenchmarkRelayMemory1M drains a backlog of 1,000,000 events with
@@ -31,13 +32,7 @@ func BenchmarkRelayMemory1M(b *testing.B) {
 	pgtest.Require1M(b, "loads 1,000,000 events (minutes)")
 	const events = 1_000_000
 	ctx := context.Background()
-	url, pool := pgtest.Ledger(b)
-	if err := bridgetest.Fill(ctx, pool, "mem", 2000, events/2000); err != nil {
-		b.Fatal(err)
-	}
-	if _, err := pool.Exec(ctx, `VACUUM ANALYZE outbox, outbox_pending`); err != nil {
-		b.Fatal(err)
-	}
+	url, pool := backlogLedger(b, "mem", events)
 	relay, metrics := relayProcess(b, url, benchKfake(b, 16))
 	b.ResetTimer()
 	start := time.Now()
@@ -72,6 +67,21 @@ func BenchmarkRelayMemory1M(b *testing.B) {
 		events, time.Since(start).Seconds(), events/time.Since(start).Seconds())
 }
 
+// backlogLedger is a fresh ledger holding a backlog of events unrelayed
+// events on 2,000 accounts (bridgetest.Fill with prefix), vacuumed and
+// analyzed, so that the relay's reads are planned on its real size.
+func backlogLedger(b *testing.B, prefix string, events int) (string, *pgxpool.Pool) {
+	ctx := context.Background()
+	url, pool := pgtest.Ledger(b)
+	if err := bridgetest.Fill(ctx, pool, prefix, 2000, events/2000); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `VACUUM ANALYZE outbox, outbox_pending`); err != nil {
+		b.Fatal(err)
+	}
+	return url, pool
+}
+
 // relayProcess is `posthorn relay` on the ledger at url with the Kafka
 // sink to brokers, not started, and the address of its metrics.
 func relayProcess(b *testing.B, url string, brokers []string) (*faultkit.Proc, string) {
@@ -103,16 +113,8 @@ func procStatus(b *testing.B, pid int) map[string]float64 {
 // metricValue is the value of an unlabelled metric on a Prometheus text
 // endpoint.
 func metricValue(b *testing.B, url, name string) float64 {
-	resp, err := http.Get(url)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		b.Fatal(err)
-	}
-	for line := range strings.SplitSeq(string(body), "\n") {
+	_, body := promtest.Get(b, url)
+	for line := range strings.SplitSeq(body, "\n") {
 		if v, ok := strings.CutPrefix(line, name+" "); ok {
 			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
 			if err != nil {

@@ -79,13 +79,7 @@ func BenchmarkRelayDrainProcessFactors(b *testing.B) {
 // events relayed after that.
 func drainFactor(b *testing.B, brokers []string, conns int32, stats time.Duration) (rate float64, ready time.Duration, afterReady float64) {
 	ctx := context.Background()
-	url, pool := pgtest.Ledger(b)
-	if err := bridgetest.Fill(ctx, pool, "drain", 2000, drainEvents/2000); err != nil {
-		b.Fatal(err)
-	}
-	if _, err := pool.Exec(ctx, `VACUUM ANALYZE outbox, outbox_pending`); err != nil {
-		b.Fatal(err)
-	}
+	url, pool := backlogLedger(b, "drain", drainEvents)
 	var relay *faultkit.Proc
 	if conns == 0 {
 		relay, _ = relayProcess(b, url, brokers) // builds the binary on first use: before the clock starts

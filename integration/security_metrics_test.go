@@ -2,8 +2,6 @@ package integration
 
 import (
 	"context"
-	"io"
-	"net/http"
 	"net/url"
 	"os"
 	"regexp"
@@ -22,6 +20,7 @@ import (
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/integration/faultkit"
+	"github.com/posthorn/posthorn/internal/promset/promtest"
 )
 
 // opsKitFiles are the operators' kit files whose queries name metrics.
@@ -50,17 +49,9 @@ func referencedMetrics(t *testing.T) map[string][]string {
 // exposedSeries returns the series names on the /metrics page at addr.
 func exposedSeries(t *testing.T, addr string) map[string]bool {
 	t.Helper()
-	res, err := http.Get("http://" + addr + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer res.Body.Close()
-	b, err := io.ReadAll(res.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, body := promtest.Get(t, "http://"+addr+"/metrics")
 	out := map[string]bool{}
-	for _, line := range strings.Split(string(b), "\n") {
+	for _, line := range strings.Split(body, "\n") {
 		if line == "" || strings.HasPrefix(line, "#") {
 			continue
 		}

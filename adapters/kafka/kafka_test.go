@@ -54,19 +54,29 @@ func TestConformance(t *testing.T) {
 			Read:     ReadFunc(addrs),
 			Keyed:    true,
 			TooLarge: make([]byte, 2<<20),
-			Outage: func(t *testing.T) func() {
-				cluster.Close()
-				return func() {
-					_, port, _ := splitPort(addrs[0])
-					c, err := kfake.NewCluster(append(opts, kfake.Ports(port))...)
-					if err != nil {
-						t.Fatalf("restart kfake on %s: %v", addrs[0], err)
-					}
-					cluster = c
-				}
-			},
+			Outage:   restartOutage(&cluster, opts),
 		}
 	})
+}
+
+// restartOutage is the Outage of a harness on a one-broker kfake cluster
+// started with opts (a kfake.DataDir among them): it closes *cluster and
+// starts it again on the same port and data directory, as a broker restart
+// would, and stores the new cluster in *cluster, so that cleanups reading
+// *cluster close the one running.
+func restartOutage(cluster **kfake.Cluster, opts []kfake.Opt) func(t *testing.T) func() {
+	addr := (*cluster).ListenAddrs()[0]
+	return func(t *testing.T) func() {
+		(*cluster).Close()
+		return func() {
+			_, port, _ := splitPort(addr)
+			c, err := kfake.NewCluster(append(opts, kfake.Ports(port))...)
+			if err != nil {
+				t.Fatalf("restart kfake on %s: %v", addr, err)
+			}
+			*cluster = c
+		}
+	}
 }
 
 func splitPort(addr string) (string, int, error) {

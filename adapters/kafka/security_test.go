@@ -77,17 +77,7 @@ func TestConformanceOverTLSAndSCRAM(t *testing.T) {
 			Read:     ReadFunc(addrs, readOpts...),
 			Keyed:    true,
 			TooLarge: make([]byte, 2<<20),
-			Outage: func(t *testing.T) func() {
-				cluster.Close()
-				return func() {
-					_, port, _ := splitPort(addrs[0])
-					c, err := kfake.NewCluster(append(opts, kfake.Ports(port))...)
-					if err != nil {
-						t.Fatalf("restart kfake on %s: %v", addrs[0], err)
-					}
-					cluster = c
-				}
-			},
+			Outage:   restartOutage(&cluster, opts), // kafka_test.go
 		}
 	})
 }

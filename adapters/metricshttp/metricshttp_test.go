@@ -2,25 +2,14 @@ package metricshttp
 
 import (
 	"errors"
-	"io"
-	"net/http"
 	"strings"
 	"sync/atomic"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
-)
 
-func get(t *testing.T, url string) (int, string) {
-	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
-}
+	"github.com/posthorn/posthorn/internal/promset/promtest"
+)
 
 func TestServesMetricsHealthAndReadiness(t *testing.T) {
 	reg := prometheus.NewRegistry()
@@ -38,17 +27,17 @@ func TestServesMetricsHealthAndReadiness(t *testing.T) {
 		t.Fatal(err)
 	}
 	base := "http://" + s.Addr()
-	if code, body := get(t, base+"/metrics"); code != 200 || !strings.Contains(body, "posthorn_test_total 3") {
+	if code, body := promtest.Get(t, base+"/metrics"); code != 200 || !strings.Contains(body, "posthorn_test_total 3") {
 		t.Fatalf("/metrics = %d %q", code, body)
 	}
-	if code, _ := get(t, base+"/healthz"); code != 200 {
+	if code, _ := promtest.Get(t, base+"/healthz"); code != 200 {
 		t.Fatalf("/healthz = %d", code)
 	}
-	if code, body := get(t, base+"/readyz"); code != 503 || !strings.Contains(body, "no lease yet") {
+	if code, body := promtest.Get(t, base+"/readyz"); code != 503 || !strings.Contains(body, "no lease yet") {
 		t.Fatalf("/readyz not ready = %d %q", code, body)
 	}
 	ready.Store(true)
-	if code, _ := get(t, base+"/readyz"); code != 200 {
+	if code, _ := promtest.Get(t, base+"/readyz"); code != 200 {
 		t.Fatalf("/readyz ready = %d", code)
 	}
 	if err := s.Close(); err != nil {

@@ -20,7 +20,7 @@ func MigrateToForTest(ctx context.Context, dsn string, schema Schema, version in
 }
 
 // The relay's read and its settings, for the plan test.
-const (
+var (
 	ReadByIDForTest     = readByID
 	ReadSettingsForTest = readSettings
 )

@@ -56,31 +56,29 @@ func NewRelayStore(pool *pgxpool.Pool) *RelayStore { return &RelayStore{pool: po
 // merge by id. Parked aggregates, like the ids to skip ($3: rows of a
 // published batch whose marker is still being written), are excluded with
 // NOT IN, a hashed subplan built once per query.
-const readByID = `
-SELECT ` + readColumns + `
-FROM unnest($1::int[]) AS s(shard)
-CROSS JOIN LATERAL (
-    SELECT o.* FROM outbox_pending p
-    CROSS JOIN LATERAL (SELECT * FROM outbox o WHERE o.id = p.id OFFSET 0) o
-    WHERE p.shard = ANY (ARRAY[s.shard])
-      AND (o.aggregate_type, o.aggregate_id) NOT IN (SELECT aggregate_type, aggregate_id FROM relay_parked)
-      AND p.id NOT IN (SELECT unnest($3::bigint[]))
-    ORDER BY p.shard, p.id
-    LIMIT $2) o
-ORDER BY o.id`
+var readByID = readPending("p.shard = ANY (ARRAY[s.shard])", "p.shard, p.id", "o.id")
 
-const readByXID = `
+// readByXID is readByID in transaction-ID order, for the negative control
+// of the ordering test (core.OrderByXIDUnsafe).
+var readByXID = readPending("p.shard = s.shard", "o.xid, o.id", "o.xid, o.id")
+
+// readPending is the read of readByID and readByXID: up to $2 pending rows
+// of each shard in $1 that matches shard, in order per shard, then in
+// order overall, skipping parked aggregates and the ids in $3.
+func readPending(shard, order, overall string) string {
+	return `
 SELECT ` + readColumns + `
 FROM unnest($1::int[]) AS s(shard)
 CROSS JOIN LATERAL (
     SELECT o.* FROM outbox_pending p
     CROSS JOIN LATERAL (SELECT * FROM outbox o WHERE o.id = p.id OFFSET 0) o
-    WHERE p.shard = s.shard
+    WHERE ` + shard + `
       AND (o.aggregate_type, o.aggregate_id) NOT IN (SELECT aggregate_type, aggregate_id FROM relay_parked)
       AND p.id NOT IN (SELECT unnest($3::bigint[]))
-    ORDER BY o.xid, o.id
+    ORDER BY ` + order + `
     LIMIT $2) o
-ORDER BY o.xid, o.id`
+ORDER BY ` + overall
+}
 
 // readSettings are set for the read's transaction only (see ReadBatchSkipping).
 const readSettings = `SELECT set_config('enable_sort', 'off', true), set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)`

@@ -1,6 +1,7 @@
 package cdc
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -107,45 +108,19 @@ func (c *Config) setDefaults() {
 		host, _ := os.Hostname()
 		c.Owner = fmt.Sprintf("%s-%d", host, os.Getpid())
 	}
-	if c.SinkName == "" {
-		c.SinkName = "sink"
-	}
-	if c.Slot == "" {
-		c.Slot = SlotDefault
-	}
-	if c.Publication == "" {
-		c.Publication = PublicationDefault
-	}
-	if c.BatchSize == 0 {
-		c.BatchSize = bridge.BatchSizeDefault
-	}
-	if c.BatchLinger == 0 {
-		c.BatchLinger = BatchLingerDefault
-	}
-	if c.LeaseTTL == 0 {
-		c.LeaseTTL = bridge.LeaseTTLDefault
-	}
-	if c.RetryInitial == 0 {
-		c.RetryInitial = bridge.RetryInitialDefault
-	}
-	if c.RetryMax == 0 {
-		c.RetryMax = bridge.RetryMaxDefault
-	}
-	if c.ParkAfterAttempts == 0 {
-		c.ParkAfterAttempts = bridge.ParkAfterAttemptsDefault
-	}
-	if c.ParkAfter == 0 {
-		c.ParkAfter = bridge.ParkAfterDefault
-	}
-	if c.StatusInterval == 0 {
-		c.StatusInterval = StatusIntervalDefault
-	}
-	if c.HeartbeatInterval == 0 {
-		c.HeartbeatInterval = HeartbeatIntervalDefault
-	}
-	if c.StatsInterval == 0 {
-		c.StatsInterval = bridge.StatsIntervalDefault
-	}
+	c.SinkName = cmp.Or(c.SinkName, "sink")
+	c.Slot = cmp.Or(c.Slot, SlotDefault)
+	c.Publication = cmp.Or(c.Publication, PublicationDefault)
+	c.BatchSize = cmp.Or(c.BatchSize, bridge.BatchSizeDefault)
+	c.BatchLinger = cmp.Or(c.BatchLinger, BatchLingerDefault)
+	c.LeaseTTL = cmp.Or(c.LeaseTTL, bridge.LeaseTTLDefault)
+	c.RetryInitial = cmp.Or(c.RetryInitial, bridge.RetryInitialDefault)
+	c.RetryMax = cmp.Or(c.RetryMax, bridge.RetryMaxDefault)
+	c.ParkAfterAttempts = cmp.Or(c.ParkAfterAttempts, bridge.ParkAfterAttemptsDefault)
+	c.ParkAfter = cmp.Or(c.ParkAfter, bridge.ParkAfterDefault)
+	c.StatusInterval = cmp.Or(c.StatusInterval, StatusIntervalDefault)
+	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, HeartbeatIntervalDefault)
+	c.StatsInterval = cmp.Or(c.StatsInterval, bridge.StatsIntervalDefault)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os/exec"
 	"strings"
 	"sync"
 	"syscall"
@@ -68,16 +69,29 @@ func (c *collector) named(prefix string) []collectedSpan {
 	return out
 }
 
-// logged reads sc's JSON log lines until one whose msg is msg and returns
-// it; nil when the log ends first.
-func logged(sc *bufio.Scanner, msg string) map[string]any {
-	for sc.Scan() {
-		var rec map[string]any
-		if json.Unmarshal(sc.Bytes(), &rec) == nil && rec["msg"] == msg {
-			return rec
+// startLogged starts cmd (startCLI) and reads its stderr, a JSON log,
+// until the line whose msg is msg, which it returns; nil, with the
+// reader's error, when the log ends first. The rest of the log is drained
+// in the background so the process never blocks on a full pipe.
+func startLogged(t *testing.T, cmd *exec.Cmd, msg string) (map[string]any, error) {
+	t.Helper()
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	startCLI(t, cmd)
+	sc := bufio.NewScanner(stderr)
+	var rec map[string]any
+	for rec == nil && sc.Scan() {
+		if json.Unmarshal(sc.Bytes(), &rec) != nil || rec["msg"] != msg {
+			rec = nil
 		}
 	}
-	return nil
+	go func() {
+		for sc.Scan() {
+		}
+	}()
+	return rec, sc.Err()
 }
 
 // The binary wires tracing.*: `posthorn api` continues the caller's trace
@@ -93,20 +107,10 @@ func TestTracingFromTheBinary(t *testing.T) {
 	env := []string{"POSTHORN_TRACING__EXPORTER=otlp", "POSTHORN_TRACING__ENDPOINT=" + srv.URL, "POSTHORN_API__TOKENS=", "POSTHORN_LOG__FORMAT=json"}
 
 	api := cliCommand(env, "api", "--database.url", url, "--api.listen", "127.0.0.1:0")
-	stderr, err := api.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	startCLI(t, api)
-	sc := bufio.NewScanner(stderr)
-	rec := logged(sc, "Posting API listening")
+	rec, err := startLogged(t, api, "Posting API listening")
 	if rec == nil {
-		t.Fatalf("no listening line in the API's log (%v)", sc.Err())
+		t.Fatalf("no listening line in the API's log (%v)", err)
 	}
-	go func() { // keep draining so the server never blocks on a full pipe
-		for sc.Scan() {
-		}
-	}()
 	postTransfer(t, rec["addr"].(string), "cli-trace-1", map[string]string{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"})
 	if err := api.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
@@ -121,19 +125,9 @@ func TestTracingFromTheBinary(t *testing.T) {
 	}
 
 	relay := cliCommand(env, "relay", "--database.url", url, "--sink.kind", "memory")
-	rstderr, err := relay.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
+	if rec, err := startLogged(t, relay, "relay started"); rec == nil {
+		t.Fatalf("the relay did not start (%v)", err)
 	}
-	startCLI(t, relay)
-	rsc := bufio.NewScanner(rstderr)
-	if logged(rsc, "relay started") == nil {
-		t.Fatalf("the relay did not start (%v)", rsc.Err())
-	}
-	go func() {
-		for rsc.Scan() {
-		}
-	}()
 	// The batch processor exports every 5 s; the stop flushes at once.
 	// Wait for the rows to be relayed, then stop.
 	pool := pgtest.Pool(t, url, 1)

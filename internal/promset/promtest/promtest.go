@@ -1,7 +1,10 @@
-// Package promtest reads back, in tests, the series a registry gathers.
+// Package promtest reads back, in tests, the series a registry gathers
+// and the pages a process serves them on.
 package promtest
 
 import (
+	"io"
+	"net/http"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -36,4 +39,20 @@ func Value(t testing.TB, g prometheus.Gatherer, name string, labels ...string) f
 		}
 	}
 	return sum
+}
+
+// Get is the status and body of a GET of url (a /metrics, /healthz or
+// /readyz page).
+func Get(t testing.TB, url string) (int, string) {
+	t.Helper()
+	res, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res.StatusCode, string(b)
 }
