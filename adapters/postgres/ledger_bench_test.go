@@ -73,68 +73,6 @@ func BenchmarkLedgerWrite(b *testing.B) {
 	b.Logf("ledger write overhead vs journal alone: ours %.1f%% (ratio %.3f), stock %.1f%% (ratio %.3f)", (1-ours)*100, ours, (1-stock)*100, stock)
 }
 
-// BenchmarkLedgerWriteCPU breaks BenchmarkLedgerWrite's overheads down on
-// a machine where PostgreSQL's CPU is the limit: the database CPU one
-// posting costs (user and system time of the database's backends, the
-// relay's wake-up NOTIFY included), with one writer so that no lock wait
-// or queueing enters, in these modes side by side:
-//
-//	journal, ours, stock  as in BenchmarkLedgerWrite
-//	ours-no-queue         ours with the trigger that fills outbox_pending
-//	                      (the relay's work queue) dropped
-//	ours-no-unique        ours with the outbox's two unique keys dropped
-//	                      (event_id; aggregate and revision)
-//
-// The last two exist for this measurement only: they price the queue and
-// the keys. Chunks are interleaved as in BenchmarkLedgerWrite; a fixed
-// workload of about 25 s, b.N ignored.
-func BenchmarkLedgerWriteCPU(b *testing.B) {
-	chunk := envInt(b, "POSTHORN_BENCH_CHUNK", 400)
-	chunks := envInt(b, "POSTHORN_BENCH_CHUNKS", 8)
-	type cpuMode struct {
-		*benchMode
-		alter []string
-		cpu   float64
-	}
-	modes := []*cpuMode{
-		{benchMode: &benchMode{name: "journal", mode: postgres.OutboxNone}},
-		{benchMode: &benchMode{name: "ours", mode: postgres.OutboxPosthorn}},
-		{benchMode: &benchMode{name: "stock", mode: postgres.OutboxWatermillStock}},
-		{benchMode: &benchMode{name: "ours-no-queue", mode: postgres.OutboxPosthorn},
-			alter: []string{`DROP TRIGGER outbox_enqueue ON outbox`}},
-		{benchMode: &benchMode{name: "ours-no-unique", mode: postgres.OutboxPosthorn},
-			alter: []string{`ALTER TABLE outbox DROP CONSTRAINT outbox_event_id_key`,
-				`ALTER TABLE outbox DROP CONSTRAINT outbox_aggregate_type_aggregate_id_revision_key`}},
-	}
-	const backends = `SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND backend_type = 'client backend'`
-	for _, m := range modes {
-		m.setup(b, 1)
-		for _, q := range m.alter {
-			if _, err := m.pool.Exec(context.Background(), q); err != nil {
-				b.Fatal(err)
-			}
-		}
-	}
-	b.ResetTimer()
-	for c := 0; c < chunks; c++ {
-		for i := range modes {
-			m := modes[(c+i)%len(modes)]
-			before := pgtest.BackendCPU(b, m.pool, backends)
-			m.run(b, "cpu-"+strconv.Itoa(c)+"-", chunk, 1, randomTransfer)
-			m.cpu += pgtest.CPUSince(before, pgtest.BackendCPU(b, m.pool, backends))
-		}
-	}
-	b.StopTimer()
-	b.ReportMetric(0, "ns/op")
-	perPosting := func(m *cpuMode) float64 { return m.cpu * 1e6 / float64(chunk*chunks) }
-	journal := perPosting(modes[0])
-	for _, m := range modes {
-		us := perPosting(m)
-		b.ReportMetric(us, m.name+"_db_µs/posting")
-		b.Logf("%-15s database CPU %4.0f µs per posting, %+4.0f µs over the journal alone: overhead %4.1f%%", m.name, us, us-journal, (1-journal/us)*100)
-	}
-}
-
 type benchMode struct {
 	name    string
 	mode    postgres.OutboxMode
