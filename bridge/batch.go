@@ -15,10 +15,7 @@ import (
 // the rows of the marker still in flight, which an exactly-once publish
 // records as unmarked.
 func (r *Relay) relayBatch(ctx context.Context, rows []core.OutboxRow, carry []core.RowRef) (*markJob, error) {
-	batch := make([]core.Envelope, len(rows))
-	for i, row := range rows {
-		batch[i] = row.Envelope
-	}
+	batch := core.Envelopes(rows)
 	if h := r.cfg.Hooks; h != nil && h.BeforePublish != nil {
 		h.BeforePublish(batch)
 	}
@@ -35,15 +32,8 @@ func (r *Relay) relayBatch(ctx context.Context, rows []core.OutboxRow, carry []c
 	if h := r.cfg.Hooks; h != nil && h.UnsafeMarkBeforeAck {
 		return nil, r.unsafeMarkThenPublish(ctx, rows, batch)
 	}
-	pubCtx, cancel := context.WithDeadline(ctx, r.deadline)
 	start := time.Now()
-	var err error
-	if r.fences != nil {
-		err = r.fences.Publish(pubCtx, rows, batch, carry)
-	} else {
-		err = PublishBatch(pubCtx, r.sink, batch)
-	}
-	cancel()
+	err := PublishUntil(ctx, r.deadline, r.sink, r.fences, rows, batch, carry)
 	r.m.publishSeconds.Observe(time.Since(start).Seconds())
 	r.m.batchSize.Observe(float64(len(batch)))
 	if ctx.Err() != nil {

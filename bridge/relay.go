@@ -149,7 +149,7 @@ func (r *Relay) run(ctx context.Context) {
 			if err := r.fence(ctx); err != nil {
 				if !errors.Is(err, errLeaseDue) {
 					// Short enough that the leases are renewed meanwhile.
-					r.backoffFor(ctx, min(r.retry.NextBackOff(), r.cfg.LeaseTTL/4))
+					r.life.Sleep(ctx, min(r.retry.NextBackOff(), r.cfg.LeaseTTL/4))
 				}
 				continue
 			}
@@ -242,18 +242,7 @@ func (r *Relay) wait(ctx context.Context, d time.Duration) {
 
 // backoff waits the next exponential, jittered retry interval; a stop
 // interrupts it (a notification does not: the sink is the problem).
-func (r *Relay) backoff(ctx context.Context) { r.backoffFor(ctx, r.retry.NextBackOff()) }
-
-// backoffFor waits d unless a stop comes first.
-func (r *Relay) backoffFor(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-	case <-r.life.SoftStop():
-	case <-ctx.Done():
-	}
-}
+func (r *Relay) backoff(ctx context.Context) { r.life.Sleep(ctx, r.retry.NextBackOff()) }
 
 // listen turns outbox notifications into wake-ups on a dedicated
 // connection, reconnecting with backoff; each (re)connect wakes the loop
