@@ -50,10 +50,7 @@ func ackThenCrash(t *testing.T, hooks *bridge.Hooks) ([]bridgetest.Posted, map[s
 	t.Helper()
 	_, pool := pgtest.Ledger(t)
 	b := startRelayBroker(t)
-	var posted []bridgetest.Posted
-	for i := range 60 {
-		posted = append(posted, bridgetest.MustPost(t, pool, fmt.Sprintf("acc-%d", i%11), fmt.Sprintf("acc-%d", (i+3)%11))...)
-	}
+	posted := bridgetest.MustPostTransfers(t, pool, 60, 11, 3)
 	crashed, _ := startTestRelay(t, pool, newExactlyOnceSink(t, b.addrs), "relay-crashing", "kafka",
 		&bridge.Hooks{AfterAck: func([]core.Envelope) error { return errors.New("crash after the commit") }})
 	<-crashed.Stopped()
