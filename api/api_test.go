@@ -106,6 +106,16 @@ func (e env) do(t *testing.T, r request) response {
 	return out
 }
 
+// create does r, a posting, and fails t unless it was created (201).
+func (e env) create(t *testing.T, r request) response {
+	t.Helper()
+	res := e.do(t, r)
+	if res.status != http.StatusCreated {
+		t.Fatalf("posting under key %q: %d %s, want 201", r.key, res.status, res.body)
+	}
+	return res
+}
+
 func entry(account, direction, amount, currency string) string {
 	return fmt.Sprintf(`{"account":%q,"direction":%q,"amount":%q,"currency":%q}`, account, direction, amount, currency)
 }
@@ -128,9 +138,7 @@ func TestBadRequestsAreRefusedWithoutTrace(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, tokenA, tokenB)
 	bearer := "Bearer " + tokenA
-	if r := e.do(t, request{body: validPosting, key: "seed", auth: bearer}); r.status != http.StatusCreated {
-		t.Fatalf("seed posting: %d %s", r.status, r.body)
-	}
+	e.create(t, request{body: validPosting, key: "seed", auth: bearer})
 	before := pgtest.LedgerState(t, e.pool)
 
 	ok1, ok2 := entry("a", "debit", "5", "EUR"), entry("b", "credit", "5", "EUR")
@@ -223,9 +231,7 @@ func TestBadRequestsAreRefusedWithoutTrace(t *testing.T) {
 	if after := pgtest.LedgerState(t, e.pool); !maps.Equal(before, after) {
 		t.Errorf("refused requests changed the ledger:\nbefore %v\nafter  %v", before, after)
 	}
-	if r := e.do(t, request{body: body(ok1, ok2), key: "after-the-storm", auth: "Bearer " + tokenB}); r.status != http.StatusCreated {
-		t.Fatalf("valid posting after the bad ones: %d %s", r.status, r.body)
-	}
+	e.create(t, request{body: body(ok1, ok2), key: "after-the-storm", auth: "Bearer " + tokenB})
 	logs := e.logs.String()
 	if strings.Contains(logs, tokenA) || strings.Contains(logs, tokenB) || strings.Contains(logs, tokenA[:10]) {
 		t.Error("a bearer token appears in the logs")
@@ -238,10 +244,7 @@ func TestBadRequestsAreRefusedWithoutTrace(t *testing.T) {
 func TestIdempotencyKey(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	first := e.do(t, request{body: validPosting, key: "k-1"})
-	if first.status != http.StatusCreated {
-		t.Fatalf("first: %d %s", first.status, first.body)
-	}
+	first := e.create(t, request{body: validPosting, key: "k-1"})
 	// Same key, same request (other formatting): the same answer, 200.
 	again := e.do(t, request{body: strings.Join(strings.Fields(validPosting), ""), key: "k-1"})
 	if again.status != http.StatusOK || !bytes.Equal(again.body, first.body) {
@@ -303,10 +306,7 @@ func TestIdempotencyKey(t *testing.T) {
 func TestReadPostingAndAccount(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	created := e.do(t, request{body: validPosting, key: "k"})
-	if created.status != http.StatusCreated {
-		t.Fatalf("%d %s", created.status, created.body)
-	}
+	created := e.create(t, request{body: validPosting, key: "k"})
 	var res struct {
 		JournalID string `json:"journal_id"`
 		Sequence  int64  `json:"sequence"`

@@ -101,10 +101,16 @@ type Hooks struct {
 	UnsafeSkipPositions bool
 }
 
+// DefaultOwner is the Owner a relay of either mode takes when none is set:
+// the host name and the process ID.
+func DefaultOwner() string {
+	host, _ := os.Hostname()
+	return fmt.Sprintf("%s-%d", host, os.Getpid())
+}
+
 func (c *Config) setDefaults() {
 	if c.Owner == "" {
-		host, _ := os.Hostname()
-		c.Owner = fmt.Sprintf("%s-%d", host, os.Getpid())
+		c.Owner = DefaultOwner()
 	}
 	c.SinkName = cmp.Or(c.SinkName, "sink")
 	c.BatchSize = cmp.Or(c.BatchSize, BatchSizeDefault)

@@ -74,6 +74,19 @@ func PublishBatch(ctx context.Context, sink core.Sink, batch []core.Envelope) er
 	return err
 }
 
+// PublishUntil publishes batch, the envelopes of rows, as both relays do:
+// with deadline (the lease's expiry) on its context, through fences in
+// exactly-once mode (carry: the rows of the marker still in flight), else
+// with PublishBatch.
+func PublishUntil(ctx context.Context, deadline time.Time, sink core.Sink, fences *Fences, rows []core.OutboxRow, batch []core.Envelope, carry []core.RowRef) error {
+	ctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	if fences != nil {
+		return fences.Publish(ctx, rows, batch, carry)
+	}
+	return PublishBatch(ctx, sink, batch)
+}
+
 // publishEach sends records one at a time, holding back the later records
 // of an aggregate that already failed (core.BatchFailures), and reports
 // failures per record.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Lifecycle is the Start/Stop/Stopped machinery the polling relay and the
@@ -108,3 +109,15 @@ func (l *Lifecycle) Stopped() <-chan struct{} { return l.stopped }
 
 // SoftStop is closed when a soft stop was asked for.
 func (l *Lifecycle) SoftStop() <-chan struct{} { return l.softStop }
+
+// Sleep waits d unless a soft stop or the end of ctx comes first (a relay's
+// backoff and its idle waits).
+func (l *Lifecycle) Sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-l.softStop:
+	case <-ctx.Done():
+	}
+}

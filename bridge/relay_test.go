@@ -96,10 +96,7 @@ func (f *fixture) waitDelivered(n int) []core.Envelope {
 func TestEveryCommittedEventNoneRolledBack(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, memory.Config{})
-	var committed []bridgetest.Posted
-	for i := range 60 {
-		committed = append(committed, bridgetest.MustPost(t, f.pool, fmt.Sprintf("acc-%d", i%13), fmt.Sprintf("acc-%d", (i+5)%13))...)
-	}
+	committed := bridgetest.MustPostTransfers(t, f.pool, 60, 13, 5)
 	rolledBack := map[string]bool{}
 	for i := range 10 {
 		rolledBack[bridgetest.MustRollBack(t, f.pool, fmt.Sprintf("acc-%d", i))[0].EventID] = true
@@ -107,9 +104,7 @@ func TestEveryCommittedEventNoneRolledBack(t *testing.T) {
 	r := f.start("relay-a", nil)
 	// Rows committed while the relay runs are found by its poll (bridgetest
 	// writes without LedgerStore, so no NOTIFY wakes the relay).
-	for i := range 40 {
-		committed = append(committed, bridgetest.MustPost(t, f.pool, fmt.Sprintf("acc-%d", i%13))...)
-	}
+	committed = append(committed, bridgetest.MustPostN(t, f.pool, 40, 13)...)
 	got := f.waitDelivered(len(committed))
 	bridgetest.WaitFor(t, 10*time.Second, "all markers", func() bool { return bridgetest.Unrelayed(t, f.pool) == 0 })
 	if len(got) != len(committed) {
@@ -294,10 +289,7 @@ var errCrash = errors.New("crash")
 func TestCrashAfterAckBeforeMarkerResends(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, memory.Config{})
-	var posted []bridgetest.Posted
-	for i := range 20 {
-		posted = append(posted, bridgetest.MustPost(t, f.pool, fmt.Sprintf("acc-%d", i%4))...)
-	}
+	posted := bridgetest.MustPostN(t, f.pool, 20, 4)
 	crashing := f.start("relay", func(c *bridge.Config) {
 		c.Hooks = &bridge.Hooks{AfterAck: func([]core.Envelope) error { return errCrash }}
 	})
@@ -363,19 +355,14 @@ func TestTwoRelaysShareShardsAndTakeOverAStalledOne(t *testing.T) {
 		o := leaseOwners(t, f.store)
 		return o["relay-a"] == 8 && o["relay-b"] == 8
 	})
-	var posted []bridgetest.Posted
-	for i := range 200 {
-		posted = append(posted, bridgetest.MustPost(t, f.pool, fmt.Sprintf("acc-%d", i%40))...)
-	}
+	posted := bridgetest.MustPostN(t, f.pool, 200, 40)
 	f.waitDelivered(len(posted))
 	bridgetest.WaitFor(t, 10*time.Second, "markers", func() bool { return bridgetest.Unrelayed(t, f.pool) == 0 })
 
 	// Stall A inside its loop, with a batch read: B must take its shards over
 	// once A's leases expire, and deliver everything.
 	stallA.Store(true)
-	for i := range 200 {
-		posted = append(posted, bridgetest.MustPost(t, f.pool, fmt.Sprintf("acc-%d", i%40))...)
-	}
+	posted = append(posted, bridgetest.MustPostN(t, f.pool, 200, 40)...)
 	<-stalled
 	bridgetest.WaitFor(t, 15*time.Second, "B to take all 16 shards", func() bool { return leaseOwners(t, f.store)["relay-b"] == 16 })
 	got := f.waitDelivered(len(posted))
@@ -437,10 +424,7 @@ func TestParkedAccountDoesNotStopOthers(t *testing.T) {
 	// but must wait behind the first.
 	bridgetest.MustPostPayload(t, f.pool, "acc-bad", make([]byte, 4096))
 	bridgetest.MustPost(t, f.pool, "acc-bad")
-	var good []bridgetest.Posted
-	for i := range 50 {
-		good = append(good, bridgetest.MustPost(t, f.pool, fmt.Sprintf("acc-%d", i%10))...)
-	}
+	good := bridgetest.MustPostN(t, f.pool, 50, 10)
 	r := f.start("relay", nil)
 	got := f.waitDelivered(len(good))
 	bridgetest.WaitFor(t, 10*time.Second, "parked gauge", func() bool {
@@ -489,10 +473,7 @@ func TestSinkOutageRetriesAndRecovers(t *testing.T) {
 	first := bridgetest.MustPost(t, f.pool, "acc-1", "acc-2")
 	f.waitDelivered(len(first))
 	f.sink.SetDown(true)
-	var posted []bridgetest.Posted
-	for i := range 30 {
-		posted = append(posted, bridgetest.MustPost(t, f.pool, fmt.Sprintf("acc-%d", i%5))...)
-	}
+	posted := bridgetest.MustPostN(t, f.pool, 30, 5)
 	bridgetest.WaitFor(t, 10*time.Second, "retries", func() bool { return promtest.Value(t, r.reg, "posthorn_relay_retries_total") >= 3 })
 	if n := bridgetest.Unrelayed(t, f.pool); n != len(posted) {
 		t.Fatalf("during the outage %d rows unrelayed, want %d", n, len(posted))

@@ -28,3 +28,18 @@ func (r *Relay) unsafeMarkThenPublish(ctx context.Context, rows []core.OutboxRow
 	r.m.published.Add(float64(len(batch)))
 	return nil
 }
+
+// afterCursor keeps the rows above *cursor and moves it to the largest id
+// read: the unsafe "position > last" reading of Hooks.UnsafeCursor.
+func afterCursor(rows []core.OutboxRow, cursor *int64) []core.OutboxRow {
+	var kept []core.OutboxRow
+	last := *cursor
+	for _, row := range rows {
+		if row.ID > *cursor {
+			kept = append(kept, row)
+		}
+		last = max(last, row.ID)
+	}
+	*cursor = last
+	return kept
+}

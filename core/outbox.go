@@ -35,6 +35,16 @@ type OutboxRow struct {
 	Envelope Envelope
 }
 
+// Envelopes returns the envelopes of rows, in order: the batch a relay
+// publishes.
+func Envelopes(rows []OutboxRow) []Envelope {
+	batch := make([]Envelope, len(rows))
+	for i, row := range rows {
+		batch[i] = row.Envelope
+	}
+	return batch
+}
+
 // ReadOrder selects the order unrelayed rows are read in.
 type ReadOrder int
 

@@ -1,7 +1,9 @@
 package core
 
 import (
+	"crypto/sha256"
 	"encoding/json"
+	"fmt"
 	"time"
 )
 
@@ -65,3 +67,46 @@ type PostingResult struct {
 	Commands  []PostedCommand `json:"commands"`
 	PostedAt  time.Time       `json:"-"`
 }
+
+// CanonicalPosting encodes a validated posting deterministically, so two
+// requests that mean the same (whitespace, member order, an absent versus
+// an empty metadata object aside) encode identically. Idempotency compares
+// its SHA-256 (PostingHash) to tell a retry from a different request under
+// the same key. Command payloads are compared as compacted JSON.
+func CanonicalPosting(p Posting) []byte {
+	type entry struct {
+		Account   string `json:"account"`
+		Direction string `json:"direction"`
+		Amount    int64  `json:"amount"`
+		Currency  string `json:"currency"`
+	}
+	type command struct {
+		Type    string          `json:"type"`
+		Payload json.RawMessage `json:"payload"`
+	}
+	c := struct {
+		Entries  []entry           `json:"entries"`
+		Metadata map[string]string `json:"metadata"`
+		Commands []command         `json:"commands"`
+	}{Entries: make([]entry, len(p.Entries)), Metadata: p.Metadata, Commands: make([]command, len(p.Commands))}
+	if c.Metadata == nil {
+		c.Metadata = map[string]string{}
+	}
+	for i, e := range p.Entries {
+		c.Entries[i] = entry{e.Account, string(e.Direction), e.Amount, e.Currency}
+	}
+	for i, cmd := range p.Commands {
+		c.Commands[i] = command(cmd)
+	}
+	b, err := json.Marshal(c) // maps encode with sorted keys
+	if err != nil {
+		// Only an invalid RawMessage payload can fail, and ParsePosting
+		// compacts every payload; fall back to a form that still differs
+		// per payload rather than hiding the difference.
+		return []byte(fmt.Sprintf("%#v", p))
+	}
+	return b
+}
+
+// PostingHash is the SHA-256 of CanonicalPosting.
+func PostingHash(p Posting) [32]byte { return sha256.Sum256(CanonicalPosting(p)) }

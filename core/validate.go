@@ -2,11 +2,9 @@ package core
 
 import (
 	"bytes"
-	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"regexp"
 	"sort"
@@ -75,9 +73,6 @@ var (
 // ValidAccountID reports whether s is an account ID the ledger accepts.
 func ValidAccountID(s string) bool { return accountRE.MatchString(s) }
 
-// ValidCurrency reports whether s is an active ISO 4217 alphabetic code.
-func ValidCurrency(s string) bool { _, ok := iso4217[s]; return ok }
-
 // ParsePosting decodes and validates a POST /v1/postings body. It never
 // panics and returns either a balanced Posting or an *InputError naming the
 // first offending field. Unknown and duplicate object members are rejected
@@ -121,131 +116,6 @@ func ParsePosting(body []byte) (Posting, error) {
 		return Posting{}, ierr
 	}
 	return p, nil
-}
-
-type member struct {
-	name  string
-	value json.RawMessage
-}
-
-// decodeObject splits one JSON object into its members in order, rejecting
-// anything else, duplicate names and trailing data.
-func decodeObject(raw []byte, path string) ([]member, *InputError) {
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.UseNumber()
-	what := path
-	if what == "" {
-		what = "body"
-	}
-	tok, err := dec.Token()
-	if err != nil {
-		return nil, syntaxErr(path, what, err)
-	}
-	if d, ok := tok.(json.Delim); !ok || d != '{' {
-		return nil, malformed(path, "%s must be a JSON object, got %s", what, describe(tok))
-	}
-	var out []member
-	seen := make(map[string]bool)
-	for dec.More() {
-		tok, err := dec.Token()
-		if err != nil {
-			return nil, syntaxErr(path, what, err)
-		}
-		name, _ := tok.(string) // inside an object the decoder only yields string keys
-		var v json.RawMessage
-		if err := dec.Decode(&v); err != nil {
-			return nil, syntaxErr(join(path, name), what, err)
-		}
-		if seen[name] {
-			return nil, malformed(join(path, name), "duplicate field %q", name)
-		}
-		seen[name] = true
-		out = append(out, member{name: name, value: v})
-	}
-	if _, err := dec.Token(); err != nil { // the closing '}'
-		return nil, syntaxErr(path, what, err)
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return nil, malformed(path, "%s has data after the JSON object", what)
-	}
-	return out, nil
-}
-
-func syntaxErr(field, what string, err error) *InputError {
-	if err == io.EOF || errors.Is(err, io.ErrUnexpectedEOF) {
-		return malformed(field, "%s is not valid JSON: unexpected end of input", what)
-	}
-	return malformed(field, "%s is not valid JSON: %v", what, err)
-}
-
-func describe(tok any) string {
-	switch t := tok.(type) {
-	case json.Delim:
-		if t == '[' {
-			return "an array"
-		}
-		return "an object"
-	case string:
-		return "a string"
-	case json.Number, float64:
-		return "a number"
-	case bool:
-		return "a boolean"
-	case nil:
-		return "null"
-	}
-	return fmt.Sprintf("%T", tok)
-}
-
-func kindOf(raw json.RawMessage) string {
-	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 {
-		return "nothing"
-	}
-	switch raw[0] {
-	case '{':
-		return "an object"
-	case '[':
-		return "an array"
-	case '"':
-		return "a string"
-	case 't', 'f':
-		return "a boolean"
-	case 'n':
-		return "null"
-	}
-	return "a number"
-}
-
-func join(path, name string) string {
-	if path == "" {
-		return name
-	}
-	return path + "." + name
-}
-
-func isNull(raw json.RawMessage) bool { return string(bytes.TrimSpace(raw)) == "null" }
-
-func decodeString(raw json.RawMessage, field string) (string, *InputError) {
-	if kindOf(raw) != "a string" {
-		return "", malformed(field, "must be a string, got %s", kindOf(raw))
-	}
-	var s string
-	if err := json.Unmarshal(raw, &s); err != nil {
-		return "", malformed(field, "is not a valid JSON string")
-	}
-	return s, nil
-}
-
-func decodeArray(raw json.RawMessage, field string) ([]json.RawMessage, *InputError) {
-	if kindOf(raw) != "an array" {
-		return nil, malformed(field, "must be an array, got %s", kindOf(raw))
-	}
-	var items []json.RawMessage
-	if err := json.Unmarshal(raw, &items); err != nil {
-		return nil, malformed(field, "is not a valid JSON array")
-	}
-	return items, nil
 }
 
 func parseEntries(raw json.RawMessage) ([]Entry, *InputError) {
@@ -493,70 +363,6 @@ func truncate(s string, n int) string {
 	}
 	return s[:cut] + "…"
 }
-
-// CanonicalPosting encodes a validated posting deterministically, so two
-// requests that mean the same (whitespace, member order, an absent versus
-// an empty metadata object aside) encode identically. Idempotency compares
-// its SHA-256 (PostingHash) to tell a retry from a different request under
-// the same key. Command payloads are compared as compacted JSON.
-func CanonicalPosting(p Posting) []byte {
-	type entry struct {
-		Account   string `json:"account"`
-		Direction string `json:"direction"`
-		Amount    int64  `json:"amount"`
-		Currency  string `json:"currency"`
-	}
-	type command struct {
-		Type    string          `json:"type"`
-		Payload json.RawMessage `json:"payload"`
-	}
-	c := struct {
-		Entries  []entry           `json:"entries"`
-		Metadata map[string]string `json:"metadata"`
-		Commands []command         `json:"commands"`
-	}{Entries: make([]entry, len(p.Entries)), Metadata: p.Metadata, Commands: make([]command, len(p.Commands))}
-	if c.Metadata == nil {
-		c.Metadata = map[string]string{}
-	}
-	for i, e := range p.Entries {
-		c.Entries[i] = entry{e.Account, string(e.Direction), e.Amount, e.Currency}
-	}
-	for i, cmd := range p.Commands {
-		c.Commands[i] = command(cmd)
-	}
-	b, err := json.Marshal(c) // maps encode with sorted keys
-	if err != nil {
-		// Only an invalid RawMessage payload can fail, and ParsePosting
-		// compacts every payload; fall back to a form that still differs
-		// per payload rather than hiding the difference.
-		return []byte(fmt.Sprintf("%#v", p))
-	}
-	return b
-}
-
-// PostingHash is the SHA-256 of CanonicalPosting.
-func PostingHash(p Posting) [32]byte { return sha256.Sum256(CanonicalPosting(p)) }
-
-// iso4217 holds the active ISO 4217 alphabetic codes (list one, 2025),
-// including the fund and precious-metal codes that ledgers meet (XAU, XDR…)
-// but not XTS (testing) or XXX (no currency). A fixed list rejects "ABC",
-// which three upper-case letters alone would accept.
-var iso4217 = func() map[string]struct{} {
-	const codes = `AED AFN ALL AMD ANG AOA ARS AUD AWG AZN BAM BBD BDT BGN BHD BIF BMD BND BOB BOV
-BRL BSD BTN BWP BYN BZD CAD CDF CHE CHF CHW CLF CLP CNY COP COU CRC CUC CUP CVE CZK
-DJF DKK DOP DZD EGP ERN ETB EUR FJD FKP GBP GEL GHS GIP GMD GNF GTQ GYD HKD HNL HTG
-HUF IDR ILS INR IQD IRR ISK JMD JOD JPY KES KGS KHR KMF KPW KRW KWD KYD KZT LAK LBP
-LKR LRD LSL LYD MAD MDL MGA MKD MMK MNT MOP MRU MUR MVR MWK MXN MXV MYR MZN NAD NGN
-NIO NOK NPR NZD OMR PAB PEN PGK PHP PKR PLN PYG QAR RON RSD RUB RWF SAR SBD SCR SDG
-SEK SGD SHP SLE SLL SOS SRD SSP STN SVC SYP SZL THB TJS TMT TND TOP TRY TTD TWD TZS
-UAH UGX USD USN UYI UYU UYW UZS VED VES VND VUV WST XAF XAG XAU XBA XBB XBC XBD XCD
-XCG XDR XOF XPD XPF XPT XSU XUA YER ZAR ZMW ZWG ZWL`
-	m := make(map[string]struct{})
-	for _, c := range strings.Fields(codes) {
-		m[c] = struct{}{}
-	}
-	return m
-}()
 
 // identifierRE is a plain lower-case SQL identifier: what Posthorn accepts
 // as a replication slot, publication or LOGIN role name, so that it needs

@@ -2,7 +2,6 @@ package integration
 
 import (
 	"errors"
-	"fmt"
 	"log/slog"
 	"os"
 	"slices"
@@ -79,9 +78,7 @@ type transfers struct {
 }
 
 func (p *transfers) post(n int) {
-	for i := range n {
-		p.posted = append(p.posted, bridgetest.MustPost(p.t, p.pool, fmt.Sprintf("acc-%d", i%p.accounts), fmt.Sprintf("acc-%d", (i+p.step)%p.accounts))...)
-	}
+	p.posted = append(p.posted, bridgetest.MustPostTransfers(p.t, p.pool, n, p.accounts, p.step)...)
 }
 
 // The CDC relay over the Kafka sink to kfake on real sockets: through a

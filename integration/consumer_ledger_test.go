@@ -5,11 +5,11 @@ import (
 	"fmt"
 	"math/big"
 	"math/rand/v2"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
@@ -36,10 +36,9 @@ func TestConsumerProjectionMatchesLedger(t *testing.T) {
 		accounts[i] = fmt.Sprintf("acc-%02d", i)
 	}
 	currencies := []string{"EUR", "USD", "JPY"}
-	var wg sync.WaitGroup
-	errs := make(chan error, writers)
+	var posters errgroup.Group
 	for w := range writers {
-		wg.Go(func() {
+		posters.Go(func() error {
 			rng := rand.New(rand.NewPCG(uint64(w), 42))
 			for i := w; i < postings; i += writers {
 				cur := currencies[rng.IntN(len(currencies))]
@@ -65,15 +64,13 @@ func TestConsumerProjectionMatchesLedger(t *testing.T) {
 					}
 				}
 				if _, _, err := store.Post(ctx, fmt.Sprintf("k-%d", i), p); err != nil {
-					errs <- fmt.Errorf("posting %d: %w", i, err)
-					return
+					return fmt.Errorf("posting %d: %w", i, err)
 				}
 			}
+			return nil
 		})
 	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
+	if err := posters.Wait(); err != nil {
 		t.Fatal(err)
 	}
 

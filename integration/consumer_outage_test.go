@@ -3,12 +3,12 @@ package integration
 import (
 	"os/exec"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/posthorn/posthorn/adapters/kfakebroker"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
+	"github.com/posthorn/posthorn/internal/childtest"
 	"github.com/posthorn/posthorn/internal/syncbuf"
 )
 
@@ -27,22 +27,15 @@ func TestConsumeWaitsForBrokerAtStart(t *testing.T) {
 	cmd.Env = append(cmd.Environ(), "POSTHORN_CONSUMER__DATABASE__URL="+url,
 		"POSTHORN_SINK__KIND=kafka", "POSTHORN_SINK__KAFKA__BROKERS="+addr)
 	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	defer func() {
-		_ = cmd.Process.Kill()
-	}()
+	consume := childtest.Start(t, cmd)
 
 	waitLog := func(what string, n int, d time.Duration) {
 		t.Helper()
 		deadline := time.Now().Add(d)
 		for strings.Count(stderr.String(), what) < n {
 			select {
-			case err := <-exited:
-				t.Fatalf("posthorn consume exited (%v) while waiting for %q:\n%s", err, what, stderr.String())
+			case <-consume.Exited():
+				t.Fatalf("posthorn consume exited (%v) while waiting for %q:\n%s", consume.Err(), what, stderr.String())
 			default:
 			}
 			if time.Now().After(deadline) {
@@ -65,15 +58,5 @@ func TestConsumeWaitsForBrokerAtStart(t *testing.T) {
 	waitLog("subscribed after retrying", 1, 60*time.Second)
 	waitLog(`"msg":"Starting handler"`, 2, 30*time.Second)
 
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-exited:
-		if err != nil {
-			t.Fatalf("exit after SIGTERM: %v\n%s", err, stderr.String())
-		}
-	case <-time.After(45 * time.Second):
-		t.Fatalf("no exit after SIGTERM:\n%s", stderr.String())
-	}
+	consume.Term(t, 45*time.Second, &stderr)
 }

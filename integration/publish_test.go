@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/posthorn/posthorn/adapters/memory"
 	"github.com/posthorn/posthorn/adapters/postgres"
@@ -273,30 +273,24 @@ func TestPublishConcurrentWritersKeepRevisionsGapless(t *testing.T) {
 	t.Parallel()
 	_, pool := pgtest.Ledger(t)
 	const perWriter, wallets = 40, 3
-	var wg sync.WaitGroup
-	errs := make(chan error, len(writers)*2)
+	var publishers errgroup.Group
 	for _, w := range writers {
 		for g := range 2 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			publishers.Go(func() error {
 				for i := range perWriter {
 					pub, end, _ := w.begin(t, pool)
 					if _, err := pub(wallet(fmt.Sprintf("w-%d", (i+g)%wallets), 0)); err != nil {
-						errs <- fmt.Errorf("%s: %w", w.name, err)
-						return
+						return fmt.Errorf("%s: %w", w.name, err)
 					}
 					if err := end(true); err != nil {
-						errs <- err
-						return
+						return err
 					}
 				}
-			}()
+				return nil
+			})
 		}
 	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
+	if err := publishers.Wait(); err != nil {
 		t.Fatal(err)
 	}
 	total := perWriter * len(writers) * 2

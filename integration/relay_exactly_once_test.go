@@ -29,19 +29,6 @@ func newExactlyOnceSink(t *testing.T, brokers []string) *kafka.ExactlyOnceSink {
 	return sinktest.Open(t, kafka.NewExactlyOnce, kafka.Config{Brokers: brokers, ClientOpts: testKafkaOpts()})
 }
 
-// readCommitted reads the event topic from its start as a read_committed
-// reader, until 2 s pass without a new record.
-func readCommitted(t *testing.T, addrs []string) []*kgo.Record {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	recs, err := kafkatest.ReadTopic(ctx, addrs, core.TopicEvents, true, 2*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return recs
-}
-
 // ackThenCrash posts events, lets an exactly-once relay crash right after
 // the broker committed its first batch (no marker), and starts a second
 // relay, with hooks, that drains the outbox. It returns the posted events
@@ -50,10 +37,7 @@ func ackThenCrash(t *testing.T, hooks *bridge.Hooks) ([]bridgetest.Posted, map[s
 	t.Helper()
 	_, pool := pgtest.Ledger(t)
 	b := startRelayBroker(t)
-	var posted []bridgetest.Posted
-	for i := range 60 {
-		posted = append(posted, bridgetest.MustPost(t, pool, fmt.Sprintf("acc-%d", i%11), fmt.Sprintf("acc-%d", (i+3)%11))...)
-	}
+	posted := bridgetest.MustPostTransfers(t, pool, 60, 11, 3)
 	crashed, _ := startTestRelay(t, pool, newExactlyOnceSink(t, b.addrs), "relay-crashing", "kafka",
 		&bridge.Hooks{AfterAck: func([]core.Envelope) error { return errors.New("crash after the commit") }})
 	<-crashed.Stopped()
@@ -62,7 +46,7 @@ func ackThenCrash(t *testing.T, hooks *bridge.Hooks) ([]bridgetest.Posted, map[s
 	}
 	startTestRelay(t, pool, newExactlyOnceSink(t, b.addrs), "relay-next", "kafka", hooks)
 	bridgetest.WaitFor(t, 30*time.Second, "the outbox drained", func() bool { return bridgetest.Unrelayed(t, pool) == 0 })
-	recs := readCommitted(t, b.addrs)
+	recs := kafkatest.MustReadTopic(t, b.addrs, core.TopicEvents, true)
 	count := map[string]int{}
 	for _, r := range recs {
 		count[kafkatest.Header(r, core.HeaderEventID)]++
@@ -134,7 +118,7 @@ func TestRelayExactlyOnceResendStillSends(t *testing.T) {
 	if err != nil || res.Sent != 1 {
 		t.Fatalf("resend: %+v, %v", res, err)
 	}
-	recs := readCommitted(t, b.addrs)
+	recs := kafkatest.MustReadTopic(t, b.addrs, core.TopicEvents, true)
 	var copies, resent int
 	for _, r := range recs {
 		if kafkatest.Header(r, core.HeaderEventID) == posted[0].EventID {
@@ -179,7 +163,7 @@ func TestCDCRelayExactlyOnceThroughOutageAndCrash(t *testing.T) {
 			bridgetest.WaitFor(t, 30*time.Second, "the reader to crash", func() bool { return a.Crashed() || b.Crashed() })
 			tr.post(10)
 			bridgetest.WaitFor(t, 60*time.Second, "every event relayed", func() bool { return bridgetest.Unrelayed(t, pool) == 0 })
-			recs := readCommitted(t, broker.addrs)
+			recs := kafkatest.MustReadTopic(t, broker.addrs, core.TopicEvents, true)
 			count := map[string]int{}
 			last := map[string]int64{}
 			for _, r := range recs {

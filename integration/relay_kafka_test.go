@@ -153,10 +153,7 @@ func TestRelayToKafkaReadByWatermillSubscriber(t *testing.T) {
 	t.Parallel()
 	_, pool := pgtest.Ledger(t)
 	b := startRelayBroker(t)
-	var posted []bridgetest.Posted
-	for i := range 100 {
-		posted = append(posted, bridgetest.MustPost(t, pool, fmt.Sprintf("acc-%d", i%9), fmt.Sprintf("acc-%d", (i+4)%9))...)
-	}
+	posted := bridgetest.MustPostTransfers(t, pool, 100, 9, 4)
 	ctx := context.Background()
 	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { // rolled back: never sent
 		_, err := bridgetest.Post(ctx, tx, "acc-rolled-back")
@@ -236,10 +233,7 @@ func TestRelayKafkaOutageAndRecovery(t *testing.T) {
 	}
 	bridgetest.WaitFor(t, 10*time.Second, "markers", func() bool { return bridgetest.Unrelayed(t, pool) == 0 })
 	b.stop()
-	var posted []bridgetest.Posted
-	for i := range 40 {
-		posted = append(posted, bridgetest.MustPost(t, pool, fmt.Sprintf("acc-%d", i%6))...)
-	}
+	posted := bridgetest.MustPostN(t, pool, 40, 6)
 	bridgetest.WaitFor(t, 20*time.Second, "retries during the outage", func() bool {
 		return promtest.Value(t, reg, "posthorn_relay_retries_total") >= 2
 	})
@@ -290,10 +284,7 @@ func recordTooLargeParksOnlyItsAccount(t *testing.T, exactlyOnce bool) {
 	ctx := context.Background()
 	bridgetest.MustPostPayload(t, pool, "acc-huge", make([]byte, 2<<20))
 	bridgetest.MustPost(t, pool, "acc-huge")
-	var good []bridgetest.Posted
-	for i := range 30 {
-		good = append(good, bridgetest.MustPost(t, pool, fmt.Sprintf("acc-%d", i%5))...)
-	}
+	good := bridgetest.MustPostN(t, pool, 30, 5)
 	var reg *prometheus.Registry
 	if exactlyOnce {
 		_, reg = startTestRelay(t, pool, newExactlyOnceSink(t, b.addrs), "relay-park", "kafka")
@@ -330,10 +321,7 @@ func TestRelayKafkaTopicReadByKcat(t *testing.T) {
 	}
 	_, pool := pgtest.Ledger(t)
 	b := startRelayBroker(t) // 4 partitions
-	var posted []bridgetest.Posted
-	for i := range 150 {
-		posted = append(posted, bridgetest.MustPost(t, pool, fmt.Sprintf("acc-%d", i%37), fmt.Sprintf("acc-%d", (i+5)%37))...)
-	}
+	posted := bridgetest.MustPostTransfers(t, pool, 150, 37, 5)
 	startKafkaRelay(t, pool, b.addrs, "relay-kcat")
 	if got := b.recordsHolding(eventIDs(posted), 30*time.Second); len(got) < len(posted) {
 		t.Fatalf("the relay wrote %d of %d records", len(got), len(posted))

@@ -25,6 +25,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	phbrokers "github.com/posthorn/posthorn/adapters/brokers"
+	"github.com/posthorn/posthorn/adapters/kafka/kafkatest"
 	"github.com/posthorn/posthorn/adapters/memory"
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
@@ -348,7 +349,7 @@ func TestOneTraceExactlyOnce(t *testing.T) {
 		}
 	}
 	publish := spansBy(exp, "publish ")
-	recs := readCommitted(t, r.broker.addrs)
+	recs := kafkatest.MustReadTopic(t, r.broker.addrs, core.TopicEvents, true)
 	for _, e := range res.Events {
 		pubs := publish[e.EventID]
 		if len(pubs) != 1 || pubs[0].Parent.SpanID() != apiSpan.SpanID() {

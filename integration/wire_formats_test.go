@@ -114,12 +114,7 @@ func TestWireFormatsReadByKcat(t *testing.T) {
 			startTestRelay(t, pool, bridge.Formatted(sink, wf), "relay-"+string(format), "kafka")
 			bridgetest.WaitFor(t, 30*time.Second, "the outbox drained", func() bool { return bridgetest.Unrelayed(t, pool) == 0 })
 
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
-			recs, err := kafkatest.ReadTopic(ctx, b.addrs, topic, exactlyOnce, 2*time.Second)
-			if err != nil {
-				t.Fatal(err)
-			}
+			recs := kafkatest.MustReadTopic(t, b.addrs, topic, exactlyOnce)
 			if len(recs) < events {
 				t.Fatalf("%d records on %s, want the %d events", len(recs), topic, events)
 			}
@@ -127,6 +122,8 @@ func TestWireFormatsReadByKcat(t *testing.T) {
 			if exactlyOnce {
 				args = append(args, "-X", "isolation.level=read_committed")
 			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
 			out, err := exec.CommandContext(ctx, kcat, args...).CombinedOutput()
 			if err != nil {
 				t.Fatalf("kcat: %v\n%s", err, out)

@@ -6,7 +6,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/twmb/franz-go/pkg/kfake"
 
@@ -49,14 +48,8 @@ func committedEventIDs(t *testing.T, addrs []string) map[string]int {
 // read_committed or read_uncommitted.
 func eventIDCounts(t *testing.T, addrs []string, committed bool) map[string]int {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	recs, err := kafkatest.ReadTopic(ctx, addrs, core.TopicEvents, committed, 2*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
 	n := map[string]int{}
-	for _, r := range recs {
+	for _, r := range kafkatest.MustReadTopic(t, addrs, core.TopicEvents, committed) {
 		n[kafkatest.Header(r, core.HeaderEventID)]++
 	}
 	return n

@@ -5,10 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sync"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/posthorn/posthorn/consumers"
 	"github.com/posthorn/posthorn/core"
@@ -136,12 +136,9 @@ func TestReceiveBatchConcurrentInstancesOneEffect(t *testing.T) {
 			all = append(all, inboxEvent(fmt.Sprintf("acc-%02d", a), r))
 		}
 	}
-	var wg sync.WaitGroup
-	errs := make(chan error, 2)
+	var instances errgroup.Group
 	for inst := range 2 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		instances.Go(func() error {
 			es := slices.Clone(all)
 			if inst == 1 {
 				slices.Reverse(es)
@@ -152,21 +149,18 @@ func TestReceiveBatchConcurrentInstancesOneEffect(t *testing.T) {
 				// and hold them.
 				res, err := in.ReceiveBatch(ctx, "c", true, es[r:r+accounts], apply, nil)
 				if err != nil {
-					errs <- err
-					return
+					return err
 				}
 				for _, ref := range res.Held {
 					if _, err := in.Drain(ctx, "c", true, ref.Type, ref.ID, apply); err != nil {
-						errs <- err
-						return
+						return err
 					}
 				}
 			}
-		}()
+			return nil
+		})
 	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
+	if err := instances.Wait(); err != nil {
 		t.Fatal(err)
 	}
 	// What either instance left held is re-driven by the sweeper's pass.

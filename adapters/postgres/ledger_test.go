@@ -10,7 +10,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,6 +17,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
@@ -180,24 +180,19 @@ func TestConcurrentPostingsKeepRevisionsGapless(t *testing.T) {
 	if testing.Short() {
 		t.Skip("3,200 postings; skipped in -short")
 	}
-	var wg sync.WaitGroup
-	errs := make(chan error, writers)
+	var posters errgroup.Group
 	for w := 0; w < writers; w++ {
-		wg.Add(1)
-		go func(w int) {
-			defer wg.Done()
+		posters.Go(func() error {
 			r := rand.New(rand.NewPCG(uint64(w), 7))
 			for i := 0; i < perWriter; i++ {
 				if _, _, err := store.Post(ctx, fmt.Sprintf("w%d-%d", w, i), randomPosting(r, nAccounts)); err != nil {
-					errs <- fmt.Errorf("writer %d posting %d: %w", w, i, err)
-					return
+					return fmt.Errorf("writer %d posting %d: %w", w, i, err)
 				}
 			}
-		}(w)
+			return nil
+		})
 	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
+	if err := posters.Wait(); err != nil {
 		t.Fatal(err)
 	}
 	if v := ledgerViolations(t, pool, writers*perWriter); len(v) > 0 {

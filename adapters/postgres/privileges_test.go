@@ -10,12 +10,12 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
@@ -316,23 +316,14 @@ func TestApplyRolesIdempotentAndConcurrent(t *testing.T) {
 		u, _ := pgtest.Ledger(t)
 		urls = append(urls, u)
 	}
-	var wg sync.WaitGroup
-	errs := make(chan error, 2*len(urls))
+	var appliers errgroup.Group
 	for _, u := range urls {
 		for range 2 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				errs <- postgres.ApplyRoles(context.Background(), u, postgres.LedgerSchema)
-			}()
+			appliers.Go(func() error { return postgres.ApplyRoles(context.Background(), u, postgres.LedgerSchema) })
 		}
 	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		if err != nil {
-			t.Fatal(err)
-		}
+	if err := appliers.Wait(); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -95,6 +95,31 @@ func MustPost(t testing.TB, pool *pgxpool.Pool, accounts ...string) []Posted {
 	return out
 }
 
+// MustPostN commits n transactions over the accounts acc-0 …
+// acc-(accounts-1), the i-th (from 0) with one event on acc-(i mod
+// accounts), and returns their events in commit order.
+func MustPostN(t testing.TB, pool *pgxpool.Pool, n, accounts int) []Posted {
+	t.Helper()
+	var out []Posted
+	for i := range n {
+		out = append(out, MustPost(t, pool, fmt.Sprintf("acc-%d", i%accounts))...)
+	}
+	return out
+}
+
+// MustPostTransfers commits n transactions over the accounts acc-0 …
+// acc-(accounts-1), the i-th (from 0) with one event on each of acc-(i mod
+// accounts) and acc-((i+step) mod accounts), and returns their events in
+// commit order.
+func MustPostTransfers(t testing.TB, pool *pgxpool.Pool, n, accounts, step int) []Posted {
+	t.Helper()
+	var out []Posted
+	for i := range n {
+		out = append(out, MustPost(t, pool, fmt.Sprintf("acc-%d", i%accounts), fmt.Sprintf("acc-%d", (i+step)%accounts))...)
+	}
+	return out
+}
+
 // MustPostPayload commits one transaction with one event of account that
 // carries payload instead of the small JSON one: a record the sink may
 // refuse for its size.

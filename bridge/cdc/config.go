@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -105,8 +104,7 @@ type Hooks struct {
 
 func (c *Config) setDefaults() {
 	if c.Owner == "" {
-		host, _ := os.Hostname()
-		c.Owner = fmt.Sprintf("%s-%d", host, os.Getpid())
+		c.Owner = bridge.DefaultOwner()
 	}
 	c.SinkName = cmp.Or(c.SinkName, "sink")
 	c.Slot = cmp.Or(c.Slot, SlotDefault)

@@ -32,10 +32,7 @@ func (r *Relay) deliverBatch(ctx context.Context, rows []core.OutboxRow) error {
 		if _, err := r.maintain(ctx); err != nil {
 			return err
 		}
-		batch := make([]core.Envelope, len(rows))
-		for i, row := range rows {
-			batch[i] = row.Envelope
-		}
+		batch := core.Envelopes(rows)
 		if h := r.cfg.Hooks; h != nil && h.BeforePublish != nil {
 			if err := h.BeforePublish(batch); err != nil {
 				return errCrash
@@ -48,16 +45,9 @@ func (r *Relay) deliverBatch(ctx context.Context, rows []core.OutboxRow) error {
 			r.log.Warn("abandoning batch: the slot lease expires before it could be published", "rows", len(rows))
 			return errLeaseLost
 		}
-		pubCtx, cancel := context.WithDeadline(ctx, r.deadline)
 		start := time.Now()
-		var err error
-		if r.fences != nil {
-			// No marker is in flight here: deliver marks before it goes on.
-			err = r.fences.Publish(pubCtx, rows, batch, nil)
-		} else {
-			err = bridge.PublishBatch(pubCtx, r.sink, batch)
-		}
-		cancel()
+		// No marker is in flight here: deliver marks before it goes on.
+		err := bridge.PublishUntil(ctx, r.deadline, r.sink, r.fences, rows, batch, nil)
 		if ctx.Err() != nil {
 			return ctx.Err() // hard stop: nothing is marked or confirmed
 		}

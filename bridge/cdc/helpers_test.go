@@ -24,6 +24,7 @@ import (
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/bridge/cdc"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/promset/promtest"
 	"github.com/posthorn/posthorn/internal/syncbuf"
 )
 
@@ -196,6 +197,23 @@ func (f *fixture) waitAllDelivered(posted []bridgetest.Posted, d time.Duration) 
 		return bridgetest.Unrelayed(f.t, f.pool) == 0
 	})
 	return f.delivered()
+}
+
+// standbyTookOver lets w write at least n events and stops it, waits until
+// every event it committed is delivered and marked, and checks that each
+// account's events arrived in revision order (repeats allowed) and that
+// standby took the slot's lease over. It returns what w posted and what
+// the sink got.
+func (f *fixture) standbyTookOver(w *writers, n int, standby relayHandle) ([]bridgetest.Posted, []core.Envelope) {
+	f.t.Helper()
+	bridgetest.WaitFor(f.t, 30*time.Second, fmt.Sprintf("%d events", n), func() bool { return w.count() >= n })
+	posted := w.finish(f.t)
+	got := f.waitAllDelivered(posted, 60*time.Second)
+	bridgetest.CheckOrder(f.t, got, true)
+	if v := promtest.Value(f.t, standby.reg, "posthorn_relay_lease_takeovers_total"); v < 1 {
+		f.t.Errorf("takeovers by %s = %v, want at least 1", standby.Owner(), v)
+	}
+	return posted, got
 }
 
 // missing returns the posted events that are not in the sink.

@@ -2,7 +2,6 @@ package cdc_test
 
 import (
 	"context"
-	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -42,13 +41,7 @@ func TestStalledReaderIsReplacedByStandby(t *testing.T) {
 	bridgetest.WaitFor(t, 30*time.Second, "a to abandon its batch", func() bool {
 		return promtest.Value(t, a.reg, "posthorn_relay_abandoned_batches_total") == 1
 	})
-	bridgetest.WaitFor(t, 30*time.Second, "400 events", func() bool { return w.count() >= 400 })
-	posted := w.finish(t)
-	got := f.waitAllDelivered(posted, 60*time.Second)
-	bridgetest.CheckOrder(t, got, true)
-	if n := promtest.Value(t, b.reg, "posthorn_relay_lease_takeovers_total"); n < 1 {
-		t.Errorf("takeovers by b = %v, want at least 1", n)
-	}
+	f.standbyTookOver(w, 400, b)
 	if !strings.Contains(f.logs.String(), "ending its WAL sender") && !strings.Contains(f.logs.String(), "abandoning batch") {
 		t.Errorf("logs say nothing of the takeover:\n%s", f.logs)
 	}
@@ -71,10 +64,7 @@ func TestParkedAccountIsHeldAndSentInOrderAfterRelease(t *testing.T) {
 	posted = append(posted, bad)
 	held := bridgetest.MustPost(t, f.pool, "acc-bad")
 	posted = append(posted, held...)
-	var others []bridgetest.Posted
-	for i := range 20 {
-		others = append(others, bridgetest.MustPost(t, f.pool, fmt.Sprintf("acc-%d", i%4))...)
-	}
+	others := bridgetest.MustPostN(t, f.pool, 20, 4)
 	flowing := append(posted[:2:2], others...)
 	bridgetest.WaitFor(t, 30*time.Second, "the other accounts' events", func() bool { return len(f.missing(flowing)) == 0 })
 	bridgetest.WaitFor(t, 10*time.Second, "acc-bad parked", func() bool {

@@ -122,18 +122,12 @@ func TestSlotInvalidatedWhileStoppedRecoversThroughOutbox(t *testing.T) {
 			ctx := context.Background()
 			a := f.start("relay-a", nil)
 			f.waitStreaming()
-			var posted []bridgetest.Posted
-			for i := range 50 {
-				posted = append(posted, bridgetest.MustPost(t, f.pool, fmt.Sprintf("acc-%d", i%9), fmt.Sprintf("acc-%d", (i+4)%9))...)
-			}
+			posted := bridgetest.MustPostTransfers(t, f.pool, 50, 9, 4)
 			f.waitAllDelivered(posted, 30*time.Second)
 			if err := a.Stop(ctx); err != nil {
 				t.Fatal(err)
 			}
-			var whileStopped []bridgetest.Posted
-			for i := range 40 {
-				whileStopped = append(whileStopped, bridgetest.MustPost(t, f.pool, fmt.Sprintf("acc-%d", i%9))...)
-			}
+			whileStopped := bridgetest.MustPostN(t, f.pool, 40, 9)
 			posted = append(posted, whileStopped...)
 			for i := 0; f.walStatus() != "lost"; i++ {
 				if i == 6 {
@@ -143,10 +137,7 @@ func TestSlotInvalidatedWhileStoppedRecoversThroughOutbox(t *testing.T) {
 			}
 			b := f.start("relay-b", func(c *cdc.Config) { c.Hooks = &cdc.Hooks{SkipCatchUp: !catchUp} })
 			f.waitStreaming(2)
-			var after []bridgetest.Posted
-			for i := range 20 {
-				after = append(after, bridgetest.MustPost(t, f.pool, fmt.Sprintf("acc-%d", i%9))...)
-			}
+			after := bridgetest.MustPostN(t, f.pool, 20, 9)
 			posted = append(posted, after...)
 			if n := promtest.Value(t, b.reg, "posthorn_cdc_slot_recoveries_total", "reason", "lost"); n != 1 {
 				t.Errorf("posthorn_cdc_slot_recoveries_total{reason=lost} = %v, want 1", n)

@@ -128,7 +128,7 @@ func (r *Relay) run(ctx context.Context) {
 	for !r.stopping() && ctx.Err() == nil {
 		if r.lease == nil {
 			if !r.acquire(ctx) {
-				r.wait(ctx, r.cfg.LeaseTTL/4)
+				r.life.Sleep(ctx, r.cfg.LeaseTTL/4)
 				continue
 			}
 		}
@@ -237,18 +237,7 @@ func (r *Relay) loadParked(ctx context.Context) error {
 	return nil
 }
 
-// wait sleeps d unless a stop comes first.
-func (r *Relay) wait(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-	case <-r.life.SoftStop():
-	case <-ctx.Done():
-	}
-}
-
-func (r *Relay) backoff(ctx context.Context) { r.wait(ctx, r.retry.NextBackOff()) }
+func (r *Relay) backoff(ctx context.Context) { r.life.Sleep(ctx, r.retry.NextBackOff()) }
 
 func (r *Relay) closeStream(ctx context.Context) {
 	if r.stream == nil {

@@ -23,10 +23,7 @@ import (
 func TestDeliversEveryCommittedEventInOrderUnderLoad(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, nil)
-	var backlog []bridgetest.Posted
-	for i := range 30 {
-		backlog = append(backlog, bridgetest.MustPost(t, f.pool, fmt.Sprintf("acc-%d", i%7), fmt.Sprintf("acc-%d", (i+3)%7))...)
-	}
+	backlog := bridgetest.MustPostTransfers(t, f.pool, 30, 7, 3)
 	r := f.start("relay-a", nil)
 	f.waitStreaming()
 	w := startWriters(t, f.pool, 4, 25, 0)
@@ -169,13 +166,7 @@ func TestCrashBetweenAckAndConfirmRepeatsNothingLost(t *testing.T) {
 			if promtest.Value(t, b.reg, "posthorn_cdc_reader") != 0 {
 				t.Fatal("standby b was reading the slot while a held the lease")
 			}
-			bridgetest.WaitFor(t, 30*time.Second, "1,000 events", func() bool { return w.count() >= 1000 })
-			posted := w.finish(t)
-			got := f.waitAllDelivered(posted, 60*time.Second)
-			bridgetest.CheckOrder(t, got, true)
-			if n := promtest.Value(t, b.reg, "posthorn_relay_lease_takeovers_total"); n < 1 {
-				t.Errorf("takeovers by b = %v, want at least 1", n)
-			}
+			posted, got := f.standbyTookOver(w, 1000, b)
 			count := map[string]int{}
 			for _, e := range got {
 				count[e.EventID]++

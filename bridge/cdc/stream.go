@@ -130,7 +130,7 @@ func (r *Relay) waitInactive(ctx context.Context) error {
 		if !st.Active {
 			return nil
 		}
-		r.wait(ctx, 50*time.Millisecond)
+		r.life.Sleep(ctx, 50*time.Millisecond)
 		if r.stopping() || ctx.Err() != nil {
 			return errStopping
 		}
@@ -383,11 +383,7 @@ func (r *Relay) flush(ctx context.Context, pending []txn) error {
 		return err
 	}
 	if h := r.cfg.Hooks; h != nil && h.AfterMark != nil && len(rows) > 0 {
-		batch := make([]core.Envelope, len(rows))
-		for i, row := range rows {
-			batch[i] = row.Envelope
-		}
-		if err := h.AfterMark(batch); err != nil {
+		if err := h.AfterMark(core.Envelopes(rows)); err != nil {
 			return errCrash
 		}
 	}

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -17,6 +16,7 @@ import (
 
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/childtest"
 )
 
 // consume reads what a relay published to Kafka (kfake over a socket),
@@ -62,16 +62,7 @@ func TestConsumeAgainstKafkaStopsCleanly(t *testing.T) {
 	cmd := cliCommand(env, "consume")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	defer func() {
-		if cmd.ProcessState == nil {
-			_ = cmd.Process.Kill()
-		}
-	}()
+	consume := childtest.Start(t, cmd)
 
 	pool := pgtest.Pool(t, dsn, 2)
 	deadline := time.Now().Add(60 * time.Second)
@@ -83,8 +74,8 @@ func TestConsumeAgainstKafkaStopsCleanly(t *testing.T) {
 			break
 		}
 		select {
-		case err := <-exited:
-			t.Fatalf("consume exited early: %v\n%s", err, stderr.String())
+		case <-consume.Exited():
+			t.Fatalf("consume exited early: %v\n%s", consume.Err(), stderr.String())
 		default:
 		}
 		if time.Now().After(deadline) {
@@ -92,17 +83,7 @@ func TestConsumeAgainstKafkaStopsCleanly(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-exited:
-		if err != nil {
-			t.Fatalf("consume after SIGTERM: %v\n%s", err, stderr.String())
-		}
-	case <-time.After(45 * time.Second):
-		t.Fatalf("consume did not stop after SIGTERM\n%s", stderr.String())
-	}
+	consume.Term(t, 45*time.Second, &stderr)
 
 	code, stdout, errOut := runCLI(t, env, "consume", "status", "--json")
 	if code != 0 {

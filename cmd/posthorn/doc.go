@@ -4,8 +4,9 @@
 // archive, cleanup, retention), schema setup (migrate), a local
 // Kafka-protocol broker (dev kafka) and the all-in-one demo (demo).
 //
-// Every subcommand has the same shape and its own file: it declares its
-// flags (newFlags), makes one call to start, which parses them, loads the
+// Every subcommand has the same shape and its own file (the demo, the
+// longest, one per phase: demo.go and demo_*.go): it declares its flags
+// (newFlags), makes one call to start, which parses them, loads the
 // configuration, runs the command's flag checks, builds the logger and
 // opens the pools, archive, sink and metrics registry the command needs,
 // and then does its own work; main.go holds the table of subcommands, the

@@ -3,6 +3,7 @@ package kafkatest
 import (
 	"context"
 	"fmt"
+	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -45,6 +46,19 @@ func ReadTopic(ctx context.Context, addrs []string, topic string, committed bool
 		})
 	}
 	return out, nil
+}
+
+// MustReadTopic is ReadTopic for a test: it reads topic until 2 s pass
+// without a new record, within a minute, and fails t on an error.
+func MustReadTopic(t testing.TB, addrs []string, topic string, committed bool) []*kgo.Record {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	recs, err := ReadTopic(ctx, addrs, topic, committed, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return recs
 }
 
 // Header returns the value of r's header key ("" if it has none).

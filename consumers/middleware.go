@@ -1,0 +1,176 @@
+package consumers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/posthorn/posthorn/core"
+)
+
+// middleware is the inbox around one handler: decode, kind check, inbox
+// transaction, poison parking, metrics, and draining of held successors.
+func (r *Registry) middleware(hc *handlerConfig) message.NoPublishHandlerFunc {
+	return func(msg *message.Message) error {
+		ctx := msg.Context()
+		// Messages join the batch queue in delivery order (see batch.go);
+		// every other path lets the next message through at once.
+		seq, sequenced := ctx.Value(seqKey{}).(uint64)
+		if sequenced {
+			hc.handOff.wait(ctx, seq)
+			defer hc.handOff.pass(seq)
+		}
+		e, err := core.EnvelopeFromMessage(msg)
+		if err != nil {
+			return r.reject(ctx, hc, msg, e, err.Error())
+		}
+		if e.Kind != hc.kind {
+			return r.reject(ctx, hc, msg, e, fmt.Sprintf("record of kind %s delivered to %s handler %s on %s", e.Kind, hc.kind, hc.consumer, hc.topic))
+		}
+		e.Topic = hc.topic
+		ctx, span := r.startApply(ctx, hc, msg, e)
+		if hc.noInbox {
+			if sequenced {
+				hc.handOff.pass(seq)
+			}
+			err := r.applyWithoutInbox(ctx, hc, e)
+			endApply(span, Outcome{Disposition: core.DispositionApplied}, err)
+			return err
+		}
+		lane := hc.lanes.of(e)
+		p := lane.enqueue(e)
+		if sequenced {
+			hc.handOff.pass(seq)
+		}
+		// The batch counts the outcome and drains the successors of what
+		// it applied.
+		out, err := lane.receive(ctx, p)
+		endApply(span, out, err)
+		if err != nil {
+			return r.failed(ctx, hc, err)
+		}
+		return nil
+	}
+}
+
+// apply wraps the team's handler with the latency and lag metrics.
+func (r *Registry) apply(hc *handlerConfig) Handler {
+	return func(ctx context.Context, tx pgx.Tx, e core.Envelope) error {
+		start := time.Now()
+		err := hc.handler(ctx, tx, e)
+		if err == nil {
+			r.metrics.observeApply(hc.consumer, start, e.OccurredAt)
+		}
+		return err
+	}
+}
+
+// failed handles a failed Receive: a permanent handler error parks the
+// event and acknowledges; anything else goes back to Retry.
+func (r *Registry) failed(ctx context.Context, hc *handlerConfig, err error) error {
+	var ae *ApplyError
+	if !errors.As(err, &ae) || !IsPermanent(ae.Err) {
+		return err
+	}
+	out, perr := r.inbox.ParkPoison(ctx, hc.consumer, hc.ordered, ae.Envelope, ae.Err.Error())
+	if perr != nil {
+		return errors.Join(err, perr)
+	}
+	r.recorded(hc, out)
+	return nil
+}
+
+func (r *Registry) reject(ctx context.Context, hc *handlerConfig, msg *message.Message, e core.Envelope, reason string) error {
+	id := e.EventID
+	if id == "" {
+		id = msg.Metadata.Get(core.HeaderEventID)
+	}
+	if id == "" {
+		id = msg.UUID
+	}
+	if id == "" {
+		// Nothing to key an inbox row on: count, log and drop, since
+		// redelivering it can never make it applicable.
+		r.metrics.record(hc.consumer, core.DispositionRejected, 1)
+		r.log.Warn("consumer rejected a record without an event ID", "consumer", hc.consumer, "topic", hc.topic, "reason", reason)
+		return nil
+	}
+	out, err := r.inbox.Reject(ctx, hc.consumer, id, e, msg.Metadata, msg.Payload, reason)
+	if err != nil {
+		return err
+	}
+	r.recorded(hc, out)
+	return nil
+}
+
+func (r *Registry) applyWithoutInbox(ctx context.Context, hc *handlerConfig, e core.Envelope) error {
+	err := pgx.BeginFunc(ctx, r.cfg.Pool, func(tx pgx.Tx) error { return r.apply(hc)(ctx, tx, e) })
+	if err != nil {
+		return err
+	}
+	r.metrics.record(hc.consumer, core.DispositionApplied, 1)
+	return nil
+}
+
+// recorded turns one outcome into metrics and log lines.
+func (r *Registry) recorded(hc *handlerConfig, out Outcome) {
+	r.metrics.record(hc.consumer, out.Disposition, 1)
+	attrs := []any{"consumer", hc.consumer, "event_id", out.EventID, "aggregate_type", out.AggregateType,
+		"aggregate_id", out.AggregateID, "revision", out.Revision, "reason", out.Reason}
+	switch out.Disposition {
+	case core.DispositionHeld:
+		r.metrics.gaps.WithLabelValues(hc.consumer).Inc()
+		r.log.Info("consumer holds an event received ahead of its predecessor", attrs...)
+	case core.DispositionParkedGap:
+		r.log.Warn("consumer parked an event behind a parked aggregate", attrs...)
+	case core.DispositionParkedPoison:
+		r.log.Error("consumer parked a poison event", attrs...)
+	case core.DispositionRejected:
+		r.log.Warn("consumer rejected a record", attrs...)
+	case core.DispositionDuplicate:
+		r.log.Debug("consumer absorbed a duplicate", attrs...)
+	}
+}
+
+// applyAll is the handler's BatchHandler with the metrics and a panic
+// turned into an error; nil when the handler has none.
+func (r *Registry) applyAll(hc *handlerConfig) BatchHandler {
+	if hc.batch == nil {
+		return nil
+	}
+	return func(ctx context.Context, tx pgx.Tx, es []core.Envelope) (err error) {
+		defer func() {
+			if p := recover(); p != nil {
+				err = fmt.Errorf("batch handler panicked: %v", p)
+			}
+		}()
+		start := time.Now()
+		if err := hc.batch(ctx, tx, es); err != nil {
+			return err
+		}
+		// Each event's share of the batch's time.
+		per := time.Since(start) / time.Duration(len(es))
+		for _, e := range es {
+			r.metrics.observeApply(hc.consumer, time.Now().Add(-per), e.OccurredAt)
+		}
+		return nil
+	}
+}
+
+// safeApply is apply for re-drives, which run outside Watermill's
+// Recoverer: a panic becomes an error so the sweeper survives it.
+func (r *Registry) safeApply(hc *handlerConfig) Handler {
+	apply := r.apply(hc)
+	return func(ctx context.Context, tx pgx.Tx, e core.Envelope) (err error) {
+		defer func() {
+			if p := recover(); p != nil {
+				err = fmt.Errorf("handler panicked: %v", p)
+			}
+		}()
+		return apply(ctx, tx, e)
+	}
+}

@@ -1,0 +1,122 @@
+package ops
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/google/uuid"
+)
+
+// finishConsumers completes every consumer's report outside the cut: the
+// unrelayed events, the revisions applied twice (read by
+// startAppliedTwice) and the unknown event IDs, and whether the report is
+// clean. The consumers' inboxes and the outbox are read for every consumer
+// concurrently; the archive, last, for one consumer after the other.
+func (m *matching) finishConsumers(ctx context.Context) error {
+	type finish struct {
+		unknown []string
+		err     error
+	}
+	res := make([]finish, len(m.cfg.Consumers))
+	var wg sync.WaitGroup
+	for ci, c := range m.cfg.Consumers {
+		wg.Go(func() {
+			res[ci].unknown, res[ci].err = m.unknownToOutbox(ctx, ci, c.Reader)
+		})
+	}
+	wg.Wait()
+	m.twiceRead.Wait()
+	for ci, c := range m.cfg.Consumers {
+		f, r := res[ci], &m.reps[ci]
+		if f.err == nil {
+			f.err = m.twice[ci].err
+		}
+		if f.err != nil {
+			return fmt.Errorf("consumer %s: %w", c.Name, f.err)
+		}
+		r.Discrepancies.Unrelayed = m.unrelayed
+		for _, g := range m.twice[ci].groups {
+			// Report the group by its event of the cut (the ledger's), or
+			// by its first ID when none is.
+			id := g[0]
+			for _, e := range g {
+				if m.recordedInCut(ci, e, true) {
+					id = e
+					break
+				}
+			}
+			r.Discrepancies.MultipleApplied.add(m.cfg.Cap, id)
+		}
+		unknown, err := notArchived(ctx, m.cfg.Archive, f.unknown)
+		if err != nil {
+			return fmt.Errorf("consumer %s: %w", c.Name, err)
+		}
+		r.Discrepancies.Unknown.add(m.cfg.Cap, unknown...)
+		r.Clean = r.Discrepancies.total() == 0
+	}
+	return nil
+}
+
+// recordedInCut says whether id, exactly as written, is an event of the
+// cut consumer ci had a disposition for (with applied, one it applied).
+func (m *matching) recordedInCut(ci int, id string, applied bool) bool {
+	k, err := uuid.Parse(id)
+	if err != nil {
+		return false
+	}
+	a, ok := m.recorded[ci][k]
+	// uuid.Parse also reads other spellings; the cut's IDs are canonical.
+	return ok && (a || !applied) && k.String() == id
+}
+
+// maxUnknownCandidates bounds the IDs kept for the archive lookup.
+const maxUnknownCandidates = 100_000
+
+// unknownToOutbox returns consumer ci's event IDs that the outbox, read
+// now, does not have. The IDs it had recorded for events of the cut are
+// known without asking: only the others (for a consumer that is up to date
+// with the cut, hardly any) are looked up.
+func (m *matching) unknownToOutbox(ctx context.Context, ci int, r DispositionReader) ([]string, error) {
+	var candidates []string
+	err := r.EventIDs(ctx, m.cfg.Batch, func(ids []string) error {
+		var ask []string
+		for _, id := range ids {
+			if !m.recordedInCut(ci, id, false) {
+				ask = append(ask, id)
+			}
+		}
+		if len(ask) == 0 {
+			return nil
+		}
+		u, err := m.cfg.Ledger.UnknownEventIDs(ctx, ask)
+		if err != nil {
+			return err
+		}
+		if len(candidates)+len(u) > maxUnknownCandidates {
+			return fmt.Errorf("more than %d event IDs unknown to the outbox: is this the consumer of this ledger?", maxUnknownCandidates)
+		}
+		candidates = append(candidates, u...)
+		return nil
+	})
+	return candidates, err
+}
+
+// notArchived returns those of candidates (event IDs the outbox does not
+// have) that the archive, if any, does not have either.
+func notArchived(ctx context.Context, archive ArchiveStore, candidates []string) ([]string, error) {
+	if len(candidates) == 0 || archive == nil {
+		return candidates, nil
+	}
+	archived, err := ArchivedEventIDs(ctx, archive, candidates)
+	if err != nil {
+		return nil, err
+	}
+	out := candidates[:0]
+	for _, id := range candidates {
+		if !archived[id] {
+			out = append(out, id)
+		}
+	}
+	return out, nil
+}

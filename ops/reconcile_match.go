@@ -1,0 +1,233 @@
+package ops
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/posthorn/posthorn/core"
+)
+
+// matching is one reconciliation's tally while it reads the cut.
+type matching struct {
+	cfg  ReconcileConfig
+	reps []ConsumerReport
+	// recorded holds, per consumer, the events of the cut it had a
+	// disposition for, true if it applied them: for naming an applied-twice
+	// group by its event of the cut, and for not asking the outbox about
+	// the consumer's event IDs the cut already proved known. Keyed by the
+	// 16 bytes of the event ID: a map of a million strings gave the garbage
+	// collector more to scan than the matching had to do.
+	recorded []map[uuid.UUID]bool
+	// prev is the coverage recorded before this run.
+	prev      map[string]Coverage
+	unrelayed Class
+	oldest    time.Time
+	// twice holds each consumer's applied-twice groups once twiceRead is
+	// done; stop cancels the read and waits for it.
+	twice     []appliedTwice
+	twiceRead sync.WaitGroup
+	stop      func()
+}
+
+// appliedTwice is what one consumer's AppliedTwice returned.
+type appliedTwice struct {
+	groups [][]string
+	err    error
+}
+
+// newMatching starts the tally of every consumer and the reads of their
+// applied-twice groups (call stop when done).
+func newMatching(ctx context.Context, cfg ReconcileConfig) (*matching, error) {
+	m := &matching{cfg: cfg, reps: make([]ConsumerReport, len(cfg.Consumers)), recorded: make([]map[uuid.UUID]bool, len(cfg.Consumers))}
+	for i, c := range cfg.Consumers {
+		m.reps[i] = ConsumerReport{Name: c.Name}
+		m.recorded[i] = map[uuid.UUID]bool{}
+	}
+	// Coverage already recorded: a disposition pruned since is still proven.
+	var err error
+	if m.prev, err = cfg.Ledger.Coverages(ctx); err != nil {
+		return nil, err
+	}
+	m.startAppliedTwice(ctx)
+	return m, nil
+}
+
+// startAppliedTwice reads every consumer's applied-twice groups in the
+// background: a grouping of the whole inbox (seconds on a million rows)
+// that needs nothing from the cut, so it overlaps the cut's reads.
+func (m *matching) startAppliedTwice(ctx context.Context) {
+	ctx, cancel := context.WithCancel(ctx)
+	m.twice = make([]appliedTwice, len(m.cfg.Consumers))
+	for ci, c := range m.cfg.Consumers {
+		m.twiceRead.Go(func() {
+			m.twice[ci].groups, m.twice[ci].err = c.Reader.AppliedTwice(ctx)
+		})
+	}
+	m.stop = func() {
+		cancel()
+		m.twiceRead.Wait()
+	}
+}
+
+// matchCut streams the cut's expected events and matches them batch by
+// batch (matchBatch) while the next batch is read. It returns only once the
+// read has stopped, so the cut can be closed.
+func (m *matching) matchCut(ctx context.Context, cut *Cut) error {
+	readCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	batches, readErr := make(chan []ExpectedEvent, 1), make(chan error, 1)
+	go func() {
+		defer close(batches)
+		readErr <- cut.ExpectedEvents(readCtx, m.cfg.Batch, func(batch []ExpectedEvent) error {
+			select {
+			case batches <- batch:
+				return nil
+			case <-readCtx.Done():
+				return readCtx.Err()
+			}
+		})
+	}()
+	for batch := range batches {
+		if err := m.matchBatch(ctx, batch); err != nil {
+			cancel()
+			for range batches {
+			}
+			<-readErr
+			return err
+		}
+	}
+	return <-readErr
+}
+
+// matchBatch tallies one batch of the cut's expected events: the unrelayed
+// ones, and for every consumer (concurrently) what it recorded for each.
+func (m *matching) matchBatch(ctx context.Context, batch []ExpectedEvent) error {
+	ids := make([]string, len(batch))
+	keys := make([]uuid.UUID, len(batch))
+	for i, e := range batch {
+		ids[i] = e.EventID
+		var err error
+		if keys[i], err = uuid.Parse(e.EventID); err != nil {
+			return fmt.Errorf("expected event %d: %w", e.ID, err)
+		}
+		if !e.Relayed {
+			m.unrelayed.add(m.cfg.Cap, e.EventID)
+			if m.oldest.IsZero() || e.CreatedAt.Before(m.oldest) {
+				m.oldest = e.CreatedAt
+			}
+		}
+	}
+	type found struct {
+		disp   map[string][]Disposition
+		pruned map[string]bool
+		err    error
+	}
+	res := make([]found, len(m.cfg.Consumers))
+	var wg sync.WaitGroup
+	for ci, c := range m.cfg.Consumers {
+		wg.Go(func() {
+			f := &res[ci]
+			if f.disp, f.err = c.Reader.Dispositions(ctx, ids); f.err == nil {
+				f.pruned, f.err = prunedOf(ctx, c, batch, f.disp, m.prev[c.Name].CoveredOutboxID)
+			}
+		})
+	}
+	wg.Wait()
+	for ci, f := range res {
+		if f.err != nil {
+			return fmt.Errorf("consumer %s: %w", m.cfg.Consumers[ci].Name, f.err)
+		}
+		for i, e := range batch {
+			m.tally(ci, e, keys[i], f.disp[e.EventID], f.pruned[e.EventID])
+		}
+	}
+	return nil
+}
+
+// tally adds what consumer ci recorded for e (key: its event ID; ds;
+// pruned: retention removed its proven disposition) to the consumer's
+// report.
+func (m *matching) tally(ci int, e ExpectedEvent, key uuid.UUID, ds []Disposition, pruned bool) {
+	c, r := m.cfg.Consumers[ci], &m.reps[ci]
+	r.Expected++
+	if e.Relayed {
+		r.Relayed++
+	}
+	final, nApplied := false, 0
+	if pruned {
+		r.Pruned++
+		final = true
+	}
+	var waiting *WaitingEvent
+	for _, d := range ds {
+		r.DuplicatesAbsorbed += d.Duplicates
+		switch d.Disposition {
+		case string(core.DispositionApplied):
+			nApplied++
+			final = true
+		case string(core.DispositionDuplicate):
+			final = true
+		case string(core.DispositionParkedGap), string(core.DispositionParkedPoison):
+			// Parked is not covered: the event waits for an
+			// operator, and deleting its outbox row would lose
+			// what the release needs to re-drive it.
+			r.Parked++
+			waiting = &WaitingEvent{EventID: e.EventID, Consumer: c.Name, Disposition: d.Disposition, Reason: d.Reason}
+		case string(core.DispositionRejected):
+			r.Rejected++
+			if c.RejectedFinal {
+				final = true
+			} else {
+				waiting = &WaitingEvent{EventID: e.EventID, Consumer: c.Name, Disposition: d.Disposition,
+					Reason: d.Reason + " (rejected is final only with reconcile.consumers[].rejected_final)"}
+			}
+		case string(core.DispositionHeld):
+			waiting = &WaitingEvent{EventID: e.EventID, Consumer: c.Name, Disposition: d.Disposition,
+				Reason: "held: waiting for its predecessor inside the hold time"}
+		}
+	}
+	if len(ds) > 0 {
+		m.recorded[ci][key] = nApplied > 0
+	}
+	if nApplied > 0 {
+		r.Applied++
+	}
+	if nApplied > 1 {
+		r.Discrepancies.MultipleApplied.add(m.cfg.Cap, e.EventID)
+	}
+	if !final && (e.Relayed || waiting != nil) {
+		r.Discrepancies.Unproven.add(m.cfg.Cap, e.EventID)
+		if waiting != nil && len(r.Discrepancies.Waiting) < m.cfg.Cap {
+			if waiting.Reason == "" {
+				waiting.Reason = "(no reason recorded)"
+			}
+			r.Discrepancies.Waiting = append(r.Discrepancies.Waiting, *waiting)
+		}
+	}
+}
+
+// prunedOf returns the events of batch that c has no disposition for but
+// whose disposition inbox retention removed after an earlier reconciliation
+// had proven them: only events at or below c's recorded coverage qualify,
+// and only by the rule retention deletes with (PrunedReader). Anything else
+// without a disposition stays unproven.
+func prunedOf(ctx context.Context, c ConsumerSource, batch []ExpectedEvent, disp map[string][]Disposition, covered int64) (map[string]bool, error) {
+	pr, ok := c.Reader.(PrunedReader)
+	if !ok || covered <= 0 {
+		return nil, nil
+	}
+	var cands []ExpectedEvent
+	for _, e := range batch {
+		if e.ID <= covered && len(disp[e.EventID]) == 0 {
+			cands = append(cands, e)
+		}
+	}
+	if len(cands) == 0 {
+		return nil, nil
+	}
+	return pr.Pruned(ctx, cands)
+}
