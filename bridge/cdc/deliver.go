@@ -110,11 +110,6 @@ func (r *Relay) deliverBatch(ctx context.Context, rows []core.OutboxRow) error {
 		}
 		if s.Retryable == nil {
 			r.retry.Reset()
-			if r.stream != nil && time.Since(r.lastStatus) >= r.cfg.StatusInterval {
-				// A long delivery (a huge transaction) must not let the WAL
-				// sender time out waiting for a reply.
-				return r.sendStatus(ctx)
-			}
 			return nil
 		}
 		r.bm.Retried()
@@ -133,12 +128,6 @@ func (r *Relay) deliverBatch(ctx context.Context, rows []core.OutboxRow) error {
 		r.backoff(ctx)
 		if r.stopping() || ctx.Err() != nil {
 			return errStopping
-		}
-		if r.stream != nil {
-			// Keep the WAL sender from timing out while the sink is down.
-			if err := r.sendStatus(ctx); err != nil {
-				return err
-			}
 		}
 	}
 	return nil
