@@ -6,14 +6,11 @@ import (
 	"time"
 )
 
-// readAhead is how many stream events the reader decodes ahead of the
-// loop: about two batches, so the next batch is decoded (and the WAL
-// sender keeps sending) while the last one is published and marked, and
-// memory stays bounded whatever the size of a transaction.
-const readAhead = 2 * 5000
-
 // streamReader reads and decodes the replication stream in a goroutine of
-// its own, ahead of the loop that delivers what it read. It owns the
+// its own, ahead of the loop that delivers what it read: up to readAhead
+// events (the relay gives two batches), so the next batch is decoded (and
+// the WAL sender keeps sending) while the last one is published and
+// marked, and memory stays bounded whatever the size of a transaction. It owns the
 // connection (a Stream is not safe for concurrent use), so the loop's
 // confirmations go through it: confirm records the position and interrupts
 // a read that waits for data, and the reader sends it before it reads on.
@@ -37,7 +34,7 @@ type streamReader struct {
 	interrupt context.CancelFunc // ends the read in progress, if any
 }
 
-func newStreamReader(ctx context.Context, st Stream, statusInterval time.Duration, silent bool) *streamReader {
+func newStreamReader(ctx context.Context, st Stream, readAhead int, statusInterval time.Duration, silent bool) *streamReader {
 	ctx, stop := context.WithCancel(ctx)
 	sr := &streamReader{st: st, statusInterval: statusInterval, silent: silent, events: make(chan Event, readAhead),
 		stop: stop, done: make(chan struct{}), kick: make(chan struct{}, 1)}

@@ -60,7 +60,7 @@ func (r *Relay) session(ctx context.Context) error {
 		return err
 	}
 	r.stream = st
-	r.reader = newStreamReader(ctx, st, r.cfg.StatusInterval, r.cfg.Hooks != nil && r.cfg.Hooks.UnsafeSilentReader)
+	r.reader = newStreamReader(ctx, st, 2*r.cfg.BatchSize, r.cfg.StatusInterval, r.cfg.Hooks != nil && r.cfg.Hooks.UnsafeSilentReader)
 	r.confirmed = 0
 	r.retry.Reset()
 	r.log.Info("streaming the outbox from the slot", "publication", r.cfg.Publication, "wal_sender_pid", st.BackendPID())
