@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/posthorn/posthorn/bridge/cdc"
+	"github.com/posthorn/posthorn/core"
 )
 
 // This file is the CDC relay's view of the ledger database (cdc.Source):
@@ -132,43 +133,61 @@ WHERE slot = $1 AND token = $2 AND owner = $3`, l.Slot, l.Token, owner)
 	return nil
 }
 
-// MarkRelayed writes the marker of rows ids (ACKed by the sink): it
+// MarkRelayed writes the marker of the rows refs (ACKed by the sink): it
 // deletes their pending rows if l is still the slot's current grant; the
 // lease row is share-locked for the statement, so a takeover either waits
 // for the marker or the marker sees the new token. fenced is true when the
 // lease was lost and nothing was marked. Rows already marked are left as
 // they are.
 //
-// invisible lists the ids this statement could not see at all. Logical
+// invisible lists the rows this statement could not see at all. Logical
 // decoding may hand over a transaction as soon as its commit record is
 // flushed, a moment before the committing session leaves the proc array
 // and its rows become visible to other snapshots; the caller retries those
-// ids shortly instead of confirming past unmarked rows.
-func (s *CDCSource) MarkRelayed(ctx context.Context, ids []int64, l cdc.Lease) (marked int, invisible []int64, fenced bool, err error) {
-	if len(ids) == 0 {
+// rows shortly instead of confirming past unmarked rows.
+func (s *CDCSource) MarkRelayed(ctx context.Context, refs []core.RowRef, l cdc.Lease) (marked int, invisible []core.RowRef, fenced bool, err error) {
+	if len(refs) == 0 {
 		return 0, nil, false, nil
 	}
+	ids := make([]int64, len(refs))
+	shards := make([]int32, len(refs))
+	for i, r := range refs {
+		ids[i], shards[i] = r.ID, int32(r.Shard)
+	}
 	var held int
-	// The outbox rows give each id its shard (the queue's key) and tell the
-	// visible ids from the invisible ones.
+	var unseen []int64
+	// The pending rows are deleted through the queue's key, one probe per
+	// row. Only the ids that found no pending row are looked up in the
+	// outbox, to tell the invisible ones (no row seen: retry) from those
+	// marked already (nothing to do); a pending row is inserted with its
+	// outbox row, so the two are visible together.
 	err = s.pool.QueryRow(ctx, `
 WITH held AS (
-    SELECT token FROM relay_cdc_leases WHERE slot = $2 AND token = $3 FOR SHARE
-), seen AS (
-    SELECT o.id, o.shard FROM outbox o WHERE o.id = ANY($1::bigint[])
+    SELECT token FROM relay_cdc_leases WHERE slot = $3 AND token = $4 FOR SHARE
 ), del AS (
-    DELETE FROM outbox_pending p USING seen
-    WHERE p.shard = seen.shard AND p.id = seen.id AND EXISTS (SELECT 1 FROM held)
+    DELETE FROM outbox_pending p USING unnest($1::bigint[], $2::int[]) AS m(id, shard)
+    WHERE p.shard = m.shard AND p.id = m.id AND EXISTS (SELECT 1 FROM held)
     RETURNING p.id
+), rest AS (
+    SELECT x FROM unnest($1::bigint[]) AS x WHERE x NOT IN (SELECT id FROM del)
 )
 SELECT (SELECT count(*) FROM held), (SELECT count(*) FROM del),
-       ARRAY(SELECT x FROM unnest($1::bigint[]) AS x WHERE x NOT IN (SELECT id FROM seen))`,
-		ids, l.Slot, l.Token).Scan(&held, &marked, &invisible)
+       ARRAY(SELECT x FROM rest WHERE NOT EXISTS (SELECT 1 FROM outbox o WHERE o.id = rest.x))`,
+		ids, shards, l.Slot, l.Token).Scan(&held, &marked, &unseen)
 	if err != nil {
 		return 0, nil, false, fmt.Errorf("write relay markers: %w", err)
 	}
 	if held == 0 {
 		return 0, nil, true, nil
+	}
+	if len(unseen) > 0 {
+		byID := make(map[int64]core.RowRef, len(refs))
+		for _, r := range refs {
+			byID[r.ID] = r
+		}
+		for _, id := range unseen {
+			invisible = append(invisible, byID[id])
+		}
 	}
 	return marked, invisible, false, nil
 }

@@ -131,14 +131,15 @@ func TestMarkRelayedCDCReportsInvisibleRows(t *testing.T) {
 	if err := pool.QueryRow(ctx, `SELECT id FROM outbox WHERE event_id = $1`, visible[0].EventID).Scan(&visibleID); err != nil {
 		t.Fatal(err)
 	}
-	marked, invisible, fenced, err := st.MarkRelayed(ctx, []int64{visibleID, openID}, l)
-	if err != nil || fenced || marked != 1 || len(invisible) != 1 || invisible[0] != openID {
+	both := []core.RowRef{{ID: visibleID, Shard: core.ShardOf("acc-1")}, {ID: openID, Shard: core.ShardOf("acc-2")}}
+	marked, invisible, fenced, err := st.MarkRelayed(ctx, both, l)
+	if err != nil || fenced || marked != 1 || len(invisible) != 1 || invisible[0].ID != openID {
 		t.Fatalf("mark with one row invisible: marked %d invisible %v fenced %v err %v; want 1, [%d]", marked, invisible, fenced, err, openID)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	marked, invisible, _, err = st.MarkRelayed(ctx, []int64{visibleID, openID}, l)
+	marked, invisible, _, err = st.MarkRelayed(ctx, both, l)
 	if err != nil || marked != 1 || len(invisible) != 0 {
 		t.Fatalf("after commit: marked %d invisible %v err %v; want 1 marked (the other already was), none invisible", marked, invisible, err)
 	}
@@ -154,7 +155,7 @@ func TestMarkRelayedCDCReportsInvisibleRows(t *testing.T) {
 	if err := pool.QueryRow(ctx, `SELECT id FROM outbox WHERE event_id = $1`, more[0].EventID).Scan(&moreID); err != nil {
 		t.Fatal(err)
 	}
-	if marked, _, fenced, err := st.MarkRelayed(ctx, []int64{moreID}, l); err != nil || !fenced || marked != 0 {
+	if marked, _, fenced, err := st.MarkRelayed(ctx, []core.RowRef{{ID: moreID, Shard: core.ShardOf("acc-3")}}, l); err != nil || !fenced || marked != 0 {
 		t.Fatalf("stale grant: marked %d fenced %v err %v; want fenced", marked, fenced, err)
 	}
 }

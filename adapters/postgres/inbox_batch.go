@@ -31,10 +31,10 @@ import (
 // *consumers.ApplyError naming the first of them.
 //
 // The steps: sort the events into (aggregate, revision) order; lock the
-// positions of their aggregates (ordered); insert every inbox row; decide
-// each event's disposition, applying those next in line; apply the run with
-// applyAll; advance the positions and find the aggregates with held
-// successors (ordered); commit.
+// positions of their aggregates (ordered) and insert every inbox row, in
+// one round trip; decide each event's disposition, applying those next in
+// line; apply the run with applyAll; advance the positions and find the
+// aggregates with held successors (ordered), in one round trip; commit.
 func (in *Inbox) ReceiveBatch(ctx context.Context, consumer string, ordered bool, es []core.Envelope, apply consumers.Handler, applyAll consumers.BatchHandler) (consumers.BatchOutcome, error) {
 	res := consumers.BatchOutcome{Outcomes: make([]consumers.Outcome, len(es))}
 	order := applyOrder(es)
@@ -45,12 +45,7 @@ func (in *Inbox) ReceiveBatch(ctx context.Context, consumer string, ordered bool
 	defer func() { _ = tx.Rollback(context.Background()) }()
 
 	b := inboxBatch{tx: tx, consumer: consumer, ordered: ordered, es: es, order: order, res: &res}
-	if ordered {
-		if b.positions, err = lockBatchPositions(ctx, tx, consumer, es, order); err != nil {
-			return res, err
-		}
-	}
-	if err := b.insertRows(ctx); err != nil {
+	if err := b.lockAndInsert(ctx); err != nil {
 		return res, err
 	}
 	toApply, err := b.decide(ctx, apply, applyAll != nil)
@@ -93,21 +88,6 @@ func applyOrder(es []core.Envelope) []int {
 	return order
 }
 
-// lockBatchPositions locks the positions of every aggregate of es, in one
-// sorted statement (lockInboxPositions).
-func lockBatchPositions(ctx context.Context, tx pgx.Tx, consumer string, es []core.Envelope, order []int) (map[core.AggregateKey]*inboxPosition, error) {
-	seen := map[core.AggregateKey]bool{}
-	var types, ids []string
-	for _, i := range order {
-		ref := es[i].Aggregate()
-		if !seen[ref] {
-			seen[ref] = true
-			types, ids = append(types, ref.Type), append(ids, ref.ID)
-		}
-	}
-	return lockInboxPositions(ctx, tx, consumer, types, ids)
-}
-
 // inboxBatch is one ReceiveBatch in its transaction.
 type inboxBatch struct {
 	tx       pgx.Tx
@@ -123,15 +103,41 @@ type inboxBatch struct {
 	fresh map[string]bool
 }
 
-// insertRows inserts every row first: the primary key decides which
-// delivery owns an event (as in Receive); the provisional disposition is
-// replaced in this transaction where needed.
-func (b *inboxBatch) insertRows(ctx context.Context) error {
+// lockAndInsert locks the positions of an ordered consumer's aggregates
+// (creating the missing ones, in one sorted order whoever calls, so
+// batches of several instances serialise per aggregate without
+// deadlocking), then inserts every inbox row: one round trip. The primary
+// key decides which delivery owns an event (as in Receive); the
+// provisional disposition is replaced in this transaction where needed.
+func (b *inboxBatch) lockAndInsert(ctx context.Context) error {
+	batch := &pgx.Batch{}
+	var types, ids []string
+	if b.ordered {
+		seen := map[core.AggregateKey]bool{}
+		for _, i := range b.order {
+			ref := b.es[i].Aggregate()
+			if !seen[ref] {
+				seen[ref] = true
+				types, ids = append(types, ref.Type), append(ids, ref.ID)
+			}
+		}
+		batch.Queue(`
+		INSERT INTO consumer_positions (consumer, aggregate_type, aggregate_id)
+		SELECT $1, u.t, u.i FROM unnest($2::text[], $3::text[]) AS u(t, i) ORDER BY u.t, u.i
+		ON CONFLICT DO NOTHING`, b.consumer, types, ids)
+		batch.Queue(`
+		SELECT p.aggregate_type, p.aggregate_id, p.last_revision, p.parked, coalesce(p.parked_reason, '')
+		FROM consumer_positions p
+		JOIN unnest($2::text[], $3::text[]) AS u(t, i) ON p.aggregate_type = u.t AND p.aggregate_id = u.i
+		WHERE p.consumer = $1
+		ORDER BY p.aggregate_type, p.aggregate_id
+		FOR UPDATE OF p`, b.consumer, types, ids)
+	}
 	cols := inboxColumns{}
 	for _, i := range b.order {
 		cols.add(b.es[i])
 	}
-	inserted, err := queryRows(ctx, b.tx, pgx.RowTo[string], `
+	batch.Queue(`
 		INSERT INTO consumer_inbox (consumer, event_id, kind, type, aggregate_type, aggregate_id, revision, disposition)
 		SELECT $1, u.event_id, u.kind, u.type, u.aggregate_type, u.aggregate_id, u.revision, 'applied'
 		FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::bigint[])
@@ -139,6 +145,28 @@ func (b *inboxBatch) insertRows(ctx context.Context) error {
 		ON CONFLICT (consumer, event_id) DO NOTHING
 		RETURNING event_id`,
 		b.consumer, cols.eventIDs, cols.kinds, cols.types, cols.aggTypes, cols.aggIDs, cols.revisions)
+	br := b.tx.SendBatch(ctx, batch)
+	defer br.Close()
+	if b.ordered {
+		if _, err := br.Exec(); err != nil {
+			return fmt.Errorf("inbox: positions: %w", err)
+		}
+		rows, err := br.Query()
+		if err != nil {
+			return fmt.Errorf("inbox: lock positions: %w", err)
+		}
+		if b.positions, err = scanPositions(rows); err != nil {
+			return err
+		}
+		if len(b.positions) != len(ids) {
+			return fmt.Errorf("inbox: lock positions: %d of %d aggregates found", len(b.positions), len(ids))
+		}
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return fmt.Errorf("inbox: insert: %w", err)
+	}
+	inserted, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
 		return fmt.Errorf("inbox: insert: %w", err)
 	}
@@ -146,7 +174,25 @@ func (b *inboxBatch) insertRows(ctx context.Context) error {
 	for _, id := range inserted {
 		b.fresh[id] = true
 	}
-	return nil
+	return br.Close()
+}
+
+// scanPositions reads locked position rows.
+func scanPositions(rows pgx.Rows) (map[core.AggregateKey]*inboxPosition, error) {
+	out := map[core.AggregateKey]*inboxPosition{}
+	for rows.Next() {
+		var ref core.AggregateKey
+		p := &inboxPosition{}
+		if err := rows.Scan(&ref.Type, &ref.ID, &p.last, &p.parked, &p.reason); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("inbox: lock positions: %w", err)
+		}
+		out[ref] = p
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("inbox: lock positions: %w", err)
+	}
+	return out, nil
 }
 
 // decide records each event's outcome in order: a repeat, one not next in
@@ -208,27 +254,37 @@ func (b *inboxBatch) advancePositions(ctx context.Context) ([]core.AggregateKey,
 	if len(advance.aggIDs) == 0 {
 		return nil, nil
 	}
-	if _, err := b.tx.Exec(ctx, `
+	// Held successors of the advanced aggregates: read under their
+	// position locks, so no other instance can hold one of them unseen
+	// before this commit (it would have to lock first). One round trip
+	// with the update.
+	batch := &pgx.Batch{}
+	batch.Queue(`
 		UPDATE consumer_positions p SET last_revision = u.revision, updated_at = now()
 		FROM unnest($2::text[], $3::text[], $4::bigint[]) AS u(aggregate_type, aggregate_id, revision)
 		WHERE p.consumer = $1 AND p.aggregate_type = u.aggregate_type AND p.aggregate_id = u.aggregate_id`,
-		b.consumer, advance.aggTypes, advance.aggIDs, advance.revisions); err != nil {
-		return nil, fmt.Errorf("inbox: advance positions: %w", err)
-	}
-	// Held successors of the advanced aggregates: read under their
-	// position locks, so no other instance can hold one of them
-	// unseen before this commit (it would have to lock first).
-	held, err := queryRows(ctx, b.tx, pgx.RowToStructByPos[core.AggregateKey], `
+		b.consumer, advance.aggTypes, advance.aggIDs, advance.revisions)
+	batch.Queue(`
 		SELECT DISTINCT i.aggregate_type, i.aggregate_id
 		FROM consumer_inbox i
 		JOIN unnest($2::text[], $3::text[]) AS u(aggregate_type, aggregate_id)
 		  ON i.aggregate_type = u.aggregate_type AND i.aggregate_id = u.aggregate_id
 		WHERE i.consumer = $1 AND i.disposition = 'held'`,
 		b.consumer, advance.aggTypes, advance.aggIDs)
+	br := b.tx.SendBatch(ctx, batch)
+	defer br.Close()
+	if _, err := br.Exec(); err != nil {
+		return nil, fmt.Errorf("inbox: advance positions: %w", err)
+	}
+	rows, err := br.Query()
 	if err != nil {
 		return nil, fmt.Errorf("inbox: held successors: %w", err)
 	}
-	return held, nil
+	held, err := pgx.CollectRows(rows, pgx.RowToStructByPos[core.AggregateKey])
+	if err != nil {
+		return nil, fmt.Errorf("inbox: held successors: %w", err)
+	}
+	return held, br.Close()
 }
 
 // inboxColumns are envelopes' fields as arrays, for unnest.
@@ -244,43 +300,4 @@ func (c *inboxColumns) add(e core.Envelope) {
 	c.aggTypes = append(c.aggTypes, e.AggregateType)
 	c.aggIDs = append(c.aggIDs, e.AggregateID)
 	c.revisions = append(c.revisions, e.Revision)
-}
-
-// lockInboxPositions is lockInboxPosition for many aggregates at once: it
-// creates the missing position rows and locks all of them, in one sorted
-// order whoever calls it.
-func lockInboxPositions(ctx context.Context, tx pgx.Tx, consumer string, types, ids []string) (map[core.AggregateKey]*inboxPosition, error) {
-	if _, err := tx.Exec(ctx, `
-		INSERT INTO consumer_positions (consumer, aggregate_type, aggregate_id)
-		SELECT $1, u.t, u.i FROM unnest($2::text[], $3::text[]) AS u(t, i) ORDER BY u.t, u.i
-		ON CONFLICT DO NOTHING`, consumer, types, ids); err != nil {
-		return nil, fmt.Errorf("inbox: positions: %w", err)
-	}
-	rows, err := tx.Query(ctx, `
-		SELECT p.aggregate_type, p.aggregate_id, p.last_revision, p.parked, coalesce(p.parked_reason, '')
-		FROM consumer_positions p
-		JOIN unnest($2::text[], $3::text[]) AS u(t, i) ON p.aggregate_type = u.t AND p.aggregate_id = u.i
-		WHERE p.consumer = $1
-		ORDER BY p.aggregate_type, p.aggregate_id
-		FOR UPDATE OF p`, consumer, types, ids)
-	if err != nil {
-		return nil, fmt.Errorf("inbox: lock positions: %w", err)
-	}
-	out := make(map[core.AggregateKey]*inboxPosition, len(ids))
-	for rows.Next() {
-		var ref core.AggregateKey
-		p := &inboxPosition{}
-		if err := rows.Scan(&ref.Type, &ref.ID, &p.last, &p.parked, &p.reason); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("inbox: lock positions: %w", err)
-		}
-		out[ref] = p
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("inbox: lock positions: %w", err)
-	}
-	if len(out) != len(ids) {
-		return nil, fmt.Errorf("inbox: lock positions: %d of %d aggregates found", len(out), len(ids))
-	}
-	return out, nil
 }

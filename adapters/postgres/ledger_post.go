@@ -44,13 +44,22 @@ func (s *LedgerStore) post(ctx context.Context, key string, hash [32]byte, p cor
 	if err != nil {
 		return core.PostingResult{}, err
 	}
-	tx, err := s.pool.Begin(ctx)
+	// The transaction is two round trips: BEGIN travels with step 1's
+	// batch and COMMIT with the final one. An error aborts the
+	// transaction, and the statements queued after it are not run.
+	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return core.PostingResult{}, fmt.Errorf("begin posting: %w", err)
 	}
-	// Roll back the raw pgx.Tx: wsql.TxFromPgx(tx).Rollback() panics.
-	// After Commit this is a no-op.
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	defer func() {
+		if conn.Conn().PgConn().TxStatus() != 'I' {
+			// Roll back an aborted or unfinished transaction, so the
+			// connection goes back to the pool clean.
+			_, _ = conn.Exec(context.WithoutCancel(ctx), "ROLLBACK")
+		}
+		conn.Release()
+	}()
+	tx := connTx{conn.Conn()}
 
 	newRevision, err := lockAccounts(ctx, tx, plan)
 	if err != nil {
@@ -63,22 +72,20 @@ func (s *LedgerStore) post(ctx context.Context, key string, hash [32]byte, p cor
 
 	// Step 2: the outbox, after every lock of step 1. The publisher's
 	// INSERTs are queued on the final batch, not sent: they travel in one
-	// round trip with step 3, in this order, and an error in any of them
-	// aborts the transaction before the journal is written.
+	// round trip with step 3 and the COMMIT, in this order, and an error in
+	// any of them aborts the transaction before the journal is written.
 	final := &pgx.Batch{}
-	if err := s.writeOutbox(ctx, &pipelinedTx{Tx: tx, batch: final}, res, lines, p.Commands, wireMD, traceMD); err != nil {
+	if err := s.writeOutbox(ctx, &pipelinedTx{batch: final}, res, lines, p.Commands, wireMD, traceMD); err != nil {
 		return core.PostingResult{}, err
 	}
 	outboxStatements := final.Len()
 	if err := queueJournal(final, key, hash, p, res, lines); err != nil {
 		return core.PostingResult{}, err
 	}
+	final.Queue("COMMIT")
 	sequence, err := sendFinal(ctx, tx, final, outboxStatements)
 	if err != nil {
 		return core.PostingResult{}, err
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return core.PostingResult{}, fmt.Errorf("commit posting: %w", err)
 	}
 	if s.schema != nil {
 		s.waker.Wake()
@@ -157,8 +164,9 @@ func planPosting(p core.Posting) (postingPlan, error) {
 // revision. Inserting missing accounts comes before any row lock: an insert
 // waits for a concurrent insert of the same ID, and waiting on that while
 // holding row locks could deadlock.
-func lockAccounts(ctx context.Context, tx pgx.Tx, plan postingPlan) (map[string]int64, error) {
+func lockAccounts(ctx context.Context, tx connTx, plan postingPlan) (map[string]int64, error) {
 	b := &pgx.Batch{}
+	b.Queue("BEGIN")
 	b.Queue(`INSERT INTO accounts (id) SELECT id FROM unnest($1::text[]) AS u(id) ORDER BY id COLLATE "C" ON CONFLICT DO NOTHING`, plan.accounts)
 	b.Queue(`SELECT id FROM accounts WHERE id = ANY($1) ORDER BY id COLLATE "C" FOR UPDATE`, plan.accounts)
 	b.Queue(`UPDATE accounts AS a SET revision = a.revision + u.n
@@ -170,6 +178,9 @@ ON CONFLICT (account_id, currency) DO UPDATE SET balance = b.balance + EXCLUDED.
 	newRevision := make(map[string]int64, len(plan.accounts))
 	br := tx.SendBatch(ctx, b)
 	defer br.Close()
+	if _, err := br.Exec(); err != nil {
+		return nil, fmt.Errorf("begin posting: %w", err)
+	}
 	if _, err := br.Exec(); err != nil {
 		return nil, fmt.Errorf("create accounts: %w", err)
 	}
@@ -275,7 +286,6 @@ func queueJournal(final *pgx.Batch, key string, hash [32]byte, p core.Posting, r
 )
 INSERT INTO idempotency_keys (key, request_hash, journal_id, response)
 SELECT $10, $11, $1::text::uuid, jsonb_set($12::jsonb, '{sequence}', to_jsonb(j.sequence)) FROM j
-ON CONFLICT (key) DO NOTHING
 RETURNING (response->>'sequence')::bigint`,
 		res.JournalID, string(mdJSON), res.PostedAt,
 		lineNo, lAccount, lDirection, lAmount, lCurrency, lRevision,
@@ -284,9 +294,10 @@ RETURNING (response->>'sequence')::bigint`,
 	return nil
 }
 
-// sendFinal sends steps 2 and 3 in one round trip and returns the journal's
-// sequence, or errKeyTaken when the key was committed meanwhile.
-func sendFinal(ctx context.Context, tx pgx.Tx, final *pgx.Batch, outboxStatements int) (int64, error) {
+// sendFinal sends steps 2 and 3 and the COMMIT in one round trip and
+// returns the journal's sequence, or errKeyTaken when the key was committed
+// meanwhile (the insert of the key fails, and with it the transaction).
+func sendFinal(ctx context.Context, tx connTx, final *pgx.Batch, outboxStatements int) (int64, error) {
 	var sequence int64
 	br := tx.SendBatch(ctx, final)
 	defer br.Close()
@@ -296,21 +307,31 @@ func sendFinal(ctx context.Context, tx pgx.Tx, final *pgx.Batch, outboxStatement
 		}
 	}
 	err := br.QueryRow().Scan(&sequence)
-	if errors.Is(err, pgx.ErrNoRows) {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "idempotency_keys_pkey" {
 		return 0, errKeyTaken
 	}
 	if err != nil {
 		return 0, fmt.Errorf("insert journal: %w", err)
 	}
+	if _, err := br.Exec(); err != nil {
+		return 0, fmt.Errorf("commit posting: %w", err)
+	}
 	return sequence, br.Close()
 }
+
+// connTx is the connection a posting's transaction runs on, between the
+// BEGIN and the COMMIT it sends itself.
+type connTx struct{ *pgx.Conn }
 
 // pipelinedTx is the transaction handed to Watermill's SQL publisher: its
 // Exec queues the statement on batch instead of sending it, so the outbox
 // INSERTs cost no round trip of their own. The publisher ignores Exec's
 // command tag; the statement's error surfaces when the batch is sent, still
-// inside the transaction, and fails the posting. Everything else (Query,
-// Commit, Rollback) is the real pgx.Tx.
+// inside the transaction, and fails the posting. The publisher calls
+// nothing else (watermill-sql v4's Publisher.Publish only executes the
+// adapter's insert), so the embedded pgx.Tx is nil: any other call would
+// panic in the ledger tests at once.
 type pipelinedTx struct {
 	pgx.Tx
 	batch *pgx.Batch

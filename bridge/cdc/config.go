@@ -100,6 +100,10 @@ type Hooks struct {
 	// UnsafeSkipPositions fences for exactly-once without marking what the
 	// committed transactions hold: the negative control of that read.
 	UnsafeSkipPositions bool
+	// UnsafeSilentReader keeps the stream's reader from answering the
+	// server while the relay delivers: the negative control of the WAL
+	// sender timeout test.
+	UnsafeSilentReader bool
 }
 
 func (c *Config) setDefaults() {

@@ -61,11 +61,11 @@ func (r *Relay) deliverBatch(ctx context.Context, rows []core.OutboxRow) error {
 			}
 		}
 		if len(s.Mark) > 0 {
-			ids := make([]int64, len(s.Mark))
+			refs := make([]core.RowRef, len(s.Mark))
 			for i, j := range s.Mark {
-				ids[i] = rows[j].ID
+				refs[i] = rows[j].RowRef
 			}
-			if err := r.mark(ctx, ids); err != nil {
+			if err := r.mark(ctx, refs); err != nil {
 				return err
 			}
 		}
@@ -110,11 +110,6 @@ func (r *Relay) deliverBatch(ctx context.Context, rows []core.OutboxRow) error {
 		}
 		if s.Retryable == nil {
 			r.retry.Reset()
-			if r.stream != nil && time.Since(r.lastStatus) >= r.cfg.StatusInterval {
-				// A long delivery (a huge transaction) must not let the WAL
-				// sender time out waiting for a reply.
-				return r.sendStatus(ctx)
-			}
 			return nil
 		}
 		r.bm.Retried()
@@ -133,12 +128,6 @@ func (r *Relay) deliverBatch(ctx context.Context, rows []core.OutboxRow) error {
 		r.backoff(ctx)
 		if r.stopping() || ctx.Err() != nil {
 			return errStopping
-		}
-		if r.stream != nil {
-			// Keep the WAL sender from timing out while the sink is down.
-			if err := r.sendStatus(ctx); err != nil {
-				return err
-			}
 		}
 	}
 	return nil
@@ -161,12 +150,8 @@ func (r *Relay) fence(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("fence shards for exactly-once: %w", err)
 	}
-	ids := make([]int64, len(refs))
-	for i, ref := range refs {
-		ids[i] = ref.ID
-	}
 	// A row cleaned up since is simply not there (reported invisible).
-	marked, _, lost, err := r.store.MarkRelayed(ctx, ids, *r.lease)
+	marked, _, lost, err := r.store.MarkRelayed(ctx, refs, *r.lease)
 	switch {
 	case err != nil:
 		return err
@@ -174,7 +159,7 @@ func (r *Relay) fence(ctx context.Context) error {
 		return errLeaseLost
 	}
 	r.fences.Done(fenced)
-	r.log.Info("shards fenced for exactly-once", "committed_rows", len(ids), "newly_marked", marked)
+	r.log.Info("shards fenced for exactly-once", "committed_rows", len(refs), "newly_marked", marked)
 	return nil
 }
 
@@ -188,26 +173,26 @@ func (r *Relay) dropFences() {
 	}
 }
 
-// mark writes the markers of ids. Rows the marker statement cannot see yet
+// mark writes the markers of refs. Rows the marker statement cannot see yet
 // (their commit is decoded but not yet visible to other sessions) are
 // marked again shortly, until they are: the position is never confirmed
 // past an unmarked row.
-func (r *Relay) mark(ctx context.Context, ids []int64) error {
+func (r *Relay) mark(ctx context.Context, refs []core.RowRef) error {
 	wait := time.Millisecond
-	for len(ids) > 0 {
-		_, invisible, fenced, err := r.store.MarkRelayed(ctx, ids, *r.lease)
+	for len(refs) > 0 {
+		_, invisible, fenced, err := r.store.MarkRelayed(ctx, refs, *r.lease)
 		if err != nil {
 			// The records are out; without a marker nothing is confirmed and
 			// they will be sent again with the same event IDs.
 			return err
 		}
 		if fenced {
-			r.bm.Fenced(len(ids))
-			r.log.Warn("markers refused: the slot lease was taken over; its new reader resends", "refused", len(ids))
+			r.bm.Fenced(len(refs))
+			r.log.Warn("markers refused: the slot lease was taken over; its new reader resends", "refused", len(refs))
 			return errLeaseLost
 		}
-		ids = invisible
-		if len(ids) == 0 {
+		refs = invisible
+		if len(refs) == 0 {
 			return nil
 		}
 		t := time.NewTimer(wait) // the committing session is about to make them visible

@@ -49,8 +49,8 @@ type Relay struct {
 	parked       map[core.AggregateKey]bool
 	filterUntil  LSN // streamed rows committed up to here may already be marked
 	stream       Stream
+	reader       *streamReader // reads stream ahead; confirms through it
 	confirmed    LSN
-	lastStatus   time.Time
 }
 
 // New returns a CDC relay that streams the outbox from source, reads and
@@ -245,6 +245,10 @@ func (r *Relay) closeStream(ctx context.Context) {
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 	defer cancel()
+	if r.reader != nil {
+		r.reader.close(cctx)
+		r.reader = nil
+	}
 	_ = r.stream.Close(cctx)
 	r.stream = nil
 }

@@ -29,10 +29,10 @@ type Source interface {
 	RenewLease(ctx context.Context, l Lease, owner string, ttl time.Duration) (bool, error)
 	// ReleaseLease frees the lease if owner still holds it.
 	ReleaseLease(ctx context.Context, l Lease, owner string) error
-	// MarkRelayed writes the markers of ids if l is still the slot's
-	// current grant (fenced is true, and nothing is marked, when it is
-	// not); invisible lists the ids the statement could not see yet.
-	MarkRelayed(ctx context.Context, ids []int64, l Lease) (marked int, invisible []int64, fenced bool, err error)
+	// MarkRelayed writes the markers of the rows refs if l is still the
+	// slot's current grant (fenced is true, and nothing is marked, when it
+	// is not); invisible lists the rows the statement could not see yet.
+	MarkRelayed(ctx context.Context, refs []core.RowRef, l Lease) (marked int, invisible []core.RowRef, fenced bool, err error)
 	// Marked returns which of ids already carry a marker.
 	Marked(ctx context.Context, ids []int64) (map[int64]bool, error)
 	// SlotStatus reads slot's state; Exists is false when there is none.

@@ -60,8 +60,8 @@ func (r *Relay) session(ctx context.Context) error {
 		return err
 	}
 	r.stream = st
+	r.reader = newStreamReader(ctx, st, 2*r.cfg.BatchSize, r.cfg.StatusInterval, r.cfg.Hooks != nil && r.cfg.Hooks.UnsafeSilentReader)
 	r.confirmed = 0
-	r.lastStatus = time.Now()
 	r.retry.Reset()
 	r.log.Info("streaming the outbox from the slot", "publication", r.cfg.Publication, "wal_sender_pid", st.BackendPID())
 	return r.streamLoop(ctx)
@@ -197,11 +197,18 @@ func (r *Relay) catchUp(ctx context.Context) error {
 	return nil
 }
 
-// txn is a committed transaction received from the stream.
+// txn is a committed transaction received from the stream: the server
+// sends a transaction only once it has committed (pgoutput without
+// streaming), so its rows may be delivered before its end arrives, as long
+// as the position is confirmed only past its end.
 type txn struct {
-	rows       []core.OutboxRow
-	end        LSN
+	rows []core.OutboxRow
+	// final is the LSN of its commit record (from its begin message), end
+	// the position after it (from its commit message).
+	final, end LSN
 	commitTime time.Time
+	// delivered counts the rows delivered before its end arrived.
+	delivered int
 }
 
 func (r *Relay) heartbeatOn() bool { return r.cfg.HeartbeatInterval > 0 }
@@ -225,7 +232,8 @@ func (r *Relay) streamLoop(ctx context.Context) error {
 	for {
 		if r.stopping() || ctx.Err() != nil {
 			// Soft stop: the received, committed transactions are delivered
-			// and confirmed; an open one is resent after the restart.
+			// and confirmed; an open one is resent after the restart (what of
+			// it was delivered already is marked, and skipped then).
 			if err := flush(); err != nil {
 				return err
 			}
@@ -246,7 +254,7 @@ func (r *Relay) streamLoop(ctx context.Context) error {
 			}
 		}
 		now := time.Now()
-		deadline := earliest(r.nextMaintain, r.lastStatus.Add(r.cfg.StatusInterval))
+		deadline := r.nextMaintain
 		if r.heartbeatOn() && open == nil && len(pending) == 0 {
 			deadline = earliest(deadline, lastActivity.Add(r.cfg.HeartbeatInterval))
 		}
@@ -256,7 +264,7 @@ func (r *Relay) streamLoop(ctx context.Context) error {
 		if deadline.Before(now) {
 			deadline = now
 		}
-		ev, err := r.stream.Next(ctx, deadline)
+		ev, err := r.reader.next(ctx, deadline)
 		if err != nil {
 			if ctx.Err() != nil || r.stopping() {
 				return errStopping
@@ -265,53 +273,56 @@ func (r *Relay) streamLoop(ctx context.Context) error {
 		}
 		switch ev.Kind {
 		case EventBegin:
-			open = &txn{commitTime: ev.CommitTime}
+			open = &txn{final: ev.LSN, commitTime: ev.CommitTime}
 			lastActivity = time.Now()
 		case EventRow:
 			if open == nil {
 				return errors.New("replication stream: row outside a transaction")
 			}
 			open.rows = append(open.rows, ev.Row)
+			if pendingRows+len(open.rows) >= r.cfg.BatchSize {
+				// A large transaction: deliver what has arrived of it while the
+				// reader decodes the rest, instead of holding it all first.
+				if err := flush(); err != nil {
+					return err
+				}
+				if len(open.rows) >= r.cfg.BatchSize {
+					if err := r.deliverReceived(ctx, []txn{*open}); err != nil {
+						return err
+					}
+					open.delivered += len(open.rows)
+					open.rows = nil
+				}
+			}
 		case EventCommit:
 			if open == nil {
 				return errors.New("replication stream: commit outside a transaction")
 			}
 			open.end = ev.LSN
-			if len(open.rows) > 0 {
+			if len(open.rows) > 0 || open.delivered > 0 {
 				if len(pending) == 0 {
 					firstPending = time.Now()
 					r.lagNanos.Store(open.commitTime.UnixNano())
 				}
 				if h := r.cfg.Hooks; h != nil && h.UnsafeConfirmOnReceipt {
-					if err := r.advance(ctx, open.end); err != nil {
-						return err
-					}
+					r.advance(open.end)
 				}
 				pending = append(pending, *open)
 				pendingRows += len(open.rows)
 			} else if len(pending) == 0 && r.heartbeatOn() {
-				if err := r.advance(ctx, open.end); err != nil {
-					return err
-				}
+				r.advance(open.end)
 			}
 			open = nil
 		case EventHeartbeat:
 			if open == nil && len(pending) == 0 && r.heartbeatOn() {
-				if err := r.advance(ctx, ev.LSN); err != nil {
-					return err
-				}
+				r.advance(ev.LSN)
 			}
 		case EventKeepalive:
 			// The server has sent every transaction that committed before
-			// ev.LSN; with nothing in flight, all of them are handled.
-			if open == nil && len(pending) == 0 && r.heartbeatOn() && ev.LSN > r.confirmed {
-				if err := r.advance(ctx, ev.LSN); err != nil {
-					return err
-				}
-			} else if ev.ReplyRequested {
-				if err := r.sendStatus(ctx); err != nil {
-					return err
-				}
+			// ev.LSN; with nothing in flight, all of them are handled. (The
+			// reader answers a keepalive that asks for a reply.)
+			if open == nil && len(pending) == 0 && r.heartbeatOn() {
+				r.advance(ev.LSN)
 			}
 		}
 		now = time.Now()
@@ -320,11 +331,6 @@ func (r *Relay) streamLoop(ctx context.Context) error {
 				return err
 			}
 			lastActivity = time.Now()
-		}
-		if !now.Before(r.lastStatus.Add(r.cfg.StatusInterval)) {
-			if err := r.sendStatus(ctx); err != nil {
-				return err
-			}
 		}
 		if r.heartbeatOn() && open == nil && len(pending) == 0 && !now.Before(lastActivity.Add(r.cfg.HeartbeatInterval)) {
 			// Something to confirm past WAL that other databases or tables
@@ -350,15 +356,30 @@ func earliest(a, b time.Time) time.Time {
 // then confirms the last one's end: the confirmed position never passes a
 // row that is not ACKed and marked (or parked).
 func (r *Relay) flush(ctx context.Context, pending []txn) error {
+	if err := r.deliverReceived(ctx, pending); err != nil {
+		return err
+	}
+	r.lagNanos.Store(0)
+	r.m.lag.Set(0)
+	r.advance(pending[len(pending)-1].end)
+	return nil
+}
+
+// deliverReceived delivers the received rows of txns, in order, but those
+// of parked aggregates and, where a transaction committed before the
+// catch-up ended, those the catch-up already marked.
+func (r *Relay) deliverReceived(ctx context.Context, txns []txn) error {
 	var rows []core.OutboxRow
 	var check []int64
-	for _, t := range pending {
+	for _, t := range txns {
 		for _, row := range t.rows {
 			if r.parked[row.Envelope.Aggregate()] {
 				continue // held behind its parked record; sent on release
 			}
 			rows = append(rows, row)
-			if t.end <= r.filterUntil {
+			// final is before end: this checks at least every row whose
+			// transaction ended by filterUntil.
+			if t.final <= r.filterUntil {
 				check = append(check, row.ID)
 			}
 		}
@@ -387,26 +408,15 @@ func (r *Relay) flush(ctx context.Context, pending []txn) error {
 			return errCrash
 		}
 	}
-	r.lagNanos.Store(0)
-	r.m.lag.Set(0)
-	return r.advance(ctx, pending[len(pending)-1].end)
+	return nil
 }
 
-// advance confirms lsn to the server if it moves the position forward.
-func (r *Relay) advance(ctx context.Context, lsn LSN) error {
+// advance confirms lsn to the server (through the reader) if it moves the
+// position forward.
+func (r *Relay) advance(lsn LSN) {
 	if lsn <= r.confirmed {
-		return nil
+		return
 	}
 	r.confirmed = lsn
-	return r.sendStatus(ctx)
-}
-
-func (r *Relay) sendStatus(ctx context.Context) error {
-	r.lastStatus = time.Now()
-	if r.confirmed == 0 {
-		// Nothing confirmed in this session yet: the server keeps the slot's
-		// own position (a zero would be ignored, but say nothing instead).
-		return nil
-	}
-	return r.stream.Confirm(ctx, r.confirmed)
+	r.reader.confirm(lsn)
 }
