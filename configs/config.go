@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"os"
 	"reflect"
+	"regexp"
 	"strings"
 	"time"
 
@@ -63,11 +64,23 @@ type Consumer struct {
 	// held before its account is parked (consumers.DefaultHoldTime; the
 	// `posthorn consume --hold` flag overrides it).
 	Hold time.Duration `koanf:"hold"`
+	// InstanceID, when set, makes this process a static member of its
+	// Kafka consumer groups (KIP-345): restarted with the same ID within
+	// the session timeout, it takes its partitions back without a
+	// rebalance. Every process needs its own; empty is dynamic membership.
+	InstanceID string `koanf:"instance_id"`
 }
+
+// instanceIDRE is what Kafka accepts as a group.instance.id, shortened so
+// that ".<topic>" still fits in its 249 characters (brokers.Options).
+var instanceIDRE = regexp.MustCompile(`^[A-Za-z0-9._-]{1,100}$`)
 
 func (c Consumer) validate() error {
 	if c.Hold <= 0 {
 		return fieldErr("consumer.hold", "must be positive, is %s", c.Hold)
+	}
+	if c.InstanceID != "" && !instanceIDRE.MatchString(c.InstanceID) {
+		return fieldErr("consumer.instance_id", "must be 1 to 100 letters, digits, '.', '_' or '-', is %q", c.InstanceID)
 	}
 	return nil
 }

@@ -121,6 +121,8 @@ func TestBadValuesNameTheKey(t *testing.T) {
 		{"exactly-once not a bool", "", []string{"POSTHORN_SINK__KAFKA__EXACTLY_ONCE=maybe"}, "sink.kafka.exactly_once"},
 		{"bad database url", "", []string{"POSTHORN_DATABASE__URL=mysql://x/y"}, "database.url"},
 		{"garbage dsn", "", []string{"POSTHORN_CONSUMER__DATABASE__URL=hello"}, "consumer.database.url"},
+		{"consumer instance id with a space", "", []string{"POSTHORN_CONSUMER__INSTANCE_ID=node 1"}, "consumer.instance_id"},
+		{"consumer instance id too long", "", []string{"POSTHORN_CONSUMER__INSTANCE_ID=" + strings.Repeat("n", 101)}, "consumer.instance_id"},
 		{"bad listen", "", []string{"POSTHORN_API__LISTEN=8080"}, "api.listen"},
 		{"short token", "", []string{"POSTHORN_API__TOKENS=short"}, "api.tokens[0]"},
 		{"bad log level", "log:\n  level: loud\n", nil, "log.level"},
@@ -214,5 +216,20 @@ func TestWireFormatFromConfig(t *testing.T) {
 	f := loadEnv(t, "POSTHORN_SINK__FORMAT=cloudevents", "POSTHORN_SINK__CLOUDEVENTS__SOURCE=urn:bank:ledger:eu-1").Sink.WireFormat()
 	if f.Format != core.FormatCloudEvents || f.Source != "urn:bank:ledger:eu-1" {
 		t.Fatalf("configured wire format %+v", f)
+	}
+}
+
+// consumer.instance_id is off (dynamic membership) by default and read from
+// the file and the environment.
+func TestConsumerInstanceID(t *testing.T) {
+	if cfg := loadEnv(t); cfg.Consumer.InstanceID != "" {
+		t.Fatalf("default instance id %q, want none", cfg.Consumer.InstanceID)
+	}
+	if cfg := loadEnv(t, "POSTHORN_CONSUMER__INSTANCE_ID=node-1.eu_west"); cfg.Consumer.InstanceID != "node-1.eu_west" {
+		t.Fatalf("instance id from env %q", cfg.Consumer.InstanceID)
+	}
+	cfg, err := Load(writeFile(t, "consumer:\n  instance_id: node-2\n"), []string{}, nil)
+	if err != nil || cfg.Consumer.InstanceID != "node-2" {
+		t.Fatalf("instance id from file %q, %v", cfg.Consumer.InstanceID, err)
 	}
 }
