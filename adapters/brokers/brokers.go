@@ -70,6 +70,20 @@ type Options struct {
 	// StallAfter is how long a Kafka partition may stay behind with no
 	// commit before the consumer re-joins its group (DefaultStallAfter).
 	StallAfter time.Duration
+	// InstanceID, when set, makes the Kafka subscribers static members of
+	// their groups (KIP-345) with the instance ID "<InstanceID>.<topic>":
+	// a process restarted with the same InstanceID within the session
+	// timeout gets its partitions back without a rebalance, where a new
+	// dynamic member waits for the dead one's session to time out and a
+	// rebalance. A static member does not leave its group when it closes
+	// (its partitions wait for it, up to the session timeout). Every
+	// process needs its own InstanceID. Needs Kafka 2.4 or later.
+	InstanceID string
+	// Fenced is called (once a member) when a static member is fenced
+	// because another one joined with its instance ID: it stops
+	// consuming, and the process should stop rather than take the ID back
+	// in turn. Nil logs the error only.
+	Fenced func(error)
 	// Memory is the in-process subscriber of kind memory (the memory
 	// sink's Subscriber). The memory broker lives in one process, so it is
 	// only usable when the relay runs in the same process (posthorn demo,

@@ -48,7 +48,7 @@ func KafkaSaramaConfig() *sarama.Config {
 // DefaultStallAfter).
 // sec, when given, sets the connections' TLS and SASL (phkafka.Security).
 func KafkaSubscriber(brokers []string, consumer string, logger watermill.LoggerAdapter, sec ...phkafka.Security) (message.Subscriber, error) {
-	return kafkaGroupSubscriber(brokers, consumer, logger, DefaultStallAfter, nil, false, sec...)
+	return kafkaGroupSubscriber(brokers, consumer, Options{Logger: logger}, nil, false, sec...)
 }
 
 // KafkaReadCommittedSubscriber is KafkaSubscriber reading with
@@ -58,10 +58,17 @@ func KafkaSubscriber(brokers []string, consumer string, logger watermill.LoggerA
 // in a later one: the inbox absorbs them as duplicates, other handlers see
 // repeats.
 func KafkaReadCommittedSubscriber(brokers []string, consumer string, logger watermill.LoggerAdapter, sec ...phkafka.Security) (message.Subscriber, error) {
-	return kafkaGroupSubscriber(brokers, consumer, logger, DefaultStallAfter, nil, true, sec...)
+	return kafkaGroupSubscriber(brokers, consumer, Options{Logger: logger}, nil, true, sec...)
 }
 
-func kafkaGroupSubscriber(brokers []string, consumer string, logger watermill.LoggerAdapter, stallAfter time.Duration, rejoins prometheus.Counter, readCommitted bool, sec ...phkafka.Security) (*groupSubscriber, error) {
+// staticVersion is the protocol version static membership needs: JoinGroup
+// v5 carries the instance ID. Not higher: at 2.4 sarama's requests (the
+// flexible JoinGroup v6 and others) fail to decode against kfake.
+var staticVersion = sarama.V2_3_0_0
+
+// kafkaGroupSubscriber reads opts' Logger, StallAfter, InstanceID and
+// Fenced.
+func kafkaGroupSubscriber(brokers []string, consumer string, opts Options, rejoins prometheus.Counter, readCommitted bool, sec ...phkafka.Security) (*groupSubscriber, error) {
 	if len(brokers) == 0 {
 		return nil, errors.New("kafka subscriber of " + consumer + ": no brokers")
 	}
@@ -74,13 +81,16 @@ func kafkaGroupSubscriber(brokers []string, consumer string, logger watermill.Lo
 			return nil, err
 		}
 	}
+	if opts.InstanceID != "" && !sc.Version.IsAtLeast(staticVersion) {
+		sc.Version = staticVersion
+	}
 	if err := sc.Validate(); err != nil {
 		return nil, err
 	}
-	if logger == nil {
-		logger = watermill.NopLogger{}
+	if opts.Logger == nil {
+		opts.Logger = watermill.NopLogger{}
 	}
-	return newGroupSubscriber(brokers, consumer, sc, logger, stallAfter, rejoins), nil
+	return newGroupSubscriber(brokers, consumer, sc, opts, rejoins), nil
 }
 
 // kafkaSubscribers gives each consumer a group subscriber of its own on
@@ -104,7 +114,7 @@ func kafkaSubscribers(c Config, opts Options) (consumers.SubscriberFactory, erro
 			}
 			rejoins = vec.WithLabelValues(consumer)
 		}
-		sub, err := kafkaGroupSubscriber(brokers, consumer, opts.Logger, opts.StallAfter, rejoins, false, sec)
+		sub, err := kafkaGroupSubscriber(brokers, consumer, opts, rejoins, false, sec)
 		if err != nil || opts.Registerer == nil {
 			return sub, err
 		}

@@ -230,14 +230,22 @@ func ghostScenario(t *testing.T, b *ghostBroker, sub message.Subscriber) (*kgo.C
 // joining holds partitions in a Stable group for good (see addGhostMember).
 // The consumers' Kafka subscriber sees those partitions stay behind with no
 // commit and re-joins the group; the rebalance drops the ghost and every
-// record is delivered. The control is TestKafkaGhostMemberStallsWithoutRejoin.
+// record is delivered. A static member (Options.InstanceID) first removes
+// itself by its instance ID, since joining again under it would take its
+// old assignment back without a rebalance. The control is
+// TestKafkaGhostMemberStallsWithoutRejoin.
 func TestKafkaConsumerRejoinsPastAGhostMember(t *testing.T) {
 	if testing.Short() {
 		t.Skip("waits for kfake rebalances")
 	}
+	t.Run("dynamic", func(t *testing.T) { rejoinPastAGhost(t, "") })
+	t.Run("static", func(t *testing.T) { rejoinPastAGhost(t, "node-1") })
+}
+
+func rejoinPastAGhost(t *testing.T, instanceID string) {
 	b := startGhostBroker(t)
 	f, err := brokers.Subscribers(brokers.Config{Kind: "kafka", Kafka: phkafka.Config{Brokers: []string{b.addr}}},
-		brokers.Options{Logger: outageLogger(), StallAfter: 2 * time.Second})
+		brokers.Options{Logger: outageLogger(), StallAfter: 2 * time.Second, InstanceID: instanceID})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package brokers
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -48,6 +49,9 @@ type member struct {
 	config   *sarama.Config
 	logger   watermill.LoggerAdapter
 	inFlight int
+	// fenced is Options.Fenced; fencedOnce calls it once.
+	fenced     func(error)
+	fencedOnce sync.Once
 
 	closing   chan struct{}
 	closeOnce sync.Once
@@ -57,11 +61,29 @@ type member struct {
 	groups []sarama.ConsumerGroup
 }
 
-func newMember(brokers []string, group string, config *sarama.Config, logger watermill.LoggerAdapter, inFlight int) *member {
+func newMember(brokers []string, group string, config *sarama.Config, logger watermill.LoggerAdapter, inFlight int, fenced func(error)) *member {
 	if inFlight <= 0 {
 		inFlight = DefaultInFlight
 	}
-	return &member{brokers: brokers, group: group, config: config, logger: logger, inFlight: inFlight, closing: make(chan struct{})}
+	return &member{brokers: brokers, group: group, config: config, logger: logger, inFlight: inFlight, fenced: fenced, closing: make(chan struct{})}
+}
+
+// isFenced reports err as the member's fencing, unless the member is
+// stopping (a watchdog re-join replaces its own static member): a fenced
+// member must not join again, which would fence the other in turn.
+func (m *member) isFenced(err error) bool {
+	if !errors.Is(err, sarama.ErrFencedInstancedId) || isDone(m.closing) {
+		return false
+	}
+	m.fencedOnce.Do(func() {
+		err := fmt.Errorf("kafka consumer group %s: another member joined with this one's instance ID %s (each process needs its own)",
+			m.group, m.config.Consumer.Group.InstanceId)
+		m.logger.Error("Kafka static member fenced; it stops consuming", err, watermill.LogFields{"consumer_group": m.group})
+		if m.fenced != nil {
+			m.fenced(err)
+		}
+	})
+	return true
 }
 
 // Subscribe joins the group on topic; the channel closes when ctx ends or
@@ -87,7 +109,9 @@ func (m *member) Subscribe(ctx context.Context, topic string) (<-chan *message.M
 	go func() {
 		defer m.wg.Done()
 		for err := range cg.Errors() {
-			m.logger.Error("Kafka consumer group error", err, fields)
+			if !m.isFenced(err) {
+				m.logger.Error("Kafka consumer group error", err, fields)
+			}
 		}
 	}()
 	go func() {
@@ -96,7 +120,7 @@ func (m *member) Subscribe(ctx context.Context, topic string) (<-chan *message.M
 		h := &claimHandler{ctx: ctx, out: out, closing: m.closing, inFlight: m.inFlight, topic: topic}
 		for {
 			err := cg.Consume(ctx, []string{topic}, h)
-			if errors.Is(err, sarama.ErrClosedConsumerGroup) || ctx.Err() != nil || isDone(m.closing) {
+			if errors.Is(err, sarama.ErrClosedConsumerGroup) || ctx.Err() != nil || isDone(m.closing) || m.isFenced(err) {
 				return
 			}
 			if err != nil {
@@ -114,11 +138,15 @@ func (m *member) Subscribe(ctx context.Context, topic string) (<-chan *message.M
 	return out, nil
 }
 
-// Close leaves the group (committing what is marked) and waits for the
-// member's goroutines.
+// stop tells the member's goroutines to end, without waiting for them.
+func (m *member) stop() { m.closeOnce.Do(func() { close(m.closing) }) }
+
+// Close leaves the group (committing what is marked; a static member stays
+// in it until its session times out) and waits for the member's
+// goroutines.
 func (m *member) Close() error {
 	m.mu.Lock()
-	m.closeOnce.Do(func() { close(m.closing) })
+	m.stop()
 	groups := m.groups
 	m.groups = nil
 	m.mu.Unlock()

@@ -64,6 +64,9 @@ type groupSubscriber struct {
 	stallAfter time.Duration
 	rejoins    prometheus.Counter // nil: not counted
 	inFlight   int                // per partition; 0: DefaultInFlight
+	// instanceID is Options.InstanceID: "" for dynamic members.
+	instanceID string
+	fenced     func(error)
 
 	closing   chan struct{}
 	closeOnce sync.Once
@@ -73,12 +76,24 @@ type groupSubscriber struct {
 	subs map[*member]struct{} // every member not yet closed
 }
 
-func newGroupSubscriber(brokers []string, group string, config *sarama.Config, logger watermill.LoggerAdapter, stallAfter time.Duration, rejoins prometheus.Counter) *groupSubscriber {
+// newGroupSubscriber reads opts' Logger, StallAfter, InstanceID and Fenced.
+func newGroupSubscriber(brokers []string, group string, config *sarama.Config, opts Options, rejoins prometheus.Counter) *groupSubscriber {
+	stallAfter := opts.StallAfter
 	if stallAfter <= 0 {
 		stallAfter = DefaultStallAfter
 	}
-	return &groupSubscriber{brokers: brokers, group: group, config: config, logger: logger, stallAfter: stallAfter,
-		rejoins: rejoins, closing: make(chan struct{}), subs: make(map[*member]struct{})}
+	return &groupSubscriber{brokers: brokers, group: group, config: config, logger: opts.Logger, stallAfter: stallAfter,
+		rejoins: rejoins, instanceID: opts.InstanceID, fenced: opts.Fenced, closing: make(chan struct{}), subs: make(map[*member]struct{})}
+}
+
+// memberInstance is the static member instance ID of topic's member, ""
+// for a dynamic member. A consumer reads each topic with a member of its
+// own in the same group, so the topic tells them apart.
+func (s *groupSubscriber) memberInstance(topic string) string {
+	if s.instanceID == "" {
+		return ""
+	}
+	return s.instanceID + "." + topic
 }
 
 // Subscribe joins the group on topic and watches it until ctx ends or the
@@ -108,7 +123,13 @@ var errClosed = errors.New("kafka subscriber closed")
 
 // join subscribes a new Kafka subscriber, that is a new group member.
 func (s *groupSubscriber) join(ctx context.Context, topic string) (*member, <-chan *message.Message, error) {
-	k := newMember(s.brokers, s.group, s.config, s.logger, s.inFlight)
+	config := s.config
+	if id := s.memberInstance(topic); id != "" {
+		c := *s.config
+		c.Consumer.Group.InstanceId = id
+		config = &c
+	}
+	k := newMember(s.brokers, s.group, config, s.logger, s.inFlight, s.fenced)
 	ch, err := k.Subscribe(ctx, topic)
 	if err != nil {
 		_ = k.Close()
@@ -149,7 +170,30 @@ func (s *groupSubscriber) forward(ctx context.Context, topic string, inner *memb
 		case <-s.closing:
 			return
 		}
+		if s.instanceID != "" {
+			// A static member that joins again under its own instance ID
+			// takes its old assignment back without a rebalance (and fences
+			// the old member): the rebalance the re-join is for needs the
+			// old member stopped and removed by its instance ID first.
+			inner.stop()
+			s.retire(inner)
+			if err := s.leave(topic); err != nil {
+				s.logger.Error("Cannot remove the static member of a stalled Kafka consumer group", err, watermill.LogFields{"consumer_group": s.group, "topic": topic})
+			}
+		}
 		next, nextIn, err := s.join(ctx, topic)
+		for err != nil && !errors.Is(err, errClosed) && s.instanceID != "" {
+			// The old member is stopped: try again until the broker answers.
+			s.logger.Error("Cannot re-join stalled Kafka consumer group; trying again", err, watermill.LogFields{"consumer_group": s.group, "topic": topic})
+			select {
+			case <-time.After(reconsumeSleep):
+			case <-ctx.Done():
+				return
+			case <-s.closing:
+				return
+			}
+			next, nextIn, err = s.join(ctx, topic)
+		}
 		if errors.Is(err, errClosed) {
 			return
 		}
@@ -158,9 +202,43 @@ func (s *groupSubscriber) forward(ctx context.Context, topic string, inner *memb
 			s.logger.Error("Cannot re-join stalled Kafka consumer group", err, watermill.LogFields{"consumer_group": s.group, "topic": topic})
 			continue
 		}
-		s.retire(inner)
+		if s.instanceID == "" {
+			s.retire(inner)
+		}
 		inner, in = next, nextIn
 	}
+}
+
+// leave removes topic's static member from the group by its instance ID
+// (LeaveGroup v3, which sarama sends from version 2.4), which starts a
+// rebalance.
+func (s *groupSubscriber) leave(topic string) error {
+	config := *s.config
+	config.Version = sarama.V2_4_0_0
+	client, err := sarama.NewClient(s.brokers, &config)
+	if err != nil {
+		return err
+	}
+	defer client.Close()
+	coordinator, err := client.Coordinator(s.group)
+	if err != nil {
+		return err
+	}
+	id := s.memberInstance(topic)
+	resp, err := coordinator.LeaveGroup(&sarama.LeaveGroupRequest{Version: 3, GroupId: s.group,
+		Members: []sarama.MemberIdentity{{GroupInstanceId: &id}}})
+	if err != nil {
+		return err
+	}
+	if resp.Err != sarama.ErrNoError {
+		return resp.Err
+	}
+	for _, m := range resp.Members {
+		if m.Err != sarama.ErrNoError && m.Err != sarama.ErrUnknownMemberId {
+			return m.Err
+		}
+	}
+	return nil
 }
 
 // retire closes a replaced member in the background: its session waits

@@ -1,0 +1,189 @@
+package brokers_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/posthorn/posthorn/adapters/brokers"
+	phkafka "github.com/posthorn/posthorn/adapters/kafka"
+)
+
+const (
+	staticTopic      = "static.events"
+	staticGroup      = "audit-log"
+	staticPartitions = 3
+	// deadSession is the session (and rebalance) timeout of the member
+	// that dies: a dynamic successor waits for it, a static one must not.
+	deadSession = 10 * time.Second
+)
+
+// staticBroker is a kfake cluster with staticTopic holding a record on
+// every partition.
+func staticBroker(t *testing.T) (addr string, admin *kgo.Client) {
+	t.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(staticPartitions, staticTopic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	addr = c.ListenAddrs()[0]
+	admin, err = kgo.NewClient(kgo.SeedBrokers(addr), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(admin.Close)
+	for p := range int32(staticPartitions) {
+		r := &kgo.Record{Topic: staticTopic, Partition: p, Value: []byte("{}"),
+			Headers: []kgo.RecordHeader{{Key: kafka.UUIDHeaderKey, Value: []byte(fmt.Sprintf("p%d", p))}}}
+		if err := admin.ProduceSync(context.Background(), r).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return addr, admin
+}
+
+// joinAndDie makes a member of staticGroup (static with instance, dynamic
+// when it is nil) that takes every partition of staticTopic and then stops
+// without leaving, as a consumer process SIGKILLed in a Stable group. It
+// returns when the broker answered the member's last request.
+func joinAndDie(t *testing.T, addr string, instance *string) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(addr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx := context.Background()
+	meta := kmsg.ConsumerMemberMetadata{Topics: []string{staticTopic}}
+	join := kmsg.NewPtrJoinGroupRequest()
+	join.Group, join.InstanceID = staticGroup, instance
+	join.SessionTimeoutMillis = int32(deadSession.Milliseconds())
+	join.RebalanceTimeoutMillis = int32(deadSession.Milliseconds())
+	join.ProtocolType = "consumer"
+	join.Protocols = []kmsg.JoinGroupRequestProtocol{{Name: "range", Metadata: meta.AppendTo(nil)}}
+	resp, err := join.RequestWith(ctx, cl)
+	if err == nil && resp.ErrorCode != 0 && resp.MemberID != "" { // a dynamic member's first join only hands out its ID (KIP-394)
+		join.MemberID = resp.MemberID
+		resp, err = join.RequestWith(ctx, cl)
+	}
+	if err != nil || resp.ErrorCode != 0 || resp.LeaderID != resp.MemberID {
+		t.Fatalf("join of the member that dies: %v, %+v", err, resp)
+	}
+	all := kmsg.ConsumerMemberAssignment{Topics: []kmsg.ConsumerMemberAssignmentTopic{{Topic: staticTopic, Partitions: []int32{0, 1, 2}}}}
+	sync := kmsg.NewPtrSyncGroupRequest()
+	sync.Group, sync.Generation, sync.MemberID, sync.InstanceID = staticGroup, resp.Generation, resp.MemberID, instance
+	sync.ProtocolType, sync.Protocol = kmsg.StringPtr("consumer"), kmsg.StringPtr("range")
+	sync.GroupAssignment = []kmsg.SyncGroupRequestGroupAssignment{{MemberID: resp.MemberID, MemberAssignment: all.AppendTo(nil)}}
+	sresp, err := sync.RequestWith(ctx, cl)
+	if err != nil || sresp.ErrorCode != 0 {
+		t.Fatalf("sync of the member that dies: %v, %+v", err, sresp)
+	}
+}
+
+// firstDelivery subscribes sub to staticTopic and returns how long after
+// since its first message arrived (it is not acknowledged).
+func firstDelivery(t *testing.T, sub message.Subscriber, since time.Time) time.Duration {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	ch, err := sub.Subscribe(ctx, staticTopic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-ch:
+		return time.Since(since)
+	case <-time.After(time.Minute): // a liveness bound: a rebalance takes deadSession
+		t.Fatal("no message within a minute")
+		return 0
+	}
+}
+
+func kafkaSubscriber(t *testing.T, addr string, opts brokers.Options) message.Subscriber {
+	t.Helper()
+	opts.Logger = outageLogger()
+	f, err := brokers.Subscribers(brokers.Config{Kind: "kafka", Kafka: phkafka.Config{Brokers: []string{addr}}}, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub, err := f(staticGroup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Close() })
+	return sub
+}
+
+// TestKafkaStaticMemberTakesItsPartitionsBack: a consumer restarted with
+// its instance ID (Options.InstanceID) replaces its dead member and gets
+// its partitions at once, where a dynamic successor
+// (TestKafkaDynamicMemberWaitsForTheDeadSession, the control) waits for
+// the dead member's session to time out.
+func TestKafkaStaticMemberTakesItsPartitionsBack(t *testing.T) {
+	addr, admin := staticBroker(t)
+	id := "node-1." + staticTopic // the instance ID of node-1's member on the topic
+	joinAndDie(t, addr, &id)
+	died := time.Now()
+	if v := describeGroup(t, admin, staticGroup); v.state != "Stable" || len(v.members) != 1 {
+		t.Fatalf("group with the dead member: %v", v)
+	}
+	took := firstDelivery(t, kafkaSubscriber(t, addr, brokers.Options{InstanceID: "node-1"}), died)
+	if took >= deadSession {
+		t.Fatalf("the restarted static member got its first message %s after the death, not before the dead session (%s) ran out", took, deadSession)
+	}
+	t.Logf("static member: first message %s after the restart (dead member's session %s)", took.Round(10*time.Millisecond), deadSession)
+}
+
+// TestKafkaDynamicMemberWaitsForTheDeadSession is the control: without an
+// instance ID the successor is a new member, and the group's rebalance
+// waits for the dead one until its session (or the rebalance) times out.
+func TestKafkaDynamicMemberWaitsForTheDeadSession(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for a dead member's session")
+	}
+	addr, _ := staticBroker(t)
+	joinAndDie(t, addr, nil)
+	died := time.Now()
+	took := firstDelivery(t, kafkaSubscriber(t, addr, brokers.Options{}), died)
+	if took < deadSession/2 {
+		t.Fatalf("the dynamic successor got a message %s after the death: the dead member's session did not hold the group, no wait to control for", took)
+	}
+	t.Logf("dynamic member: first message %s after the restart (dead member's session %s)", took.Round(10*time.Millisecond), deadSession)
+}
+
+// TestKafkaStaticMemberFencedStops: a second consumer joining with the
+// same instance ID fences the first, which stops and reports it through
+// Options.Fenced (posthorn consume then exits naming the key) instead of
+// taking the ID back; the second reads on.
+func TestKafkaStaticMemberFencedStops(t *testing.T) {
+	addr, _ := staticBroker(t)
+	var fenced atomic.Pointer[error]
+	first := kafkaSubscriber(t, addr, brokers.Options{InstanceID: "node-1", Fenced: func(err error) { fenced.Store(&err) }})
+	firstDelivery(t, first, time.Now())
+	var second atomic.Int32
+	firstDelivery(t, kafkaSubscriber(t, addr, brokers.Options{InstanceID: "node-1", Fenced: func(error) { second.Add(1) }}), time.Now())
+	deadline := time.Now().Add(time.Minute) // liveness: the next heartbeat (2 s) finds the first fenced
+	for fenced.Load() == nil {
+		if time.Now().After(deadline) {
+			t.Fatal("the first member was never fenced")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := *fenced.Load(); !strings.Contains(err.Error(), "node-1."+staticTopic) {
+		t.Fatalf("fenced error %q does not name the instance ID", err)
+	}
+	time.Sleep(5 * time.Second) // two heartbeats: a first member joining again would fence the second now
+	if n := second.Load(); n != 0 {
+		t.Fatalf("the second member was fenced %d times: the first took the ID back", n)
+	}
+}
