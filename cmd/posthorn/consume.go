@@ -99,6 +99,15 @@ func runConsumers(ctx context.Context, cfg configs.Config, o consumeOptions) err
 		o.hold = cfg.Consumer.Hold
 	}
 	log := o.log
+	if cfg.Consumer.InstanceID != "" && cfg.Sink.Kind != "kafka" {
+		log.Warn("config key consumer.instance_id is set but only Kafka has static members; ignored", "sink", cfg.Sink.Kind)
+	}
+	// A static member fenced by another process with the same instance ID
+	// stops the consumers: running on would take the ID back in turn.
+	parent := ctx
+	ctx, stop := context.WithCancelCause(parent)
+	defer stop(nil)
+	fenced := func(err error) { stop(fmt.Errorf("config key consumer.instance_id: %w", err)) }
 	pool, err := openConsumerPool(ctx, cfg)
 	if err != nil {
 		return err
@@ -107,7 +116,8 @@ func runConsumers(ctx context.Context, cfg configs.Config, o consumeOptions) err
 	postgres.WarnIfSuperuser(ctx, pool, log, "consume", postgres.RoleConsumer)
 	wlog := watermill.NewSlogLogger(log)
 	reg := newRegistry()
-	factory, err := openSubscribers(cfg.Sink, brokers.Options{Logger: wlog, Memory: o.memory, Registerer: reg}) // brokers.go
+	factory, err := openSubscribers(cfg.Sink, brokers.Options{Logger: wlog, Memory: o.memory, Registerer: reg,
+		InstanceID: cfg.Consumer.InstanceID, Fenced: fenced}) // brokers.go
 	if err != nil {
 		return err
 	}
@@ -169,9 +179,13 @@ func runConsumers(ctx context.Context, cfg configs.Config, o consumeOptions) err
 		log.Info("consumer metrics listening", "addr", srv.Addr())
 	}
 	startRetention(ctx, cfg, pool, nil, names, log) // issue 14: inbox retention on retention.interval
-	log.Info("consumers starting", "consumers", names, "sink", cfg.Sink.Kind, "topic", topic, "hold", o.hold.String())
+	log.Info("consumers starting", "consumers", names, "sink", cfg.Sink.Kind, "topic", topic, "hold", o.hold.String(),
+		"instance_id", cfg.Consumer.InstanceID)
 	if err := registry.Run(ctx); err != nil && ctx.Err() == nil {
 		return err
+	}
+	if ctx.Err() != nil && parent.Err() == nil {
+		return context.Cause(ctx) // fenced
 	}
 	log.Info("consumers stopped")
 	return nil

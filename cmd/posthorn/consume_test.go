@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
@@ -24,31 +25,7 @@ import (
 // and exits 0 on SIGTERM.
 func TestConsumeAgainstKafkaStopsCleanly(t *testing.T) {
 	t.Parallel()
-	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(2, core.TopicEvents))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cluster.Close()
-	brokers := strings.Join(cluster.ListenAddrs(), ",")
-	pub, err := kafka.NewPublisher(kafka.PublisherConfig{
-		Brokers: cluster.ListenAddrs(),
-		Marshaler: kafka.NewWithPartitioningMarshaler(func(_ string, m *message.Message) (string, error) {
-			return m.Metadata.Get(core.HeaderAggregateID), nil
-		}),
-	}, watermill.NopLogger{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pub.Close()
-	for rev := int64(1); rev <= 3; rev++ {
-		p, _ := json.Marshal(core.AccountPosted{EventID: fmt.Sprint("cli-", rev), Account: "acc-cli", Revision: rev, Currency: "EUR", Delta: "-5"})
-		e := core.Envelope{EventID: fmt.Sprint("cli-", rev), Kind: core.KindEvent, Type: core.TypeAccountPosted,
-			AggregateType: core.AggregateAccount, AggregateID: "acc-cli", Revision: rev, OccurredAt: time.Now(), Payload: p}
-		if err := pub.Publish(core.TopicEvents, e.ToMessage()); err != nil {
-			t.Fatal(err)
-		}
-	}
-
+	brokers := kafkaWithEvents(t)
 	dsn := pgtest.NewDatabase(t)
 	env := []string{"POSTHORN_CONSUMER__DATABASE__URL=" + dsn, "POSTHORN_SINK__KIND=kafka", "POSTHORN_SINK__KAFKA__BROKERS=" + brokers,
 		"POSTHORN_METRICS__LISTEN=127.0.0.1:0"}
@@ -65,24 +42,7 @@ func TestConsumeAgainstKafkaStopsCleanly(t *testing.T) {
 	consume := childtest.Start(t, cmd)
 
 	pool := pgtest.Pool(t, dsn, 2)
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		var bal, audited int64
-		_ = pool.QueryRow(context.Background(), `SELECT coalesce((SELECT balance::bigint FROM projection_balances WHERE account = 'acc-cli'), 0),
-			(SELECT count(*) FROM audit_log)`).Scan(&bal, &audited)
-		if bal == -15 && audited == 3 {
-			break
-		}
-		select {
-		case <-consume.Exited():
-			t.Fatalf("consume exited early: %v\n%s", consume.Err(), stderr.String())
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("balance %d, audited %d; stderr:\n%s", bal, audited, stderr.String())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	waitApplied(t, pool, consume, &stderr, -15)
 	consume.Term(t, 45*time.Second, &stderr)
 
 	code, stdout, errOut := runCLI(t, env, "consume", "status", "--json")
@@ -105,4 +65,91 @@ func TestConsumeAgainstKafkaStopsCleanly(t *testing.T) {
 	if code, _, errOut := runCLI(t, env, "consume", "--only", "nope"); code != 1 || !strings.Contains(errOut, "want one of") {
 		t.Fatalf("--only nope: %d %q", code, errOut)
 	}
+}
+
+// kafkaWithEvents starts a kfake broker holding three events of acc-cli
+// (-5 EUR each) on core.TopicEvents and returns its address list.
+func kafkaWithEvents(t *testing.T) string {
+	t.Helper()
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(2, core.TopicEvents))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cluster.Close)
+	pub, err := kafka.NewPublisher(kafka.PublisherConfig{
+		Brokers: cluster.ListenAddrs(),
+		Marshaler: kafka.NewWithPartitioningMarshaler(func(_ string, m *message.Message) (string, error) {
+			return m.Metadata.Get(core.HeaderAggregateID), nil
+		}),
+	}, watermill.NopLogger{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	for rev := int64(1); rev <= 3; rev++ {
+		p, _ := json.Marshal(core.AccountPosted{EventID: fmt.Sprint("cli-", rev), Account: "acc-cli", Revision: rev, Currency: "EUR", Delta: "-5"})
+		e := core.Envelope{EventID: fmt.Sprint("cli-", rev), Kind: core.KindEvent, Type: core.TypeAccountPosted,
+			AggregateType: core.AggregateAccount, AggregateID: "acc-cli", Revision: rev, OccurredAt: time.Now(), Payload: p}
+		if err := pub.Publish(core.TopicEvents, e.ToMessage()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return strings.Join(cluster.ListenAddrs(), ",")
+}
+
+// waitApplied waits until the three events of kafkaWithEvents are in the
+// audit log and acc-cli's projected balance is balance (0: projection not
+// running), failing if consume exits first.
+func waitApplied(t *testing.T, pool *pgxpool.Pool, consume *childtest.Child, stderr fmt.Stringer, balance int64) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		var bal, audited int64
+		_ = pool.QueryRow(context.Background(), `SELECT coalesce((SELECT balance::bigint FROM projection_balances WHERE account = 'acc-cli'), 0),
+			(SELECT count(*) FROM audit_log)`).Scan(&bal, &audited)
+		if bal == balance && audited == 3 {
+			return
+		}
+		select {
+		case <-consume.Exited():
+			t.Fatalf("consume exited early: %v\n%s", consume.Err(), stderr)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("balance %d, audited %d; stderr:\n%s", bal, audited, stderr)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// Two processes given the same consumer.instance_id: the second's join
+// fences the first, which exits 1 naming the key instead of taking the ID
+// back; the second runs on.
+func TestConsumeDuplicateInstanceIDExits(t *testing.T) {
+	t.Parallel()
+	brokers := kafkaWithEvents(t)
+	dsn := pgtest.NewDatabase(t)
+	env := []string{"POSTHORN_CONSUMER__DATABASE__URL=" + dsn, "POSTHORN_SINK__KIND=kafka", "POSTHORN_SINK__KAFKA__BROKERS=" + brokers,
+		"POSTHORN_CONSUMER__INSTANCE_ID=node-1"}
+	if code, _, stderr := runCLI(t, env, "migrate", "--consumer"); code != 0 {
+		t.Fatalf("migrate --consumer: %d %s", code, stderr)
+	}
+	start := func() (*childtest.Child, *bytes.Buffer) {
+		cmd := cliCommand(env, "consume", "--only", "audit-log")
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		return childtest.Start(t, cmd), &stderr
+	}
+	first, firstErr := start()
+	waitApplied(t, pgtest.Pool(t, dsn, 2), first, firstErr, 0)
+	second, secondErr := start()
+	select {
+	case <-first.Exited():
+	case <-time.After(time.Minute): // liveness: its next heartbeat (2 s) is fenced
+		t.Fatalf("the first process still runs beside a second with its instance ID\n%s", firstErr)
+	}
+	if first.Err() == nil || !strings.Contains(firstErr.String(), "config key consumer.instance_id") || !strings.Contains(firstErr.String(), "node-1.") {
+		t.Fatalf("fenced process: %v, want exit 1 naming consumer.instance_id and the instance ID\n%s", first.Err(), firstErr)
+	}
+	second.Term(t, 45*time.Second, secondErr)
 }
