@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -86,4 +87,6 @@ type handlerConfig struct {
 
 	handOff *handOff
 	lanes   lanes
+	// firstApplied logs the first event applied (Registry.applied).
+	firstApplied sync.Once
 }

@@ -113,12 +113,28 @@ func (r *Registry) applyWithoutInbox(ctx context.Context, hc *handlerConfig, e c
 		return err
 	}
 	r.metrics.record(hc.consumer, core.DispositionApplied, 1)
+	r.applied(hc)
 	return nil
+}
+
+// FirstAppliedLogMessage is logged once per handler, at the first event
+// it applied since Run started, with the time it took ("after"): how long a
+// restarted consumer took to apply again (the fault suite reads it).
+const FirstAppliedLogMessage = "consumer applied its first event since start"
+
+// applied logs hc's first applied event.
+func (r *Registry) applied(hc *handlerConfig) {
+	hc.firstApplied.Do(func() {
+		r.log.Info(FirstAppliedLogMessage, "consumer", hc.consumer, "topic", hc.topic, "after", time.Since(r.started).Round(time.Millisecond).String())
+	})
 }
 
 // recorded turns one outcome into metrics and log lines.
 func (r *Registry) recorded(hc *handlerConfig, out Outcome) {
 	r.metrics.record(hc.consumer, out.Disposition, 1)
+	if out.Disposition == core.DispositionApplied {
+		r.applied(hc)
+	}
 	attrs := []any{"consumer", hc.consumer, "event_id", out.EventID, "aggregate_type", out.AggregateType,
 		"aggregate_id", out.AggregateID, "revision", out.Revision, "reason", out.Reason}
 	switch out.Disposition {

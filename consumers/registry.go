@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
@@ -42,6 +43,8 @@ type Registry struct {
 	// made are the subscribers Config.Subscribers made: the registry owns
 	// them and closes them when Run ends.
 	made []message.Subscriber
+	// started is when Run started, written before it starts the handlers.
+	started time.Time
 }
 
 // New returns a Registry adding handlers to router.
@@ -161,6 +164,7 @@ func (r *Registry) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	r.mu.Lock()
+	r.started = time.Now()
 	handlers := append([]*handlerConfig(nil), r.handlers...)
 	r.mu.Unlock()
 	var wg sync.WaitGroup

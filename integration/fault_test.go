@@ -94,8 +94,12 @@ func TestFaultSuite(t *testing.T) {
 		rc.DrainTimeout = 10 * time.Minute
 	}
 	// Three broker nodes: partition leaders move under the relays'
-	// producers and the consumers' fetches (LeaderMoves).
-	s := startFaultSystem(t, faultkit.SystemConfig{BrokerNodes: 3})
+	// producers and the consumers' fetches (LeaderMoves). The consumers are
+	// static group members, as docs/consumers.md recommends;
+	// POSTHORN_FAULT_MEMBERSHIP=dynamic runs them as dynamic members, the
+	// baseline of the restart figure.
+	static := os.Getenv("POSTHORN_FAULT_MEMBERSHIP") != "dynamic"
+	s := startFaultSystem(t, faultkit.SystemConfig{BrokerNodes: 3, StaticMembers: static})
 	fig, err := faultkit.Run(context.Background(), s, rc)
 	report := fig.String()
 	t.Logf("fault suite figures:\n%s", report)
@@ -126,6 +130,9 @@ func TestFaultSuite(t *testing.T) {
 		if fig.Faults[k] == 0 {
 			t.Errorf("fault %q was not injected", k)
 		}
+	}
+	if len(fig.FirstApplied) == 0 {
+		t.Errorf("no consumer restart applied an event (consumers.FirstAppliedLogMessage): the restart figure measured nothing")
 	}
 	for _, took := range fig.Takeovers {
 		if took < 0 {

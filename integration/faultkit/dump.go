@@ -23,7 +23,7 @@ func LastRun(path string) string {
 }
 
 var (
-	startMarker     = regexp.MustCompile(`(?m)^==== \S+ start \d+ at `)
+	startMarker     = regexp.MustCompile(`(?m)^==== \S+ start \d+ at (\S+)`)
 	goroutineHeader = regexp.MustCompile(`^goroutine \d+ (?:gp=\S+ m=\S+ (?:mp=\S+ )?)?\[(.*)\]:$`)
 	pcOffset        = regexp.MustCompile(`(?: \+0x[0-9a-f]+)?(?: fp=\S+ sp=\S+ pc=\S+)?$`)
 	callArgs        = regexp.MustCompile(`\([^()]*\)$`)

@@ -21,8 +21,13 @@ type Figures struct {
 	Crashes    int
 	// Rejoins are the consumers' re-joins of a stalled Kafka group, as
 	// they logged them (System.Rejoins).
-	Rejoins    []string
-	RolledBack []string
+	Rejoins []string
+	// FirstApplied is, for each consumer restart, the time from its start
+	// to its first applied event (System.FirstApplied); StaticMembers says
+	// whether the consumers were static group members.
+	FirstApplied  []time.Duration
+	StaticMembers bool
+	RolledBack    []string
 	// Duplicates per consumer: deliveries the inbox absorbed.
 	Duplicates map[string]int64
 	LoadTime   time.Duration
@@ -75,6 +80,14 @@ func (f Figures) String() string {
 		fmt.Fprintf(&b, "  frozen relay's leases gone after: %s\n", strings.Join(parts, ", "))
 	}
 	fmt.Fprintf(&b, "  backend sessions terminated: %d; processes that exited on their own (restarted): %d\n", f.Terminated, f.Crashes)
+	if len(f.FirstApplied) > 0 {
+		membership := "dynamic"
+		if f.StaticMembers {
+			membership = "static"
+		}
+		p50, p95, mx := quantiles(f.FirstApplied)
+		fmt.Fprintf(&b, "  consumer restarts (%s members), start to first applied event: p50 %s  p95 %s  max %s  (n=%d)\n", membership, p50, p95, mx, len(f.FirstApplied))
+	}
 	fmt.Fprintf(&b, "  consumer group re-joins after a stalled partition (the consumers' watchdog): %d\n", len(f.Rejoins))
 	for _, r := range f.Rejoins {
 		fmt.Fprintf(&b, "    %s\n", r)

@@ -252,6 +252,8 @@ func (r *runState) verify(ctx context.Context) error {
 	r.fig.Duplicates = rep.DuplicatesSuppressed
 	r.fig.Crashes = r.s.Crashes()
 	r.fig.Rejoins = r.s.Rejoins()
+	r.fig.FirstApplied = r.s.FirstApplied()
+	r.fig.StaticMembers = r.s.cfg.StaticMembers
 	r.fig.Elapsed = time.Since(r.start)
 	return nil
 }

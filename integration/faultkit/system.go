@@ -21,6 +21,7 @@ import (
 
 	"github.com/posthorn/posthorn/adapters/brokers"
 	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/consumers"
 	"github.com/posthorn/posthorn/core"
 )
 
@@ -48,6 +49,10 @@ type SystemConfig struct {
 	// kafka --nodes`, default 1); with more than one, MoveLeaders elects
 	// new partition leaders.
 	BrokerNodes int
+	// StaticMembers gives consumer N the instance ID consumer-N
+	// (consumer.instance_id): restarted, it takes its partitions back
+	// without waiting for its dead member's session and a rebalance.
+	StaticMembers bool
 	// UnsafeNoInbox and UnsafeMarkBeforeAck switch a protection off for a
 	// negative control.
 	UnsafeNoInbox, UnsafeMarkBeforeAck bool
@@ -187,9 +192,12 @@ func StartSystem(ctx context.Context, cfg SystemConfig) (*System, error) {
 		if cfg.UnsafeNoInbox {
 			args = append(args, "--unsafe-no-inbox")
 		}
-		p := NewProc(ProcConfig{Name: fmt.Sprintf("consumer-%d", i+1), Bin: cfg.Bin, LogDir: cfg.Dir, Args: args,
-			Env: append([]string{"POSTHORN_CONSUMER__DATABASE__URL=" + withAppName(cfg.ConsumerURL, fmt.Sprintf("%s-%d", consumerAppName, i+1))},
-				sinkEnv...)})
+		name := fmt.Sprintf("consumer-%d", i+1)
+		env := append([]string{"POSTHORN_CONSUMER__DATABASE__URL=" + withAppName(cfg.ConsumerURL, fmt.Sprintf("%s-%d", consumerAppName, i+1))}, sinkEnv...)
+		if cfg.StaticMembers {
+			env = append(env, "POSTHORN_CONSUMER__INSTANCE_ID="+name)
+		}
+		p := NewProc(ProcConfig{Name: name, Bin: cfg.Bin, LogDir: cfg.Dir, Args: args, Env: env})
 		if err := p.Start(ctx); err != nil {
 			return nil, err
 		}
@@ -254,25 +262,64 @@ func (s *System) Crashes() int {
 func (s *System) Rejoins() []string {
 	var out []string
 	for _, p := range s.Consumers {
-		data, err := os.ReadFile(p.LogPath())
-		if err != nil {
-			continue
-		}
-		for _, line := range bytes.Split(data, []byte("\n")) {
-			var l struct {
-				Time  time.Time `json:"time"`
-				Msg   string    `json:"msg"`
-				Group string    `json:"consumer_group"`
-				Error string    `json:"error"`
+		eachLogLine(p, func(_ int, _ time.Time, l logLine) {
+			if l.Msg == brokers.RejoinLogMessage {
+				out = append(out, fmt.Sprintf("%s %s %s: %s", l.Time.UTC().Format("15:04:05"), p.Name, l.Group, l.Error))
 			}
-			if json.Unmarshal(line, &l) != nil || l.Msg != brokers.RejoinLogMessage {
-				continue
-			}
-			out = append(out, fmt.Sprintf("%s %s %s: %s", l.Time.UTC().Format("15:04:05"), p.Name, l.Group, l.Error))
-		}
+		})
 	}
 	sort.Strings(out)
 	return out
+}
+
+// FirstApplied returns, for every restart of a consumer process (after a
+// SIGKILL or an exit of its own), how long after it started it applied
+// its first event (consumers.FirstAppliedLogMessage, the earliest of its
+// consumers). A restart that applied nothing (no events came) is left out.
+func (s *System) FirstApplied() []time.Duration {
+	var out []time.Duration
+	for _, p := range s.Consumers {
+		first := map[int]time.Duration{}
+		eachLogLine(p, func(run int, started time.Time, l logLine) {
+			if _, seen := first[run]; run > 1 && !seen && l.Msg == consumers.FirstAppliedLogMessage {
+				first[run] = l.Time.Sub(started)
+			}
+		})
+		for _, d := range first {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+// logLine is what the suite reads of a JSON log line of a process.
+type logLine struct {
+	Time  time.Time `json:"time"`
+	Msg   string    `json:"msg"`
+	Group string    `json:"consumer_group"`
+	Error string    `json:"error"`
+}
+
+// eachLogLine calls fn with every JSON line of p's log, over all its runs,
+// with the run's number (1 for the first start) and start time (Start's
+// marker line).
+func eachLogLine(p *Proc, fn func(run int, started time.Time, l logLine)) {
+	data, err := os.ReadFile(p.LogPath())
+	if err != nil {
+		return
+	}
+	run, started := 0, time.Time{}
+	for _, line := range bytes.Split(data, []byte("\n")) {
+		if m := startMarker.FindSubmatch(line); m != nil {
+			run++
+			started, _ = time.Parse(time.RFC3339Nano, string(m[1]))
+			continue
+		}
+		var l logLine
+		if json.Unmarshal(line, &l) == nil {
+			fn(run, started, l)
+		}
+	}
 }
 
 // KillAndRestart SIGKILLs p, waits pause, and starts it again.
