@@ -125,11 +125,7 @@ func (m *member) Subscribe(ctx context.Context, topic string) (<-chan *message.M
 			}
 			if err != nil {
 				m.logger.Error("Kafka group session failed; joining again", err, fields)
-				select {
-				case <-time.After(reconsumeSleep):
-				case <-ctx.Done():
-					return
-				case <-m.closing:
+				if !pause(ctx, m.closing, reconsumeSleep) {
 					return
 				}
 			}
@@ -178,6 +174,18 @@ func (*claimHandler) Cleanup(sarama.ConsumerGroupSession) error { return nil }
 type delivered struct {
 	record *sarama.ConsumerMessage
 	msg    *message.Message
+}
+
+// pause waits d and reports true, or false as soon as ctx ends or stop is
+// closed.
+func pause(ctx context.Context, stop <-chan struct{}, d time.Duration) bool {
+	select {
+	case <-time.After(d):
+		return true
+	case <-ctx.Done():
+	case <-stop:
+	}
+	return false
 }
 
 func isDone(c <-chan struct{}) bool {

@@ -185,11 +185,7 @@ func (s *groupSubscriber) forward(ctx context.Context, topic string, inner *memb
 		for err != nil && !errors.Is(err, errClosed) && s.instanceID != "" {
 			// The old member is stopped: try again until the broker answers.
 			s.logger.Error("Cannot re-join stalled Kafka consumer group; trying again", err, watermill.LogFields{"consumer_group": s.group, "topic": topic})
-			select {
-			case <-time.After(reconsumeSleep):
-			case <-ctx.Done():
-				return
-			case <-s.closing:
+			if !pause(ctx, s.closing, reconsumeSleep) {
 				return
 			}
 			next, nextIn, err = s.join(ctx, topic)

@@ -25,10 +25,7 @@ import (
 // and exits 0 on SIGTERM.
 func TestConsumeAgainstKafkaStopsCleanly(t *testing.T) {
 	t.Parallel()
-	brokers := kafkaWithEvents(t)
-	dsn := pgtest.NewDatabase(t)
-	env := []string{"POSTHORN_CONSUMER__DATABASE__URL=" + dsn, "POSTHORN_SINK__KIND=kafka", "POSTHORN_SINK__KAFKA__BROKERS=" + brokers,
-		"POSTHORN_METRICS__LISTEN=127.0.0.1:0"}
+	dsn, env := kafkaConsumeEnv(t, "POSTHORN_METRICS__LISTEN=127.0.0.1:0")
 	if code, _, stderr := runCLI(t, env, "consume"); code == 0 || !strings.Contains(stderr, "migrate --consumer") {
 		t.Fatalf("consume before migrate: code %d, stderr %q; want a hint to migrate", code, stderr)
 	}
@@ -65,6 +62,15 @@ func TestConsumeAgainstKafkaStopsCleanly(t *testing.T) {
 	if code, _, errOut := runCLI(t, env, "consume", "--only", "nope"); code != 1 || !strings.Contains(errOut, "want one of") {
 		t.Fatalf("--only nope: %d %q", code, errOut)
 	}
+}
+
+// kafkaConsumeEnv gives `posthorn consume` a fresh consumer database (not
+// migrated) and kafkaWithEvents' broker, plus the extra variables.
+func kafkaConsumeEnv(t *testing.T, extra ...string) (dsn string, env []string) {
+	t.Helper()
+	brokers := kafkaWithEvents(t)
+	dsn = pgtest.NewDatabase(t)
+	return dsn, append([]string{"POSTHORN_CONSUMER__DATABASE__URL=" + dsn, "POSTHORN_SINK__KIND=kafka", "POSTHORN_SINK__KAFKA__BROKERS=" + brokers}, extra...)
 }
 
 // kafkaWithEvents starts a kfake broker holding three events of acc-cli
@@ -127,10 +133,7 @@ func waitApplied(t *testing.T, pool *pgxpool.Pool, consume *childtest.Child, std
 // back; the second runs on.
 func TestConsumeDuplicateInstanceIDExits(t *testing.T) {
 	t.Parallel()
-	brokers := kafkaWithEvents(t)
-	dsn := pgtest.NewDatabase(t)
-	env := []string{"POSTHORN_CONSUMER__DATABASE__URL=" + dsn, "POSTHORN_SINK__KIND=kafka", "POSTHORN_SINK__KAFKA__BROKERS=" + brokers,
-		"POSTHORN_CONSUMER__INSTANCE_ID=node-1"}
+	dsn, env := kafkaConsumeEnv(t, "POSTHORN_CONSUMER__INSTANCE_ID=node-1")
 	if code, _, stderr := runCLI(t, env, "migrate", "--consumer"); code != 0 {
 		t.Fatalf("migrate --consumer: %d %s", code, stderr)
 	}
