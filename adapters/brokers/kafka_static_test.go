@@ -90,9 +90,8 @@ func joinAndDie(t *testing.T, addr string, instance *string) {
 	}
 }
 
-// firstDelivery subscribes sub to staticTopic and returns how long after
-// since its first message arrived (it is not acknowledged).
-func firstDelivery(t *testing.T, sub message.Subscriber, since time.Time) time.Duration {
+// subscribe subscribes sub to staticTopic until the test ends.
+func subscribe(t *testing.T, sub message.Subscriber) <-chan *message.Message {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
@@ -100,12 +99,52 @@ func firstDelivery(t *testing.T, sub message.Subscriber, since time.Time) time.D
 	if err != nil {
 		t.Fatal(err)
 	}
+	return ch
+}
+
+// firstDelivery subscribes sub to staticTopic and returns how long after
+// since its first message arrived (it is not acknowledged), and the
+// subscription.
+func firstDelivery(t *testing.T, sub message.Subscriber, since time.Time) (time.Duration, <-chan *message.Message) {
+	t.Helper()
+	ch := subscribe(t, sub)
 	select {
 	case <-ch:
-		return time.Since(since)
+		return time.Since(since), ch
 	case <-time.After(time.Minute): // a liveness bound: a rebalance takes deadSession
 		t.Fatal("no message within a minute")
-		return 0
+		return 0, nil
+	}
+}
+
+// fencedScenario runs two members with instance ID node-1 one after the
+// other, each with its own fenced counter, and returns the first's
+// subscription and counter once the second has a message.
+func fencedScenario(t *testing.T, addr string) (<-chan *message.Message, *atomic.Int32, *atomic.Int32) {
+	t.Helper()
+	var first, second atomic.Int32
+	_, ch := firstDelivery(t, kafkaSubscriber(t, addr, brokers.Options{InstanceID: "node-1", Fenced: func(err error) {
+		if !strings.Contains(err.Error(), "node-1."+staticTopic) {
+			t.Errorf("fenced error %q does not name the instance ID", err)
+		}
+		first.Add(1)
+	}}), time.Now())
+	firstDelivery(t, kafkaSubscriber(t, addr, brokers.Options{InstanceID: "node-1", Fenced: func(error) { second.Add(1) }}), time.Now())
+	return ch, &first, &second
+}
+
+// closedWithin drains ch and reports whether it closed within d.
+func closedWithin(ch <-chan *message.Message, d time.Duration) bool {
+	deadline := time.After(d)
+	for {
+		select {
+		case _, ok := <-ch:
+			if !ok {
+				return true
+			}
+		case <-deadline:
+			return false
+		}
 	}
 }
 
@@ -137,7 +176,7 @@ func TestKafkaStaticMemberTakesItsPartitionsBack(t *testing.T) {
 	if v := describeGroup(t, admin, staticGroup); v.state != "Stable" || len(v.members) != 1 {
 		t.Fatalf("group with the dead member: %v", v)
 	}
-	took := firstDelivery(t, kafkaSubscriber(t, addr, brokers.Options{InstanceID: "node-1"}), died)
+	took, _ := firstDelivery(t, kafkaSubscriber(t, addr, brokers.Options{InstanceID: "node-1"}), died)
 	if took >= deadSession {
 		t.Fatalf("the restarted static member got its first message %s after the death, not before the dead session (%s) ran out", took, deadSession)
 	}
@@ -154,7 +193,7 @@ func TestKafkaDynamicMemberWaitsForTheDeadSession(t *testing.T) {
 	addr, _ := staticBroker(t)
 	joinAndDie(t, addr, nil)
 	died := time.Now()
-	took := firstDelivery(t, kafkaSubscriber(t, addr, brokers.Options{}), died)
+	took, _ := firstDelivery(t, kafkaSubscriber(t, addr, brokers.Options{}), died)
 	if took < deadSession/2 {
 		t.Fatalf("the dynamic successor got a message %s after the death: the dead member's session did not hold the group, no wait to control for", took)
 	}
@@ -162,28 +201,43 @@ func TestKafkaDynamicMemberWaitsForTheDeadSession(t *testing.T) {
 }
 
 // TestKafkaStaticMemberFencedStops: a second consumer joining with the
-// same instance ID fences the first, which stops and reports it through
-// Options.Fenced (posthorn consume then exits naming the key) instead of
-// taking the ID back; the second reads on.
+// same instance ID fences the first, which stops (its subscription closes)
+// and reports it through Options.Fenced (posthorn consume then exits
+// naming the key) instead of taking the ID back; the second reads on.
+// The control is TestKafkaFencedMemberWithoutStopControl.
 func TestKafkaStaticMemberFencedStops(t *testing.T) {
 	addr, _ := staticBroker(t)
-	var fenced atomic.Pointer[error]
-	first := kafkaSubscriber(t, addr, brokers.Options{InstanceID: "node-1", Fenced: func(err error) { fenced.Store(&err) }})
-	firstDelivery(t, first, time.Now())
-	var second atomic.Int32
-	firstDelivery(t, kafkaSubscriber(t, addr, brokers.Options{InstanceID: "node-1", Fenced: func(error) { second.Add(1) }}), time.Now())
-	deadline := time.Now().Add(time.Minute) // liveness: the next heartbeat (2 s) finds the first fenced
-	for fenced.Load() == nil {
-		if time.Now().After(deadline) {
-			t.Fatal("the first member was never fenced")
-		}
-		time.Sleep(50 * time.Millisecond)
+	ch, first, second := fencedScenario(t, addr)
+	if !closedWithin(ch, time.Minute) { // liveness: the next heartbeat (2 s) finds the first fenced
+		t.Fatal("the fenced member's subscription is still open after a minute")
 	}
-	if err := *fenced.Load(); !strings.Contains(err.Error(), "node-1."+staticTopic) {
-		t.Fatalf("fenced error %q does not name the instance ID", err)
+	if n := first.Load(); n != 1 {
+		t.Fatalf("the fenced member reported %d times, want once", n)
 	}
 	time.Sleep(5 * time.Second) // two heartbeats: a first member joining again would fence the second now
 	if n := second.Load(); n != 0 {
 		t.Fatalf("the second member was fenced %d times: the first took the ID back", n)
 	}
+}
+
+// TestKafkaFencedMemberWithoutStopControl is the negative control: with
+// the stop switched off, the fenced member's subscription stays open and
+// it keeps trying to join under the ID it lost, delivering nothing, and
+// nothing reports it: its process would run on unnoticed.
+func TestKafkaFencedMemberWithoutStopControl(t *testing.T) {
+	brokers.IgnoreFenced(true)
+	t.Cleanup(func() { brokers.IgnoreFenced(false) })
+	addr, admin := staticBroker(t)
+	ch, first, _ := fencedScenario(t, addr)
+	if closedWithin(ch, 8*time.Second) { // four heartbeats and re-joins
+		t.Fatal("the fenced member's subscription closed with the stop off: no control")
+	}
+	if n := first.Load(); n != 0 {
+		t.Fatalf("the fenced member reported %d times with the stop off", n)
+	}
+	v := describeGroup(t, admin, staticGroup)
+	if len(v.members) != 1 {
+		t.Fatalf("group %v: want the second member alone", v)
+	}
+	t.Logf("with the stop off the fenced member's subscription stays open and nothing reports it; group: %v", v)
 }

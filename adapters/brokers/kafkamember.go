@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -68,11 +69,15 @@ func newMember(brokers []string, group string, config *sarama.Config, logger wat
 	return &member{brokers: brokers, group: group, config: config, logger: logger, inFlight: inFlight, fenced: fenced, closing: make(chan struct{})}
 }
 
+// ignoreFenced is set only in the negative control of the fenced member's
+// stop (export_test.go).
+var ignoreFenced atomic.Bool
+
 // isFenced reports err as the member's fencing, unless the member is
 // stopping (a watchdog re-join replaces its own static member): a fenced
 // member must not join again, which would fence the other in turn.
 func (m *member) isFenced(err error) bool {
-	if !errors.Is(err, sarama.ErrFencedInstancedId) || isDone(m.closing) {
+	if ignoreFenced.Load() || !errors.Is(err, sarama.ErrFencedInstancedId) || isDone(m.closing) {
 		return false
 	}
 	m.fencedOnce.Do(func() {
