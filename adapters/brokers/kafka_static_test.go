@@ -79,7 +79,11 @@ func joinAndDie(t *testing.T, addr string, instance *string) {
 	if err != nil || resp.ErrorCode != 0 || resp.LeaderID != resp.MemberID {
 		t.Fatalf("join of the member that dies: %v, %+v", err, resp)
 	}
-	all := kmsg.ConsumerMemberAssignment{Topics: []kmsg.ConsumerMemberAssignmentTopic{{Topic: staticTopic, Partitions: []int32{0, 1, 2}}}}
+	every := make([]int32, staticPartitions)
+	for p := range every {
+		every[p] = int32(p)
+	}
+	all := kmsg.ConsumerMemberAssignment{Topics: []kmsg.ConsumerMemberAssignmentTopic{{Topic: staticTopic, Partitions: every}}}
 	sync := kmsg.NewPtrSyncGroupRequest()
 	sync.Group, sync.Generation, sync.MemberID, sync.InstanceID = staticGroup, resp.Generation, resp.MemberID, instance
 	sync.ProtocolType, sync.Protocol = kmsg.StringPtr("consumer"), kmsg.StringPtr("range")

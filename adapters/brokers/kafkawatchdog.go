@@ -170,38 +170,52 @@ func (s *groupSubscriber) forward(ctx context.Context, topic string, inner *memb
 		case <-s.closing:
 			return
 		}
-		if s.instanceID != "" {
-			// A static member that joins again under its own instance ID
-			// takes its old assignment back without a rebalance (and fences
-			// the old member): the rebalance the re-join is for needs the
-			// old member stopped and removed by its instance ID first.
-			inner.stop()
-			s.retire(inner)
-			if err := s.leave(topic); err != nil {
-				s.logger.Error("Cannot remove the static member of a stalled Kafka consumer group", err, watermill.LogFields{"consumer_group": s.group, "topic": topic})
-			}
-		}
-		next, nextIn, err := s.join(ctx, topic)
-		for err != nil && !errors.Is(err, errClosed) && s.instanceID != "" {
-			// The old member is stopped: try again until the broker answers.
-			s.logger.Error("Cannot re-join stalled Kafka consumer group; trying again", err, watermill.LogFields{"consumer_group": s.group, "topic": topic})
-			if !pause(ctx, s.closing, reconsumeSleep) {
-				return
-			}
-			next, nextIn, err = s.join(ctx, topic)
-		}
-		if errors.Is(err, errClosed) {
+		var ok bool
+		if inner, in, ok = s.rejoin(ctx, topic, inner, in); !ok {
 			return
 		}
+	}
+}
+
+// rejoin replaces the member inner (delivering on in) with a new one and
+// returns it, or the old one if a dynamic re-join failed (watch reports
+// the stall again); ok is false once the subscriber is done.
+func (s *groupSubscriber) rejoin(ctx context.Context, topic string, inner *member, in <-chan *message.Message) (_ *member, _ <-chan *message.Message, ok bool) {
+	fields := watermill.LogFields{"consumer_group": s.group, "topic": topic}
+	if s.instanceID == "" {
+		// The new member first, then the old one leaves.
+		next, nextIn, err := s.join(ctx, topic)
+		if errors.Is(err, errClosed) {
+			return nil, nil, false
+		}
 		if err != nil {
-			// Keep the old member; watch reports the stall again.
-			s.logger.Error("Cannot re-join stalled Kafka consumer group", err, watermill.LogFields{"consumer_group": s.group, "topic": topic})
-			continue
+			s.logger.Error("Cannot re-join stalled Kafka consumer group", err, fields)
+			return inner, in, true
 		}
-		if s.instanceID == "" {
-			s.retire(inner)
+		s.retire(inner)
+		return next, nextIn, true
+	}
+	// A static member that joins again under its own instance ID takes its
+	// old assignment back without a rebalance (and fences the old member):
+	// the rebalance the re-join is for needs the old member stopped and
+	// removed by its instance ID first, and then a join that succeeds.
+	inner.stop()
+	s.retire(inner)
+	if err := s.leave(topic); err != nil {
+		s.logger.Error("Cannot remove the static member of a stalled Kafka consumer group", err, fields)
+	}
+	for {
+		next, nextIn, err := s.join(ctx, topic)
+		if err == nil {
+			return next, nextIn, true
 		}
-		inner, in = next, nextIn
+		if errors.Is(err, errClosed) {
+			return nil, nil, false
+		}
+		s.logger.Error("Cannot re-join stalled Kafka consumer group; trying again", err, fields)
+		if !pause(ctx, s.closing, reconsumeSleep) {
+			return nil, nil, false
+		}
 	}
 }
 
