@@ -236,14 +236,14 @@ func (b *batcher) run(ctx context.Context, batch []*pending) {
 		p.out, p.err = b.r.inbox.Receive(ctx, hc.consumer, hc.ordered, p.e, b.r.safeApply(hc))
 		if p.err == nil {
 			b.r.recorded(hc, p.out)
-			if p.out.Disposition == core.DispositionApplied && hc.ordered {
+			if p.out.HeldSuccessors {
 				drain = append(drain, p.e.Aggregate())
 			}
 		}
 		close(p.done)
 	}
-	// The successors may be waiting in the inbox already. The messages
-	// themselves are done; a failing drain is retried by the sweeper.
+	// The successors waiting in the inbox. The messages themselves are
+	// done; a failing drain is retried by the sweeper.
 	for _, ref := range drain {
 		b.r.drain(ctx, hc, ref)
 	}

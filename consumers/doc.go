@@ -67,7 +67,8 @@
 // with its headers and payload, and the broker message is acknowledged. The
 // held event is retried from the inbox: at once whenever its aggregate
 // advances (the instance that applies revision r drains r+1, r+2, … in
-// order, each in its own transaction), and by a per-consumer sweeper that
+// order, each in its own transaction, when it saw, under the aggregate's
+// position lock, that any are held), and by a per-consumer sweeper that
 // runs every SweepInterval on every instance. If the predecessor has not
 // arrived within the hold time, the sweeper parks the aggregate: the
 // position row is marked parked with a reason naming the missing revisions,

@@ -20,8 +20,8 @@ import (
 // aggregate of an ordered consumer across all instances.
 type Inbox interface {
 	// Receive records one delivered event and, when it is next in line,
-	// applies it with apply in the same transaction. After an Applied
-	// outcome the caller drains the aggregate.
+	// applies it with apply in the same transaction. After an outcome with
+	// HeldSuccessors the caller drains the aggregate.
 	Receive(ctx context.Context, consumer string, ordered bool, e core.Envelope, apply Handler) (Outcome, error)
 	// ReceiveBatch records a run of deliveries in one transaction, each with
 	// the disposition Receive would give it; all or nothing. applyAll, when
@@ -76,6 +76,12 @@ type Outcome struct {
 	// GapDetected is set when this delivery found a revision gap (the
 	// event is Held).
 	GapDetected bool
+	// HeldSuccessors is set on an event Receive applied for an ordered
+	// consumer when events of its aggregate were held in the inbox at its
+	// commit: read under the aggregate's position lock, so no other
+	// instance can have held one unseen. Without it there is nothing to
+	// drain.
+	HeldSuccessors bool
 }
 
 // OutcomeOf is the outcome of e before anything is recorded.

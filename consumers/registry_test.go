@@ -211,6 +211,24 @@ func TestSweeperRedrivesAfterOutOfProcessRelease(t *testing.T) {
 	waitDisposition(t, postgres.NewInbox(pool), "ordered", "acc-1", core.DispositionApplied)
 }
 
+// The event that fills a gap re-drives the events held behind it at once:
+// with the sweeper an hour away, nothing else could apply revision 2.
+func TestHeldSuccessorDrainedWithoutTheSweeper(t *testing.T) {
+	t.Parallel()
+	pool, ch, reg := newRegistry(t, consumers.Config{HoldTime: time.Hour, SweepInterval: time.Hour})
+	defer ch.Close()
+	if err := reg.AddEventHandler("ordered", core.TopicEvents, nop, consumers.DependsOnPredecessor()); err != nil {
+		t.Fatal(err)
+	}
+	run(t, reg)
+	in := postgres.NewInbox(pool)
+	publish(t, ch, core.TopicEvents, event("acc", 2, core.KindEvent))
+	waitDisposition(t, in, "ordered", "acc-2", core.DispositionHeld)
+	publish(t, ch, core.TopicEvents, event("acc", 1, core.KindEvent))
+	waitDisposition(t, in, "ordered", "acc-1", core.DispositionApplied)
+	waitDisposition(t, in, "ordered", "acc-2", core.DispositionApplied)
+}
+
 // closeCounting is a subscriber that counts its Close calls.
 type closeCounting struct {
 	message.Subscriber

@@ -48,7 +48,8 @@ func NewInbox(pool *pgxpool.Pool) *Inbox { return &Inbox{pool: pool} }
 // Ordered: revision ≤ last applied is Duplicate; last+1 is applied; higher
 // is Held (with its headers and payload, so it can be re-driven by Drain
 // once the predecessor is applied); any event of a parked aggregate is
-// ParkedGap. After an Applied outcome the caller should Drain the aggregate.
+// ParkedGap. After an outcome with HeldSuccessors the caller should Drain
+// the aggregate.
 //
 // A failing apply returns *consumers.ApplyError and records nothing; other errors are
 // the database's. Both leave the delivery unacknowledged-safe: nothing was
@@ -101,6 +102,16 @@ func (in *Inbox) Receive(ctx context.Context, consumer string, ordered bool, e c
 	if ordered {
 		if err := advanceInboxPosition(ctx, tx, consumer, e); err != nil {
 			return out, err
+		}
+		// Under the position lock, like ReceiveBatch's held successors: a
+		// drain transaction after every applied event found nothing
+		// almost always (at 100 postings/s, nearly a third of the consumers'
+		// transactions).
+		if err := tx.QueryRow(ctx, `
+			SELECT EXISTS (SELECT 1 FROM consumer_inbox
+			               WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3 AND disposition = 'held')`,
+			consumer, e.AggregateType, e.AggregateID).Scan(&out.HeldSuccessors); err != nil {
+			return out, fmt.Errorf("inbox: held successors: %w", err)
 		}
 	}
 	out.Disposition = core.DispositionApplied

@@ -157,7 +157,9 @@ func TestInboxGapHeldThenDrainedInOrder(t *testing.T) {
 	if got := read(); len(got) != 0 {
 		t.Fatalf("applied %v ahead of revision 1", got)
 	}
-	mustReceive(t, in, "p", true, inboxEvent("acc", 1), apply, core.DispositionApplied)
+	if out := mustReceive(t, in, "p", true, inboxEvent("acc", 1), apply, core.DispositionApplied); !out.HeldSuccessors {
+		t.Fatalf("revision 1 applied with revisions 2 and 3 held, but no held successors reported: %+v", out)
+	}
 	outs, err := in.Drain(ctx, "p", true, core.AggregateAccount, "acc", apply)
 	if err != nil {
 		t.Fatal(err)
@@ -169,12 +171,16 @@ func TestInboxGapHeldThenDrainedInOrder(t *testing.T) {
 	if got := read(); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("effects %v, want %v", got, want)
 	}
+	// Nothing held behind revision 4: its caller has nothing to drain.
+	if out := mustReceive(t, in, "p", true, inboxEvent("acc", 4), apply, core.DispositionApplied); out.HeldSuccessors {
+		t.Fatalf("revision 4 reports held successors with none held: %+v", out)
+	}
 	// A lower revision under a new event ID is a duplicate, not an effect.
 	old := inboxEvent("acc", 2)
 	old.EventID = "acc-r2-resent-with-new-id"
 	mustReceive(t, in, "p", true, old, apply, core.DispositionDuplicate)
-	if last, _ := in.LastRevision(ctx, "p", core.AggregateAccount, "acc"); last != 3 {
-		t.Fatalf("last revision %d, want 3", last)
+	if last, _ := in.LastRevision(ctx, "p", core.AggregateAccount, "acc"); last != 4 {
+		t.Fatalf("last revision %d, want 4", last)
 	}
 }
 
