@@ -112,6 +112,12 @@ func (c *CDCStream) Next(ctx context.Context, deadline time.Time) (cdc.Event, er
 			if pgconn.Timeout(err) && ctx.Err() == nil {
 				return cdc.Event{}, nil
 			}
+			// pgconn closes the connection on any read error but a
+			// timeout, which is what ctx's cancellation gives: only then
+			// may the caller read on.
+			if ctx.Err() != nil && !c.conn.IsClosed() {
+				return cdc.Event{}, fmt.Errorf("%w: %w", cdc.ErrInterrupted, ctx.Err())
+			}
 			return cdc.Event{}, fmt.Errorf("replication stream: %w", err)
 		}
 		switch msg := msg.(type) {

@@ -2,6 +2,7 @@ package cdc
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 )
@@ -27,6 +28,7 @@ type streamReader struct {
 	done           chan struct{}
 	kick           chan struct{} // capacity 1: a confirm is waiting
 	err            error         // why reading ended; set before done closes
+	broken         bool          // the stream failed under the reader: nothing more may be sent on it
 	sent           LSN           // the last position sent; the reader's own until done closes
 
 	mu        sync.Mutex
@@ -89,11 +91,12 @@ func (sr *streamReader) confirm(lsn LSN) {
 
 // close stops the reader, waits for it, then sends the newest position
 // the loop asked to confirm if the reader had not sent it yet (a soft stop
-// confirms what it delivered); the stream itself stays open.
+// confirms what it delivered) and the stream did not fail under it; the
+// stream itself stays open.
 func (sr *streamReader) close(ctx context.Context) {
 	sr.stop()
 	<-sr.done
-	if sr.want > sr.sent {
+	if sr.want > sr.sent && !sr.broken {
 		_ = sr.st.Confirm(ctx, sr.want)
 	}
 }
@@ -115,6 +118,7 @@ func (sr *streamReader) run(ctx context.Context) {
 			return nil
 		}
 		if err := sr.st.Confirm(ctx, want); err != nil {
+			sr.broken = true
 			return err
 		}
 		sr.sent = want
@@ -138,10 +142,14 @@ func (sr *streamReader) run(ctx context.Context) {
 		sr.mu.Unlock()
 		cancel()
 		if err != nil {
-			if ctx.Err() == nil && rctx.Err() != nil {
-				continue // interrupted by confirm: a timeout, the connection is intact
+			// Interrupted by confirm, the connection intact. A read that
+			// failed for good while confirm interrupted it ends the
+			// stream: sending the confirmation on it would race pgconn's
+			// own close.
+			if ctx.Err() == nil && errors.Is(err, ErrInterrupted) {
+				continue
 			}
-			sr.err = err
+			sr.err, sr.broken = err, !errors.Is(err, ErrInterrupted)
 			return
 		}
 		switch ev.Kind {

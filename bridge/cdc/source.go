@@ -62,7 +62,9 @@ type Source interface {
 // for concurrent use: one goroutine reads and confirms.
 type Stream interface {
 	// Next returns the next event, or an EventNone event when nothing
-	// arrives before deadline. Any error ends the stream (close it).
+	// arrives before deadline. An error wrapping ErrInterrupted means ctx
+	// ended while the read waited and the stream is intact; any other
+	// error ends the stream (close it).
 	Next(ctx context.Context, deadline time.Time) (Event, error)
 	// Confirm tells the server that everything up to lsn is handled.
 	Confirm(ctx context.Context, lsn LSN) error
@@ -77,6 +79,10 @@ type LSN uint64
 
 // String is the LSN as PostgreSQL prints it, e.g. 16/B374D848.
 func (l LSN) String() string { return fmt.Sprintf("%X/%X", uint32(l>>32), uint32(l)) }
+
+// ErrInterrupted is wrapped by Stream.Next's error when its context ended
+// while it waited and the connection is intact, so reading can go on.
+var ErrInterrupted = errors.New("replication stream read interrupted")
 
 // ErrNotAvailable wraps the reasons the server cannot serve the CDC relay
 // (wal_level, the REPLICATION attribute).
