@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -132,9 +134,10 @@ func startE2EPath(b *testing.B, ctx context.Context) *e2ePath {
 // BenchmarkConsumerEndToEnd posts through the Posting API, relays to kfake
 // and applies with both example consumers, all in one process:
 //
-//   - at a steady 500, then 1,000 postings/s, 10 s each: the time from the
-//     API's 201 answer (the posting committed) to both consumers' inbox
-//     transactions for each of its events having committed;
+//   - at a steady 100, 500, then 1,000 postings/s, 10 s each: the time
+//     from the API's 201 answer (the posting committed) to both consumers'
+//     inbox transactions for each of its events having committed, and the
+//     machine's CPU per posting;
 //   - then as fast as 32 API clients post, for a minute, sampling every
 //     second the events committed, relayed and applied by each consumer:
 //     the highest steady rate of the whole path and which stage limits it
@@ -150,9 +153,10 @@ func BenchmarkConsumerEndToEnd(b *testing.B) {
 	}
 	waitCaughtUp(b, ctx, p, 2*time.Minute)
 
-	// 500 postings/s first, as a point of comparison: how far the latency
-	// at 1,000 comes from the shared CPU rather than from the path's own waits.
-	for _, rate := range []int{500, 1000} {
+	// 100 and 500 postings/s first, as points of comparison: how far the
+	// latency at 1,000 comes from the shared CPU rather than from the path's
+	// own waits.
+	for _, rate := range []int{100, 500, 1000} {
 		p99 := steadyLatency(b, ctx, p, rate)
 		b.ReportMetric(p99, "e2e-p99-ms-at-"+strconv.Itoa(rate))
 	}
@@ -208,6 +212,7 @@ func steadyLatency(b *testing.B, ctx context.Context, p *e2ePath, rate int) floa
 		mu        sync.Mutex
 		committed = map[string]time.Time{}
 	)
+	cpu0 := readMachineCPU(b)
 	start := time.Now()
 	res, err := demo.Load(ctx, demo.LoadConfig{BaseURL: p.url, Postings: 10 * rate, Rate: float64(rate), Workers: 32,
 		Accounts: 1000, AccountPrefix: "acc-e2e-", KeyPrefix: "steady-" + strconv.Itoa(rate) + "-",
@@ -224,6 +229,7 @@ func steadyLatency(b *testing.B, ctx context.Context, p *e2ePath, rate int) floa
 	}
 	elapsed := time.Since(start)
 	waitCaughtUp(b, ctx, p, 3*time.Minute)
+	cpu := readMachineCPU(b).since(cpu0)
 	var lat, toBroker, fromBroker []time.Duration
 	for id, c := range committed {
 		t, ok := p.clock.both(id)
@@ -249,6 +255,8 @@ func steadyLatency(b *testing.B, ctx context.Context, p *e2ePath, rate int) floa
 	fmt.Printf("end to end, API commit to both consumers' effect committed, at %.0f postings/s (%d asked; %d postings, %d events): p50 %.1f ms, p99 %.1f ms, max %.1f ms (commit to Kafka record p50 %.1f / p99 %.1f ms, record to both effects p50 %.1f / p99 %.1f ms)\n",
 		float64(res.Postings)/elapsed.Seconds(), rate, res.Postings, res.Events, pct(lat, 50), pct(lat, 99), ms(lat[len(lat)-1]),
 		pct(toBroker, 50), pct(toBroker, 99), pct(fromBroker, 50), pct(fromBroker, 99))
+	fmt.Printf("end to end at %d postings/s asked: the machine's CPU %.0f%% busy from the first posting until both consumers caught up, %.1f ms of CPU per posting\n",
+		rate, 100*cpu.busyShare(), cpu.busySeconds()*1000/float64(res.Postings))
 	return pct(lat, 99)
 }
 
@@ -272,3 +280,44 @@ func waitCaughtUp(b *testing.B, ctx context.Context, p *e2ePath, d time.Duration
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// machineCPU is a reading of /proc/stat's first line: the whole machine's
+// busy and total time, in USER_HZ ticks (100 a second on Linux). Everything
+// the end-to-end path runs (PostgreSQL, the bench process) is on this
+// machine, and idle it stays under a few percent.
+type machineCPU struct{ busy, total int64 }
+
+func readMachineCPU(b *testing.B) machineCPU {
+	b.Helper()
+	raw, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		b.Fatal(err)
+	}
+	line, _, _ := strings.Cut(string(raw), "\n")
+	var c machineCPU
+	// user nice system idle iowait irq softirq steal; guest time is
+	// already counted in user and nice.
+	fields := strings.Fields(line)
+	if len(fields) < 9 {
+		b.Fatalf("/proc/stat: %q", line)
+	}
+	for i, f := range fields[1:9] {
+		v, err := strconv.ParseInt(f, 10, 64)
+		if err != nil {
+			b.Fatalf("/proc/stat: %v", err)
+		}
+		c.total += v
+		if i != 3 && i != 4 { // idle, iowait
+			c.busy += v
+		}
+	}
+	return c
+}
+
+func (c machineCPU) since(before machineCPU) machineCPU {
+	return machineCPU{busy: c.busy - before.busy, total: c.total - before.total}
+}
+
+func (c machineCPU) busyShare() float64 { return float64(c.busy) / float64(max(c.total, 1)) }
+
+func (c machineCPU) busySeconds() float64 { return float64(c.busy) / 100 }
