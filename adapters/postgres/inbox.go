@@ -100,17 +100,26 @@ func (in *Inbox) Receive(ctx context.Context, consumer string, ordered bool, e c
 		return out, &consumers.ApplyError{Envelope: e, Err: err}
 	}
 	if ordered {
-		if err := advanceInboxPosition(ctx, tx, consumer, e); err != nil {
-			return out, err
-		}
 		// Under the position lock, like ReceiveBatch's held successors: a
 		// drain transaction after every applied event found nothing
 		// almost always (at 100 postings/s, nearly a third of the consumers'
-		// transactions).
-		if err := tx.QueryRow(ctx, `
+		// transactions). One round trip with the advance.
+		batch := &pgx.Batch{}
+		batch.Queue(advancePositionSQL, consumer, e.AggregateType, e.AggregateID, e.Revision)
+		batch.Queue(`
 			SELECT EXISTS (SELECT 1 FROM consumer_inbox
 			               WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3 AND disposition = 'held')`,
-			consumer, e.AggregateType, e.AggregateID).Scan(&out.HeldSuccessors); err != nil {
+			consumer, e.AggregateType, e.AggregateID)
+		br := tx.SendBatch(ctx, batch)
+		if _, err := br.Exec(); err != nil {
+			_ = br.Close()
+			return out, fmt.Errorf("inbox: advance position: %w", err)
+		}
+		if err := br.QueryRow().Scan(&out.HeldSuccessors); err != nil {
+			_ = br.Close()
+			return out, fmt.Errorf("inbox: held successors: %w", err)
+		}
+		if err := br.Close(); err != nil {
 			return out, fmt.Errorf("inbox: held successors: %w", err)
 		}
 	}
@@ -317,11 +326,14 @@ func lockInboxPosition(ctx context.Context, tx pgx.Tx, consumer, aggregateType, 
 	return p, nil
 }
 
-func advanceInboxPosition(ctx context.Context, tx pgx.Tx, consumer string, e core.Envelope) error {
-	if _, err := tx.Exec(ctx, `
+// advancePositionSQL sets the aggregate's last applied revision:
+// $1 consumer, $2 aggregate type, $3 aggregate ID, $4 revision.
+const advancePositionSQL = `
 		UPDATE consumer_positions SET last_revision = $4, updated_at = now()
-		WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3`,
-		consumer, e.AggregateType, e.AggregateID, e.Revision); err != nil {
+		WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3`
+
+func advanceInboxPosition(ctx context.Context, tx pgx.Tx, consumer string, e core.Envelope) error {
+	if _, err := tx.Exec(ctx, advancePositionSQL, consumer, e.AggregateType, e.AggregateID, e.Revision); err != nil {
 		return fmt.Errorf("inbox: advance position: %w", err)
 	}
 	return nil
