@@ -18,10 +18,11 @@ type Disposition struct {
 // consumer's dispositions. The first adapter is InboxReader (the consumer's
 // inbox tables, through a read-only DSN).
 type DispositionReader interface {
-	// Dispositions returns what was recorded for each of eventIDs; an ID
-	// without any is absent. More than one entry for an ID is possible in
-	// stores without a unique key, and is a discrepancy.
-	Dispositions(ctx context.Context, eventIDs []string) (map[string][]Disposition, error)
+	// Dispositions returns what was recorded for each of eventIDs, in
+	// their order: out[i] for eventIDs[i], empty where nothing was. More
+	// than one entry for an ID is possible in stores without a unique key,
+	// and is a discrepancy.
+	Dispositions(ctx context.Context, eventIDs []string) ([][]Disposition, error)
 	// EventIDs calls fn with every event ID the consumer recorded, in
 	// batches of up to batch.
 	EventIDs(ctx context.Context, batch int, fn func(ids []string) error) error
@@ -46,15 +47,18 @@ type InboxReader struct {
 
 var _ DispositionReader = InboxReader{}
 
-// Dispositions implements DispositionReader.
-func (r InboxReader) Dispositions(ctx context.Context, ids []string) (map[string][]Disposition, error) {
-	recs, err := r.Inbox.Dispositions(ctx, r.Consumer, ids)
+// Dispositions implements DispositionReader: an inbox row is at most one
+// disposition per event ID.
+func (r InboxReader) Dispositions(ctx context.Context, ids []string) ([][]Disposition, error) {
+	recs, err := r.Inbox.Recorded(ctx, r.Consumer, ids)
 	if err != nil {
 		return nil, err
 	}
-	out := make(map[string][]Disposition, len(recs))
-	for id, rec := range recs {
-		out[id] = []Disposition{{Disposition: string(rec.Disposition), Duplicates: int64(rec.Duplicates), Reason: rec.Reason}}
+	out := make([][]Disposition, len(recs))
+	for i := range recs {
+		if recs[i].Disposition != "" {
+			out[i] = recs[i : i+1 : i+1]
+		}
 	}
 	return out, nil
 }

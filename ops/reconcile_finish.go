@@ -1,8 +1,11 @@
 package ops
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 
 	"github.com/google/uuid"
@@ -22,6 +25,7 @@ func (m *matching) finishConsumers(ctx context.Context) error {
 	var wg sync.WaitGroup
 	for ci, c := range m.cfg.Consumers {
 		wg.Go(func() {
+			m.recorded[ci].sort()
 			res[ci].unknown, res[ci].err = m.unknownToOutbox(ctx, ci, c.Reader)
 		})
 	}
@@ -39,9 +43,9 @@ func (m *matching) finishConsumers(ctx context.Context) error {
 		for _, g := range m.twice[ci].groups {
 			// Report the group by its event of the cut (the ledger's), or
 			// by its first ID when none is.
-			id := g[0]
+			id, at := g[0], 0
 			for _, e := range g {
-				if m.recordedInCut(ci, e, true) {
+				if m.recordedInCut(ci, e, true, &at) {
 					id = e
 					break
 				}
@@ -60,14 +64,59 @@ func (m *matching) finishConsumers(ctx context.Context) error {
 
 // recordedInCut says whether id, exactly as written, is an event of the
 // cut consumer ci had a disposition for (with applied, one it applied).
-func (m *matching) recordedInCut(ci int, id string, applied bool) bool {
+// The search starts at *at and leaves it where id is or would be (see
+// recordedSet.search).
+func (m *matching) recordedInCut(ci int, id string, applied bool, at *int) bool {
 	k, err := uuid.Parse(id)
-	if err != nil {
+	// uuid.Parse also reads other spellings; the cut's IDs are canonical:
+	// 36 characters, lower case.
+	if err != nil || len(id) != 36 || strings.ContainsAny(id, "ABCDEF") {
 		return false
 	}
-	a, ok := m.recorded[ci][k]
-	// uuid.Parse also reads other spellings; the cut's IDs are canonical.
-	return ok && (a || !applied) && k.String() == id
+	s := m.recorded[ci]
+	i, ok := s.search(k, *at)
+	*at = i
+	return ok && (s[i].applied || !applied)
+}
+
+// recordedEvent is an event of the cut that a consumer had a disposition
+// for, and whether it applied it.
+type recordedEvent struct {
+	id      uuid.UUID
+	applied bool
+}
+
+// recordedSet is one consumer's recordedEvents: appended while the cut is
+// matched, sorted by ID (sort) before the first search. A sorted slice,
+// not a map: a million events are 17 MB written in order, and the inbox's
+// IDs, which arrive in ascending order, are found walking it forward; as a
+// map, inserting and finding them took 1.4 s of CPU per million events and
+// two consumers.
+type recordedSet []recordedEvent
+
+func (s recordedSet) sort() { slices.SortFunc(s, compareRecorded) }
+
+func compareRecorded(a, b recordedEvent) int { return bytes.Compare(a.id[:], b.id[:]) }
+
+// search returns where id is in s, sorted, or would be, and whether it is
+// there. It starts from from, the position of the ID searched before, and
+// doubles its step: IDs asked in ascending order cost a comparison or two
+// each instead of a search of the whole cut. An ID below s[from-1] is
+// searched for from the start.
+func (s recordedSet) search(id uuid.UUID, from int) (int, bool) {
+	key := recordedEvent{id: id}
+	lo := 0
+	if from > 0 && from <= len(s) && compareRecorded(s[from-1], key) < 0 {
+		lo = from
+	}
+	// Everything below lo is below id; the step ends at one that is not.
+	step := 1
+	for lo+step <= len(s) && compareRecorded(s[lo+step-1], key) < 0 {
+		lo += step
+		step *= 2
+	}
+	i, ok := slices.BinarySearchFunc(s[lo:min(lo+step, len(s))], key, compareRecorded)
+	return lo + i, ok
 }
 
 // maxUnknownCandidates bounds the IDs kept for the archive lookup.
@@ -79,10 +128,11 @@ const maxUnknownCandidates = 100_000
 // with the cut, hardly any) are looked up.
 func (m *matching) unknownToOutbox(ctx context.Context, ci int, r DispositionReader) ([]string, error) {
 	var candidates []string
+	at := 0
 	err := r.EventIDs(ctx, m.cfg.Batch, func(ids []string) error {
 		var ask []string
 		for _, id := range ids {
-			if !m.recordedInCut(ci, id, false) {
+			if !m.recordedInCut(ci, id, false, &at) {
 				ask = append(ask, id)
 			}
 		}

@@ -16,12 +16,10 @@ type matching struct {
 	cfg  ReconcileConfig
 	reps []ConsumerReport
 	// recorded holds, per consumer, the events of the cut it had a
-	// disposition for, true if it applied them: for naming an applied-twice
-	// group by its event of the cut, and for not asking the outbox about
-	// the consumer's event IDs the cut already proved known. Keyed by the
-	// 16 bytes of the event ID: a map of a million strings gave the garbage
-	// collector more to scan than the matching had to do.
-	recorded []map[uuid.UUID]bool
+	// disposition for: for naming an applied-twice group by its event of
+	// the cut, and for not asking the outbox about the consumer's event IDs
+	// the cut already proved known.
+	recorded []recordedSet
 	// prev is the coverage recorded before this run.
 	prev      map[string]Coverage
 	unrelayed Class
@@ -42,10 +40,9 @@ type appliedTwice struct {
 // newMatching starts the tally of every consumer and the reads of their
 // applied-twice groups (call stop when done).
 func newMatching(ctx context.Context, cfg ReconcileConfig) (*matching, error) {
-	m := &matching{cfg: cfg, reps: make([]ConsumerReport, len(cfg.Consumers)), recorded: make([]map[uuid.UUID]bool, len(cfg.Consumers))}
+	m := &matching{cfg: cfg, reps: make([]ConsumerReport, len(cfg.Consumers)), recorded: make([]recordedSet, len(cfg.Consumers))}
 	for i, c := range cfg.Consumers {
 		m.reps[i] = ConsumerReport{Name: c.Name}
-		m.recorded[i] = map[uuid.UUID]bool{}
 	}
 	// Coverage already recorded: a disposition pruned since is still proven.
 	var err error
@@ -122,7 +119,7 @@ func (m *matching) matchBatch(ctx context.Context, batch []ExpectedEvent) error 
 		}
 	}
 	type found struct {
-		disp   map[string][]Disposition
+		disp   [][]Disposition
 		pruned map[string]bool
 		err    error
 	}
@@ -131,7 +128,11 @@ func (m *matching) matchBatch(ctx context.Context, batch []ExpectedEvent) error 
 	for ci, c := range m.cfg.Consumers {
 		wg.Go(func() {
 			f := &res[ci]
-			if f.disp, f.err = c.Reader.Dispositions(ctx, ids); f.err == nil {
+			f.disp, f.err = c.Reader.Dispositions(ctx, ids)
+			if f.err == nil && len(f.disp) != len(ids) {
+				f.err = fmt.Errorf("dispositions: %d answers for %d event IDs", len(f.disp), len(ids))
+			}
+			if f.err == nil {
 				f.pruned, f.err = prunedOf(ctx, c, batch, f.disp, m.prev[c.Name].CoveredOutboxID)
 			}
 		})
@@ -142,7 +143,7 @@ func (m *matching) matchBatch(ctx context.Context, batch []ExpectedEvent) error 
 			return fmt.Errorf("consumer %s: %w", m.cfg.Consumers[ci].Name, f.err)
 		}
 		for i, e := range batch {
-			m.tally(ci, e, keys[i], f.disp[e.EventID], f.pruned[e.EventID])
+			m.tally(ci, e, keys[i], f.disp[i], f.pruned[e.EventID])
 		}
 	}
 	return nil
@@ -191,7 +192,7 @@ func (m *matching) tally(ci int, e ExpectedEvent, key uuid.UUID, ds []Dispositio
 		}
 	}
 	if len(ds) > 0 {
-		m.recorded[ci][key] = nApplied > 0
+		m.recorded[ci] = append(m.recorded[ci], recordedEvent{id: key, applied: nApplied > 0})
 	}
 	if nApplied > 0 {
 		r.Applied++
@@ -210,19 +211,20 @@ func (m *matching) tally(ci int, e ExpectedEvent, key uuid.UUID, ds []Dispositio
 	}
 }
 
-// prunedOf returns the events of batch that c has no disposition for but
+// prunedOf returns the events of batch that c has no disposition for (disp
+// is aligned with batch) but
 // whose disposition inbox retention removed after an earlier reconciliation
 // had proven them: only events at or below c's recorded coverage qualify,
 // and only by the rule retention deletes with (PrunedReader). Anything else
 // without a disposition stays unproven.
-func prunedOf(ctx context.Context, c ConsumerSource, batch []ExpectedEvent, disp map[string][]Disposition, covered int64) (map[string]bool, error) {
+func prunedOf(ctx context.Context, c ConsumerSource, batch []ExpectedEvent, disp [][]Disposition, covered int64) (map[string]bool, error) {
 	pr, ok := c.Reader.(PrunedReader)
 	if !ok || covered <= 0 {
 		return nil, nil
 	}
 	var cands []ExpectedEvent
-	for _, e := range batch {
-		if e.ID <= covered && len(disp[e.EventID]) == 0 {
+	for i, e := range batch {
+		if e.ID <= covered && len(disp[i]) == 0 {
 			cands = append(cands, e)
 		}
 	}

@@ -75,9 +75,9 @@ type Store interface {
 // inbox (adapters/postgres.Inbox, through the reconciler's or the
 // retention's role).
 type Inbox interface {
-	// Dispositions returns the inbox rows of eventIDs for consumer; an ID
-	// without a row is absent.
-	Dispositions(ctx context.Context, consumer string, eventIDs []string) (map[string]core.InboxRecord, error)
+	// Recorded returns what consumer recorded for each of eventIDs, in
+	// their order; the zero Disposition where the inbox has no row.
+	Recorded(ctx context.Context, consumer string, eventIDs []string) ([]Disposition, error)
 	// InboxEventIDs calls fn with the consumer's recorded event IDs in
 	// batches of up to batch.
 	InboxEventIDs(ctx context.Context, consumer string, batch int, fn func(ids []string) error) error

@@ -7,64 +7,129 @@ import (
 	"slices"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/posthorn/posthorn/consumers"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/ops"
 )
 
 // Dispositions returns the inbox rows of the given event IDs for consumer;
 // an event ID without a row is absent from the map (the consumer has not
 // seen it).
-//
-// A long list (reconciliation's batches) is read first as one range of the
-// primary key, from its smallest to its largest ID, at most twice as many
-// rows as asked for: event IDs are time-ordered (UUIDv7), so a batch of
-// consecutive events is nearly one contiguous range of the inbox, and
-// reading it costs about an eighth of looking each ID up (measured on 1M
-// rows). The IDs the range did not yield (not received, or spread wider
-// than the range's limit) are then looked up one by one, so the answer
-// does not depend on how the IDs are spread.
 func (in *Inbox) Dispositions(ctx context.Context, consumer string, eventIDs []string) (map[string]core.InboxRecord, error) {
-	out := make(map[string]core.InboxRecord, len(eventIDs))
+	recs, err := queryRows(ctx, in.pool, scanInboxRecord, `SELECT `+inboxRecordColumns+`
+		FROM consumer_inbox WHERE consumer = $1 AND event_id = ANY($2)`, consumer, eventIDs)
+	if err != nil {
+		return nil, fmt.Errorf("inbox: dispositions: %w", err)
+	}
+	return byKey(recs, func(r core.InboxRecord) string { return r.EventID }), nil
+}
+
+// Recorded returns what consumer recorded for each of eventIDs, in their
+// order: out[i] is eventIDs[i]'s disposition, the zero ops.Disposition
+// where the inbox has no row (it holds at most one per event ID).
+//
+// It is reconciliation's read of every event of a cut, so it spends little
+// per row. A long list is read first as one range of the primary key, from
+// its smallest to its largest ID, at most twice as many rows as asked for:
+// event IDs are time-ordered (UUIDv7), so a batch of consecutive events is
+// nearly one contiguous range of the inbox, and reading it costs about an
+// eighth of looking each ID up (measured on 1M rows). The IDs the range
+// did not yield (not received, or spread wider than the range's limit)
+// are then looked up, so the answer does not depend on how the IDs are
+// spread. Only the columns reconciliation needs are read, and the driver's
+// bytes of the ID and the disposition are matched without being copied.
+func (in *Inbox) Recorded(ctx context.Context, consumer string, eventIDs []string) ([]ops.Disposition, error) {
+	out := make([]ops.Disposition, len(eventIDs))
+	at := make(map[string]int, len(eventIDs))
+	repeated := false
+	for i, id := range eventIDs {
+		if _, ok := at[id]; ok {
+			repeated = true
+			continue
+		}
+		at[id] = i
+	}
 	rest := eventIDs
 	if len(eventIDs) >= dispositionsRangeMin {
-		recs, err := queryRows(ctx, in.pool, scanInboxRecord, `SELECT `+inboxRecordColumns+`
+		err := in.readRecorded(ctx, out, at, `SELECT `+recordedColumns+`
 		FROM consumer_inbox WHERE consumer = $1 AND event_id >= $2 AND event_id <= $3
 		ORDER BY event_id LIMIT $4`, consumer, slices.Min(eventIDs), slices.Max(eventIDs), 2*len(eventIDs))
 		if err != nil {
-			return nil, fmt.Errorf("inbox: dispositions: %w", err)
-		}
-		want := make(map[string]bool, len(eventIDs))
-		for _, id := range eventIDs {
-			want[id] = true
-		}
-		for _, r := range recs {
-			if want[r.EventID] {
-				out[r.EventID] = r
-			}
+			return nil, err
 		}
 		rest = nil
-		for _, id := range eventIDs {
-			if _, ok := out[id]; !ok {
+		for id, i := range at {
+			if out[i].Disposition == "" {
 				rest = append(rest, id)
 			}
 		}
 	}
-	if len(rest) == 0 {
-		return out, nil
-	}
-	recs, err := queryRows(ctx, in.pool, scanInboxRecord, `SELECT `+inboxRecordColumns+`
+	if len(rest) > 0 {
+		err := in.readRecorded(ctx, out, at, `SELECT `+recordedColumns+`
 		FROM consumer_inbox WHERE consumer = $1 AND event_id = ANY($2)`, consumer, rest)
-	if err != nil {
-		return nil, fmt.Errorf("inbox: dispositions: %w", err)
+		if err != nil {
+			return nil, err
+		}
 	}
-	for _, r := range recs {
-		out[r.EventID] = r
+	if repeated {
+		for i, id := range eventIDs {
+			out[i] = out[at[id]]
+		}
 	}
 	return out, nil
 }
 
-// dispositionsRangeMin is the shortest list Dispositions reads as a range
+// recordedColumns are the columns readRecorded reads.
+const recordedColumns = `event_id, disposition, coalesce(reason, ''), duplicates`
+
+// readRecorded runs sql and puts each row it returns at its event ID's
+// position (at) in out; rows of IDs not asked for are skipped.
+func (in *Inbox) readRecorded(ctx context.Context, out []ops.Disposition, at map[string]int, sql string, args ...any) error {
+	rows, err := in.pool.Query(ctx, sql, args...)
+	if err != nil {
+		return fmt.Errorf("inbox: dispositions: %w", err)
+	}
+	defer rows.Close()
+	var id, disp pgtype.DriverBytes
+	var d ops.Disposition
+	for rows.Next() {
+		if err := rows.Scan(&id, &disp, &d.Reason, &d.Duplicates); err != nil {
+			return fmt.Errorf("inbox: dispositions: %w", err)
+		}
+		if i, ok := at[string(id)]; ok {
+			d.Disposition = dispositionText(disp)
+			out[i] = d
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("inbox: dispositions: %w", err)
+	}
+	return nil
+}
+
+// dispositionText is b, a disposition as the driver read it, as one of
+// core's constants where it is one, so a million rows copy none of them.
+func dispositionText(b []byte) string {
+	switch string(b) {
+	case string(core.DispositionApplied):
+		return string(core.DispositionApplied)
+	case string(core.DispositionDuplicate):
+		return string(core.DispositionDuplicate)
+	case string(core.DispositionHeld):
+		return string(core.DispositionHeld)
+	case string(core.DispositionParkedGap):
+		return string(core.DispositionParkedGap)
+	case string(core.DispositionParkedPoison):
+		return string(core.DispositionParkedPoison)
+	case string(core.DispositionRejected):
+		return string(core.DispositionRejected)
+	}
+	return string(b)
+}
+
+// dispositionsRangeMin is the shortest list Recorded reads as a range
 // first: below it, looking the IDs up is as cheap.
 const dispositionsRangeMin = 64
 

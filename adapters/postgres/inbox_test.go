@@ -15,6 +15,7 @@ import (
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/consumers"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/ops"
 )
 
 // inboxEvent is revision rev of account acc with a fixed event ID.
@@ -305,54 +306,53 @@ func TestInboxReject(t *testing.T) {
 	}
 }
 
-// A long list is read as a range first (Dispositions): the answer must be
-// the same whatever the IDs' spread. Asked: consecutive IDs (the range has
-// them all), then IDs spread over many more rows of the consumer than the
-// range may read; some of them are not in the inbox, one is not even of
-// the IDs' form, and another consumer's rows share the IDs.
-func TestInboxDispositionsOfALongListWhateverTheSpread(t *testing.T) {
+// A long list is read as a range first (Recorded): the answer must be the
+// same whatever the IDs' spread. Asked: consecutive IDs (the range has them
+// all), then IDs spread over many more rows of the consumer than the range
+// may read; some of them are not in the inbox, one is not even of the IDs'
+// form, one is asked twice, and another consumer's rows share the IDs.
+func TestInboxRecordedOfALongListWhateverTheSpread(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	_, pool := pgtest.Consumer(t)
 	in := postgres.NewInbox(pool)
 	if _, err := pool.Exec(ctx, `
-INSERT INTO consumer_inbox (consumer, event_id, disposition, duplicates)
-SELECT c, lpad(g::text, 6, '0'), CASE WHEN g % 3 = 0 THEN 'parked_gap' ELSE 'applied' END, CASE WHEN c = 'c' THEN g % 5 ELSE 0 END
+INSERT INTO consumer_inbox (consumer, event_id, disposition, reason, duplicates)
+SELECT c, lpad(g::text, 6, '0'), CASE WHEN g % 3 = 0 THEN 'parked_gap' ELSE 'applied' END,
+       CASE WHEN g % 3 = 0 THEN 'gap ' || g END, CASE WHEN c = 'c' THEN g % 5 ELSE 0 END
 FROM generate_series(0, 9999) g, unnest(ARRAY['c', 'other']) c
 WHERE g % 7 <> 0`); err != nil {
 		t.Fatal(err)
 	}
 	for _, step := range []int{1, 50} {
-		ids := []string{"not-received"}
+		ids := []string{"not-received", "001002"}
 		for g := 1000; len(ids) <= 200; g += step {
 			ids = append(ids, fmt.Sprintf("%06d", g))
 		}
-		recs, err := in.Dispositions(ctx, "c", ids)
+		recs, err := in.Recorded(ctx, "c", ids)
 		if err != nil {
 			t.Fatal(err)
 		}
-		found := 0
-		for _, id := range ids {
+		if len(recs) != len(ids) {
+			t.Fatalf("step %d: %d answers for %d IDs", step, len(recs), len(ids))
+		}
+		for i, id := range ids {
 			var g int
 			_, scanErr := fmt.Sscanf(id, "%d", &g)
-			r, ok := recs[id]
+			r := recs[i]
 			if scanErr != nil || g%7 == 0 || g > 9999 {
-				if ok {
+				if r != (ops.Disposition{}) {
 					t.Fatalf("step %d, %s: a disposition %+v for an ID the consumer never recorded", step, id, r)
 				}
 				continue
 			}
-			want := core.DispositionApplied
+			want, reason := string(core.DispositionApplied), ""
 			if g%3 == 0 {
-				want = core.DispositionParkedGap
+				want, reason = string(core.DispositionParkedGap), fmt.Sprintf("gap %d", g)
 			}
-			if !ok || r.Disposition != want || r.Duplicates != g%5 {
-				t.Fatalf("step %d, %s: record %+v (found %v), want %s with %d duplicates", step, id, r, ok, want, g%5)
+			if r.Disposition != want || r.Reason != reason || r.Duplicates != int64(g%5) {
+				t.Fatalf("step %d, %s: %+v, want %s (%q) with %d duplicates", step, id, r, want, reason, g%5)
 			}
-			found++
-		}
-		if len(recs) != found {
-			t.Fatalf("step %d: %d records, %d of them asked for", step, len(recs), found)
 		}
 	}
 }
