@@ -263,12 +263,28 @@ SELECT event_id FROM consumer_inbox WHERE consumer = $1 AND event_id > $2 ORDER 
 // AppliedTwice returns groups of event IDs that the consumer applied for
 // the same aggregate revision: one effect per revision was expected.
 //
-// The grouping sorts every applied row. It compares the revision first and
-// the text columns in the "C" collation: equal under any deterministic
-// collation means equal bytes, so the groups are the same, but a byte
-// comparison is cheaper than the database's locale's (a million rows: 1.5-1.9
-// s instead of 2.1-2.7 s).
+// It asks first whether any two applied rows may share a revision: it
+// counts the distinct 64-bit hashes of (aggregate type, aggregate ID,
+// revision) against the rows. Equal keys hash equal, so as many hashes as
+// rows proves no revision applied twice, which is the answer nearly every
+// time; a million rows take about 0.3 s of one core. The grouping that
+// names the groups, a sort of every applied row with its event ID (1.2 s
+// and three processes per million), runs only when the hashes say it may
+// find one. It compares the revision first and the text in the "C"
+// collation: equal under any deterministic collation means equal bytes, so
+// the groups are the same, and a byte comparison is cheaper than the
+// database's locale's.
 func (in *Inbox) AppliedTwice(ctx context.Context, consumer string) ([][]string, error) {
+	var maybe bool
+	err := in.pool.QueryRow(ctx, `
+SELECT count(*) > count(DISTINCT hashtextextended(aggregate_id, revision) # hashtextextended(aggregate_type, 0))
+FROM consumer_inbox WHERE consumer = $1 AND disposition = 'applied' AND revision > 0`, consumer).Scan(&maybe)
+	if err != nil {
+		return nil, fmt.Errorf("applied twice: %w", err)
+	}
+	if !maybe {
+		return nil, nil
+	}
 	out, err := queryRows(ctx, in.pool, pgx.RowTo[[]string], `
 SELECT array_agg(event_id ORDER BY event_id) FROM consumer_inbox
 WHERE consumer = $1 AND disposition = 'applied' AND revision > 0

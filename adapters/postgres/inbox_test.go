@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -354,5 +357,50 @@ WHERE g % 7 <> 0`); err != nil {
 				t.Fatalf("step %d, %s: %+v, want %s (%q) with %d duplicates", step, id, r, want, reason, g%5)
 			}
 		}
+	}
+}
+
+// AppliedTwice names the revisions applied under more than one event ID,
+// and only those: not a revision applied once and absorbed as a duplicate
+// under another ID, not the same revision of another aggregate (or of an
+// aggregate whose type and ID run together the same way), not revision 0.
+// Without a revision applied twice it answers nothing, from its count of
+// hashes alone.
+func TestInboxAppliedTwice(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	_, pool := pgtest.Consumer(t)
+	in := postgres.NewInbox(pool)
+	add := func(consumer, id, aggType, aggID string, rev int64, d core.Disposition) {
+		t.Helper()
+		if _, err := pool.Exec(ctx, `
+INSERT INTO consumer_inbox (consumer, event_id, aggregate_type, aggregate_id, revision, disposition)
+VALUES ($1, $2, $3, $4, $5, $6)`, consumer, id, aggType, aggID, rev, string(d)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range []string{"c", "other"} {
+		add(c, "e1", "account", "acc-1", 1, core.DispositionApplied)
+		add(c, "e2", "account", "acc-1", 2, core.DispositionApplied)
+		add(c, "e3", "account", "acc-1", 2, core.DispositionDuplicate)
+		add(c, "e4", "account", "acc-2", 2, core.DispositionApplied)
+		add(c, "e5", "accoun", "tacc-2", 2, core.DispositionApplied)
+		add(c, "e6", "account", "acc-3", 0, core.DispositionApplied)
+		add(c, "e7", "account", "acc-3", 0, core.DispositionApplied)
+	}
+	groups, err := in.AppliedTwice(ctx, "c")
+	if err != nil || len(groups) != 0 {
+		t.Fatalf("groups %v, %v; want none", groups, err)
+	}
+	add("c", "e8", "account", "acc-1", 2, core.DispositionApplied)
+	add("c", "e9", "account", "acc-2", 2, core.DispositionApplied)
+	add("c", "e10", "account", "acc-2", 2, core.DispositionApplied)
+	groups, err = in.AppliedTwice(ctx, "c")
+	slices.SortFunc(groups, func(a, b []string) int { return strings.Compare(a[0], b[0]) })
+	if err != nil || !reflect.DeepEqual(groups, [][]string{{"e10", "e4", "e9"}, {"e2", "e8"}}) {
+		t.Fatalf("groups %v, %v; want [[e10 e4 e9] [e2 e8]]", groups, err)
+	}
+	if groups, err := in.AppliedTwice(ctx, "other"); err != nil || len(groups) != 0 {
+		t.Fatalf("another consumer's groups %v, %v; want none", groups, err)
 	}
 }
