@@ -43,7 +43,7 @@ var ErrNoConsumers = errors.New("no consumers to reconcile")
 // inbox from the start (startAppliedTwice), the consumers are matched and
 // finished concurrently, and the next batch is read while one is matched.
 // The report does not depend on the order. Memory grows with the cut:
-// one 16-byte key per event of the cut and consumer that recorded it.
+// 17 bytes per event of the cut and consumer that recorded it.
 func Reconcile(ctx context.Context, cfg ReconcileConfig) (Report, error) {
 	if cfg.Cap <= 0 {
 		cfg.Cap = 20
