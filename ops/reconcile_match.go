@@ -212,11 +212,10 @@ func (m *matching) tally(ci int, e ExpectedEvent, key uuid.UUID, ds []Dispositio
 }
 
 // prunedOf returns the events of batch that c has no disposition for (disp
-// is aligned with batch) but
-// whose disposition inbox retention removed after an earlier reconciliation
-// had proven them: only events at or below c's recorded coverage qualify,
-// and only by the rule retention deletes with (PrunedReader). Anything else
-// without a disposition stays unproven.
+// is aligned with batch) but whose disposition inbox retention removed
+// after an earlier reconciliation had proven them: only events at or below
+// c's recorded coverage qualify, and only by the rule retention deletes
+// with (PrunedReader). Anything else without a disposition stays unproven.
 func prunedOf(ctx context.Context, c ConsumerSource, batch []ExpectedEvent, disp [][]Disposition, covered int64) (map[string]bool, error) {
 	pr, ok := c.Reader.(PrunedReader)
 	if !ok || covered <= 0 {
