@@ -112,22 +112,17 @@ func (in *Inbox) readRecorded(ctx context.Context, out []ops.Disposition, at map
 // dispositionText is b, a disposition as the driver read it, as one of
 // core's constants where it is one, so a million rows copy none of them.
 func dispositionText(b []byte) string {
-	switch string(b) {
-	case string(core.DispositionApplied):
-		return string(core.DispositionApplied)
-	case string(core.DispositionDuplicate):
-		return string(core.DispositionDuplicate)
-	case string(core.DispositionHeld):
-		return string(core.DispositionHeld)
-	case string(core.DispositionParkedGap):
-		return string(core.DispositionParkedGap)
-	case string(core.DispositionParkedPoison):
-		return string(core.DispositionParkedPoison)
-	case string(core.DispositionRejected):
-		return string(core.DispositionRejected)
+	for _, d := range allDispositions {
+		if string(b) == string(d) {
+			return string(d)
+		}
 	}
 	return string(b)
 }
+
+// allDispositions are the dispositions an inbox row can hold.
+var allDispositions = [...]core.Disposition{core.DispositionApplied, core.DispositionDuplicate, core.DispositionHeld,
+	core.DispositionParkedGap, core.DispositionParkedPoison, core.DispositionRejected}
 
 // dispositionsRangeMin is the shortest list Recorded reads as a range
 // first: below it, looking the IDs up is as cheap.
