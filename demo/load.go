@@ -50,7 +50,8 @@ type LoadConfig struct {
 	Rate float64
 	// Seed makes the transfers reproducible; 0 picks one from the clock.
 	Seed uint64
-	// Client is the HTTP client; default one with a 60 s timeout.
+	// Client is the HTTP client; default one with a 60 s timeout that
+	// keeps a connection per worker open between requests.
 	Client *http.Client
 	// OnPosted is called after each committed posting (from any worker).
 	OnPosted func(core.PostingResult)
@@ -89,7 +90,14 @@ func Load(ctx context.Context, cfg LoadConfig) (LoadResult, error) {
 		cfg.Currencies = DefaultCurrencies
 	}
 	if cfg.Client == nil {
-		cfg.Client = &http.Client{Timeout: 60 * time.Second}
+		// http.DefaultTransport keeps two idle connections per host: the
+		// other workers would dial and tear down a TCP connection for
+		// every posting, on both sides, which at a few hundred postings
+		// per second is CPU the API's own work competes for.
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		t.MaxIdleConns, t.MaxIdleConnsPerHost = cfg.Workers, cfg.Workers
+		defer t.CloseIdleConnections()
+		cfg.Client = &http.Client{Timeout: 60 * time.Second, Transport: t}
 	}
 	if cfg.Seed == 0 {
 		cfg.Seed = uint64(time.Now().UnixNano())
