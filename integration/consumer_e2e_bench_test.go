@@ -1,8 +1,11 @@
 package integration
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"os"
 	"slices"
@@ -29,6 +32,7 @@ import (
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/demo"
+	"github.com/posthorn/posthorn/integration/faultkit"
 )
 
 // effectClock records, per event ID, when each consumer's handling of it
@@ -84,18 +88,19 @@ func (c *effectClock) both(id string) (time.Time, bool) {
 // e2ePath is the whole path in one process: the Posting API, the relay
 // (Kafka sink) to kfake, both example consumers reading it.
 type e2ePath struct {
-	url      string
-	ledger   *pgxpool.Pool
-	consumer *pgxpool.Pool
-	reg      *consumers.Registry
-	clock    *effectClock
+	url        string
+	ledger     *pgxpool.Pool
+	consumer   *pgxpool.Pool
+	consumerDB string // its database's name
+	reg        *consumers.Registry
+	clock      *effectClock
 }
 
 func startE2EPath(b *testing.B, ctx context.Context) *e2ePath {
 	b.Helper()
 	brokers := benchKfake(b, kfakebroker.DefaultPartitions)
 	ledgerURL, _ := pgtest.Ledger(b)
-	apiPool := pgtest.Pool(b, ledgerURL, 16)
+	apiPool := pgtest.Pool(b, faultkit.WithAppName(ledgerURL, e2eAppAPI), 16)
 	srv, err := api.New(api.Config{Logger: relayQuietLog}, postgres.NewLedgerStore(apiPool, postgres.LedgerConfig{}))
 	if err != nil {
 		b.Fatal(err)
@@ -109,13 +114,17 @@ func startE2EPath(b *testing.B, ctx context.Context) *e2ePath {
 	go func() { apiDone <- srv.Serve(apiCtx, ln) }()
 	b.Cleanup(func() { stopAPI(); <-apiDone })
 
-	relayPool := pgtest.Pool(b, ledgerURL, 4)
+	relayPool := pgtest.Pool(b, faultkit.WithAppName(ledgerURL, e2eAppRelay), 4)
 	sink := sinktest.Open(b, kafka.New, kafka.Config{Brokers: brokers})
 	r := startRelay(b, relayPool, sink, bridge.Config{
 		Owner: "e2e", SinkName: "kafka", Logger: relayQuietLog, Registerer: prometheus.NewRegistry()})
 	b.Cleanup(func() { r.Stop(ctx) }) // runs before the sink closes: cleanups run last registered first
 
 	pool := benchPool(b)
+	var consumerDB string
+	if err := pool.QueryRow(ctx, "SELECT current_database()").Scan(&consumerDB); err != nil {
+		b.Fatal(err)
+	}
 	clock := &effectClock{seen: map[string]map[string]time.Time{}, broker: map[string]time.Time{}}
 	reg := newRegistry(b, pool, 30*time.Second, consumers.Config{Logger: relayQuietLog,
 		Subscribers: func(consumer string) (message.Subscriber, error) {
@@ -128,7 +137,7 @@ func startE2EPath(b *testing.B, ctx context.Context) *e2ePath {
 		b.Fatal(err)
 	}
 	runRegistry(b, reg, b.Logf)
-	return &e2ePath{url: "http://" + ln.Addr().String(), ledger: apiPool, consumer: pool, reg: reg, clock: clock}
+	return &e2ePath{url: "http://" + ln.Addr().String(), ledger: apiPool, consumer: pool, consumerDB: consumerDB, reg: reg, clock: clock}
 }
 
 // BenchmarkConsumerEndToEnd posts through the Posting API, relays to kfake
@@ -136,8 +145,10 @@ func startE2EPath(b *testing.B, ctx context.Context) *e2ePath {
 //
 //   - at a steady 100, 500, then 1,000 postings/s, 10 s each: the time
 //     from the API's 201 answer (the posting committed) to both consumers'
-//     inbox transactions for each of its events having committed, and the
-//     machine's CPU per posting;
+//     inbox transactions for each of its events having committed, the
+//     machine's CPU per posting, and how much of it went to the API's,
+//     the relay's and the consumers' PostgreSQL backends and to this
+//     process (when PostgreSQL runs on this machine);
 //   - then as fast as 32 API clients post, for a minute, sampling every
 //     second the events committed, relayed and applied by each consumer:
 //     the highest steady rate of the whole path and which stage limits it
@@ -212,7 +223,7 @@ func steadyLatency(b *testing.B, ctx context.Context, p *e2ePath, rate int) floa
 		mu        sync.Mutex
 		committed = map[string]time.Time{}
 	)
-	cpu0 := readMachineCPU(b)
+	cpu0, parts0 := readMachineCPU(b), readPartsCPU(b, ctx, p)
 	start := time.Now()
 	res, err := demo.Load(ctx, demo.LoadConfig{BaseURL: p.url, Postings: 10 * rate, Rate: float64(rate), Workers: 32,
 		Accounts: 1000, AccountPrefix: "acc-e2e-", KeyPrefix: "steady-" + strconv.Itoa(rate) + "-",
@@ -229,7 +240,7 @@ func steadyLatency(b *testing.B, ctx context.Context, p *e2ePath, rate int) floa
 	}
 	elapsed := time.Since(start)
 	waitCaughtUp(b, ctx, p, 3*time.Minute)
-	cpu := readMachineCPU(b).since(cpu0)
+	cpu, parts := readMachineCPU(b).since(cpu0), readPartsCPU(b, ctx, p).since(parts0)
 	var lat, toBroker, fromBroker []time.Duration
 	for id, c := range committed {
 		t, ok := p.clock.both(id)
@@ -257,6 +268,15 @@ func steadyLatency(b *testing.B, ctx context.Context, p *e2ePath, rate int) floa
 		pct(toBroker, 50), pct(toBroker, 99), pct(fromBroker, 50), pct(fromBroker, 99))
 	fmt.Printf("end to end at %d postings/s asked: the machine's CPU %.0f%% busy from the first posting until both consumers caught up, %.1f ms of CPU per posting\n",
 		rate, 100*cpu.busyShare(), cpu.busySeconds()*1000/float64(res.Postings))
+	perPosting := func(ticks int64) float64 { return float64(ticks) * 10 / float64(res.Postings) } // a tick is 10 ms
+	if parts != nil {
+		// The rest of the machine's busy time is other processes and the
+		// kernel; it is not printed as a difference because the two
+		// readings are not taken at the same instant.
+		fmt.Printf("end to end at %d postings/s asked, CPU per posting by part: %s %.2f ms, %s %.2f, %s %.2f, %s %.2f\n",
+			rate, partAPI, perPosting(parts[partAPI]), partConsumers, perPosting(parts[partConsumers]),
+			partRelay, perPosting(parts[partRelay]), partSelf, perPosting(parts[partSelf]))
+	}
 	return pct(lat, 99)
 }
 
@@ -321,3 +341,108 @@ func (c machineCPU) since(before machineCPU) machineCPU {
 func (c machineCPU) busyShare() float64 { return float64(c.busy) / float64(max(c.total, 1)) }
 
 func (c machineCPU) busySeconds() float64 { return float64(c.busy) / 100 }
+
+// The application names of the end-to-end path's ledger pools, which tell
+// their backends apart; the consumers' backends are those of the consumer
+// database.
+const (
+	e2eAppAPI   = "posthorn-e2e-api"
+	e2eAppRelay = "posthorn-e2e-relay"
+)
+
+// The parts of the path whose CPU the benchmark reports.
+const (
+	partAPI       = "the API's PostgreSQL"
+	partConsumers = "the consumers' PostgreSQL"
+	partRelay     = "the relay's PostgreSQL"
+	partSelf      = "this process (API, relay, kfake, both consumers, the load generator)"
+)
+
+// partsCPU is the CPU time, in USER_HZ ticks, of each part's processes:
+// part → PID → utime + stime.
+type partsCPU map[string]map[int]int64
+
+// readPartsCPU reads the CPU time of this process and of every backend of
+// the path's pools, from /proc/<pid>/stat. It returns nil when PostgreSQL
+// runs on another machine (its backends' PIDs are not here).
+func readPartsCPU(b *testing.B, ctx context.Context, p *e2ePath) partsCPU {
+	b.Helper()
+	rows, err := p.ledger.Query(ctx, `
+		SELECT pid, CASE application_name WHEN $1 THEN $3 WHEN $2 THEN $4 ELSE $5 END
+		FROM pg_stat_activity
+		WHERE application_name IN ($1, $2)
+		   OR datname = $6`,
+		e2eAppAPI, e2eAppRelay, partAPI, partRelay, partConsumers, p.consumerDB)
+	if err != nil {
+		b.Fatal(err)
+	}
+	out := partsCPU{partSelf: {}}
+	for rows.Next() {
+		var pid int
+		var part string
+		if err := rows.Scan(&pid, &part); err != nil {
+			b.Fatal(err)
+		}
+		ticks, err := processTicks(pid)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // exited since, or not on this machine
+		}
+		if err != nil {
+			b.Fatal(err)
+		}
+		if out[part] == nil {
+			out[part] = map[int]int64{}
+		}
+		out[part][pid] = ticks
+	}
+	if err := rows.Err(); err != nil {
+		b.Fatal(err)
+	}
+	if len(out) == 1 {
+		return nil
+	}
+	self, err := processTicks(os.Getpid())
+	if err != nil {
+		b.Fatal(err)
+	}
+	out[partSelf][os.Getpid()] = self
+	return out
+}
+
+// since returns each part's ticks from before to c; a process that
+// started in between counts whole.
+func (c partsCPU) since(before partsCPU) map[string]int64 {
+	if c == nil || before == nil {
+		return nil
+	}
+	out := map[string]int64{}
+	for part, pids := range c {
+		for pid, ticks := range pids {
+			out[part] += ticks - before[part][pid]
+		}
+	}
+	return out
+}
+
+// processTicks is utime + stime of a process, from /proc/<pid>/stat.
+func processTicks(pid int) (int64, error) {
+	raw, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, err
+	}
+	// The command name, in parentheses, may hold spaces: the fields that
+	// follow it start after the last ')'.
+	fields := strings.Fields(string(raw[bytes.LastIndexByte(raw, ')')+1:]))
+	if len(fields) < 13 {
+		return 0, fmt.Errorf("/proc/%d/stat: %q", pid, raw)
+	}
+	var sum int64
+	for _, f := range fields[11:13] { // utime, stime: fields 14 and 15
+		v, err := strconv.ParseInt(f, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("/proc/%d/stat: %w", pid, err)
+		}
+		sum += v
+	}
+	return sum, nil
+}

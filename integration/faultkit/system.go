@@ -127,10 +127,10 @@ func StartSystem(ctx context.Context, cfg SystemConfig) (*System, error) {
 		}
 	}()
 	var err error
-	if s.Ledger, err = postgres.Connect(ctx, withAppName(cfg.LedgerURL, faultAppName), 8); err != nil {
+	if s.Ledger, err = postgres.Connect(ctx, WithAppName(cfg.LedgerURL, faultAppName), 8); err != nil {
 		return nil, err
 	}
-	if s.Consumer, err = postgres.Connect(ctx, withAppName(cfg.ConsumerURL, faultAppName), 4); err != nil {
+	if s.Consumer, err = postgres.Connect(ctx, WithAppName(cfg.ConsumerURL, faultAppName), 4); err != nil {
 		return nil, err
 	}
 	if _, err := s.Ledger.Exec(ctx, faultHooks); err != nil {
@@ -193,7 +193,7 @@ func StartSystem(ctx context.Context, cfg SystemConfig) (*System, error) {
 			args = append(args, "--unsafe-no-inbox")
 		}
 		name := fmt.Sprintf("consumer-%d", i+1)
-		env := append([]string{"POSTHORN_CONSUMER__DATABASE__URL=" + withAppName(cfg.ConsumerURL, fmt.Sprintf("%s-%d", consumerAppName, i+1))}, sinkEnv...)
+		env := append([]string{"POSTHORN_CONSUMER__DATABASE__URL=" + WithAppName(cfg.ConsumerURL, fmt.Sprintf("%s-%d", consumerAppName, i+1))}, sinkEnv...)
 		if cfg.StaticMembers {
 			env = append(env, "POSTHORN_CONSUMER__INSTANCE_ID="+name)
 		}
@@ -440,7 +440,10 @@ func (s *System) FaultPosting(ctx context.Context, key string, accounts [2]strin
 	return ids, nil
 }
 
-func withAppName(dsn, name string) string {
+// WithAppName returns dsn with PostgreSQL's application_name set to name,
+// which tells a pool's backends apart in pg_stat_activity; dsn unchanged
+// when it is not a URL.
+func WithAppName(dsn, name string) string {
 	u, err := url.Parse(dsn)
 	if err != nil {
 		return dsn
