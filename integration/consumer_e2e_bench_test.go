@@ -376,6 +376,7 @@ func readPartsCPU(b *testing.B, ctx context.Context, p *e2ePath) partsCPU {
 	if err != nil {
 		b.Fatal(err)
 	}
+	defer rows.Close()
 	out := partsCPU{partSelf: {}}
 	for rows.Next() {
 		var pid int
