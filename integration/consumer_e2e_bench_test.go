@@ -1,11 +1,8 @@
 package integration
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
-	"io/fs"
 	"net"
 	"os"
 	"slices"
@@ -223,7 +220,7 @@ func steadyLatency(b *testing.B, ctx context.Context, p *e2ePath, rate int) floa
 		mu        sync.Mutex
 		committed = map[string]time.Time{}
 	)
-	cpu0, parts0 := readMachineCPU(b), readPartsCPU(b, ctx, p)
+	cpu0, parts0 := readMachineCPU(b), readPartsCPU(b, p)
 	start := time.Now()
 	res, err := demo.Load(ctx, demo.LoadConfig{BaseURL: p.url, Postings: 10 * rate, Rate: float64(rate), Workers: 32,
 		Accounts: 1000, AccountPrefix: "acc-e2e-", KeyPrefix: "steady-" + strconv.Itoa(rate) + "-",
@@ -240,7 +237,7 @@ func steadyLatency(b *testing.B, ctx context.Context, p *e2ePath, rate int) floa
 	}
 	elapsed := time.Since(start)
 	waitCaughtUp(b, ctx, p, 3*time.Minute)
-	cpu, parts := readMachineCPU(b).since(cpu0), readPartsCPU(b, ctx, p).since(parts0)
+	cpu, parts := readMachineCPU(b).since(cpu0), readPartsCPU(b, p).since(parts0)
 	var lat, toBroker, fromBroker []time.Duration
 	for id, c := range committed {
 		t, ok := p.clock.both(id)
@@ -268,8 +265,8 @@ func steadyLatency(b *testing.B, ctx context.Context, p *e2ePath, rate int) floa
 		pct(toBroker, 50), pct(toBroker, 99), pct(fromBroker, 50), pct(fromBroker, 99))
 	fmt.Printf("end to end at %d postings/s asked: the machine's CPU %.0f%% busy from the first posting until both consumers caught up, %.1f ms of CPU per posting\n",
 		rate, 100*cpu.busyShare(), cpu.busySeconds()*1000/float64(res.Postings))
-	perPosting := func(ticks int64) float64 { return float64(ticks) * 10 / float64(res.Postings) } // a tick is 10 ms
-	if parts != nil {
+	perPosting := func(secs float64) float64 { return secs * 1000 / float64(res.Postings) }
+	if parts[partAPI] > 0 { // PostgreSQL runs on this machine
 		// The rest of the machine's busy time is other processes and the
 		// kernel; it is not printed as a difference because the two
 		// readings are not taken at the same instant.
@@ -358,92 +355,33 @@ const (
 	partSelf      = "this process (API, relay, kfake, both consumers, the load generator)"
 )
 
-// partsCPU is the CPU time, in USER_HZ ticks, of each part's processes:
-// part → PID → utime + stime.
-type partsCPU map[string]map[int]int64
+// partsCPU is each part's CPU time so far, in seconds: part → PID →
+// seconds.
+type partsCPU map[string]map[int]float64
 
 // readPartsCPU reads the CPU time of this process and of every backend of
-// the path's pools, from /proc/<pid>/stat. It returns nil when PostgreSQL
-// runs on another machine (its backends' PIDs are not here).
-func readPartsCPU(b *testing.B, ctx context.Context, p *e2ePath) partsCPU {
+// the path's pools (pgtest.BackendCPU: PostgreSQL must run on this
+// machine, or the backends' maps stay empty).
+func readPartsCPU(b *testing.B, p *e2ePath) partsCPU {
 	b.Helper()
-	rows, err := p.ledger.Query(ctx, `
-		SELECT pid, CASE application_name WHEN $1 THEN $3 WHEN $2 THEN $4 ELSE $5 END
-		FROM pg_stat_activity
-		WHERE application_name IN ($1, $2)
-		   OR datname = $6`,
-		e2eAppAPI, e2eAppRelay, partAPI, partRelay, partConsumers, p.consumerDB)
-	if err != nil {
-		b.Fatal(err)
+	const byApp = `SELECT pid FROM pg_stat_activity WHERE application_name = $1`
+	self, ok := pgtest.ProcessCPU(os.Getpid())
+	if !ok {
+		b.Fatal("cannot read this process's /proc/<pid>/stat")
 	}
-	defer rows.Close()
-	out := partsCPU{partSelf: {}}
-	for rows.Next() {
-		var pid int
-		var part string
-		if err := rows.Scan(&pid, &part); err != nil {
-			b.Fatal(err)
-		}
-		ticks, err := processTicks(pid)
-		if errors.Is(err, fs.ErrNotExist) {
-			continue // exited since, or not on this machine
-		}
-		if err != nil {
-			b.Fatal(err)
-		}
-		if out[part] == nil {
-			out[part] = map[int]int64{}
-		}
-		out[part][pid] = ticks
+	return partsCPU{
+		partAPI:       pgtest.BackendCPU(b, p.ledger, byApp, e2eAppAPI),
+		partRelay:     pgtest.BackendCPU(b, p.ledger, byApp, e2eAppRelay),
+		partConsumers: pgtest.BackendCPU(b, p.ledger, `SELECT pid FROM pg_stat_activity WHERE datname = $1`, p.consumerDB),
+		partSelf:      {os.Getpid(): self},
 	}
-	if err := rows.Err(); err != nil {
-		b.Fatal(err)
-	}
-	if len(out) == 1 {
-		return nil
-	}
-	self, err := processTicks(os.Getpid())
-	if err != nil {
-		b.Fatal(err)
-	}
-	out[partSelf][os.Getpid()] = self
-	return out
 }
 
-// since returns each part's ticks from before to c; a process that
-// started in between counts whole.
-func (c partsCPU) since(before partsCPU) map[string]int64 {
-	if c == nil || before == nil {
-		return nil
-	}
-	out := map[string]int64{}
-	for part, pids := range c {
-		for pid, ticks := range pids {
-			out[part] += ticks - before[part][pid]
-		}
+// since returns each part's CPU seconds from before to c.
+func (c partsCPU) since(before partsCPU) map[string]float64 {
+	out := map[string]float64{}
+	for part, after := range c {
+		out[part] = pgtest.CPUSince(before[part], after)
 	}
 	return out
-}
-
-// processTicks is utime + stime of a process, from /proc/<pid>/stat.
-func processTicks(pid int) (int64, error) {
-	raw, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0, err
-	}
-	// The command name, in parentheses, may hold spaces: the fields that
-	// follow it start after the last ')'.
-	fields := strings.Fields(string(raw[bytes.LastIndexByte(raw, ')')+1:]))
-	if len(fields) < 13 {
-		return 0, fmt.Errorf("/proc/%d/stat: %q", pid, raw)
-	}
-	var sum int64
-	for _, f := range fields[11:13] { // utime, stime: fields 14 and 15
-		v, err := strconv.ParseInt(f, 10, 64)
-		if err != nil {
-			return 0, fmt.Errorf("/proc/%d/stat: %w", pid, err)
-		}
-		sum += v
-	}
-	return sum, nil
 }

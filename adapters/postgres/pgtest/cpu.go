@@ -19,21 +19,30 @@ func BackendCPU(t testing.TB, probe *pgxpool.Pool, query string, args ...any) ma
 	t.Helper()
 	out := map[int]float64{}
 	for _, pid := range Column[int32](t, probe, query, args...) {
-		raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if err != nil {
-			continue // ended meanwhile
+		if secs, ok := ProcessCPU(int(pid)); ok {
+			out[int(pid)] = secs
 		}
-		// Fields after the command name (which may hold spaces): state is
-		// field 3, utime 14, stime 15, in USER_HZ ticks (100 on Linux).
-		f := strings.Fields(string(raw[strings.LastIndexByte(string(raw), ')')+2:]))
-		if len(f) < 13 {
-			continue
-		}
-		u, _ := strconv.ParseFloat(f[11], 64)
-		s, _ := strconv.ParseFloat(f[12], 64)
-		out[int(pid)] = (u + s) / 100
 	}
 	return out
+}
+
+// ProcessCPU returns the user and system time, in seconds, that process
+// pid has used so far, from /proc/<pid>/stat; false when there is no such
+// process on this machine (it ended, or runs elsewhere).
+func ProcessCPU(pid int) (float64, bool) {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, false
+	}
+	// Fields after the command name (which may hold spaces): state is
+	// field 3, utime 14, stime 15, in USER_HZ ticks (100 on Linux).
+	f := strings.Fields(string(raw[strings.LastIndexByte(string(raw), ')')+2:]))
+	if len(f) < 13 {
+		return 0, false
+	}
+	u, _ := strconv.ParseFloat(f[11], 64)
+	s, _ := strconv.ParseFloat(f[12], 64)
+	return (u + s) / 100, true
 }
 
 // CPUSince sums the CPU each backend used from before to after, two
