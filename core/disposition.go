@@ -27,6 +27,11 @@ const (
 	DispositionRejected Disposition = "rejected"
 )
 
+// Dispositions are all the dispositions an inbox row can hold; a new
+// disposition joins this list. Read it, never change it.
+var Dispositions = [...]Disposition{DispositionApplied, DispositionDuplicate, DispositionHeld,
+	DispositionParkedGap, DispositionParkedPoison, DispositionRejected}
+
 // InboxRecord is one event's inbox row as status and reconciliation read
 // it.
 type InboxRecord struct {

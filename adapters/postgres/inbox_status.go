@@ -112,17 +112,13 @@ func (in *Inbox) readRecorded(ctx context.Context, out []ops.Disposition, at map
 // dispositionText is b, a disposition as the driver read it, as one of
 // core's constants where it is one, so a million rows copy none of them.
 func dispositionText(b []byte) string {
-	for _, d := range allDispositions {
+	for _, d := range core.Dispositions {
 		if string(b) == string(d) {
 			return string(d)
 		}
 	}
 	return string(b)
 }
-
-// allDispositions are the dispositions an inbox row can hold.
-var allDispositions = [...]core.Disposition{core.DispositionApplied, core.DispositionDuplicate, core.DispositionHeld,
-	core.DispositionParkedGap, core.DispositionParkedPoison, core.DispositionRejected}
 
 // dispositionsRangeMin is the shortest list Recorded reads as a range
 // first: below it, looking the IDs up is as cheap.
