@@ -259,3 +259,17 @@ func FuzzParsePosting(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkParsePosting is the API's validation of a typical body: three
+// lines, one metadata key.
+func BenchmarkParsePosting(b *testing.B) {
+	body := []byte(`{"entries":[{"account":"acc-e2e-17","direction":"debit","amount":"61873","currency":"EUR"},` +
+		`{"account":"acc-e2e-802","direction":"credit","amount":"40211","currency":"EUR"},` +
+		`{"account":"acc-e2e-355","direction":"credit","amount":"21662","currency":"EUR"}],"metadata":{"source":"posthorn-demo"}}`)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := core.ParsePosting(body); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
