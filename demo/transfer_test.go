@@ -12,8 +12,9 @@ import (
 
 // Every random transfer is a posting the API accepts (ParsePosting is its
 // validation: balanced per currency, positive amounts), between distinct
-// accounts of the range, and over many postings every account and every
-// line count is drawn about equally often.
+// accounts of the range, and over many postings every account is drawn
+// about equally often and every line count (2 to 4, as the accounts allow)
+// occurs.
 func TestRandomTransferDrawsDistinctAccountsEvenly(t *testing.T) {
 	for _, accounts := range []int{2, 3, 4, 40} {
 		t.Run(strconv.Itoa(accounts)+" accounts", func(t *testing.T) {
