@@ -5,15 +5,21 @@ PKGS    ?= ./...
 BIN     := bin/posthorn
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: build test test-race test-faults test-short lint bench soak soak-kafka-control demo clean
+# setup: make this machine ready for the tests (packages, services, the
+# Kafka broker's class path); idempotent, needs root. make test runs it first.
+.PHONY: setup build test test-race test-faults test-short lint bench soak soak-kafka-control demo clean
 
 build:
 	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/posthorn
 
-# The README's test command: vet, then every test with the race detector,
+setup:
+	bash scripts/setup-machine
+
+# The README's test command: the machine's set-up (idempotent), vet, then
+# every test with the race detector,
 # the short fault suite (real processes, 20,000 postings, SIGKILLs, broker
 # outage) and its two negative controls included.
-test:
+test: setup
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 -timeout 25m $(PKGS)
 	# RabbitMQ's real node restart, which watermill-amqp's known reconnect
