@@ -163,3 +163,37 @@ func TestForeignStreamsAndWildcardTopicsAreRefused(t *testing.T) {
 		t.Fatalf("a subject captured by another stream: %v, want ErrForeignStream naming it", err)
 	}
 }
+
+// A topic's stream replaced, behind a running sink, by a foreign stream of
+// the same name: the first publish finds no stream on the subject (no
+// responders, retryable, as every publish was before the sink looked the
+// stream up again), the next one is refused for good naming the stream,
+// so the aggregate parks instead of the shard retrying for ever.
+func TestStreamReplacedBehindTheSinkIsRefused(t *testing.T) {
+	t.Parallel()
+	url := natstest.SharedURL()
+	js := jetStream(t, url)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cfg := phnats.Config{URL: url, SubjectPrefix: natstest.Prefix(t, url)}
+	s := sinktest.Open(t, phnats.New, cfg)
+	if err := s.Publish(ctx, []core.Envelope{sinktest.Envelope(core.TopicEvents, "acc-1", 1)}); err != nil {
+		t.Fatal(err)
+	}
+	name := cfg.StreamName(core.TopicEvents)
+	if err := js.DeleteStream(name); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.AddStream(&nats.StreamConfig{Name: name, Subjects: []string{cfg.Subject("elsewhere")}}); err != nil {
+		t.Fatal(err)
+	}
+	err := s.Publish(ctx, []core.Envelope{sinktest.Envelope(core.TopicEvents, "acc-1", 2)})
+	var be *core.BatchError
+	if !errors.As(err, &be) || core.IsPermanent(be.Failed[0]) {
+		t.Fatalf("first publish after the swap: %v, want a retryable failure (no responders)", err)
+	}
+	err = permanent(t, s.Publish(ctx, []core.Envelope{sinktest.Envelope(core.TopicEvents, "acc-1", 2)}))
+	if !errors.Is(err, phnats.ErrForeignStream) || !strings.Contains(err.Error(), name) {
+		t.Fatalf("second publish: %v, want ErrForeignStream naming %s", err, name)
+	}
+}
