@@ -11,7 +11,11 @@
 //     requests with one key produce one journal.
 //   - Every error is application/problem+json (RFC 9457) whose detail names
 //     the offending field, header or parameter, also given in "field".
-//   - Bearer tokens are compared in constant time and never logged. With no
+//   - Bearer tokens are compared in constant time and never logged. A
+//     refused token is logged (address and path, never the token), and an
+//     address that fails Config.MaxTokenFailures times within a minute gets
+//     429 for every authenticated request, right token or not, for a
+//     minute (internal/authguard). With no
 //     tokens configured authentication is off, and New logs so loudly. A
 //     configured token may be its SHA-256 ("sha256:<hex>"): every token is
 //     kept and compared as the SHA-256 of the token, so a hash in the
@@ -45,6 +49,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/authguard"
 )
 
 // Defaults and limits fixed by the contract.
@@ -89,6 +94,10 @@ type Config struct {
 	// TracerProvider, when set, traces the posting requests (trace.go);
 	// nil is tracing off.
 	TracerProvider trace.TracerProvider
+	// MaxTokenFailures is how many refused tokens from one address within
+	// authguard.DefaultWindow make the API throttle it; 0 is
+	// authguard.DefaultMax, negative turns throttling off.
+	MaxTokenFailures int
 }
 
 // Server is the Posting API.
@@ -100,6 +109,8 @@ type Server struct {
 	mux    *http.ServeMux
 	// tracer is nil with tracing off.
 	tracer trace.Tracer
+	// guard throttles token guessing; nil with throttling off.
+	guard *authguard.Guard
 }
 
 // New returns a server on store. It logs a warning when authentication is off.
@@ -122,6 +133,10 @@ func New(cfg Config, store Store) (*Server, error) {
 		return nil, fmt.Errorf("api: %w", err)
 	}
 	s.tokens = tokens
+	if cfg.MaxTokenFailures == 0 {
+		cfg.MaxTokenFailures = authguard.DefaultMax
+	}
+	s.guard = authguard.New(cfg.MaxTokenFailures, authguard.DefaultWindow)
 	if s.tokens.Len() == 0 {
 		s.log.Warn("Posting API AUTHENTICATION IS OFF: api.tokens is empty, so anyone who can reach the listener can post to the ledger; set api.tokens (POSTHORN_API__TOKENS) outside local development")
 	} else {
@@ -208,26 +223,48 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 
 // auth checks the bearer token when tokens are configured. Every token is
 // compared, in constant time, so the answer's timing tells nothing about
-// which or how much of a token matched.
+// which or how much of a token matched. An address throttled for failed
+// tokens gets 429 before its token is looked at.
 func (s *Server) auth(next http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if s.tokens.Len() == 0 {
 			next(w, r)
 			return
 		}
+		addr := authguard.Host(r.RemoteAddr)
+		if left, blocked := s.guard.Blocked(addr); blocked {
+			w.Header().Set("Retry-After", strconv.Itoa(int(left.Seconds())+1))
+			s.problem(w, r, http.StatusTooManyRequests, "too-many-failed-tokens", "Too Many Requests", "Authorization",
+				fmt.Sprintf("too many refused tokens from this address; try again in %d s", int(left.Seconds())+1))
+			return
+		}
 		h := r.Header.Get("Authorization")
 		scheme, token, ok := strings.Cut(h, " ")
 		if !ok || !strings.EqualFold(scheme, "Bearer") || token == "" {
+			s.tokenFailed(r, addr, "malformed Authorization header")
 			w.Header().Set("WWW-Authenticate", `Bearer realm="posthorn"`)
 			s.problem(w, r, http.StatusUnauthorized, "unauthorized", "Unauthorized", "Authorization", "the Authorization header must be \"Bearer <token>\"")
 			return
 		}
 		if !s.tokens.Match(token) {
+			s.tokenFailed(r, addr, "bearer token not accepted")
 			w.Header().Set("WWW-Authenticate", `Bearer realm="posthorn", error="invalid_token"`)
 			s.problem(w, r, http.StatusUnauthorized, "unauthorized", "Unauthorized", "Authorization", "the bearer token in the Authorization header is not accepted")
 			return
 		}
 		next(w, r)
+	}
+}
+
+// tokenFailed counts and logs a refused token: the address and path, never
+// the token or the header.
+func (s *Server) tokenFailed(r *http.Request, addr, why string) {
+	n, blocked := s.guard.Failed(addr)
+	s.log.Warn("Posting API refused a token", "remote_addr", r.RemoteAddr, "method", r.Method, "path", r.URL.Path,
+		"reason", why, "failures", n)
+	if blocked {
+		s.log.Warn("Posting API throttles an address for refused tokens: 429 to all its requests for the window",
+			"remote_addr", addr, "failures", n, "window", authguard.DefaultWindow.String())
 	}
 }
 

@@ -142,7 +142,7 @@ func fieldErr(key, format string, args ...any) error {
 
 // mapKeys are the keys whose value is a map with names of the user's as
 // keys (its entries are not in the defaults).
-var mapKeys = []string{"sink.amqp.command_owners"}
+var mapKeys = []string{"sink.amqp.command_owners", "console.operators"}
 
 func isMapEntry(key string) bool {
 	for _, m := range mapKeys {
@@ -184,7 +184,7 @@ func Load(path string, environ []string, fs *pflag.FlagSet) (Config, error) {
 		EnvironFunc: func() []string { return environ },
 		TransformFunc: func(name, value string) (string, any) {
 			key := strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(name, EnvPrefix)), "__", ".")
-			if !known[key] {
+			if !known[key] && !isMapEntry(key) {
 				// Not a configuration key (e.g. a test's POSTHORN_TEST_…).
 				return "", nil
 			}

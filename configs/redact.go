@@ -23,6 +23,12 @@ func (c Config) Redacted() Config {
 	r.Sink.Redis.Password = redactSecret(c.Sink.Redis.Password)
 	r.Sink.Kafka.SASL.Password = redactSecret(c.Sink.Kafka.SASL.Password)
 	r.Console.Token = redactSecret(c.Console.Token)
+	if c.Console.Operators != nil {
+		r.Console.Operators = make(map[string]string, len(c.Console.Operators))
+		for name, t := range c.Console.Operators {
+			r.Console.Operators[name] = redactSecret(t)
+		}
+	}
 	r.Reconcile.Consumers = make([]ReconcileConsumer, len(c.Reconcile.Consumers))
 	for i, rc := range c.Reconcile.Consumers {
 		r.Reconcile.Consumers[i] = ReconcileConsumer{Name: rc.Name, DatabaseURL: RedactURL(rc.DatabaseURL)}

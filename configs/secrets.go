@@ -38,7 +38,7 @@ var SecretKeys = []string{
 	"sink.nats.url", "sink.nats.password", "sink.nats.token",
 	"sink.amqp.url", "sink.amqp.password",
 	"sink.redis.password", "sink.postgres.url",
-	"reconcile.consumers[].database_url", "console.token",
+	"reconcile.consumers[].database_url", "console.token", "console.operators",
 }
 
 // resolveSecrets replaces every "file:" secret by its file's content.
@@ -64,6 +64,13 @@ func (c *Config) resolveSecrets() error {
 			return err
 		}
 		*s.v = v
+	}
+	for name, t := range c.Console.Operators {
+		v, err := readSecret("console.operators."+name, t)
+		if err != nil {
+			return err
+		}
+		c.Console.Operators[name] = v
 	}
 	for i := range c.Reconcile.Consumers {
 		key := fmt.Sprintf("reconcile.consumers[%d].database_url", i)

@@ -9,11 +9,11 @@ import (
 	"net/url"
 	"strings"
 	"time"
-	"unicode"
 
 	"github.com/google/uuid"
 
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/authguard"
 	"github.com/posthorn/posthorn/ops"
 )
 
@@ -195,28 +195,54 @@ func aggregateOf(f url.Values) (core.AggregateKey, error) {
 }
 
 // authorize checks, in this order, the CSRF token, that actions are on,
-// the action token and the operator's name: the request's own
-// credentials before anything it asks for is read.
-func (c *Console) authorize(r *http.Request) error {
+// that the address is not throttled, the action token and the operator's
+// name: the request's own credentials before anything it asks for is
+// read. It returns the operator's name for the audit log: the one whose
+// token was presented (Config.Operators), or, with the shared
+// console.token, the name typed in the form.
+func (c *Console) authorize(r *http.Request, action string) (string, error) {
 	cookie, err := r.Cookie(csrfCookie)
 	form := r.PostForm.Get("csrf")
 	switch {
 	case form == "":
-		return refuse(http.StatusForbidden, "csrf", "missing: submit the action from the console's own confirmation page")
+		return "", refuse(http.StatusForbidden, "csrf", "missing: submit the action from the console's own confirmation page")
 	case err != nil || subtle.ConstantTimeCompare([]byte(cookie.Value), []byte(form)) != 1:
-		return refuse(http.StatusForbidden, "csrf", "does not match this browser's console page; reload the page and confirm again")
+		return "", refuse(http.StatusForbidden, "csrf", "does not match this browser's console page; reload the page and confirm again")
 	case c.ReadOnly():
-		return refuse(http.StatusForbidden, "token", "the console is read-only: console.token is not set")
-	case r.PostForm.Get("token") == "":
-		return refuse(http.StatusUnauthorized, "token", "is required for actions (console.token)")
-	case !c.tokens.Match(r.PostForm.Get("token")):
-		return refuse(http.StatusUnauthorized, "token", "is not accepted")
+		return "", refuse(http.StatusForbidden, "token", "the console is read-only: neither console.token nor console.operators is set")
+	}
+	addr := authguard.Host(r.RemoteAddr)
+	if left, blocked := c.guard.Blocked(addr); blocked {
+		return "", refuse(http.StatusTooManyRequests, "token", "too many refused tokens from this address; try again in %d s", int(left.Seconds())+1)
+	}
+	token := r.PostForm.Get("token")
+	if token == "" {
+		c.tokenFailed(r, addr, action, "no token")
+		return "", refuse(http.StatusUnauthorized, "token", "is required for actions (your operator token, or console.token)")
+	}
+	if i := c.opTokens.Index(token); i >= 0 {
+		return c.opNames[i], nil
+	}
+	if c.tokens.Len() == 0 || !c.tokens.Match(token) {
+		c.tokenFailed(r, addr, action, "token not accepted")
+		return "", refuse(http.StatusUnauthorized, "token", "is not accepted")
 	}
 	op := strings.TrimSpace(r.PostForm.Get("operator"))
-	if op == "" || len(op) > 64 || strings.IndexFunc(op, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0 {
-		return badInput("operator", "is required: your name for the audit log (at most 64 printable characters)")
+	if !validOperator(op) {
+		return "", badInput("operator", "is required with the shared console.token: your name for the audit log (at most 64 printable characters)")
 	}
-	return nil
+	return op, nil
+}
+
+// tokenFailed counts and logs a refused token: the address and action,
+// never what was presented.
+func (c *Console) tokenFailed(r *http.Request, addr, action, why string) {
+	n, blocked := c.guard.Failed(addr)
+	c.log.Warn("console refused a token", "remote_addr", r.RemoteAddr, "action", action, "reason", why, "failures", n)
+	if blocked {
+		c.log.Warn("console throttles an address for refused tokens: 429 to its actions for the window",
+			"remote_addr", addr, "failures", n, "window", authguard.DefaultWindow.String())
+	}
 }
 
 // handleAction runs one action: authorize, check the input, record the
@@ -243,7 +269,8 @@ func (c *Console) handleAction(w http.ResponseWriter, r *http.Request) {
 		}
 		c.renderConfirm(w, r, name, a, r.PostForm, status, err.Error())
 	}
-	if err := c.authorize(r); err != nil {
+	operator, err := c.authorize(r, name)
+	if err != nil {
 		fail(err)
 		return
 	}
@@ -255,7 +282,7 @@ func (c *Console) handleAction(w http.ResponseWriter, r *http.Request) {
 		fail(err)
 		return
 	}
-	entry := AuditEntry{Operator: strings.TrimSpace(r.PostForm.Get("operator")), RemoteAddr: r.RemoteAddr, Action: name, Target: target}
+	entry := AuditEntry{Operator: operator, RemoteAddr: r.RemoteAddr, Action: name, Target: target}
 	id, err := c.cfg.Store.BeginAudit(ctx, entry)
 	if err != nil {
 		fail(fmt.Errorf("not run: the audit log cannot be written: %w", err))

@@ -200,7 +200,10 @@ type confirmData struct {
 	Operator string
 	CSRF     string
 	ReadOnly bool
-	Error    string
+	// Shared is whether the shared console.token is on, whose holder types
+	// their name; Named whether per-operator tokens name the operator.
+	Shared, Named bool
+	Error         string
 }
 
 type confirmField struct{ Name, Value string }
@@ -229,7 +232,7 @@ func (c *Console) handleConfirm(w http.ResponseWriter, r *http.Request) {
 
 func (c *Console) renderConfirm(w http.ResponseWriter, r *http.Request, name string, a action, f url.Values, status int, msg string) {
 	d := confirmData{Action: name, Title: a.title, CLI: a.cli, Operator: f.Get("operator"),
-		CSRF: csrfToken(w, r), ReadOnly: c.ReadOnly(), Error: msg}
+		CSRF: csrfToken(w, r), ReadOnly: c.ReadOnly(), Shared: c.tokens.Len() > 0, Named: c.NamesOperators(), Error: msg}
 	for _, k := range a.fields {
 		d.Fields = append(d.Fields, confirmField{k, f.Get(k)})
 	}

@@ -45,13 +45,33 @@ func (ts Tokens) Len() int { return len(ts.sums) }
 
 // Match reports whether presented is one of the tokens, in time that does
 // not depend on which one or on how much of it matches.
-func (ts Tokens) Match(presented string) bool {
+func (ts Tokens) Match(presented string) bool { return ts.Index(presented) >= 0 }
+
+// Index is the position in the configured list of the token presented
+// matches (the last, if several do), or -1; every token is compared, in
+// time that does not depend on which one or on how much of it matches.
+func (ts Tokens) Index(presented string) int {
 	// Hashing first makes every comparison the same length, whatever the
 	// presented token's length.
 	p := sha256.Sum256([]byte(presented))
-	match := 0
-	for _, t := range ts.sums {
-		match |= subtle.ConstantTimeCompare(p[:], t[:])
+	found := -1
+	for i, t := range ts.sums {
+		eq := subtle.ConstantTimeCompare(p[:], t[:])
+		found = subtle.ConstantTimeSelect(eq, i, found)
 	}
-	return match == 1
+	return found
+}
+
+// Duplicate reports the first two entries (i < j) of the configured list
+// that accept the same token, whether each was given as the token or as
+// its hash.
+func (ts Tokens) Duplicate() (i, j int, ok bool) {
+	for j := range ts.sums {
+		for i := range j {
+			if ts.sums[i] == ts.sums[j] {
+				return i, j, true
+			}
+		}
+	}
+	return 0, 0, false
 }

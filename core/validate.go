@@ -286,6 +286,9 @@ func parseMetadata(raw json.RawMessage) (map[string]string, *InputError) {
 		if len(v) > MaxMetadataValLen {
 			return nil, invalid(field, "value is %d bytes long, at most %d are allowed", len(v), MaxMetadataValLen)
 		}
+		if i := strings.IndexByte(v, 0); i >= 0 {
+			return nil, invalid(field, "value holds the NUL character (\\u0000) at byte %d, which the ledger cannot store", i)
+		}
 		md[m.name] = v
 	}
 	return md, nil

@@ -6,7 +6,11 @@
 //
 // Topology (Topology below; the subscribers use the same names): one
 // durable fanout exchange per topic (ExchangePrefix + topic) and, for each
-// consumer, one durable queue bound to it (exchange + "_" + consumer). On a
+// consumer, one durable queue bound to it (exchange + "_" + consumer). The
+// names are one-to-one with (topic, consumer): a topic holding '_' or '~',
+// or one too long for RabbitMQ's 255-byte names, is written in them as a
+// readable part without '_', '~' and 128 bits of its SHA-256, so the queue
+// of wallet_x's consumer c is never the queue of wallet's consumer x_c. On a
 // command topic (commands.<service>) only the command's owner has a queue
 // (Config.CommandOwners, default the consumer named like the service). The
 // sink declares the queues of the configured consumers itself, so events
@@ -32,7 +36,9 @@ package amqp
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/url"
@@ -87,12 +93,42 @@ type Config struct {
 // Topology names the exchanges and queues of Config.
 type Topology struct{ ExchangePrefix string }
 
-// Exchange is topic's exchange.
-func (tp Topology) Exchange(topic string) string { return tp.ExchangePrefix + topic }
+// maxName is RabbitMQ's limit on exchange and queue names, in bytes.
+const maxName = 255
 
-// Queue is consumer's queue on topic.
+// Exchange is topic's exchange: ExchangePrefix + topic, or + the topic's
+// hashed form (hashedTopic) when the topic holds '~' (the hashed form's
+// marker) or the name would be too long.
+func (tp Topology) Exchange(topic string) string {
+	if !strings.Contains(topic, "~") && len(tp.ExchangePrefix)+len(topic) <= maxName {
+		return tp.ExchangePrefix + topic
+	}
+	return tp.ExchangePrefix + hashedTopic(topic)
+}
+
+// Queue is consumer's queue on topic: ExchangePrefix, the topic, '_' and
+// the consumer. The topic part never holds '_' (a topic that does is
+// written in its hashed form), so the first '_' after the prefix ends it
+// and no two (topic, consumer) pairs share a queue.
 func (tp Topology) Queue(topic, consumer string) string {
-	return tp.Exchange(topic) + "_" + consumer
+	if !strings.ContainsAny(topic, "_~") && len(tp.ExchangePrefix)+len(topic)+1+len(consumer) <= maxName {
+		return tp.ExchangePrefix + topic + "_" + consumer
+	}
+	return tp.ExchangePrefix + hashedTopic(topic) + "_" + consumer
+}
+
+// hashedTopic is a readable part of topic (its first 64 bytes, each but
+// ASCII letters, digits, '.', ':' and '-' replaced by '-'), then '~' and 32
+// hex digits of the topic's SHA-256.
+func hashedTopic(topic string) string {
+	sum := sha256.Sum256([]byte(topic))
+	readable := []byte(topic[:min(len(topic), 64)])
+	for i, b := range readable {
+		if !('a' <= b && b <= 'z' || 'A' <= b && b <= 'Z' || '0' <= b && b <= '9' || b == '.' || b == ':' || b == '-') {
+			readable[i] = '-'
+		}
+	}
+	return string(readable) + "~" + hex.EncodeToString(sum[:16])
 }
 
 // DialURL is the URL with Username and Password applied.

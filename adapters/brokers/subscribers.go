@@ -148,7 +148,7 @@ func PostgresSubscriber(cfg sqlsink.Config, consumer string, opts Options) (mess
 	sub, err := wmsql.NewSubscriber(wmsql.BeginnerFromPgx(pool), wmsql.SubscriberConfig{
 		ConsumerGroup:    consumer,
 		SchemaAdapter:    sqlsink.Schema(),
-		OffsetsAdapter:   wmsql.DefaultPostgreSQLOffsetsAdapter{},
+		OffsetsAdapter:   sqlsink.OffsetsAdapter(),
 		InitializeSchema: true,
 		PollInterval:     100 * time.Millisecond,
 	}, opts.Logger)

@@ -5,9 +5,22 @@
 // on a Watermill router, reads them.
 //
 // Topology: one subject per topic (SubjectPrefix + topic) and one stream per
-// subject (its name is the subject with the characters streams may not
-// have replaced by '_'), file storage, limits retention, created on first
-// use if missing. A stream is FIFO per subject, so per-account order holds.
+// subject, file storage, limits retention, created on first use if missing.
+// A stream is FIFO per subject, so per-account order holds. Stream names are
+// one-to-one with topics (StreamName): a plain topic's stream is its subject
+// with '.' replaced by '_' (ledger.events → ledger_events, the name earlier
+// versions gave it); a topic holding '_', '~', '/', '\' or a control
+// character, or one too long for a stream name, gets a readable part, '~'
+// and 128 bits of the topic's SHA-256, so wallet.x and wallet_x never share
+// a stream. A topic that is not a plain NATS subject (empty tokens,
+// whitespace, the wildcards '*' and '>') is refused for good: as a stream's
+// subject a wildcard would capture other topics' records.
+//
+// An existing stream of a topic's name is used only if one of its subjects
+// matches the topic's subject; otherwise, or when another stream already
+// captures the subject, the topic is refused for good with an error naming
+// the stream, so its aggregates park instead of every publish failing with
+// "no responders" while the shard stalls.
 //
 // Delivery: a batch is published asynchronously on one connection (records
 // leave in batch order) and Publish returns nil only when every record's
@@ -18,10 +31,13 @@
 // carries no Nats-Msg-Id: JetStream would drop it inside the window and the
 // operator would see success while the consumer got nothing.
 //
-// Errors: a record larger than the server's max_payload, a bad subject, or a
-// request JetStream refuses as malformed (API code 400) is permanent;
-// everything else (no connection, a timeout, no stream responding) is
-// retryable. Once a record of an aggregate has failed, its later records in
+// Errors: a record larger than the server's max_payload, a bad subject, a
+// topic whose stream is not its own (above), or a request JetStream refuses
+// as malformed (API code 400) is permanent; everything else (no connection,
+// a timeout, no stream responding) is retryable. After "no responders" the
+// stream is looked up again before the next publish on its topic, so a
+// stream deleted or replaced meanwhile is recreated or refused rather than
+// retried forever. Once a record of an aggregate has failed, its later records in
 // the batch are reported failed too (retryably), so the relay never marks a
 // record before its predecessor. The client reconnects by itself and does
 // not buffer while disconnected, so an outage fails Publish at once.
@@ -29,12 +45,15 @@ package nats
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strings"
 	"sync"
 	"time"
+	"unicode"
 
 	wmnats "github.com/ThreeDotsLabs/watermill-nats/v2/pkg/nats"
 	"github.com/nats-io/nats.go"
@@ -98,16 +117,85 @@ func (cfg Config) Options() []nats.Option {
 // Subject is the subject a topic is published on.
 func (cfg Config) Subject(topic string) string { return cfg.SubjectPrefix + topic }
 
-// StreamName is the stream holding a topic's subject.
+// maxStreamName bounds a stream name: the server keeps each stream in a
+// directory of that name, and file systems cap a name at 255 bytes.
+const maxStreamName = 255
+
+// StreamName is the stream holding a topic's subject, one-to-one with the
+// topic for a given SubjectPrefix: the prefix with its '.' replaced by '_',
+// then, for a plain topic (plainStreamTopic), the topic with '.' replaced by
+// '_', or else a readable part of the topic, '~' and 32 hex digits of the
+// topic's SHA-256. Plain topics contain no '_' or '~', so the first form is
+// reversible and never has a '~' after the prefix, as the second always
+// does.
 func (cfg Config) StreamName(topic string) string {
+	prefix := legacyStreamName(cfg.SubjectPrefix)
+	if plainStreamTopic(topic) && len(prefix)+len(topic) <= maxStreamName {
+		return prefix + strings.ReplaceAll(topic, ".", "_")
+	}
+	sum := sha256.Sum256([]byte(topic))
+	readable := []byte(topic[:min(len(topic), 64)])
+	for i, b := range readable {
+		if !('a' <= b && b <= 'z' || 'A' <= b && b <= 'Z' || '0' <= b && b <= '9' || b == '-') {
+			readable[i] = '_'
+		}
+	}
+	return prefix + string(readable) + "~" + hex.EncodeToString(sum[:16])
+}
+
+// legacyStreamName is the name earlier versions derived from a subject:
+// the characters streams may not hold replaced by '_'.
+func legacyStreamName(subject string) string {
 	return strings.Map(func(r rune) rune {
 		switch r {
 		case '.', '*', '>', ' ', '\t', '/', '\\':
 			return '_'
 		}
 		return r
-	}, cfg.Subject(topic))
+	}, subject)
 }
+
+// plainStreamTopic reports whether topic keeps the stream name earlier
+// versions gave it: no byte that name replaced or could be confused with
+// ('_', '~', '/', '\\', '*', '>'), no space or control character.
+func plainStreamTopic(topic string) bool {
+	if topic == "" {
+		return false
+	}
+	for i := 0; i < len(topic); i++ {
+		switch b := topic[i]; {
+		case b <= ' ' || b == 0x7f:
+			return false
+		case strings.IndexByte("_~/\\*>", b) >= 0:
+			return false
+		}
+	}
+	return true
+}
+
+// ErrNotSubject is the permanent error of a topic that is not a plain
+// NATS subject.
+var ErrNotSubject = errors.New("topic is not a plain NATS subject")
+
+// checkSubject refuses a subject with an empty token, whitespace or a
+// control character, or a wildcard ('*', '>'): published on, it could not
+// be stored; as a stream's subject, it would capture other topics.
+func checkSubject(topic, subject string) error {
+	for _, tok := range strings.Split(subject, ".") {
+		if tok == "" {
+			return core.Permanent(fmt.Errorf("nats sink: topic %.120q (subject %.120q): %w: empty token", topic, subject, ErrNotSubject))
+		}
+	}
+	if i := strings.IndexFunc(subject, func(r rune) bool { return r == '*' || r == '>' || unicode.IsSpace(r) || unicode.IsControl(r) }); i >= 0 {
+		return core.Permanent(fmt.Errorf("nats sink: topic %.120q (subject %.120q): %w: %q at byte %d", topic, subject, ErrNotSubject, subject[i:i+1], i))
+	}
+	return nil
+}
+
+// ErrForeignStream is the permanent error of a topic whose stream name is
+// taken by a stream not capturing its subject, or whose subject another
+// stream captures.
+var ErrForeignStream = errors.New("the topic's stream is not its own")
 
 // maxPending bounds the records awaiting a PubAck; Publish waits for each
 // batch's ACKs before the next batch, so this is the largest batch sent
@@ -168,26 +256,74 @@ func (s *Sink) EnsureStream(ctx context.Context, topic string) error {
 
 // EnsureStream creates topic's stream on js if it does not exist: file
 // storage, limits retention, no size limits, the default duplicate window.
+// A stream of that name that captures other subjects, a subject another
+// stream already captures, or a topic that is no plain subject is a
+// permanent error naming the stream (ErrForeignStream, ErrNotSubject).
 func EnsureStream(ctx context.Context, js nats.JetStreamManager, cfg Config, topic string) error {
-	name := cfg.StreamName(topic)
-	_, err := js.StreamInfo(name, nats.Context(ctx))
+	name, subject := cfg.StreamName(topic), cfg.Subject(topic)
+	if err := checkSubject(topic, subject); err != nil {
+		return err
+	}
+	info, err := js.StreamInfo(name, nats.Context(ctx))
 	if err == nil {
-		return nil
+		for _, pattern := range info.Config.Subjects {
+			if subjectMatches(pattern, subject) {
+				return nil
+			}
+		}
+		return core.Permanent(fmt.Errorf("nats sink: stream %s exists but captures %q, not %s: %w; it was made for another topic or prefix (rename or delete it, docs/sinks.md)",
+			name, info.Config.Subjects, subject, ErrForeignStream))
 	}
 	if !errors.Is(err, nats.ErrStreamNotFound) {
 		return fmt.Errorf("nats sink: stream %s: %w", name, err)
 	}
 	_, err = js.AddStream(&nats.StreamConfig{
 		Name:      name,
-		Subjects:  []string{cfg.Subject(topic)},
+		Subjects:  []string{subject},
 		Storage:   nats.FileStorage,
 		Retention: nats.LimitsPolicy,
 		Discard:   nats.DiscardOld,
 	}, nats.Context(ctx))
-	if err != nil && !errors.Is(err, nats.ErrStreamNameAlreadyInUse) {
-		return fmt.Errorf("nats sink: create stream %s: %w", name, err)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, nats.ErrStreamNameAlreadyInUse):
+		// Created meanwhile, by a subscriber or another relay: check it.
+		return EnsureStream(ctx, js, cfg, topic)
+	case isAPIError(err, errCodeSubjectOverlap):
+		owner, oerr := js.StreamNameBySubject(subject, nats.Context(ctx))
+		if oerr != nil {
+			owner = "another stream"
+		}
+		return core.Permanent(fmt.Errorf("nats sink: create stream %s: subject %s is already captured by stream %s: %w (docs/sinks.md)", name, subject, owner, ErrForeignStream))
 	}
-	return nil
+	return fmt.Errorf("nats sink: create stream %s: %w", name, err)
+}
+
+// errCodeSubjectOverlap is the server's JSStreamSubjectOverlapErr ("subjects
+// overlap with an existing stream"), which nats.go has no name for.
+const errCodeSubjectOverlap nats.ErrorCode = 10065
+
+func isAPIError(err error, code nats.ErrorCode) bool {
+	var apiErr *nats.APIError
+	return errors.As(err, &apiErr) && apiErr.ErrorCode == code
+}
+
+// subjectMatches reports whether pattern (a stream's subject, maybe with
+// wildcards) captures subject (no wildcards).
+func subjectMatches(pattern, subject string) bool {
+	pt, st := strings.Split(pattern, "."), strings.Split(subject, ".")
+	for i, p := range pt {
+		switch {
+		case p == ">":
+			return len(st) > i
+		case i >= len(st):
+			return false
+		case p != "*" && p != st[i]:
+			return false
+		}
+	}
+	return len(pt) == len(st)
 }
 
 // Publish sends the batch and returns nil once JetStream has acknowledged
@@ -238,6 +374,11 @@ func (s *Sink) publish(ctx context.Context, batch []core.Envelope) error {
 		select {
 		case <-f.Ok():
 		case err := <-f.Err():
+			if errors.Is(err, nats.ErrNoResponders) || errors.Is(err, nats.ErrNoStreamResponse) {
+				// No stream took the subject: look the stream up again
+				// before the next publish on the topic.
+				s.streams.Delete(batch[i].Topic)
+			}
 			fails.Fail(i, batch[i], classify(err))
 		case <-ctx.Done():
 			return ctx.Err()

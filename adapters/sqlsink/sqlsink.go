@@ -5,6 +5,13 @@
 // every contract header, uuid the event ID), so watermill-sql's subscriber,
 // and so any consumer on a Watermill router, reads them.
 //
+// Table names are one-to-one with topics: PostgreSQL cuts an identifier at
+// 63 bytes, so a topic whose table name (or offsets table name,
+// watermill_offsets_<topic>) would be longer gets a readable part, '~' and
+// 128 bits of the topic's SHA-256 instead (TableName). '~' is not allowed
+// in a watermill-sql topic, so such a name is never a shorter topic's;
+// topics short enough keep watermill-sql's default name.
+//
 // Delivery: a batch is inserted in ONE transaction (one multi-row INSERT
 // per topic, in batch order) and Publish returns nil only after COMMIT
 // returned: the commit is the ACK, and with the server's default
@@ -27,6 +34,8 @@ package sqlsink
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"sync"
@@ -52,10 +61,42 @@ const maxRowsPerInsert = 5000
 
 // Schema is the table layout the sink writes and the subscribers read:
 // watermill-sql's default PostgreSQL schema with a BYTEA payload, because
-// payloads are opaque bytes, not necessarily JSON.
+// payloads are opaque bytes, not necessarily JSON, and a table name per
+// topic that PostgreSQL does not cut short (TableName).
 func Schema() wmsql.DefaultPostgreSQLSchema {
-	return wmsql.DefaultPostgreSQLSchema{GeneratePayloadType: func(string) string { return "BYTEA" }}
+	return wmsql.DefaultPostgreSQLSchema{
+		GeneratePayloadType:       func(string) string { return "BYTEA" },
+		GenerateMessagesTableName: func(topic string) string { return quoteIdent(TableName("watermill_", topic)) },
+	}
 }
+
+// OffsetsAdapter is where the subscribers keep their offsets: watermill-sql's
+// default PostgreSQL offsets tables, named as TableName does.
+func OffsetsAdapter() wmsql.DefaultPostgreSQLOffsetsAdapter {
+	return wmsql.DefaultPostgreSQLOffsetsAdapter{
+		GenerateMessagesOffsetsTableName: func(topic string) string { return quoteIdent(TableName("watermill_offsets_", topic)) },
+	}
+}
+
+// maxIdentifier is PostgreSQL's identifier length (NAMEDATALEN - 1): a
+// longer name is silently cut to it.
+const maxIdentifier = 63
+
+// TableName is prefix + topic when that fits in a PostgreSQL identifier;
+// otherwise prefix, as much of the topic as fits, '~' and 32 hex digits of
+// the topic's SHA-256, 63 bytes in all.
+func TableName(prefix, topic string) string {
+	if len(prefix)+len(topic) <= maxIdentifier {
+		return prefix + topic
+	}
+	sum := sha256.Sum256([]byte(topic))
+	h := hex.EncodeToString(sum[:16])
+	return prefix + topic[:maxIdentifier-len(prefix)-1-len(h)] + "~" + h
+}
+
+// quoteIdent quotes a table name; watermill-sql's topic check keeps '"'
+// out of topics, so there is nothing to escape.
+func quoteIdent(name string) string { return `"` + name + `"` }
 
 // Config configures the Postgres sink; only URL is required.
 type Config struct {

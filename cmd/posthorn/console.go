@@ -96,6 +96,7 @@ func openConsole(ctx context.Context, cfg configs.Config, ledger *pgxpool.Pool, 
 		ReplayWindow: cfg.Cleanup.ReplayWindow,
 		Sink:         sink,
 		Token:        cfg.Console.Token,
+		Operators:    cfg.Console.Operators,
 		RelayMode:    cfg.Relay.Mode,
 		Logger:       log,
 	})
@@ -121,7 +122,10 @@ func serveConsoleOn(ctx context.Context, c *console.Console, ln net.Listener, lo
 	if c.ReadOnly() {
 		log.Info("operator console is read-only: console.token is not set", "url", "http://"+ln.Addr().String()+"/")
 	} else {
-		log.Info("operator console listening; actions need console.token", "url", "http://"+ln.Addr().String()+"/")
+		log.Info("operator console listening; actions need console.token or an operator token (console.operators)", "url", "http://"+ln.Addr().String()+"/")
+	}
+	if !c.ReadOnly() && !c.NamesOperators() {
+		log.Warn("console.token is shared: the audit log names operators by what they type; set console.operators to name them by their own tokens")
 	}
 	return c.Serve(ctx, ln)
 }

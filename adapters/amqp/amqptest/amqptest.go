@@ -24,6 +24,7 @@ import (
 	"testing"
 	"time"
 
+	phamqp "github.com/posthorn/posthorn/adapters/amqp"
 	"github.com/posthorn/posthorn/adapters/internal/servertest"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -47,11 +48,12 @@ func Prefix(t testing.TB, url string, topics, consumers []string) string {
 		if err != nil {
 			return
 		}
+		names := phamqp.Topology{ExchangePrefix: p}
 		for _, tp := range topics {
 			for _, c := range consumers {
-				_, _ = ch.QueueDelete(p+tp+"_"+c, false, false, false)
+				_, _ = ch.QueueDelete(names.Queue(tp, c), false, false, false)
 			}
-			_ = ch.ExchangeDelete(p+tp, false, false)
+			_ = ch.ExchangeDelete(names.Exchange(tp), false, false)
 		}
 	})
 }
