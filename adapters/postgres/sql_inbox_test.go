@@ -45,8 +45,9 @@ func sqlReceive(t *testing.T, pool *pgxpool.Pool, consumer string, ordered bool,
 
 // TestSQLInboxAnswersApplyDuplicateGap: the SQL protocol's answers for an
 // ordered consumer, and what it records: applied once, repeats counted,
-// a gap names the revision it waits for and records nothing, a parked
-// aggregate is refused; unordered, every new event ID applies.
+// a gap names the revision it waits for and records nothing, another event
+// ID at an applied revision is a conflict, a parked aggregate is refused;
+// unordered, every new event ID of a new revision applies.
 func TestSQLInboxAnswersApplyDuplicateGap(t *testing.T) {
 	t.Parallel()
 	_, pool := pgtest.Consumer(t)
@@ -61,7 +62,7 @@ func TestSQLInboxAnswersApplyDuplicateGap(t *testing.T) {
 		{inboxEvent("acc-1", 3), "gap", 2},
 		{inboxEvent("acc-1", 2), "apply", 0},
 		{inboxEvent("acc-1", 3), "apply", 0}, // redelivered after its predecessor
-		{withID(inboxEvent("acc-1", 2), "other-id"), "duplicate", 0},
+		{withID(inboxEvent("acc-1", 2), "other-id"), "revision_conflict", 0}, // another event at an applied revision
 	}
 	for i, s := range steps {
 		if d, w := sqlReceive(t, pool, c, true, s.e); d != s.want || w != s.waits {
@@ -69,7 +70,7 @@ func TestSQLInboxAnswersApplyDuplicateGap(t *testing.T) {
 		}
 	}
 	got := pgtest.Column[string](t, pool, `SELECT event_id || ' ' || disposition || ' ' || duplicates FROM consumer_inbox WHERE consumer = $1 ORDER BY event_id`, c)
-	want := []string{"acc-1-r1 applied 1", "acc-1-r2 applied 0", "acc-1-r3 applied 0", "other-id duplicate 0"}
+	want := []string{"acc-1-r1 applied 1", "acc-1-r2 applied 0", "acc-1-r3 applied 0", "other-id revision_conflict 0"}
 	if strings.Join(got, "; ") != strings.Join(want, "; ") {
 		t.Fatalf("inbox rows %q, want %q", got, want)
 	}
