@@ -61,7 +61,7 @@ func TestSQLInboxAnswersApplyDuplicateGap(t *testing.T) {
 		{inboxEvent("acc-1", 1), "duplicate", 0}, // the same event again
 		{inboxEvent("acc-1", 3), "gap", 2},
 		{inboxEvent("acc-1", 2), "apply", 0},
-		{inboxEvent("acc-1", 3), "apply", 0}, // redelivered after its predecessor
+		{inboxEvent("acc-1", 3), "apply", 0},                                 // redelivered after its predecessor
 		{withID(inboxEvent("acc-1", 2), "other-id"), "revision_conflict", 0}, // another event at an applied revision
 	}
 	for i, s := range steps {
