@@ -153,8 +153,9 @@ type InboxCounts struct {
 	// Events is the number of event IDs per disposition.
 	Events map[core.Disposition]int64
 	// DuplicatesAbsorbed is every repeat the inbox kept from the handler:
-	// repeats of known event IDs plus events whose revision was already
-	// applied.
+	// repeats of known event IDs plus an ordered consumer's events at or
+	// below its position with no applied event of their revision to compare
+	// IDs with. A revision conflict is not one (Events counts those).
 	DuplicatesAbsorbed int64
 	// ParkedAggregates is how many aggregates are parked.
 	ParkedAggregates int64
