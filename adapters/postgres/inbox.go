@@ -62,9 +62,9 @@ func NewUnsafeRevisionOnlyInbox(pool *pgxpool.Pool) *Inbox {
 // one is a repeat.
 // Ordered: revision ≤ last applied is a RevisionConflict when the inbox
 // names another event ID applied at it (the aggregate parks), else a
-// Duplicate; last+1 is applied; higher is Held (with its headers and payload, so it can be re-driven by Drain
-// once the predecessor is applied); any event of a parked aggregate is
-// ParkedGap. After an outcome with HeldSuccessors the caller should Drain
+// Duplicate; last+1 is applied; higher is Held (with its headers and
+// payload, so it can be re-driven by Drain once the predecessor is
+// applied); any other event of a parked aggregate is ParkedGap. After an outcome with HeldSuccessors the caller should Drain
 // the aggregate.
 //
 // A failing apply returns *consumers.ApplyError and records nothing; other errors are
