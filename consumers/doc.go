@@ -33,11 +33,20 @@
 //     Make them idempotent yourself.
 //   - Per aggregate (the account), a handler registered with
 //     DependsOnPredecessor sees revisions strictly in order last+1, never
-//     one skipped. A lower revision is a duplicate. A higher one is a gap.
+//     one skipped. A higher revision is a gap. A lower one is a duplicate
+//     only as the event ID applied at it (a resend, a replay).
+//   - A duplicate is the same event ID, nothing else. A different event ID
+//     at a revision the consumer already applied (ordered or not) is a
+//     revision_conflict: recorded with both IDs, never applied, counted,
+//     logged at ERROR; an ordered consumer parks the aggregate. (Only when
+//     the inbox holds no applied event of that revision to compare with,
+//     below a baseline's positions or after retention, does an ordered
+//     consumer call it a duplicate by revision.)
 //   - Nothing is lost: every delivery ends in a committed disposition
-//     (applied, duplicate, parked_gap, parked_poison, rejected), or in the
-//     transient held state, before the broker message is acknowledged; an
-//     error leaves it unacknowledged, so the broker redelivers it.
+//     (applied, duplicate, parked_gap, parked_poison, rejected,
+//     revision_conflict), or in the transient held state, before the broker
+//     message is acknowledged; an error leaves it unacknowledged, so the
+//     broker redelivers it.
 //
 // # Batches
 //

@@ -73,6 +73,9 @@ type Outcome struct {
 	// Duplicate.
 	Repeat bool
 	Reason string
+	// ConflictsWith is the event ID already applied at this revision, for a
+	// RevisionConflict: the event was recorded, not applied.
+	ConflictsWith string
 	// GapDetected is set when this delivery found a revision gap (the
 	// event is Held).
 	GapDetected bool

@@ -129,6 +129,11 @@ func (r *Registry) applied(hc *handlerConfig) {
 	})
 }
 
+// RevisionConflictLogMessage is logged at ERROR for every revision
+// conflict, with both event IDs (event_id, applied_event_id), the aggregate
+// and the revision.
+const RevisionConflictLogMessage = "consumer received a revision already applied under another event ID: not applied, recorded as revision_conflict"
+
 // recorded turns one outcome into metrics and log lines.
 func (r *Registry) recorded(hc *handlerConfig, out Outcome) {
 	r.metrics.record(hc.consumer, out.Disposition, 1)
@@ -149,6 +154,8 @@ func (r *Registry) recorded(hc *handlerConfig, out Outcome) {
 		r.log.Warn("consumer rejected a record", attrs...)
 	case core.DispositionDuplicate:
 		r.log.Debug("consumer absorbed a duplicate", attrs...)
+	case core.DispositionRevisionConflict:
+		r.log.Error(RevisionConflictLogMessage, append(attrs, "applied_event_id", out.ConflictsWith)...)
 	}
 }
 

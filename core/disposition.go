@@ -13,10 +13,20 @@ const (
 	DispositionHeld Disposition = "held"
 	// DispositionApplied: the handler's effect committed with the inbox row.
 	DispositionApplied Disposition = "applied"
-	// DispositionDuplicate: the event's revision was already applied under another
-	// event ID. Repeats of an event ID that already has a row are counted in
-	// that row's Duplicates instead.
+	// DispositionDuplicate: a repeat of an event ID. Repeats of an event ID
+	// that already has a row are counted in that row's Duplicates; a row is
+	// Duplicate itself only for an ordered consumer's event at or below its
+	// aggregate's last applied revision when the inbox holds no applied event
+	// of that revision to compare IDs with (positions set by a baseline, or
+	// rows removed by retention after the replay window).
 	DispositionDuplicate Disposition = "duplicate"
+	// DispositionRevisionConflict: another event ID was already applied at
+	// this event's aggregate revision. A duplicate is the same event ID,
+	// nothing else: this is a different event (a ledger that failed over to a
+	// standby missing its last postings reissues revisions), so it is never
+	// applied and never covered. The row names the applied event ID and
+	// keeps the event; an ordered consumer parks the aggregate.
+	DispositionRevisionConflict Disposition = "revision_conflict"
 	// DispositionParkedGap: the event waits behind a missing predecessor (or behind a
 	// parked event of its aggregate) until an operator releases the park.
 	DispositionParkedGap Disposition = "parked_gap"
@@ -30,7 +40,7 @@ const (
 // Dispositions are all the dispositions an inbox row can hold; a new
 // disposition joins this list. Read it, never change it.
 var Dispositions = [...]Disposition{DispositionApplied, DispositionDuplicate, DispositionHeld,
-	DispositionParkedGap, DispositionParkedPoison, DispositionRejected}
+	DispositionParkedGap, DispositionParkedPoison, DispositionRejected, DispositionRevisionConflict}
 
 // InboxRecord is one event's inbox row as status and reconciliation read
 // it.
@@ -41,6 +51,9 @@ type InboxRecord struct {
 	Revision      int64
 	Disposition   Disposition
 	Reason        string
+	// ConflictsWith is the event ID applied at this revision, for a
+	// RevisionConflict.
+	ConflictsWith string
 	// Duplicates is how many repeats of this event ID were absorbed.
 	Duplicates int
 	ReceivedAt time.Time

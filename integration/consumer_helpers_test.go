@@ -215,7 +215,10 @@ func newRegistry(tb testing.TB, pool *pgxpool.Pool, closeTimeout time.Duration, 
 		tb.Fatal(err)
 	}
 	router.AddMiddleware(mw...)
-	cfg.Pool, cfg.Inbox = pool, postgres.NewInbox(pool)
+	cfg.Pool = pool
+	if cfg.Inbox == nil {
+		cfg.Inbox = postgres.NewInbox(pool)
+	}
 	cfg.Subscribers = closedAtCleanup(tb, cfg.Subscribers)
 	reg, err := consumers.New(router, cfg)
 	if err != nil {

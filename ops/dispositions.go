@@ -5,13 +5,16 @@ import "context"
 // Disposition is one disposition a consumer recorded for an event ID.
 type Disposition struct {
 	// Disposition is applied, duplicate, parked_gap, parked_poison,
-	// rejected, or the transient held.
+	// rejected, revision_conflict, or the transient held.
 	Disposition string
 	// Duplicates counts the repeats absorbed for this event ID.
 	Duplicates int64
-	// Reason is the consumer's reason for a parked, held or rejected
-	// disposition (empty otherwise).
+	// Reason is the consumer's reason for a parked, held, rejected or
+	// revision_conflict disposition (empty otherwise).
 	Reason string
+	// ConflictsWith is, for revision_conflict, the event ID applied at the
+	// same revision.
+	ConflictsWith string
 }
 
 // DispositionReader is the port through which reconciliation reads one
@@ -29,6 +32,8 @@ type DispositionReader interface {
 	// AppliedTwice returns groups of event IDs applied for the same
 	// aggregate revision.
 	AppliedTwice(ctx context.Context) ([][]string, error)
+	// RevisionConflicts returns every event recorded as revision_conflict.
+	RevisionConflicts(ctx context.Context) ([]RevisionConflict, error)
 }
 
 // PrunedReader is implemented by a DispositionReader whose store prunes
@@ -81,6 +86,11 @@ func (r InboxReader) Pruned(ctx context.Context, events []ExpectedEvent) (map[st
 // AppliedTwice implements DispositionReader.
 func (r InboxReader) AppliedTwice(ctx context.Context) ([][]string, error) {
 	return r.Inbox.AppliedTwice(ctx, r.Consumer)
+}
+
+// RevisionConflicts implements DispositionReader.
+func (r InboxReader) RevisionConflicts(ctx context.Context) ([]RevisionConflict, error) {
+	return r.Inbox.RevisionConflicts(ctx, r.Consumer)
 }
 
 // ConsumerSource names a consumer and its disposition reader.

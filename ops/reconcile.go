@@ -37,7 +37,8 @@ var ErrNoConsumers = errors.New("no consumers to reconcile")
 // The steps: open a provable cut; find the journal lines without events;
 // match the cut's expected events, batch by batch, against every
 // consumer's dispositions (matchCut); then find each consumer's unknown
-// event IDs and name its events applied twice (finishConsumers); last,
+// event IDs and name its events applied twice and its revision conflicts,
+// each with both event IDs (finishConsumers); last,
 // record the clean consumers' coverage. What does not depend on the cut
 // runs beside it: each consumer's applied-twice groups are read from its
 // inbox from the start (startAppliedTwice), the consumers are matched and

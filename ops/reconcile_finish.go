@@ -52,6 +52,9 @@ func (m *matching) finishConsumers(ctx context.Context) error {
 			}
 			r.Discrepancies.MultipleApplied.add(m.cfg.Cap, id)
 		}
+		for _, rc := range m.twice[ci].conflicts {
+			r.Discrepancies.RevisionConflicts.add(m.cfg.Cap, rc)
+		}
 		unknown, err := notArchived(ctx, m.cfg.Archive, f.unknown)
 		if err != nil {
 			return fmt.Errorf("consumer %s: %w", c.Name, err)

@@ -31,10 +31,12 @@ type matching struct {
 	stop      func()
 }
 
-// appliedTwice is what one consumer's AppliedTwice returned.
+// appliedTwice is what one consumer's AppliedTwice and RevisionConflicts
+// returned.
 type appliedTwice struct {
-	groups [][]string
-	err    error
+	groups    [][]string
+	conflicts []RevisionConflict
+	err       error
 }
 
 // newMatching starts the tally of every consumer and the reads of their
@@ -55,13 +57,17 @@ func newMatching(ctx context.Context, cfg ReconcileConfig) (*matching, error) {
 
 // startAppliedTwice reads every consumer's applied-twice groups in the
 // background: a grouping of the whole inbox (seconds on a million rows)
-// that needs nothing from the cut, so it overlaps the cut's reads.
+// that needs nothing from the cut, so it overlaps the cut's reads. Its
+// revision conflicts (an index scan of one disposition) are read after them.
 func (m *matching) startAppliedTwice(ctx context.Context) {
 	ctx, cancel := context.WithCancel(ctx)
 	m.twice = make([]appliedTwice, len(m.cfg.Consumers))
 	for ci, c := range m.cfg.Consumers {
 		m.twiceRead.Go(func() {
 			m.twice[ci].groups, m.twice[ci].err = c.Reader.AppliedTwice(ctx)
+			if m.twice[ci].err == nil {
+				m.twice[ci].conflicts, m.twice[ci].err = c.Reader.RevisionConflicts(ctx)
+			}
 		})
 	}
 	m.stop = func() {
@@ -189,6 +195,10 @@ func (m *matching) tally(ci int, e ExpectedEvent, key uuid.UUID, ds []Dispositio
 		case string(core.DispositionHeld):
 			waiting = &WaitingEvent{EventID: e.EventID, Consumer: c.Name, Disposition: d.Disposition,
 				Reason: "held: waiting for its predecessor inside the hold time"}
+		case string(core.DispositionRevisionConflict):
+			// Not applied: its revision was applied as another event.
+			// Never covered (RevisionConflicts names both).
+			waiting = &WaitingEvent{EventID: e.EventID, Consumer: c.Name, Disposition: d.Disposition, Reason: d.Reason}
 		}
 	}
 	if len(ds) > 0 {

@@ -39,8 +39,8 @@ type Discrepancies struct {
 	Unrelayed Class `json:"unrelayed"`
 	// Unproven lists relayed event IDs with no final disposition: none at
 	// all, or one that still waits for an operator or a predecessor
-	// (parked_gap, parked_poison, held; rejected unless the consumer is
-	// configured with rejected_final).
+	// (parked_gap, parked_poison, held, revision_conflict; rejected unless
+	// the consumer is configured with rejected_final).
 	Unproven Class `json:"unproven"`
 	// Waiting names, for the first Cap of the unproven events that have a
 	// disposition, what it is and the consumer's reason.
@@ -50,10 +50,15 @@ type Discrepancies struct {
 	// MultipleApplied lists event IDs applied more than once (or whose
 	// aggregate revision was applied under another event ID too).
 	MultipleApplied Class `json:"multiple_applied"`
+	// RevisionConflicts names every event the consumer recorded as
+	// revision_conflict, with the event ID applied at its revision: never
+	// covered, whether or not the event is of the cut.
+	RevisionConflicts ConflictClass `json:"revision_conflicts"`
 }
 
 func (d Discrepancies) total() int64 {
-	return d.JournalWithoutEvents.Count + d.Unrelayed.Count + d.Unproven.Count + d.Unknown.Count + d.MultipleApplied.Count
+	return d.JournalWithoutEvents.Count + d.Unrelayed.Count + d.Unproven.Count + d.Unknown.Count + d.MultipleApplied.Count +
+		d.RevisionConflicts.Count
 }
 
 // WaitingEvent is an unproven event the consumer has seen but not finished

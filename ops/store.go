@@ -84,6 +84,8 @@ type Inbox interface {
 	// AppliedTwice returns groups of event IDs applied for the same
 	// aggregate revision.
 	AppliedTwice(ctx context.Context, consumer string) ([][]string, error)
+	// RevisionConflicts returns the consumer's revision_conflict rows.
+	RevisionConflicts(ctx context.Context, consumer string) ([]RevisionConflict, error)
 	// Pruned returns which of cands PruneInbox may have removed.
 	Pruned(ctx context.Context, consumer string, cands []PrunedCandidate) (map[string]bool, error)
 	// PruneInbox deletes the consumer's final rows behind h in batches of at

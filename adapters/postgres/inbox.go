@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -30,6 +31,8 @@ import (
 // operators' reconciliation and retention.
 type Inbox struct {
 	pool *pgxpool.Pool
+	// revisionOnly: NewUnsafeRevisionOnlyInbox.
+	revisionOnly bool
 }
 
 var (
@@ -41,14 +44,27 @@ var (
 // ConsumerSchema).
 func NewInbox(pool *pgxpool.Pool) *Inbox { return &Inbox{pool: pool} }
 
+// NewUnsafeRevisionOnlyInbox is NewInbox with the rule that lost real
+// postings after a ledger failover: an event at or below its aggregate's
+// last applied revision is a duplicate whatever its event ID, and an
+// unordered consumer applies every new event ID. It exists for negative
+// controls in tests (it shows the conflicts the inbox now records being
+// absorbed silently); do not use it in production.
+func NewUnsafeRevisionOnlyInbox(pool *pgxpool.Pool) *Inbox {
+	return &Inbox{pool: pool, revisionOnly: true}
+}
+
 // Receive records one delivered event and, when it is next in line, applies
 // it with apply in the same transaction.
 //
-// Unordered: a new event ID is applied; a known one is a repeat.
-// Ordered: revision ≤ last applied is Duplicate; last+1 is applied; higher
-// is Held (with its headers and payload, so it can be re-driven by Drain
-// once the predecessor is applied); any event of a parked aggregate is
-// ParkedGap. After an outcome with HeldSuccessors the caller should Drain
+// Unordered: a new event ID is applied, unless its aggregate revision was
+// applied under another event ID (RevisionConflict, not applied); a known
+// one is a repeat.
+// Ordered: revision ≤ last applied is a RevisionConflict when the inbox
+// names another event ID applied at it (the aggregate parks), else a
+// Duplicate; last+1 is applied; higher is Held (with its headers and
+// payload, so it can be re-driven by Drain once the predecessor is
+// applied); any other event of a parked aggregate is ParkedGap. After an outcome with HeldSuccessors the caller should Drain
 // the aggregate.
 //
 // A failing apply returns *consumers.ApplyError and records nothing; other errors are
@@ -86,12 +102,24 @@ func (in *Inbox) Receive(ctx context.Context, consumer string, ordered bool, e c
 		return out, commitInbox(ctx, tx)
 	}
 
+	appliedAt := in.appliedAt(ctx, tx, consumer, nil, []string{e.EventID})
 	if ordered {
-		waits, err := notNextInLine(ctx, tx, consumer, e, pos, &out)
+		waits, err := notNextInLine(ctx, tx, consumer, e, &pos, &out, appliedAt)
 		if err != nil {
 			return out, err
 		}
 		if waits {
+			return out, commitInbox(ctx, tx)
+		}
+	} else {
+		applied, err := appliedAt(e)
+		if err != nil {
+			return out, err
+		}
+		if applied != "" {
+			if err := recordConflict(ctx, tx, consumer, false, e, applied, nil, &out); err != nil {
+				return out, err
+			}
 			return out, commitInbox(ctx, tx)
 		}
 	}
@@ -188,9 +216,10 @@ func (in *Inbox) drainOne(ctx context.Context, consumer string, ordered bool, ag
 	if ordered {
 		switch {
 		case rev <= pos.last:
-			out.Disposition = core.DispositionDuplicate
-			out.Reason = fmt.Sprintf("revision %d already applied (last applied %d)", rev, pos.last)
-			if err := setInboxDisposition(ctx, tx, consumer, eventID, core.DispositionDuplicate, out.Reason, 1); err != nil {
+			// A different event ID took the revision while this one was
+			// held: a conflict (the aggregate parks, so the drain stops), or
+			// a duplicate when the inbox has no applied event to compare.
+			if _, err := notNextInLine(ctx, tx, consumer, e, &pos, &out, in.appliedAt(ctx, tx, consumer, nil, []string{eventID})); err != nil {
 				return out, false, err
 			}
 			return out, true, commitInbox(ctx, tx)
@@ -424,15 +453,24 @@ func countInboxRepeat(ctx context.Context, tx pgx.Tx, consumer string, out *cons
 }
 
 // notNextInLine records the disposition of an ordered consumer's new event
-// that is not next in line at pos: a revision already applied (Duplicate),
-// any event of a parked aggregate (ParkedGap, kept), or one past a gap
-// (Held, kept). It returns false, recording nothing, for revision last+1 of
-// an unparked aggregate: the caller applies it.
-func notNextInLine(ctx context.Context, tx pgx.Tx, consumer string, e core.Envelope, pos inboxPosition, out *consumers.Outcome) (bool, error) {
+// that is not next in line at pos: a revision already applied (a
+// RevisionConflict when appliedAt names another event ID applied at it,
+// which parks the aggregate and updates pos; else a Duplicate), any event
+// of a parked aggregate (ParkedGap, kept), or one past a gap (Held, kept).
+// It returns false, recording nothing, for revision last+1 of an unparked
+// aggregate: the caller applies it.
+func notNextInLine(ctx context.Context, tx pgx.Tx, consumer string, e core.Envelope, pos *inboxPosition, out *consumers.Outcome, appliedAt func(core.Envelope) (string, error)) (bool, error) {
 	switch {
 	case e.Revision <= pos.last:
+		applied, err := appliedAt(e)
+		if err != nil {
+			return true, err
+		}
+		if applied != "" {
+			return true, recordConflict(ctx, tx, consumer, true, e, applied, pos, out)
+		}
 		out.Disposition = core.DispositionDuplicate
-		out.Reason = fmt.Sprintf("revision %d already applied (last applied %d)", e.Revision, pos.last)
+		out.Reason = fmt.Sprintf("revision %d already applied (last applied %d); no applied event of it is recorded here to compare IDs with", e.Revision, pos.last)
 		return true, setInboxDisposition(ctx, tx, consumer, e.EventID, core.DispositionDuplicate, out.Reason, 1)
 	case pos.parked:
 		out.Disposition = core.DispositionParkedGap
@@ -444,4 +482,83 @@ func notNextInLine(ctx context.Context, tx pgx.Tx, consumer string, e core.Envel
 		return true, keepInInbox(ctx, tx, consumer, e, core.DispositionHeld, out.Reason)
 	}
 	return false, nil
+}
+
+// appliedAt returns the lookup of the event ID applied at an event's
+// aggregate revision ("" when none): first in here (the events a batch
+// applied in this transaction, by aggregate and revision), then in the inbox,
+// skipping the rows of exclude (rows this transaction inserted and has not
+// applied: their provisional disposition is not a decision). With
+// revisionOnly it finds nothing, which is the old rule.
+func (in *Inbox) appliedAt(ctx context.Context, tx pgx.Tx, consumer string, here map[revisionKey]string, exclude []string) func(core.Envelope) (string, error) {
+	return func(e core.Envelope) (string, error) {
+		if in.revisionOnly {
+			return "", nil
+		}
+		if id, ok := here[revisionKeyOf(e)]; ok {
+			return id, nil
+		}
+		var id string
+		err := tx.QueryRow(ctx, `
+			SELECT event_id FROM consumer_inbox
+			WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3 AND revision = $4
+			  AND disposition = 'applied' AND event_id <> ALL($5::text[])
+			ORDER BY event_id LIMIT 1`,
+			consumer, e.AggregateType, e.AggregateID, e.Revision, exclude).Scan(&id)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return "", nil
+		}
+		if err != nil {
+			return "", fmt.Errorf("inbox: applied event of %s %s revision %d: %w", e.AggregateType, e.AggregateID, e.Revision, err)
+		}
+		return id, nil
+	}
+}
+
+// revisionKey is one aggregate revision.
+type revisionKey struct {
+	core.AggregateKey
+	revision int64
+}
+
+func revisionKeyOf(e core.Envelope) revisionKey {
+	return revisionKey{AggregateKey: e.Aggregate(), revision: e.Revision}
+}
+
+// recordConflict records e, whose revision was applied as event applied, as
+// a RevisionConflict naming both IDs, and keeps it with its headers and
+// payload; nothing is applied. For an ordered consumer the aggregate is
+// parked with the same reason (pos, when given, follows), unless a conflict
+// parked it already: the first conflict stays the park's reason. The SQL
+// inbox (posthorn_inbox_receive) writes the same.
+func recordConflict(ctx context.Context, tx pgx.Tx, consumer string, ordered bool, e core.Envelope, applied string, pos *inboxPosition, out *consumers.Outcome) error {
+	out.Disposition, out.ConflictsWith = core.DispositionRevisionConflict, applied
+	out.Reason = conflictReason(e, applied)
+	headers, err := json.Marshal(e.WireHeaders())
+	if err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, `
+		UPDATE consumer_inbox SET disposition = 'revision_conflict', conflicts_with = $3, reason = $4,
+		       headers = $5, payload = $6, held_since = now(), updated_at = now()
+		WHERE consumer = $1 AND event_id = $2`,
+		consumer, e.EventID, applied, out.Reason, headers, e.Payload); err != nil {
+		return fmt.Errorf("inbox: record revision conflict: %w", err)
+	}
+	if !ordered || (pos.parked && strings.HasPrefix(pos.reason, conflictReasonPrefix)) {
+		return nil
+	}
+	if err := parkInboxAggregate(ctx, tx, consumer, e.AggregateType, e.AggregateID, out.Reason); err != nil {
+		return err
+	}
+	pos.parked, pos.reason = true, out.Reason
+	return nil
+}
+
+// conflictReasonPrefix starts the reason of a conflict and of the park it
+// causes.
+const conflictReasonPrefix = "revision_conflict:"
+
+func conflictReason(e core.Envelope, applied string) string {
+	return fmt.Sprintf("%s revision %d applied as event %s, received as event %s", conflictReasonPrefix, e.Revision, applied, e.EventID)
 }

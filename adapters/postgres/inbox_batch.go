@@ -44,7 +44,7 @@ func (in *Inbox) ReceiveBatch(ctx context.Context, consumer string, ordered bool
 	}
 	defer func() { _ = tx.Rollback(context.Background()) }()
 
-	b := inboxBatch{tx: tx, consumer: consumer, ordered: ordered, es: es, order: order, res: &res}
+	b := inboxBatch{in: in, tx: tx, consumer: consumer, ordered: ordered, es: es, order: order, res: &res}
 	if err := b.lockAndInsert(ctx); err != nil {
 		return res, err
 	}
@@ -90,6 +90,7 @@ func applyOrder(es []core.Envelope) []int {
 
 // inboxBatch is one ReceiveBatch in its transaction.
 type inboxBatch struct {
+	in       *Inbox
 	tx       pgx.Tx
 	consumer string
 	ordered  bool
@@ -99,8 +100,17 @@ type inboxBatch struct {
 	// positions are the locked positions of an ordered consumer's
 	// aggregates; decide advances them in memory.
 	positions map[core.AggregateKey]*inboxPosition
-	// fresh holds the event IDs whose row this batch inserted.
-	fresh map[string]bool
+	// fresh holds the event IDs whose row this batch inserted (decide
+	// removes each as it decides it); inserted lists them all.
+	fresh    map[string]bool
+	inserted []string
+	// appliedBefore maps an unordered consumer's event IDs to the event ID
+	// applied at their aggregate revision before this batch, where one was
+	// (read before the rows were inserted).
+	appliedBefore map[string]string
+	// appliedHere maps the aggregate revisions this batch applied to their
+	// event IDs.
+	appliedHere map[revisionKey]string
 }
 
 // lockAndInsert locks the positions of an ordered consumer's aggregates
@@ -137,6 +147,19 @@ func (b *inboxBatch) lockAndInsert(ctx context.Context) error {
 	for _, i := range b.order {
 		cols.add(b.es[i])
 	}
+	lookUp := !b.ordered && !b.in.revisionOnly
+	if lookUp {
+		// An unordered consumer may receive any event ID at any time, so
+		// each one is looked up (an ordered consumer looks up only a
+		// revision at or below its position, in decide). Before the
+		// insert, so no row of this batch is found.
+		batch.Queue(`
+		SELECT u.event_id, min(i.event_id)
+		FROM unnest($2::text[], $3::text[], $4::text[], $5::bigint[]) AS u(event_id, aggregate_type, aggregate_id, revision)
+		JOIN consumer_inbox i ON i.consumer = $1 AND i.aggregate_type = u.aggregate_type AND i.aggregate_id = u.aggregate_id
+		     AND i.revision = u.revision AND i.disposition = 'applied' AND i.event_id <> u.event_id
+		GROUP BY u.event_id`, b.consumer, cols.eventIDs, cols.aggTypes, cols.aggIDs, cols.revisions)
+	}
 	batch.Queue(`
 		INSERT INTO consumer_inbox (consumer, event_id, kind, type, aggregate_type, aggregate_id, revision, disposition)
 		SELECT $1, u.event_id, u.kind, u.type, u.aggregate_type, u.aggregate_id, u.revision, 'applied'
@@ -162,16 +185,30 @@ func (b *inboxBatch) lockAndInsert(ctx context.Context) error {
 			return fmt.Errorf("inbox: lock positions: %d of %d aggregates found", len(b.positions), len(ids))
 		}
 	}
+	if lookUp {
+		rows, err := br.Query()
+		if err != nil {
+			return fmt.Errorf("inbox: applied events: %w", err)
+		}
+		b.appliedBefore = map[string]string{}
+		var id, applied string
+		if _, err := pgx.ForEachRow(rows, []any{&id, &applied}, func() error {
+			b.appliedBefore[id] = applied
+			return nil
+		}); err != nil {
+			return fmt.Errorf("inbox: applied events: %w", err)
+		}
+	}
 	rows, err := br.Query()
 	if err != nil {
 		return fmt.Errorf("inbox: insert: %w", err)
 	}
-	inserted, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	b.inserted, err = pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
 		return fmt.Errorf("inbox: insert: %w", err)
 	}
-	b.fresh = make(map[string]bool, len(inserted))
-	for _, id := range inserted {
+	b.fresh = make(map[string]bool, len(b.inserted))
+	for _, id := range b.inserted {
 		b.fresh[id] = true
 	}
 	return br.Close()
@@ -195,11 +232,13 @@ func scanPositions(rows pgx.Rows) (map[core.AggregateKey]*inboxPosition, error) 
 	return out, nil
 }
 
-// decide records each event's outcome in order: a repeat, one not next in
-// line (ordered), or applied — with apply at once, or, when deferred,
-// returned for the caller to apply as one run.
+// decide records each event's outcome in order: a repeat, a revision
+// conflict, one not next in line (ordered), or applied — with apply at
+// once, or, when deferred, returned for the caller to apply as one run.
 func (b *inboxBatch) decide(ctx context.Context, apply consumers.Handler, deferred bool) ([]core.Envelope, error) {
 	var toApply []core.Envelope
+	b.appliedHere = map[revisionKey]string{}
+	appliedAt := b.in.appliedAt(ctx, b.tx, b.consumer, b.appliedHere, b.inserted)
 	for _, i := range b.order {
 		e := b.es[i]
 		out := consumers.OutcomeOf(e)
@@ -216,7 +255,7 @@ func (b *inboxBatch) decide(ctx context.Context, apply consumers.Handler, deferr
 		var pos *inboxPosition
 		if b.ordered {
 			pos = b.positions[e.Aggregate()]
-			waits, err := notNextInLine(ctx, b.tx, b.consumer, e, *pos, &out)
+			waits, err := notNextInLine(ctx, b.tx, b.consumer, e, pos, &out, appliedAt)
 			if err != nil {
 				return nil, err
 			}
@@ -224,6 +263,12 @@ func (b *inboxBatch) decide(ctx context.Context, apply consumers.Handler, deferr
 				b.res.Outcomes[i] = out
 				continue
 			}
+		} else if applied := b.appliedUnordered(e); applied != "" {
+			if err := recordConflict(ctx, b.tx, b.consumer, false, e, applied, nil, &out); err != nil {
+				return nil, err
+			}
+			b.res.Outcomes[i] = out
+			continue
 		}
 		if deferred {
 			toApply = append(toApply, e)
@@ -234,10 +279,24 @@ func (b *inboxBatch) decide(ctx context.Context, apply consumers.Handler, deferr
 			pos.last = e.Revision
 			pos.advanced = true
 		}
+		b.appliedHere[revisionKeyOf(e)] = e.EventID
 		out.Disposition = core.DispositionApplied
 		b.res.Outcomes[i] = out
 	}
 	return toApply, nil
+}
+
+// appliedUnordered is the event ID an unordered consumer applied at e's
+// aggregate revision, in this batch or before it ("" when none, and always
+// with revisionOnly).
+func (b *inboxBatch) appliedUnordered(e core.Envelope) string {
+	if b.in.revisionOnly {
+		return ""
+	}
+	if id, ok := b.appliedHere[revisionKeyOf(e)]; ok {
+		return id
+	}
+	return b.appliedBefore[e.EventID]
 }
 
 // advancePositions writes back the positions decide advanced and returns

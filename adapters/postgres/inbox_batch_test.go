@@ -17,7 +17,8 @@ import (
 // A batch gives each event the disposition it would get received alone in
 // (aggregate, revision) order: applied in order, a repeat of an event ID
 // (recorded before, or earlier in the same batch), a revision already
-// applied, a gap held, an event of a parked aggregate kept behind the park.
+// applied under another event ID (a conflict, which parks its aggregate), a
+// gap held, an event of a parked aggregate kept behind the park.
 func TestReceiveBatchDispositionsAsOneByOne(t *testing.T) {
 	t.Parallel()
 	in, apply, read := newInbox(t)
@@ -27,15 +28,15 @@ func TestReceiveBatchDispositionsAsOneByOne(t *testing.T) {
 	if _, err := in.ParkPoison(ctx, "c", true, inboxEvent("acc-p", 1), "bad payload"); err != nil {
 		t.Fatal(err)
 	}
-	otherID := inboxEvent("acc-a", 1)
-	otherID.EventID = "acc-a-r1-resent-under-another-id"
+	otherID := inboxEvent("acc-c", 1)
+	otherID.EventID = "acc-c-r1-under-another-id"
 	batch := []core.Envelope{
 		inboxEvent("acc-a", 3), // delivered before r2: applied after it
 		inboxEvent("acc-b", 1),
 		inboxEvent("acc-a", 2),
 		inboxEvent("acc-a", 2), // the same event twice in one batch
 		inboxEvent("acc-c", 1), // recorded before the batch
-		otherID,                // revision 1 is already applied
+		otherID,                // revision 1 is already applied as acc-c-r1
 		inboxEvent("acc-a", 5), // 4 is missing
 		inboxEvent("acc-p", 2), // behind the poison park
 	}
@@ -44,7 +45,7 @@ func TestReceiveBatchDispositionsAsOneByOne(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []core.Disposition{core.DispositionApplied, core.DispositionApplied, core.DispositionApplied,
-		core.DispositionDuplicate, core.DispositionDuplicate, core.DispositionDuplicate,
+		core.DispositionDuplicate, core.DispositionDuplicate, core.DispositionRevisionConflict,
 		core.DispositionHeld, core.DispositionParkedGap}
 	for i, o := range res.Outcomes {
 		if o.Disposition != want[i] || o.EventID != batch[i].EventID {
@@ -53,6 +54,9 @@ func TestReceiveBatchDispositionsAsOneByOne(t *testing.T) {
 	}
 	if !res.Outcomes[3].Repeat || !res.Outcomes[4].Repeat || res.Outcomes[5].Repeat || !res.Outcomes[6].GapDetected {
 		t.Errorf("repeat and gap flags: %+v", res.Outcomes)
+	}
+	if res.Outcomes[5].ConflictsWith != "acc-c-r1" {
+		t.Errorf("conflict %+v, want it to name acc-c-r1", res.Outcomes[5])
 	}
 	if got, want := read(), []string{"acc-a-r1", "acc-c-r1", "acc-a-r2", "acc-a-r3", "acc-b-r1"}; !slices.Equal(got, want) {
 		t.Errorf("effects %v, want %v (each once, an account's revisions in order)", got, want)

@@ -82,7 +82,7 @@ func (in *Inbox) Recorded(ctx context.Context, consumer string, eventIDs []strin
 }
 
 // recordedColumns are the columns readRecorded reads.
-const recordedColumns = `event_id, disposition, coalesce(reason, ''), duplicates`
+const recordedColumns = `event_id, disposition, coalesce(reason, ''), duplicates, coalesce(conflicts_with, '')`
 
 // readRecorded runs sql and puts each row it returns at its event ID's
 // position (at) in out; rows of IDs not asked for are skipped.
@@ -95,7 +95,7 @@ func (in *Inbox) readRecorded(ctx context.Context, out []ops.Disposition, at map
 	var id, disp pgtype.DriverBytes
 	var d ops.Disposition
 	for rows.Next() {
-		if err := rows.Scan(&id, &disp, &d.Reason, &d.Duplicates); err != nil {
+		if err := rows.Scan(&id, &disp, &d.Reason, &d.Duplicates, &d.ConflictsWith); err != nil {
 			return fmt.Errorf("inbox: dispositions: %w", err)
 		}
 		if i, ok := at[string(id)]; ok {
@@ -137,13 +137,13 @@ func (in *Inbox) List(ctx context.Context, consumer string, d core.Disposition, 
 
 // inboxRecordColumns are the columns scanInboxRecord reads.
 const inboxRecordColumns = `event_id, aggregate_type, aggregate_id, revision, disposition, coalesce(reason, ''),
-		       duplicates, received_at, updated_at`
+		       coalesce(conflicts_with, ''), duplicates, received_at, updated_at`
 
 func scanInboxRecord(r pgx.CollectableRow) (core.InboxRecord, error) {
 	var rec core.InboxRecord
 	var d string
 	err := r.Scan(&rec.EventID, &rec.AggregateType, &rec.AggregateID, &rec.Revision, &d, &rec.Reason,
-		&rec.Duplicates, &rec.ReceivedAt, &rec.UpdatedAt)
+		&rec.ConflictsWith, &rec.Duplicates, &rec.ReceivedAt, &rec.UpdatedAt)
 	rec.Disposition = core.Disposition(d)
 	return rec, err
 }
@@ -153,8 +153,9 @@ type InboxCounts struct {
 	// Events is the number of event IDs per disposition.
 	Events map[core.Disposition]int64
 	// DuplicatesAbsorbed is every repeat the inbox kept from the handler:
-	// repeats of known event IDs plus events whose revision was already
-	// applied.
+	// repeats of known event IDs plus an ordered consumer's events at or
+	// below its position with no applied event of their revision to compare
+	// IDs with. A revision conflict is not one (Events counts those).
 	DuplicatesAbsorbed int64
 	// ParkedAggregates is how many aggregates are parked.
 	ParkedAggregates int64
@@ -249,6 +250,19 @@ SELECT event_id FROM consumer_inbox WHERE consumer = $1 AND event_id > $2 ORDER 
 		}
 		after = ids[len(ids)-1]
 	}
+}
+
+// RevisionConflicts returns every row of consumer recorded as
+// revision_conflict, with the event ID applied at its revision, oldest
+// first (the disposition index makes it a short scan).
+func (in *Inbox) RevisionConflicts(ctx context.Context, consumer string) ([]ops.RevisionConflict, error) {
+	out, err := queryRows(ctx, in.pool, pgx.RowToStructByPos[ops.RevisionConflict], `
+SELECT event_id, coalesce(conflicts_with, ''), aggregate_type, aggregate_id, revision FROM consumer_inbox
+WHERE consumer = $1 AND disposition = 'revision_conflict' ORDER BY received_at, event_id`, consumer)
+	if err != nil {
+		return nil, fmt.Errorf("revision conflicts: %w", err)
+	}
+	return out, nil
 }
 
 // AppliedTwice returns groups of event IDs that the consumer applied for

@@ -179,12 +179,17 @@ func TestInboxGapHeldThenDrainedInOrder(t *testing.T) {
 	if out := mustReceive(t, in, "p", true, inboxEvent("acc", 4), apply, core.DispositionApplied); out.HeldSuccessors {
 		t.Fatalf("revision 4 reports held successors with none held: %+v", out)
 	}
-	// A lower revision under a new event ID is a duplicate, not an effect.
-	old := inboxEvent("acc", 2)
-	old.EventID = "acc-r2-resent-with-new-id"
-	mustReceive(t, in, "p", true, old, apply, core.DispositionDuplicate)
+	// A lower revision under a new event ID is a conflict, not an effect.
+	other := inboxEvent("acc", 2)
+	other.EventID = "acc-r2-under-another-id"
+	if out := mustReceive(t, in, "p", true, other, apply, core.DispositionRevisionConflict); out.ConflictsWith != "acc-r2" {
+		t.Fatalf("conflict %+v, want it to name acc-r2", out)
+	}
 	if last, _ := in.LastRevision(ctx, "p", core.AggregateAccount, "acc"); last != 4 {
 		t.Fatalf("last revision %d, want 4", last)
+	}
+	if got := read(); len(got) != 4 {
+		t.Fatalf("effects %v, want the conflict not applied", got)
 	}
 }
 

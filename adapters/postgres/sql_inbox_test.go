@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -45,8 +46,9 @@ func sqlReceive(t *testing.T, pool *pgxpool.Pool, consumer string, ordered bool,
 
 // TestSQLInboxAnswersApplyDuplicateGap: the SQL protocol's answers for an
 // ordered consumer, and what it records: applied once, repeats counted,
-// a gap names the revision it waits for and records nothing, a parked
-// aggregate is refused; unordered, every new event ID applies.
+// a gap names the revision it waits for and records nothing, another event
+// ID at an applied revision is a conflict, a parked aggregate is refused;
+// unordered, every new event ID of a new revision applies.
 func TestSQLInboxAnswersApplyDuplicateGap(t *testing.T) {
 	t.Parallel()
 	_, pool := pgtest.Consumer(t)
@@ -60,8 +62,8 @@ func TestSQLInboxAnswersApplyDuplicateGap(t *testing.T) {
 		{inboxEvent("acc-1", 1), "duplicate", 0}, // the same event again
 		{inboxEvent("acc-1", 3), "gap", 2},
 		{inboxEvent("acc-1", 2), "apply", 0},
-		{inboxEvent("acc-1", 3), "apply", 0}, // redelivered after its predecessor
-		{withID(inboxEvent("acc-1", 2), "other-id"), "duplicate", 0},
+		{inboxEvent("acc-1", 3), "apply", 0},                                 // redelivered after its predecessor
+		{withID(inboxEvent("acc-1", 2), "other-id"), "revision_conflict", 0}, // another event at an applied revision
 	}
 	for i, s := range steps {
 		if d, w := sqlReceive(t, pool, c, true, s.e); d != s.want || w != s.waits {
@@ -69,7 +71,7 @@ func TestSQLInboxAnswersApplyDuplicateGap(t *testing.T) {
 		}
 	}
 	got := pgtest.Column[string](t, pool, `SELECT event_id || ' ' || disposition || ' ' || duplicates FROM consumer_inbox WHERE consumer = $1 ORDER BY event_id`, c)
-	want := []string{"acc-1-r1 applied 1", "acc-1-r2 applied 0", "acc-1-r3 applied 0", "other-id duplicate 0"}
+	want := []string{"acc-1-r1 applied 1", "acc-1-r2 applied 0", "acc-1-r3 applied 0", "other-id revision_conflict 0"}
 	if strings.Join(got, "; ") != strings.Join(want, "; ") {
 		t.Fatalf("inbox rows %q, want %q", got, want)
 	}
@@ -161,7 +163,9 @@ func TestSQLInboxRollbackRecordsNothingAndInstancesApplyOnce(t *testing.T) {
 }
 
 // TestSQLInboxSharesTheGoInbox: the SQL protocol and the Go inbox keep one
-// position per consumer and aggregate: what one applied, the other sees.
+// position per consumer and aggregate: what one applied, the other sees,
+// and another event at a revision one of them applied is a conflict to
+// both, recorded in the same words.
 func TestSQLInboxSharesTheGoInbox(t *testing.T) {
 	t.Parallel()
 	_, pool := pgtest.Consumer(t)
@@ -175,6 +179,28 @@ func TestSQLInboxSharesTheGoInbox(t *testing.T) {
 		t.Fatalf("SQL r2 after Go's r1: %s", d)
 	}
 	mustReceive(t, goInbox, "shared", true, inboxEvent("acc-3", 2), apply, core.DispositionDuplicate)
+	// A conflict is found across the paths too, naming the event the
+	// other path applied: SQL against Go's r1, Go against SQL's r2 (the
+	// same reason and park either way).
+	if d, _ := sqlReceive(t, pool, "shared", true, withID(inboxEvent("acc-3", 1), "sql-other")); d != "revision_conflict" {
+		t.Fatalf("SQL, another event at Go's r1: %s", d)
+	}
+	if out := mustReceive(t, goInbox, "shared", true, withID(inboxEvent("acc-3", 2), "go-other"), apply, core.DispositionRevisionConflict); out.ConflictsWith != "acc-3-r2" {
+		t.Fatalf("Go, another event at SQL's r2: %+v", out)
+	}
+	got := pgtest.Column[string](t, pool, `SELECT event_id || ' ' || conflicts_with || ': ' || reason FROM consumer_inbox
+		WHERE consumer = 'shared' AND disposition = 'revision_conflict' ORDER BY event_id`)
+	want := []string{
+		"go-other acc-3-r2: revision_conflict: revision 2 applied as event acc-3-r2, received as event go-other",
+		"sql-other acc-3-r1: revision_conflict: revision 1 applied as event acc-3-r1, received as event sql-other",
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("conflicts %q, want %q", got, want)
+	}
+	// The first conflict parked the aggregate and stays its reason.
+	if p := pgtest.Column[string](t, pool, `SELECT parked_reason FROM consumer_positions WHERE consumer = 'shared'`); len(p) != 1 || p[0] != strings.SplitN(want[1], ": ", 2)[1] {
+		t.Fatalf("park %q, want the SQL path's conflict", p)
+	}
 }
 
 // TestSQLInboxRefusesBadHeadersAndRoles: headers lacking a contract header

@@ -176,7 +176,8 @@ func printReconcile(w io.Writer, rep ops.Report) {
 	fmt.Fprintln(tw, "CONSUMER\tEXPECTED\tRELAYED\tAPPLIED\tDUPLICATES ABSORBED\tPARKED\tREJECTED\tDISCREPANCIES")
 	for _, r := range rep.Consumers {
 		d := r.Discrepancies
-		n := d.JournalWithoutEvents.Count + d.Unrelayed.Count + d.Unproven.Count + d.Unknown.Count + d.MultipleApplied.Count
+		n := d.JournalWithoutEvents.Count + d.Unrelayed.Count + d.Unproven.Count + d.Unknown.Count + d.MultipleApplied.Count +
+			d.RevisionConflicts.Count
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n", r.Name, r.Expected, r.Relayed, r.Applied, r.DuplicatesAbsorbed, r.Parked, r.Rejected, n)
 	}
 	tw.Flush()
@@ -209,8 +210,16 @@ func printReconcile(w io.Writer, rep ops.Report) {
 			}
 			fmt.Fprintf(w, "  %s: %d %s%s%s\n    %s\n", cl.name, cl.c.Count, cl.what, extra, more, strings.Join(cl.c.IDs, "\n    "))
 		}
+		if rc := d.RevisionConflicts; rc.Count > 0 {
+			// IDs come from the wire: quoted, so no control character reaches the terminal.
+			fmt.Fprintf(w, "  revision conflicts (a revision applied under another event ID; not applied, never covered): %d\n", rc.Count)
+			for _, c := range rc.Conflicts {
+				fmt.Fprintf(w, "    %q %q revision %d: applied event %q, conflicting event %q\n",
+					c.AggregateType, c.AggregateID, c.Revision, c.AppliedEventID, c.EventID)
+			}
+		}
 		if len(d.Waiting) > 0 {
-			fmt.Fprintf(w, "  seen but not final (parked, held or rejected; not covered until released and applied):\n")
+			fmt.Fprintf(w, "  seen but not final (parked, held, rejected or revision_conflict; not covered until resolved):\n")
 			for _, we := range d.Waiting {
 				fmt.Fprintf(w, "    %s  %s  %s: %s\n", we.EventID, we.Consumer, we.Disposition, we.Reason)
 			}

@@ -14,7 +14,9 @@ event to Kafka (topic events.customer, keyed by the customer).
 consume reads the topic from its start with kcat and, per record, calls
 posthorn_inbox_receive in the same transaction as its effect (a line in
 customer_invoices): 'apply' writes the line, 'duplicate' (a relay resend, or
-a record read again on the next pass) writes nothing, 'gap' and 'parked'
+a record read again on the next pass) writes nothing, 'revision_conflict'
+(another event already took the customer's revision: recorded with both
+event IDs for an operator, never applied) writes nothing, 'gap' and 'parked'
 leave the record for a later pass. Reading from the start every time is
 therefore safe: the inbox makes the effect exactly once. It passes over the
 topic until one pass leaves nothing waiting, and prints a JSON summary.
@@ -71,7 +73,7 @@ def records(broker):
 
 
 def consume(args):
-    summary = {"apply": 0, "duplicate": 0, "gap": 0, "parked": 0, "passes": 0}
+    summary = {"apply": 0, "duplicate": 0, "revision_conflict": 0, "gap": 0, "parked": 0, "passes": 0}
     with psycopg.connect(args.consumer_db, autocommit=True) as db:
         while True:
             summary["passes"] += 1

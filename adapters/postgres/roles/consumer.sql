@@ -13,7 +13,7 @@ GRANT USAGE ON SCHEMA public TO posthorn_consumer, posthorn_reconciler;
 
 GRANT SELECT, INSERT, UPDATE ON consumer_inbox, consumer_positions, projection_balances, audit_log TO posthorn_consumer;
 GRANT SELECT ON consumer_inbox TO posthorn_reconciler;
--- The inbox's protocol in SQL for consumers outside Go (migration 00003);
+-- The inbox's protocol in SQL for consumers outside Go (migrations 00003, 00004);
 -- it runs with the caller's rights, the ones above.
 GRANT EXECUTE ON FUNCTION posthorn_inbox_receive(text, jsonb, boolean) TO posthorn_consumer;
 -- Inbox retention (`posthorn retention`, and on a schedule inside
