@@ -30,7 +30,7 @@ type Relay struct {
 	// standby is set with StandbyFlush.Required (standby.go).
 	standby *StandbyGate
 	m       *metrics
-	log    *slog.Logger
+	log     *slog.Logger
 
 	life    *Lifecycle
 	wake    chan struct{}

@@ -35,8 +35,8 @@ type Relay struct {
 	// standby is set with StandbyFlush.Required (deliver.go).
 	standby *bridge.StandbyGate
 	bm      *bridge.Metrics
-	m      *metrics
-	log    *slog.Logger
+	m       *metrics
+	log     *slog.Logger
 
 	life     *bridge.Lifecycle
 	crashed  atomic.Bool
