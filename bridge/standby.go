@@ -63,6 +63,10 @@ const (
 	StandbyWarnAfterDefault = 5 * time.Second
 )
 
+// standbyQuickPolls is how long a wait reads the standbys' positions every
+// millisecond before it backs off.
+const standbyQuickPolls = 100 * time.Millisecond
+
 // StandbyFlush configures the wait for the standbys. The zero value is off.
 type StandbyFlush struct {
 	// Required publishes a row only once Count of the standbys Names (any
@@ -77,7 +81,8 @@ type StandbyFlush struct {
 	// to warn at start (CheckStandbys).
 	Probe StandbyProbe
 	// PollMax is the longest wait between two reads of the standbys'
-	// positions (the first reads follow each other sooner).
+	// positions (for the first 100 ms of a wait they are read every
+	// millisecond).
 	PollMax time.Duration
 	// WarnAfter is how long a hold lasts before the relay logs it (then
 	// once a minute while it lasts).
@@ -146,7 +151,7 @@ func NewStandbyGate(cfg StandbyFlush, m *Metrics, log *slog.Logger) *StandbyGate
 // been held, and a hold longer than WarnAfter is logged.
 func (g *StandbyGate) Wait(ctx context.Context, life *Lifecycle, target LSN, until time.Time) (LSN, bool, error) {
 	start := time.Now()
-	poll := 500 * time.Microsecond
+	poll := 250 * time.Microsecond
 	for {
 		st, err := g.cfg.Probe.StandbyStatus(ctx)
 		if err != nil {
@@ -165,7 +170,14 @@ func (g *StandbyGate) Wait(ctx context.Context, life *Lifecycle, target LSN, unt
 			return target, false, nil
 		}
 		life.Sleep(ctx, poll)
-		poll = min(2*poll, g.cfg.PollMax)
+		// A healthy standby reports its flush within milliseconds: look
+		// again every millisecond at first (a longer step is added to
+		// every batch's latency), then back off towards PollMax.
+		if time.Since(start) < standbyQuickPolls {
+			poll = min(2*poll, time.Millisecond)
+		} else {
+			poll = min(2*poll, g.cfg.PollMax)
+		}
 	}
 }
 
