@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/posthorn/posthorn/adapters/memory"
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/pgcluster"
@@ -30,6 +32,10 @@ type standbyBenchResult struct {
 	drain    float64 // events per second
 	p50, p99 time.Duration
 	events   int
+	// waits and meanWait are the batches that waited for the standby and
+	// their mean wait (posthorn_relay_standby_wait_seconds), over the run.
+	waits    uint64
+	meanWait time.Duration
 }
 
 // BenchmarkStandbyFlush measures what relay.standby_flush: required costs
@@ -63,6 +69,7 @@ func BenchmarkStandbyFlush(b *testing.B) {
 			mode, standbyBenchBacklog, off.drain, req.drain, req.drain/off.drain)
 		fmt.Printf("%-8s commit-to-ACK at %d postings/s: off p50 %s p99 %s, required p50 %s p99 %s (p50 +%s, p99 +%s)\n",
 			mode, standbyBenchRate, off.p50, off.p99, req.p50, req.p99, req.p50-off.p50, req.p99-off.p99)
+		fmt.Printf("%-8s required: %d batches waited for the standby, %s each on average\n", mode, req.waits, req.meanWait)
 		b.ReportMetric(req.drain/off.drain, mode+"-drain-required/off")
 		b.ReportMetric(float64((req.p50-off.p50).Microseconds())/1000, mode+"-p50-added-ms")
 	}
@@ -80,11 +87,12 @@ func benchStandby(b *testing.B, f *bridgetest.Failover, mode string, required bo
 	defer sink.Close()
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	sf := bridge.StandbyFlush{Required: required, Probe: store}
+	reg := prometheus.NewRegistry()
 	name := fmt.Sprintf("%s_%v", mode, required)
 	var stop func()
 	switch mode {
 	case "polling":
-		r, err := bridge.New(store, sink, bridge.Config{Owner: name, SinkName: "memory", Logger: quiet, StandbyFlush: sf})
+		r, err := bridge.New(store, sink, bridge.Config{Owner: name, SinkName: "memory", Logger: quiet, StandbyFlush: sf, Registerer: reg})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -96,7 +104,7 @@ func benchStandby(b *testing.B, f *bridgetest.Failover, mode string, required bo
 		logs := &syncbuf.Buffer{}
 		slot := "bench_" + name
 		r, err := cdc.New(store, postgres.NewCDCSource(relayPool), sink, cdc.Config{Owner: name, SinkName: "memory", Slot: slot,
-			Logger: slog.New(slog.NewTextHandler(logs, nil)), StandbyFlush: sf})
+			Logger: slog.New(slog.NewTextHandler(logs, nil)), StandbyFlush: sf, Registerer: reg})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -183,5 +191,17 @@ func benchStandby(b *testing.B, f *bridgetest.Failover, mode string, required bo
 	slices.Sort(lat)
 	res.p50, res.p99 = lat[len(lat)/2].Round(10*time.Microsecond), lat[len(lat)*99/100].Round(10*time.Microsecond)
 	res.events = len(lat)
+	mfs, err := reg.Gather()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if h := mf.GetMetric(); mf.GetName() == "posthorn_relay_standby_wait_seconds" && len(h) == 1 {
+			res.waits = h[0].GetHistogram().GetSampleCount()
+			if res.waits > 0 {
+				res.meanWait = time.Duration(h[0].GetHistogram().GetSampleSum() / float64(res.waits) * float64(time.Second)).Round(10 * time.Microsecond)
+			}
+		}
+	}
 	return res
 }
