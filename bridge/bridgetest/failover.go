@@ -86,6 +86,10 @@ type FailoverResult struct {
 	Published int
 	// Ghosts are the published event IDs the promoted standby lacks.
 	Ghosts []string
+	// WALSenders counts pg_stat_replication's rows while the standby was
+	// down (the CDC relay's own WAL sender is one), none of which the
+	// relay's probe may take for a standby.
+	WALSenders int
 }
 
 // RunFailover plays the failover: with the standby streaming, 10 transfers
@@ -107,6 +111,18 @@ func RunFailover(t *testing.T, run RunRelay, required bool, opts pgcluster.Optio
 		t.Fatal(err)
 	}
 	during := MustPostTransfers(t, f.Pool, 20, 8, 5)
+	// (The standby's WAL sender may outlive it by a moment.)
+	WaitFor(t, 30*time.Second, "the relay's probe to see no standby while it is down", func() bool {
+		st, err := postgres.NewRelayStore(f.Pool).StandbyStatus(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(st.Standbys) == 0
+	})
+	var senders int
+	if err := f.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_replication`).Scan(&senders); err != nil {
+		t.Fatal(err)
+	}
 	if required {
 		WaitFor(t, 30*time.Second, "the relay to report it is held by the standby", func() bool {
 			return promtest.Value(t, reg, "posthorn_relay_held_by_standby_seconds") >= 1
@@ -127,7 +143,9 @@ func RunFailover(t *testing.T, run RunRelay, required bool, opts pgcluster.Optio
 	if err := f.Standby.Promote(ctx); err != nil {
 		t.Fatal(err)
 	}
-	return f.ghosts(t, ctx)
+	res := f.ghosts(t, ctx)
+	res.WALSenders = senders
+	return res
 }
 
 // waitPublished waits until every event of posted is in the sink.

@@ -75,6 +75,11 @@ func TestStandbyFlushLeavesNoGhostAfterFailoverCDC(t *testing.T) {
 			if !required && len(res.Ghosts) == 0 {
 				t.Errorf("negative control: with standby flush off the failover left no ghost; the scenario does not bite")
 			}
+			// The relay's own logical WAL sender was in pg_stat_replication
+			// and the probe did not take it for a standby.
+			if res.WALSenders < 1 {
+				t.Errorf("pg_stat_replication had %d rows while the standby was down, want the CDC relay's WAL sender", res.WALSenders)
+			}
 			if required && !strings.Contains(logs.String(), "relay held back by the ledger's standbys") {
 				t.Errorf("no log line while the relay was held:\n%s", logs)
 			}
