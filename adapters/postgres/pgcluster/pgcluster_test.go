@@ -175,7 +175,7 @@ func TestStandbyMissesWhatWasCommittedWhileItWasDown(t *testing.T) {
 	var name string
 	var flushed bool
 	for deadline := time.Now().Add(30 * time.Second); !flushed; {
-		err := pc.QueryRow(ctx, `SELECT application_name, flush_lsn >= pg_current_wal_insert_lsn() FROM pg_stat_replication`).Scan(&name, &flushed)
+		err := pc.QueryRow(ctx, `SELECT application_name, coalesce(flush_lsn >= pg_current_wal_insert_lsn(), false) FROM pg_stat_replication`).Scan(&name, &flushed)
 		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 			t.Fatal(err)
 		}
