@@ -19,6 +19,24 @@ func (r *Relay) relayBatch(ctx context.Context, rows []core.OutboxRow, carry []c
 	if h := r.cfg.Hooks; h != nil && h.BeforePublish != nil {
 		h.BeforePublish(batch)
 	}
+	// Publish only what the standbys have: a failover must not promote a
+	// ledger that lacks an event the world has seen. Held past the next
+	// lease round trip, the batch is dropped and read again after it.
+	if r.standby != nil {
+		until := r.nextMaintain
+		if soon := time.Now().Add(r.cfg.StandbyFlush.PollMax); until.Before(soon) {
+			until = soon
+		}
+		_, ok, err := r.standby.Wait(ctx, r.life, 0, until)
+		if err != nil {
+			r.log.Error("standby flush", "err", err)
+			r.backoff(ctx)
+			return nil, nil
+		}
+		if !ok {
+			return nil, nil
+		}
+	}
 	// A relay that was paused (SIGSTOP, GC, a stalled hook) may have lost its
 	// leases meanwhile: publishing now could interleave with the new owner's
 	// sends. Abandon instead, and let the next lease round trip decide.

@@ -61,6 +61,9 @@ type Config struct {
 	// refreshed (the polling relay waits longer while reading them is slow,
 	// see refreshStats).
 	StatsInterval time.Duration
+	// StandbyFlush holds every batch until the ledger's standbys have
+	// flushed its commits (standby.go); the zero value is off.
+	StandbyFlush StandbyFlush
 	// Logger receives structured logs; nil means slog.Default().
 	Logger *slog.Logger
 	// Registerer receives the relay's metrics; nil means none are registered.
@@ -124,6 +127,7 @@ func (c *Config) setDefaults() {
 	c.StatsInterval = cmp.Or(c.StatsInterval, StatsIntervalDefault)
 	c.ParkAfterAttempts = cmp.Or(c.ParkAfterAttempts, ParkAfterAttemptsDefault)
 	c.ParkAfter = cmp.Or(c.ParkAfter, ParkAfterDefault)
+	c.StandbyFlush.setDefaults()
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -148,5 +152,5 @@ func (c *Config) validate() error {
 	case c.StatsInterval < 0:
 		return bad("StatsInterval", "is %s, want positive", c.StatsInterval)
 	}
-	return nil
+	return c.StandbyFlush.Validate()
 }

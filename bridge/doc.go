@@ -99,6 +99,19 @@
 //
 // Parking, order, leases and "marker after ACK" are unchanged.
 //
+// # Standbys
+//
+// With Config.StandbyFlush required, a batch is published only once enough
+// of the ledger's physical standbys report flushed a WAL position read
+// after the batch (pg_current_wal_insert_lsn, past the commit of every row
+// the read could see): a failover to such a standby never promotes a
+// ledger without an event the world has seen. The wait happens before the
+// lease check that precedes publishing; a hold that outlasts the next lease
+// round trip drops the batch, renews the leases and reads it again, so a
+// standby that is down holds the relay for as long as it is down, with
+// posthorn_relay_held_by_standby_seconds and a log line saying so, and
+// nothing is lost (standby.go).
+//
 // # Lifecycle
 //
 // Start runs the loop in the background; Stop (or cancelling Start's

@@ -20,6 +20,8 @@ type metrics struct {
 	fenced         prometheus.Counter
 	abandoned      prometheus.Counter
 	shardsOwned    prometheus.Gauge
+	heldByStandby  prometheus.Gauge
+	standbyWait    prometheus.Histogram
 }
 
 func newMetrics(reg prometheus.Registerer, sink string) (*metrics, error) {
@@ -39,6 +41,10 @@ func newMetrics(reg prometheus.Registerer, sink string) (*metrics, error) {
 		fenced:      s.Counter("posthorn_relay_fenced_markers_total", "Markers refused because this relay's lease token was superseded."),
 		abandoned:   s.Counter("posthorn_relay_abandoned_batches_total", "Batches read but not published because the lease would expire first."),
 		shardsOwned: s.Gauge("posthorn_relay_shards_owned", "Outbox shards this relay holds a lease on."),
+		heldByStandby: s.Gauge("posthorn_relay_held_by_standby_seconds",
+			"How long the relay has been holding a batch back because the ledger's standbys have not flushed it (relay.standby_flush: required); 0 when not held."),
+		standbyWait: s.Histogram("posthorn_relay_standby_wait_seconds", "Time a batch waited for the ledger's standbys to flush it (relay.standby_flush: required).",
+			prometheus.ExponentialBuckets(0.0002, 2, 18)),
 	}
 	return m, s.Register(reg)
 }

@@ -27,8 +27,10 @@ type Relay struct {
 	sink  core.Sink
 	// fences is set in exactly-once mode (exactly_once.go).
 	fences *Fences
-	m      *metrics
-	log    *slog.Logger
+	// standby is set with StandbyFlush.Required (standby.go).
+	standby *StandbyGate
+	m       *metrics
+	log     *slog.Logger
 
 	life    *Lifecycle
 	wake    chan struct{}
@@ -69,6 +71,7 @@ func New(store Store, sink core.Sink, cfg Config) (*Relay, error) {
 			return nil, err
 		}
 	}
+	r.standby = NewStandbyGate(cfg.StandbyFlush, &Metrics{m: m}, r.log)
 	return r, nil
 }
 

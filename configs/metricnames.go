@@ -33,4 +33,5 @@ var OperatorMetrics = []string{
 	"posthorn_consumer_held_events",
 	"posthorn_wal_slot_status",
 	"posthorn_cdc_slot_recoveries_total",
+	"posthorn_relay_held_by_standby_seconds",
 }

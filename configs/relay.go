@@ -1,6 +1,9 @@
 package configs
 
 import (
+	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/posthorn/posthorn/bridge"
@@ -28,6 +31,16 @@ type Relay struct {
 	// for ever). A broker-wide outage never parks: it only backs off.
 	ParkAfterAttempts int           `koanf:"park_after_attempts"`
 	ParkAfter         time.Duration `koanf:"park_after"`
+	// StandbyFlush is off (default) or required: publish a row only once
+	// the ledger's standbys have flushed its commit, so a failover never
+	// promotes a standby lacking an event already published.
+	StandbyFlush string `koanf:"standby_flush"`
+	// StandbyNames are the application_names of the standbys that count;
+	// empty: any physical standby.
+	StandbyNames []string `koanf:"standby_names"`
+	// StandbyCount is how many of them must have flushed; 0: all of
+	// StandbyNames, or one when it is empty.
+	StandbyCount int `koanf:"standby_count"`
 	// CDC configures relay.mode cdc (configs/cdc.go).
 	CDC CDC `koanf:"cdc"`
 }
@@ -40,6 +53,7 @@ func defaultRelay() Relay {
 		LeaseTTL:          bridge.LeaseTTLDefault,
 		ParkAfterAttempts: bridge.ParkAfterAttemptsDefault,
 		ParkAfter:         bridge.ParkAfterDefault,
+		StandbyFlush:      "off",
 		CDC:               defaultCDC(),
 	}
 }
@@ -63,10 +77,40 @@ func (r Relay) validate() error {
 	if r.ParkAfter < 0 {
 		return fieldErr("relay.park_after", "must not be negative (0 turns it off), is %s", r.ParkAfter)
 	}
+	if err := r.validateStandby(); err != nil {
+		return err
+	}
 	if err := r.CDC.validate(); err != nil {
 		return err
 	}
 	return nil
+}
+
+func (r Relay) validateStandby() error {
+	if r.StandbyFlush != "off" && r.StandbyFlush != "required" {
+		return fieldErr("relay.standby_flush", "is %q, want off or required", r.StandbyFlush)
+	}
+	for i, n := range r.StandbyNames {
+		// An application_name is at most 63 bytes of printable ASCII (the
+		// server replaces anything else with '?').
+		if n == "" || len(n) > 63 || strings.IndexFunc(n, func(c rune) bool { return c < 0x20 || c > 0x7e }) >= 0 {
+			return fieldErr(fmt.Sprintf("relay.standby_names[%d]", i), "is %q, want 1 to 63 printable ASCII characters (a standby's application_name)", n)
+		}
+		if slices.Index(r.StandbyNames, n) != i {
+			return fieldErr(fmt.Sprintf("relay.standby_names[%d]", i), "names %q twice", n)
+		}
+	}
+	if r.StandbyCount < 0 || len(r.StandbyNames) > 0 && r.StandbyCount > len(r.StandbyNames) {
+		return fieldErr("relay.standby_count", "is %d, want 0 (all of relay.standby_names, or one standby when it is empty) to the number of relay.standby_names (%d)", r.StandbyCount, len(r.StandbyNames))
+	}
+	return nil
+}
+
+// StandbyFlushConfig returns relay.standby_flush, standby_names and
+// standby_count as both relay modes take them, reading the standbys
+// through probe (which also serves the warning at start when it is off).
+func (r Relay) StandbyFlushConfig(probe bridge.StandbyProbe) bridge.StandbyFlush {
+	return bridge.StandbyFlush{Required: r.StandbyFlush == "required", Names: r.StandbyNames, Count: r.StandbyCount, Probe: probe}
 }
 
 // offIfZero maps a configuration bound where 0 means "off" to the relay's,

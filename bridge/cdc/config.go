@@ -67,6 +67,9 @@ type Config struct {
 	HeartbeatInterval time.Duration
 	// StatsInterval is how often the backlog and slot gauges are refreshed.
 	StatsInterval time.Duration
+	// StandbyFlush holds each transaction until the ledger's standbys have
+	// flushed its commit (bridge.StandbyFlush); the zero value is off.
+	StandbyFlush bridge.StandbyFlush
 	// Logger receives structured logs; nil means slog.Default().
 	Logger *slog.Logger
 	// Registerer receives the metrics; nil means none are registered.
@@ -153,5 +156,5 @@ func (c *Config) validate() error {
 	case c.StatsInterval < 0:
 		return bad("StatsInterval", "is %s, want positive", c.StatsInterval)
 	}
-	return nil
+	return c.StandbyFlush.Validate()
 }

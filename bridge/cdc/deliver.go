@@ -16,7 +16,15 @@ import (
 // ACKed (fenced by the slot lease), parks what the sink rejected for good
 // and retries the rest with backoff until it is ACKed. It returns only
 // when every row is marked or parked, or with the reason it could not.
-func (r *Relay) deliver(ctx context.Context, rows []core.OutboxRow) error {
+// With StandbyFlush required nothing is published before the standbys have
+// flushed WAL up to commit, a position at or past the commit of every row
+// (0: the WAL insert position when the wait starts).
+func (r *Relay) deliver(ctx context.Context, rows []core.OutboxRow, commit LSN) error {
+	if len(rows) > 0 {
+		if err := r.awaitStandbys(ctx, commit); err != nil {
+			return err
+		}
+	}
 	for len(rows) > 0 {
 		n := min(len(rows), r.cfg.BatchSize)
 		if err := r.deliverBatch(ctx, rows[:n]); err != nil {
@@ -131,6 +139,32 @@ func (r *Relay) deliverBatch(ctx context.Context, rows []core.OutboxRow) error {
 		}
 	}
 	return nil
+}
+
+// awaitStandbys waits until enough standbys have flushed WAL up to commit
+// (0: the insert position read first), renewing the slot lease meanwhile;
+// the reader keeps answering the server while the relay is held.
+func (r *Relay) awaitStandbys(ctx context.Context, commit LSN) error {
+	if r.standby == nil {
+		return nil
+	}
+	for {
+		if _, err := r.maintain(ctx); err != nil {
+			return err
+		}
+		target, ok, err := r.standby.Wait(ctx, r.life, commit, r.nextMaintain)
+		switch {
+		case ok:
+			return nil
+		case err != nil:
+			r.log.Error("standby flush", "err", err)
+			r.backoff(ctx)
+		}
+		if r.stopping() || ctx.Err() != nil {
+			return errStopping
+		}
+		commit = target
+	}
 }
 
 // fence, in exactly-once mode, fences every shard and marks the rows their

@@ -99,6 +99,16 @@
 // first. Deliver marks before it goes on, so no marker is in flight when a
 // transaction is built.
 //
+// # Standbys
+//
+// With Config.StandbyFlush required (bridge.StandbyGate), the rows of
+// received transactions are published only once enough of the ledger's
+// physical standbys have flushed past the last one's commit (its end LSN
+// from the stream; for a large transaction delivered before its end
+// arrived, and for the outbox catch-up, the WAL insert position read before
+// the wait). The slot lease is renewed and the server answered while the
+// relay is held.
+//
 // # Parking
 //
 // A record the sink rejects for good parks its aggregate (relay_parked) as

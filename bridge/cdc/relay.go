@@ -32,9 +32,11 @@ type Relay struct {
 	sink  core.Sink
 	// fences is set in exactly-once mode (deliver.go).
 	fences *bridge.Fences
-	bm     *bridge.Metrics
-	m      *metrics
-	log    *slog.Logger
+	// standby is set with StandbyFlush.Required (deliver.go).
+	standby *bridge.StandbyGate
+	bm      *bridge.Metrics
+	m       *metrics
+	log     *slog.Logger
 
 	life     *bridge.Lifecycle
 	crashed  atomic.Bool
@@ -86,6 +88,7 @@ func New(outbox OutboxStore, source Source, sink core.Sink, cfg Config) (*Relay,
 			return nil, err
 		}
 	}
+	r.standby = bridge.NewStandbyGate(cfg.StandbyFlush, bm, r.log)
 	return r, nil
 }
 

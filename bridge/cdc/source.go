@@ -3,9 +3,9 @@ package cdc
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
 
+	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/core"
 )
 
@@ -74,11 +74,9 @@ type Stream interface {
 	Close(ctx context.Context) error
 }
 
-// LSN is a WAL position: a byte offset into the write-ahead log.
-type LSN uint64
-
-// String is the LSN as PostgreSQL prints it, e.g. 16/B374D848.
-func (l LSN) String() string { return fmt.Sprintf("%X/%X", uint32(l>>32), uint32(l)) }
+// LSN is a WAL position: a byte offset into the write-ahead log (the
+// polling relay's, which its standby gate shares).
+type LSN = bridge.LSN
 
 // ErrInterrupted is wrapped by Stream.Next's error when its context ended
 // while it waited and the connection is intact, so reading can go on.

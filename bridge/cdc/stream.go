@@ -173,7 +173,7 @@ func (r *Relay) catchUp(ctx context.Context) error {
 			count[row.Shard]++
 			last[row.Shard] = max(last[row.Shard], row.ID)
 		}
-		if err := r.deliver(ctx, rows); err != nil {
+		if err := r.deliver(ctx, rows, 0); err != nil {
 			return err
 		}
 		total += len(rows)
@@ -400,7 +400,11 @@ func (r *Relay) deliverReceived(ctx context.Context, txns []txn) error {
 			rows = kept
 		}
 	}
-	if err := r.deliver(ctx, rows); err != nil {
+	// The standbys must hold the commit of the last transaction (an open
+	// one's end is not known yet: then whatever is inserted now, which is
+	// past its commit, since the server sends only committed transactions).
+	commit := txns[len(txns)-1].end
+	if err := r.deliver(ctx, rows, commit); err != nil {
 		return err
 	}
 	if h := r.cfg.Hooks; h != nil && h.AfterMark != nil && len(rows) > 0 {

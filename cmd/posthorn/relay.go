@@ -51,7 +51,12 @@ func runRelay(ctx context.Context, args []string) error {
 	cfg := p.cfg
 	postgres.WarnIfSuperuser(ctx, p.ledger, p.log, "relay", postgres.RoleRelay)
 	parkAttempts, parkAfter := cfg.Relay.RetryPark()
-	relay, err := bridge.New(postgres.NewRelayStore(p.ledger), p.sink, bridge.Config{
+	store := postgres.NewRelayStore(p.ledger)
+	standby := cfg.Relay.StandbyFlushConfig(store)
+	if err := bridge.CheckStandbys(ctx, standby, p.log); err != nil {
+		return fmt.Errorf("config key relay.standby_flush: %w", err)
+	}
+	relay, err := bridge.New(store, p.sink, bridge.Config{
 		ParkAfterAttempts: parkAttempts,
 		ParkAfter:         parkAfter,
 		Owner:             cfg.Relay.Owner,
@@ -60,6 +65,7 @@ func runRelay(ctx context.Context, args []string) error {
 		BatchSize:         cfg.Relay.BatchSize,
 		PollInterval:      cfg.Relay.PollInterval,
 		LeaseTTL:          cfg.Relay.LeaseTTL,
+		StandbyFlush:      standby,
 		Logger:            p.log,
 		Registerer:        p.reg,
 		Hooks:             unsafeRelayHooks(*unsafeMark, p.log),

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/bridge/cdc"
 	"github.com/posthorn/posthorn/internal/units"
 )
@@ -20,7 +21,12 @@ func runCDCRelay(ctx context.Context, p *prelude) error {
 	cfg := p.cfg
 	postgres.WarnIfSuperuser(ctx, p.ledger, p.log, "relay", postgres.RoleRelayCDC)
 	parkAttempts, parkAfter := cfg.Relay.RetryPark()
-	relay, err := cdc.New(postgres.NewRelayStore(p.ledger), postgres.NewCDCSource(p.ledger), p.sink, cdc.Config{
+	store := postgres.NewRelayStore(p.ledger)
+	standby := cfg.Relay.StandbyFlushConfig(store)
+	if err := bridge.CheckStandbys(ctx, standby, p.log); err != nil {
+		return fmt.Errorf("config key relay.standby_flush: %w", err)
+	}
+	relay, err := cdc.New(store, postgres.NewCDCSource(p.ledger), p.sink, cdc.Config{
 		ParkAfterAttempts: parkAttempts,
 		ParkAfter:         parkAfter,
 		Owner:             cfg.Relay.Owner,
@@ -32,6 +38,7 @@ func runCDCRelay(ctx context.Context, p *prelude) error {
 		LeaseTTL:          cfg.Relay.LeaseTTL,
 		StatusInterval:    cfg.Relay.CDC.StatusInterval,
 		HeartbeatInterval: cfg.Relay.CDC.HeartbeatInterval,
+		StandbyFlush:      standby,
 		Logger:            p.log,
 		Registerer:        p.reg,
 	})

@@ -73,9 +73,15 @@ type Cluster struct {
 	user     string
 	pgCtl    string
 	asUser   string // non-empty: run pg_ctl through runuser as this user
+	uid, gid int    // the server's OS user when asUser is set, else -1
+	bin      string // the directory of the server binaries; "" means PATH
+	opts     Options
 	log      io.Writer
 	stopOnce sync.Once
 	stopErr  error
+
+	mu   sync.Mutex
+	down bool // the server was killed or shut down (Kill, Shutdown)
 }
 
 // Start initialises a cluster in a new temporary directory and starts it,
@@ -91,7 +97,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	if logw == nil {
 		logw = io.Discard
 	}
-	c := &Cluster{pgCtl: filepath.Join(bin, "pg_ctl"), log: logw}
+	c := &Cluster{pgCtl: filepath.Join(bin, "pg_ctl"), log: logw, bin: bin, opts: opts, uid: -1, gid: -1}
 	if bin == "" {
 		c.pgCtl = "pg_ctl"
 	}
@@ -112,6 +118,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		uid, _ = strconv.Atoi(u.Uid)
 		gid, _ = strconv.Atoi(u.Gid)
 		c.asUser, c.user = "postgres", "postgres"
+		c.uid, c.gid = uid, gid
 	} else {
 		u, err := user.Current()
 		if err != nil {
@@ -177,12 +184,10 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		if err := c.writeConf(opts, uid, gid); err != nil {
 			return nil, err
 		}
-		out, err := c.run(ctx, c.pgCtl, "start", "-w", "-t", "60", "-D", c.dataDir, "-l", c.LogFile())
-		if err == nil {
+		if startErr = c.start(ctx); startErr == nil {
 			ok = true
 			return c, nil
 		}
-		startErr = fmt.Errorf("pgcluster: pg_ctl start: %w\n%s\nserver log:\n%s", err, out, tail(c.LogFile(), 4096))
 		if ctx.Err() != nil {
 			break
 		}
@@ -289,17 +294,23 @@ func (c *Cluster) DataDir() string { return c.dataDir }
 // LogFile is the server's log.
 func (c *Cluster) LogFile() string { return filepath.Join(c.dir, "postgres.log") }
 
-// Stop kills the server without a checkpoint and removes the temporary
-// directory. It is idempotent; later calls return the first result. The
+// Stop kills the server without a checkpoint (unless Kill or Shutdown
+// already ended it) and removes the temporary directory. It is idempotent;
+// later calls return the first result. The
 // directory is removed even if pg_ctl fails (the server may already be
 // dead), and that failure is returned.
 func (c *Cluster) Stop() error {
 	c.stopOnce.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		out, err := c.run(ctx, c.pgCtl, "stop", "-D", c.dataDir, "-m", "immediate", "-w")
-		if err != nil {
-			c.stopErr = fmt.Errorf("pgcluster: pg_ctl stop: %w\n%s", err, out)
+		c.mu.Lock()
+		down := c.down
+		c.mu.Unlock()
+		if !down {
+			out, err := c.run(ctx, c.pgCtl, "stop", "-D", c.dataDir, "-m", "immediate", "-w")
+			if err != nil {
+				c.stopErr = fmt.Errorf("pgcluster: pg_ctl stop: %w\n%s", err, out)
+			}
 		}
 		if err := os.RemoveAll(c.dir); err != nil && c.stopErr == nil {
 			c.stopErr = fmt.Errorf("pgcluster: %w", err)

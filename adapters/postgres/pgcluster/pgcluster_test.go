@@ -150,3 +150,71 @@ func TestNoBinariesNamesThePackage(t *testing.T) {
 		t.Errorf("error %q does not name the package to install", err)
 	}
 }
+
+// A standby streams from its primary through its slot; a row committed
+// while it is shut down is missing once the primary is killed and the
+// standby promoted: the failover the relay's standby_flush guards against.
+func TestStandbyMissesWhatWasCommittedWhileItWasDown(t *testing.T) {
+	t.Parallel()
+	p := start(t, Options{ExtraConf: map[string]string{"synchronous_commit": "on"}})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	s, err := p.StartStandby(ctx, "standby_a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Stop() })
+	pc, err := pgx.Connect(ctx, p.URL("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close(ctx)
+	if _, err := pc.Exec(ctx, `CREATE TABLE t (v text); INSERT INTO t VALUES ('seen')`); err != nil {
+		t.Fatal(err)
+	}
+	var name string
+	var flushed bool
+	for deadline := time.Now().Add(30 * time.Second); !flushed; {
+		err := pc.QueryRow(ctx, `SELECT application_name, coalesce(flush_lsn >= pg_current_wal_insert_lsn(), false) FROM pg_stat_replication`).Scan(&name, &flushed)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			t.Fatal(err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the standby did not catch up in 30s")
+		}
+		time.Sleep(20 * time.Millisecond) // polling pg_stat_replication
+	}
+	if name != "standby_a" {
+		t.Errorf("pg_stat_replication application_name %q, want standby_a", name)
+	}
+	if err := s.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pc.Exec(ctx, `INSERT INTO t VALUES ('lost')`); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Promote(ctx); err != nil {
+		t.Fatal(err)
+	}
+	sc, err := pgx.Connect(ctx, s.URL("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sc.Close(ctx)
+	var got string
+	if err := sc.QueryRow(ctx, `SELECT string_agg(v, ',' ORDER BY v) FROM t`).Scan(&got); err != nil {
+		t.Fatal(err)
+	}
+	if got != "seen" {
+		t.Fatalf("promoted standby holds %q, want only the row it had received (seen)", got)
+	}
+	if err := p.Stop(); err != nil {
+		t.Errorf("Stop after Kill: %v", err)
+	}
+}

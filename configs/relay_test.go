@@ -1,0 +1,40 @@
+package configs
+
+import (
+	"slices"
+	"testing"
+)
+
+// relay.standby_flush is off by default; required, standby_names and
+// standby_count reach the relay's config from the file and the environment.
+func TestStandbyFlushKeys(t *testing.T) {
+	if sf := loadEnv(t).Relay.StandbyFlushConfig(nil); sf.Required || sf.Names != nil || sf.Count != 0 {
+		t.Fatalf("default standby flush %+v, want off", sf)
+	}
+	sf := loadEnv(t, "POSTHORN_RELAY__STANDBY_FLUSH=required", "POSTHORN_RELAY__STANDBY_NAMES=eu_1, eu_2",
+		"POSTHORN_RELAY__STANDBY_COUNT=1").Relay.StandbyFlushConfig(nil)
+	if !sf.Required || !slices.Equal(sf.Names, []string{"eu_1", "eu_2"}) || sf.Count != 1 {
+		t.Fatalf("standby flush from env %+v", sf)
+	}
+	file := writeFile(t, "relay:\n  standby_flush: required\n  standby_names: [eu_1]\n")
+	cfg, err := Load(file, []string{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sf := cfg.Relay.StandbyFlushConfig(nil); !sf.Required || !slices.Equal(sf.Names, []string{"eu_1"}) {
+		t.Fatalf("standby flush from file %+v", sf)
+	}
+}
+
+func TestStandbyFlushBadValuesNameTheKey(t *testing.T) {
+	refusedNamingKey(t, map[string]string{
+		"POSTHORN_RELAY__STANDBY_FLUSH=yes":    "relay.standby_flush",
+		"POSTHORN_RELAY__STANDBY_COUNT=-1":     "relay.standby_count",
+		"POSTHORN_RELAY__STANDBY_NAMES=a,a":    "relay.standby_names[1]",
+		"POSTHORN_RELAY__STANDBY_NAMES=a\x01b": "relay.standby_names[0]",
+		"POSTHORN_RELAY__STANDBY_NAMES=x1234567890123456789012345678901234567890123456789012345678901234": "relay.standby_names[0]",
+	})
+	if _, err := Load("", []string{"POSTHORN_RELAY__STANDBY_NAMES=a,b", "POSTHORN_RELAY__STANDBY_COUNT=3"}, nil); err == nil {
+		t.Fatal("standby_count 3 of 2 names accepted")
+	}
+}
