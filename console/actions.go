@@ -184,10 +184,12 @@ func aggregateOf(f url.Values) (core.AggregateKey, error) {
 		typ = core.AggregateAccount
 	}
 	switch {
-	case typ != core.AggregateAccount && typ != core.AggregateJournal:
-		return core.AggregateKey{}, badInput("aggregate_type", "is %.40q, want %s or %s", typ, core.AggregateAccount, core.AggregateJournal)
+	case !core.ValidAggregateType(typ):
+		return core.AggregateKey{}, badInput("aggregate_type", "is %.40q, want 1 to 64 letters, digits, '.', '_' or '-' (%s, %s, or a type your services publish)", typ, core.AggregateAccount, core.AggregateJournal)
 	case id == "":
 		return core.AggregateKey{}, badInput("aggregate_id", "is required")
+	case len(id) > core.MaxAggregateIDLen:
+		return core.AggregateKey{}, badInput("aggregate_id", "is %d bytes, want at most %d", len(id), core.MaxAggregateIDLen)
 	case typ == core.AggregateAccount && !core.ValidAccountID(id):
 		return core.AggregateKey{}, badInput("aggregate_id", "%.80q is not an account ID", id)
 	}

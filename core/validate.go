@@ -68,7 +68,17 @@ var (
 	accountRE     = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$`)
 	commandTypeRE = regexp.MustCompile(`^[a-z][a-z0-9_-]*(\.[a-z][a-z0-9_-]*){2,}$`)
 	metadataKeyRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
+	// aggregateTypeRE is posthorn_publish's rule for an aggregate type (the
+	// SQL function refuses any other), so every parked aggregate matches it.
+	aggregateTypeRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
 )
+
+// MaxAggregateIDLen is the longest aggregate ID posthorn_publish accepts.
+const MaxAggregateIDLen = 256
+
+// ValidAggregateType reports whether s is an aggregate type the outbox can
+// hold: the ledger's own (account, journal) or one posthorn_publish accepts.
+func ValidAggregateType(s string) bool { return aggregateTypeRE.MatchString(s) }
 
 // ValidAccountID reports whether s is an account ID the ledger accepts.
 func ValidAccountID(s string) bool { return accountRE.MatchString(s) }

@@ -219,7 +219,9 @@ func TestConsoleActionsRefuseBadInput(t *testing.T) {
 		{"no operator", "release-relay", good("aggregate_id", "acc-2", "operator", ""), "", 422, "operator: is required"},
 		{"relay: unknown account", "release-relay", good("aggregate_id", "acc-nobody"), "", 422, `aggregate_id: account &#34;acc-nobody&#34; is not parked on the relay`},
 		{"relay: malformed account", "release-relay", good("aggregate_id", "acc 2; drop"), "", 422, "aggregate_id: &#34;acc 2; drop&#34; is not an account ID"},
-		{"relay: bad aggregate type", "release-relay", good("aggregate_id", "acc-2", "aggregate_type", "ledger"), "", 422, "aggregate_type: is &#34;ledger&#34;"},
+		{"relay: bad aggregate type", "release-relay", good("aggregate_id", "acc-2", "aggregate_type", "led ger;"), "", 422, "aggregate_type: is &#34;led ger;&#34;"},
+		{"relay: wallet not parked", "release-relay", good("aggregate_id", "w-9", "aggregate_type", "wallet"), "", 422, `aggregate_id: wallet &#34;w-9&#34; is not parked on the relay`},
+		{"relay: aggregate ID too long", "release-relay", good("aggregate_id", strings.Repeat("w", 257), "aggregate_type", "wallet"), "", 422, "aggregate_id: is 257 bytes, want at most 256"},
 		{"consumer: unknown consumer", "release-consumer", good("consumer", "nobody", "aggregate_id", "acc-1"), "", 422, "consumer: &#34;nobody&#34; is not one of"},
 		{"consumer: account not parked there", "release-consumer", good("consumer", projection.Name, "aggregate_id", "acc-2"), "", 422, "aggregate_id: account &#34;acc-2&#34; is not parked in consumer balance-projection"},
 		{"resend: malformed event ID", "resend", good("event_id", "0194-not-a-uuid"), "", 422, "event_id: &#34;0194-not-a-uuid&#34; is not an event ID"},
@@ -328,6 +330,16 @@ func TestConsoleActionsRunAndAreAudited(t *testing.T) {
 	if done := run("release-relay", url.Values{"aggregate_id": {"acc-2"}}); !strings.Contains(done, "account acc-2 released") {
 		t.Fatalf("release-relay: %q", done)
 	}
+	// Aggregates a team publishes (posthorn_publish) park and are released
+	// the same way as the ledger's accounts.
+	if _, err := postgres.NewRelayStore(r.ledger).Park(context.Background(), core.ParkedAggregate{
+		AggregateType: "wallet", AggregateID: "w-1", EventID: acc2, Reason: "sink rejected it for good: test",
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if done := run("release-relay", url.Values{"aggregate_type": {"wallet"}, "aggregate_id": {"w-1"}}); !strings.Contains(done, "wallet w-1 released") {
+		t.Fatalf("release-relay of a wallet: %q", done)
+	}
 	if n := r.count(false, `SELECT count(*) FROM relay_parked`); n != 0 {
 		t.Fatalf("relay_parked has %d rows after the release", n)
 	}
@@ -353,7 +365,7 @@ func TestConsoleActionsRunAndAreAudited(t *testing.T) {
 FROM console_audit WHERE finished_at >= at AND at > now() - interval '1 minute' AND remote_addr LIKE '127.0.0.1:%'`).Scan(&who, &outcomes); err != nil {
 		t.Fatal(err)
 	}
-	if who != "alice" || outcomes != "release-relay=ok,release-consumer=ok,resend=ok,reconcile=ok" {
+	if who != "alice" || outcomes != "release-relay=ok,release-relay=ok,release-consumer=ok,resend=ok,reconcile=ok" {
 		t.Fatalf("audit log: operators %q, actions %q", who, outcomes)
 	}
 	_, page = r.get("/")
