@@ -7,7 +7,7 @@ VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 
 # setup: make this machine ready for the tests (packages, services, the
 # Kafka broker's class path); idempotent, needs root. make test runs it first.
-.PHONY: setup build test test-race test-faults test-short lint bench soak soak-kafka-control demo clean
+.PHONY: setup build test test-race test-faults test-short lint bench bench-peers soak soak-kafka-control demo clean
 
 build:
 	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/posthorn
@@ -44,9 +44,19 @@ lint:
 # Benchmarks: side-by-side figures the issues ask for. Stays under 10 minutes.
 # Only the packages that hold benchmarks: building every package's test
 # binary for nothing took about four of those minutes.
-BENCH_PKGS ?= $(shell grep -rl --include='*_test.go' '^func Benchmark' . | xargs -n1 dirname | sort -u)
+# integration/peers is bench-peers' alone: it starts Kafka and a JVM.
+BENCH_PKGS ?= $(shell grep -rl --include='*_test.go' '^func Benchmark' . | xargs -n1 dirname | sort -u | grep -v '^./integration/peers$$')
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 10m $(BENCH_PKGS)
+
+# Posthorn's polling and CDC relays side by side with Debezium (Kafka Connect
+# standalone, the Outbox Event Router) on the same 200,000 events, the same
+# PostgreSQL and one real Apache Kafka node, and the polling relay against
+# kfake: docs/measured.md. Resolves Connect and Debezium with Maven first
+# (scripts/debezium/pom.xml, cached in ~/.m2). Under 10 minutes.
+bench-peers: setup
+	mvn -q -B -Dstyle.color=never -f scripts/debezium/pom.xml dependency:build-classpath -Dmdep.outputFile=.classpath >/dev/null
+	$(GO) test -run '^$$' -bench BenchmarkPeersDrainToKafka -benchtime 1x -count 1 -timeout 10m ./integration/peers/
 
 # The demo on embedded defaults: a throwaway PostgreSQL (needs the server
 # binaries, e.g. apt-get install postgresql), an in-process Kafka-protocol
