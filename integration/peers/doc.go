@@ -1,0 +1,20 @@
+// Package peers holds make bench-peers: Posthorn's relays side by side with
+// Debezium, the relay most teams would otherwise run, draining the same
+// outbox backlog from the same PostgreSQL to the same real Apache Kafka
+// broker in one run. It has no code of its own; the benchmark is in its
+// test files, and it is kept out of make bench because it starts a Kafka
+// broker and a Kafka Connect JVM.
+//
+// What is compared, and why it is fair:
+//   - each relay drains 200,000 events that were committed before it
+//     started, timed from its start (a JVM's start-up included for
+//     Debezium, a slot's catch-up included for the CDC relay) to the last
+//     of them readable on the topic by an independent reader;
+//   - Debezium streams and does not snapshot: its replication slot and
+//     publication exist before the rows are written (snapshot.mode
+//     no_data), as they would for a connector that has run for a while;
+//   - then each runs under the same fixed posting rate, and the commit →
+//     readable latency is read off the same reader's clock;
+//   - every event is counted by its ID, never by position: a relay that
+//     lost or repeated one would be named, not averaged away.
+package peers
