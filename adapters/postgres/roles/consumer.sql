@@ -13,6 +13,9 @@ GRANT USAGE ON SCHEMA public TO posthorn_consumer, posthorn_reconciler;
 
 GRANT SELECT, INSERT, UPDATE ON consumer_inbox, consumer_positions, projection_balances, audit_log TO posthorn_consumer;
 GRANT SELECT ON consumer_inbox TO posthorn_reconciler;
+-- The projection's balances are its balance view, which reconciliation
+-- holds against the ledger's journal.
+GRANT SELECT ON projection_balances TO posthorn_reconciler;
 -- The inbox's protocol in SQL for consumers outside Go (migration 00003);
 -- it runs with the caller's rights, the ones above.
 GRANT EXECUTE ON FUNCTION posthorn_inbox_receive(text, jsonb, boolean) TO posthorn_consumer;
