@@ -38,7 +38,9 @@ func (blindCut) LedgerReader(context.Context) (ops.LedgerReader, error) { return
 
 type blindReader struct{}
 
-func (blindReader) JournalDrift(context.Context) (ops.JournalDrift, error) { return ops.JournalDrift{}, nil }
+func (blindReader) JournalDrift(context.Context) (ops.JournalDrift, error) {
+	return ops.JournalDrift{}, nil
+}
 func (blindReader) AccountEvents(context.Context, int, func([]ops.AccountEvent) error) error {
 	return nil
 }
