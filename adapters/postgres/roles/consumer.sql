@@ -3,7 +3,8 @@
 --   posthorn_consumer    its inbox, positions and the example projections;
 --                        nothing in the ledger database.
 --   posthorn_reconciler  reads the dispositions (consumer_inbox), the
---                        positions and the retention horizon.
+--                        positions, the retention horizon and the
+--                        projection's balances (its balance view).
 
 REVOKE ALL ON TABLE consumer_inbox, consumer_positions, consumer_retention, projection_balances, audit_log,
     posthorn_consumer_migrations
