@@ -59,11 +59,11 @@ func Reconcile(ctx context.Context, cfg ReconcileConfig) (Report, error) {
 		return Report{}, err
 	}
 	defer cut.Close()
-	if cut.Floor > 0 && cfg.Archive == nil {
+	if (cut.Floor > 0 || cut.CleanedThroughID > 0) && cfg.Archive == nil {
 		// The consumers hold event IDs whose outbox rows are gone: without
 		// the archive they would all look unknown.
-		return Report{}, fmt.Errorf("%w: cleanup removed outbox rows up to journal sequence %d; the archive is needed to tell cleaned events from unknown ones (archive.dir)",
-			ErrArchiveRequired, cut.Floor)
+		return Report{}, fmt.Errorf("%w: cleanup removed outbox rows up to journal sequence %d and outbox id %d; the archive is needed to tell cleaned events from unknown ones (archive.dir)",
+			ErrArchiveRequired, cut.Floor, cut.CleanedThroughID)
 	}
 	rep := Report{Cut: CutInfo{Sequence: cut.Sequence, LastCommitted: cut.LastCommitted, Floor: cut.Floor,
 		TakenAt: cut.TakenAt, WaitedSeconds: cut.Waited.Seconds()}}

@@ -144,6 +144,9 @@ type Cut struct {
 	// Floor is the cleanup's journal floor: journals at or below it have no
 	// outbox rows left and are outside reconciliation.
 	Floor int64
+	// CleanedThroughID is the cleanup's deleted-through outbox id: rows of
+	// no journal at or below it may be gone too.
+	CleanedThroughID int64
 	// OutboxIDLimit is L: every outbox row with id <= L is final in the cut.
 	OutboxIDLimit int64
 	// TakenAt is the database time of the snapshot.

@@ -71,8 +71,10 @@ SELECT (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM outbox_id_seq
 	// The snapshot is exported so that the ledger proof reads the same
 	// one on a second connection, beside the event stream (LedgerReader).
 	var snapshot string
-	err = tx.QueryRow(ctx, `SELECT now(), coalesce((SELECT journal_floor FROM ops_cleanup), 0), set_config('work_mem', $1, true), pg_export_snapshot()`,
-		cutWorkMem).Scan(&c.TakenAt, &c.Floor, nil, &snapshot)
+	err = tx.QueryRow(ctx, `
+SELECT now(), coalesce((SELECT journal_floor FROM ops_cleanup), 0), coalesce((SELECT deleted_through_id FROM ops_cleanup), 0),
+       set_config('work_mem', $1, true), pg_export_snapshot()`,
+		cutWorkMem).Scan(&c.TakenAt, &c.Floor, &c.CleanedThroughID, nil, &snapshot)
 	if err != nil {
 		_ = tx.Rollback(ctx)
 		return nil, fmt.Errorf("open cut: %w", err)
