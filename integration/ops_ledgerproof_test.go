@@ -63,12 +63,11 @@ func (r *opsRig) reconcileWith(t *testing.T, ledger ops.Store, sources []ops.Con
 // says clean over the same rows.
 func assertLedgerNames(t *testing.T, r *opsRig, what string, class func(ops.LedgerProof) ops.Class, want string) {
 	t.Helper()
-	before := coverageRows(t, r)
 	blind := r.reconcileWith(t, blindLedger{r.ops}, r.sources())
 	if !blind.Clean {
 		t.Fatalf("%s, negative control: without the ledger proof the run should be clean (the attack is invisible to the matching), got %+v", what, blind)
 	}
-	before = coverageRows(t, r) // the blind run may record coverage; the proof's must not move it
+	before := coverageRows(t, r) // the blind run recorded coverage; the proof's must not move it
 	rep := r.reconcile(t, nil)
 	if rep.Clean || rep.Ledger.Clean() {
 		t.Fatalf("%s: reconcile says clean: %+v", what, rep.Ledger)
