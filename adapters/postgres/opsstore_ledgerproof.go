@@ -25,6 +25,11 @@ func (c *cutSnapshot) LedgerReader(ctx context.Context) (ops.LedgerReader, error
 	if !snapshotID.MatchString(c.snapshot) {
 		return nil, fmt.Errorf("ledger proof: unexpected snapshot id %q", c.snapshot)
 	}
+	// The cut holds one connection until it closes; a pool of one would
+	// wait here for ever.
+	if n := c.pool.Config().MaxConns; n < 2 {
+		return nil, fmt.Errorf("ledger proof: the ledger pool has %d connection(s); reconciliation needs 2 (the cut's and the proof's)", n)
+	}
 	tx, err := c.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
 		return nil, fmt.Errorf("ledger proof: %w", err)
