@@ -128,6 +128,8 @@ func TestBadValuesNameTheKey(t *testing.T) {
 		{"bad log level", "log:\n  level: loud\n", nil, "log.level"},
 		{"bad log format", "", []string{"POSTHORN_LOG__FORMAT=xml"}, "log.format"},
 		{"reconcile consumer without url", "reconcile:\n  consumers:\n    - name: a\n", nil, "reconcile.consumers[0].database_url"},
+		{"reconcile topic with a space", "reconcile:\n  consumers:\n    - name: a\n      database_url: postgres://h/c\n      topics: [ledger.events, \"events wallet\"]\n", nil, "reconcile.consumers[0].topics[1]"},
+		{"reconcile balance view not a name", "reconcile:\n  consumers:\n    - name: a\n      database_url: postgres://h/c\n      balance_view: \"b; drop table x\"\n", nil, "reconcile.consumers[0].balance_view"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

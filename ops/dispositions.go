@@ -102,4 +102,11 @@ type ConsumerSource struct {
 	// cannot apply is, for it, correctly handled. Otherwise a rejected event
 	// is unproven, like a parked or held one.
 	RejectedFinal bool
+	// Topics are the outbox topics the consumer subscribes to
+	// (reconcile.consumers[].topics): the cut's rows on them are matched
+	// against its dispositions. None means the ledger's events topic.
+	Topics []string
+	// BalanceView, when set, is held against the journal
+	// (reconcile.consumers[].balance_view; reconcile_ledger.go).
+	BalanceView BalanceViewReader
 }

@@ -19,15 +19,24 @@
 //
 // # Coverage
 //
-// A consumer is covered up to cut N when every event (kind event) of every
-// journal <= N has a final disposition in its inbox (applied or duplicate;
+// The cut's rows are the outbox rows of its journals and every row of no
+// journal (the publish library's and the SQL functions') up to X, the
+// largest outbox id of a row below which every row is final and belongs to
+// a journal <= N or to none. Each row is matched against the consumers
+// subscribed to its topic (ConsumerSource.Topics).
+//
+// A consumer is covered up to cut N when every row of the cut on its
+// topics has a final disposition in its inbox (applied or duplicate;
 // rejected only for a consumer configured with rejected_final; parked and
-// held events are unproven and reported with their reason), nothing of the cut is
-// unrelayed, no journal line lacks its event, the consumer knows no event
-// ID the ledger does not, and no aggregate revision was applied twice.
-// Only then does Reconcile record (consumer, N, X) in ops_coverage, where X
-// is the largest outbox id below which every row is final and belongs to a
-// journal <= N. Coverage only ever advances.
+// held events are unproven and reported with their reason), none of them
+// is unrelayed, no journal line lacks its event, the consumer knows no
+// event ID the ledger does not, no aggregate revision was applied twice,
+// and its balance view, if it declares one, agrees with the journal. Only
+// then, and only if the ledger itself agrees with its journal (balances,
+// revisions and its events; reconcile_ledger.go), does Reconcile record
+// (consumer, N, X) in ops_coverage, with X lowered below the first event
+// no consumer subscribes to (reconcile_topics.go). Coverage only ever
+// advances.
 //
 // # Archive and cleanup
 //

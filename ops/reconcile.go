@@ -60,11 +60,11 @@ func Reconcile(ctx context.Context, cfg ReconcileConfig) (Report, error) {
 		return Report{}, err
 	}
 	defer cut.Close()
-	if cut.Floor > 0 && cfg.Archive == nil {
+	if (cut.Floor > 0 || cut.CleanedThroughID > 0) && cfg.Archive == nil {
 		// The consumers hold event IDs whose outbox rows are gone: without
 		// the archive they would all look unknown.
-		return Report{}, fmt.Errorf("%w: cleanup removed outbox rows up to journal sequence %d; the archive is needed to tell cleaned events from unknown ones (archive.dir)",
-			ErrArchiveRequired, cut.Floor)
+		return Report{}, fmt.Errorf("%w: cleanup removed outbox rows up to journal sequence %d and outbox id %d; the archive is needed to tell cleaned events from unknown ones (archive.dir)",
+			ErrArchiveRequired, cut.Floor, cut.CleanedThroughID)
 	}
 	rep := Report{Cut: CutInfo{Sequence: cut.Sequence, LastCommitted: cut.LastCommitted, Floor: cut.Floor,
 		TakenAt: cut.TakenAt, WaitedSeconds: cut.Waited.Seconds()}}
@@ -73,6 +73,16 @@ func Reconcile(ctx context.Context, cfg ReconcileConfig) (Report, error) {
 		return rep, err
 	}
 	defer m.stop()
+	proofCtx, cancelProof := context.WithCancel(ctx)
+	proof, err := startLedgerProof(proofCtx, cut, cfg)
+	if err != nil {
+		cancelProof()
+		return rep, err
+	}
+	defer func() {
+		cancelProof()
+		_ = proof.wait()
+	}()
 	if rep.Cut.CoveredOutboxID, err = cut.CoveredOutboxID(ctx); err != nil {
 		return rep, err
 	}
@@ -86,13 +96,29 @@ func Reconcile(ctx context.Context, cfg ReconcileConfig) (Report, error) {
 	if err := m.matchCut(ctx, cut); err != nil {
 		return rep, err
 	}
-	if !m.oldest.IsZero() {
-		m.unrelayed.OldestAgeSeconds = cut.TakenAt.Sub(m.oldest).Seconds()
+	for ci, t := range m.oldest {
+		if !t.IsZero() {
+			m.reps[ci].Discrepancies.Unrelayed.OldestAgeSeconds = cut.TakenAt.Sub(t).Seconds()
+		}
 	}
 	cut.Close() // the rest reads the consumers and the live outbox
 
 	if err := m.finishConsumers(ctx); err != nil {
 		return rep, err
+	}
+	if err := proof.wait(); err != nil {
+		return rep, err
+	}
+	rep.Ledger = proof.proof
+	for ci := range m.reps {
+		if v := proof.views[ci]; v != nil {
+			m.reps[ci].BalanceView = v
+			m.reps[ci].Clean = m.reps[ci].Clean && v.Mismatch.Count == 0
+		}
+	}
+	rep.Unwatched, rep.UnwatchedTopics = m.unwatched, m.unwatchedList()
+	if m.firstUnwatched > 0 {
+		rep.Cut.CoveredOutboxID = min(rep.Cut.CoveredOutboxID, m.beforeUnwatched)
 	}
 	rep.Consumers = m.reps
 	err = recordClean(ctx, cfg, &rep)
@@ -100,13 +126,15 @@ func Reconcile(ctx context.Context, cfg ReconcileConfig) (Report, error) {
 }
 
 // recordClean sets rep.Clean and, with cfg.Record, records the boundary of
-// every clean consumer.
+// every clean consumer, unless the ledger itself disagrees with its
+// journal: then nothing is recorded.
 func recordClean(ctx context.Context, cfg ReconcileConfig, rep *Report) error {
-	rep.Clean = true
+	ledgerClean := rep.Ledger.Clean()
+	rep.Clean = ledgerClean && rep.Unwatched.Count == 0
 	for i := range rep.Consumers {
 		r := &rep.Consumers[i]
 		rep.Clean = rep.Clean && r.Clean
-		if r.Clean && cfg.Record {
+		if r.Clean && ledgerClean && cfg.Record {
 			cov, err := cfg.Ledger.RecordCoverage(ctx, r.Name, rep.Cut.Sequence, rep.Cut.CoveredOutboxID)
 			if err != nil {
 				return err

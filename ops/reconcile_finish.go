@@ -39,7 +39,6 @@ func (m *matching) finishConsumers(ctx context.Context) error {
 		if f.err != nil {
 			return fmt.Errorf("consumer %s: %w", c.Name, f.err)
 		}
-		r.Discrepancies.Unrelayed = m.unrelayed
 		for _, g := range m.twice[ci].groups {
 			// Report the group by its event of the cut (the ledger's), or
 			// by its first ID when none is.

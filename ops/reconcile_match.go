@@ -21,9 +21,18 @@ type matching struct {
 	// the cut already proved known.
 	recorded []recordedSet
 	// prev is the coverage recorded before this run.
-	prev      map[string]Coverage
-	unrelayed Class
-	oldest    time.Time
+	prev map[string]Coverage
+	// oldest is, per consumer, the creation time of its oldest unrelayed
+	// row of the cut.
+	oldest []time.Time
+	// unwatched tallies the cut's rows no consumer subscribes to (route).
+	unwatched       Class
+	unwatchedTopics map[[2]string]*UnwatchedTopic
+	firstUnwatched  int64
+	// beforeUnwatched is the id of the cut's last row before the first
+	// unwatched event; lastID the last row's routed so far (rows come in
+	// id order).
+	beforeUnwatched, lastID int64
 	// twice holds each consumer's applied-twice groups once twiceRead is
 	// done; stop cancels the read and waits for it.
 	twice     []appliedTwice
@@ -42,7 +51,8 @@ type appliedTwice struct {
 // newMatching starts the tally of every consumer and the reads of their
 // applied-twice groups (call stop when done).
 func newMatching(ctx context.Context, cfg ReconcileConfig) (*matching, error) {
-	m := &matching{cfg: cfg, reps: make([]ConsumerReport, len(cfg.Consumers)), recorded: make([]recordedSet, len(cfg.Consumers))}
+	m := &matching{cfg: cfg, reps: make([]ConsumerReport, len(cfg.Consumers)), recorded: make([]recordedSet, len(cfg.Consumers)),
+		oldest: make([]time.Time, len(cfg.Consumers))}
 	for i, c := range cfg.Consumers {
 		m.reps[i] = ConsumerReport{Name: c.Name}
 	}
@@ -106,25 +116,20 @@ func (m *matching) matchCut(ctx context.Context, cut *Cut) error {
 	return <-readErr
 }
 
-// matchBatch tallies one batch of the cut's expected events: the unrelayed
-// ones, and for every consumer (concurrently) what it recorded for each.
+// matchBatch tallies one batch of the cut's rows: for every consumer
+// (concurrently) what it recorded for each row on its topics, and the rows
+// no consumer subscribes to (route).
 func (m *matching) matchBatch(ctx context.Context, batch []ExpectedEvent) error {
-	ids := make([]string, len(batch))
 	keys := make([]uuid.UUID, len(batch))
 	for i, e := range batch {
-		ids[i] = e.EventID
 		var err error
 		if keys[i], err = uuid.Parse(e.EventID); err != nil {
 			return fmt.Errorf("expected event %d: %w", e.ID, err)
 		}
-		if !e.Relayed {
-			m.unrelayed.add(m.cfg.Cap, e.EventID)
-			if m.oldest.IsZero() || e.CreatedAt.Before(m.oldest) {
-				m.oldest = e.CreatedAt
-			}
-		}
 	}
+	routes := m.route(batch)
 	type found struct {
+		rows   []ExpectedEvent
 		disp   [][]Disposition
 		pruned map[string]bool
 		err    error
@@ -132,14 +137,22 @@ func (m *matching) matchBatch(ctx context.Context, batch []ExpectedEvent) error 
 	res := make([]found, len(m.cfg.Consumers))
 	var wg sync.WaitGroup
 	for ci, c := range m.cfg.Consumers {
+		if len(routes[ci]) == 0 {
+			continue
+		}
 		wg.Go(func() {
 			f := &res[ci]
+			f.rows = make([]ExpectedEvent, len(routes[ci]))
+			ids := make([]string, len(routes[ci]))
+			for j, i := range routes[ci] {
+				f.rows[j], ids[j] = batch[i], batch[i].EventID
+			}
 			f.disp, f.err = c.Reader.Dispositions(ctx, ids)
 			if f.err == nil && len(f.disp) != len(ids) {
 				f.err = fmt.Errorf("dispositions: %d answers for %d event IDs", len(f.disp), len(ids))
 			}
 			if f.err == nil {
-				f.pruned, f.err = prunedOf(ctx, c, batch, f.disp, m.prev[c.Name].CoveredOutboxID)
+				f.pruned, f.err = prunedOf(ctx, c, f.rows, f.disp, m.prev[c.Name].CoveredOutboxID)
 			}
 		})
 	}
@@ -148,8 +161,8 @@ func (m *matching) matchBatch(ctx context.Context, batch []ExpectedEvent) error 
 		if f.err != nil {
 			return fmt.Errorf("consumer %s: %w", m.cfg.Consumers[ci].Name, f.err)
 		}
-		for i, e := range batch {
-			m.tally(ci, e, keys[i], f.disp[i], f.pruned[e.EventID])
+		for j, i := range routes[ci] {
+			m.tally(ci, batch[i], keys[i], f.disp[j], f.pruned[batch[i].EventID])
 		}
 	}
 	return nil
@@ -163,6 +176,11 @@ func (m *matching) tally(ci int, e ExpectedEvent, key uuid.UUID, ds []Dispositio
 	r.Expected++
 	if e.Relayed {
 		r.Relayed++
+	} else {
+		r.Discrepancies.Unrelayed.add(m.cfg.Cap, e.EventID)
+		if m.oldest[ci].IsZero() || e.CreatedAt.Before(m.oldest[ci]) {
+			m.oldest[ci] = e.CreatedAt
+		}
 	}
 	final, nApplied := false, 0
 	if pruned {

@@ -85,6 +85,9 @@ type ConsumerReport struct {
 	Discrepancies Discrepancies `json:"discrepancies"`
 	Clean         bool          `json:"clean"`
 	Coverage      *Coverage     `json:"coverage,omitempty"`
+	// BalanceView is the consumer's declared balance view held against
+	// the journal (nil: it declares none).
+	BalanceView *BalanceViewCheck `json:"balance_view,omitempty"`
 }
 
 // CutInfo describes the cut a report is about.
@@ -101,5 +104,12 @@ type CutInfo struct {
 type Report struct {
 	Cut       CutInfo          `json:"cut"`
 	Consumers []ConsumerReport `json:"consumers"`
-	Clean     bool             `json:"clean"`
+	// Ledger is the ledger proved from its journal (reconcile_ledger.go).
+	Ledger LedgerProof `json:"ledger"`
+	// Unwatched lists the cut's events on topics no configured consumer
+	// subscribes to; UnwatchedTopics counts the rows by topic (commands
+	// included, which are listed only). See reconcile_topics.go.
+	Unwatched       Class            `json:"unwatched"`
+	UnwatchedTopics []UnwatchedTopic `json:"unwatched_topics,omitempty"`
+	Clean           bool             `json:"clean"`
 }

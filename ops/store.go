@@ -99,14 +99,21 @@ type CutReader interface {
 	// (above the floor) that have no event of the same account revision and
 	// journal, and how many there are.
 	LinesWithoutEvents(ctx context.Context, limit int) ([]JournalLine, int64, error)
-	// CoveredOutboxID is the largest outbox id X such that every outbox row
-	// with id <= X is final and belongs to a journal of the cut.
+	// CoveredOutboxID is the largest outbox id X of a row such that every
+	// outbox row with id <= X is final and belongs to the cut: to a journal
+	// of the cut, or to none.
 	CoveredOutboxID(ctx context.Context) (int64, error)
-	// ExpectedEvents calls fn with every event of the cut's journals above
-	// the floor, in id order, in batches of up to batch. The events are read
+	// ExpectedEvents calls fn with every row of the cut, in id order, in
+	// batches of up to batch: the rows of its journals above the floor, and
+	// the rows of no journal (events and commands written by the publish
+	// library or the SQL functions) up to CoveredOutboxID. The rows are read
 	// as one stream from the snapshot, so fn must not read the cut; an
 	// error from fn stops the read and is returned.
 	ExpectedEvents(ctx context.Context, batch int, fn func([]ExpectedEvent) error) error
+	// LedgerReader opens a reader of the ledger in the same snapshot on a
+	// connection of its own (reconcile_ledger.go); it must be called before
+	// Close, and lives on after it until its own Close.
+	LedgerReader(ctx context.Context) (LedgerReader, error)
 	// Close ends the snapshot.
 	Close()
 }
@@ -139,6 +146,9 @@ type Cut struct {
 	// Floor is the cleanup's journal floor: journals at or below it have no
 	// outbox rows left and are outside reconciliation.
 	Floor int64
+	// CleanedThroughID is the cleanup's deleted-through outbox id: rows of
+	// no journal at or below it may be gone too.
+	CleanedThroughID int64
 	// OutboxIDLimit is L: every outbox row with id <= L is final in the cut.
 	OutboxIDLimit int64
 	// TakenAt is the database time of the snapshot.
@@ -155,10 +165,15 @@ type JournalLine struct {
 	Revision  int64  `json:"revision"`
 }
 
-// ExpectedEvent is one event of the cut that every consumer should have.
+// ExpectedEvent is one row of the cut that every consumer subscribing to
+// its topic should have.
 type ExpectedEvent struct {
-	ID        int64
-	EventID   string
+	ID      int64
+	EventID string
+	// Kind (event or command) and Topic route the row to the consumers
+	// that subscribe to its topic.
+	Kind, Topic string
+	// Sequence is the journal's (0: the row belongs to no journal).
 	Sequence  int64
 	CreatedAt time.Time
 	Relayed   bool

@@ -8,6 +8,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/ops"
@@ -67,13 +68,18 @@ SELECT (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM outbox_id_seq
 	// server's default 4 MB they stay in memory instead of spilling to
 	// disk, for this transaction only. On a million events the
 	// reconciliation took 5.3 s instead of 6.7-7.0 s.
-	err = tx.QueryRow(ctx, `SELECT now(), coalesce((SELECT journal_floor FROM ops_cleanup), 0), set_config('work_mem', $1, true)`,
-		cutWorkMem).Scan(&c.TakenAt, &c.Floor, nil)
+	// The snapshot is exported so that the ledger proof reads the same
+	// one on a second connection, beside the event stream (LedgerReader).
+	var snapshot string
+	err = tx.QueryRow(ctx, `
+SELECT now(), coalesce((SELECT journal_floor FROM ops_cleanup), 0), coalesce((SELECT deleted_through_id FROM ops_cleanup), 0),
+       set_config('work_mem', $1, true), pg_export_snapshot()`,
+		cutWorkMem).Scan(&c.TakenAt, &c.Floor, &c.CleanedThroughID, nil, &snapshot)
 	if err != nil {
 		_ = tx.Rollback(ctx)
 		return nil, fmt.Errorf("open cut: %w", err)
 	}
-	c.CutReader = &cutSnapshot{tx: tx, sequence: n, floor: c.Floor, outboxIDLimit: limit}
+	c.CutReader = &cutSnapshot{tx: tx, pool: s.pool, snapshot: snapshot, sequence: n, floor: c.Floor, outboxIDLimit: limit, covered: -1}
 	return c, nil
 }
 
@@ -136,8 +142,13 @@ JOIN unnest($1::int[], $2::text[]) AS f(pid, xid) ON a.pid = f.pid AND a.backend
 
 // cutSnapshot is an ops.CutReader: the cut's transaction and bounds.
 type cutSnapshot struct {
-	tx                             pgx.Tx
+	tx pgx.Tx
+	// pool and snapshot (the exported snapshot's ID) open LedgerReader.
+	pool                           *pgxpool.Pool
+	snapshot                       string
 	sequence, floor, outboxIDLimit int64
+	// covered is CoveredOutboxID's answer once asked (-1 before).
+	covered int64
 }
 
 // Close ends the cut's transaction.
@@ -185,41 +196,48 @@ LIMIT $4`, c.floor, c.sequence, core.AggregateAccount, limit)
 	return out, total, nil
 }
 
-// CoveredOutboxID is the largest outbox id X such that every outbox row
-// with id <= X is final and belongs to a journal of the cut: the first row
-// of a later journal (or of none) bounds it, and so does OutboxIDLimit.
+// CoveredOutboxID is the largest outbox id X of a row such that every
+// outbox row with id <= X is final and belongs to the cut (to a journal
+// of the cut, or to none): the first row of a later journal bounds it, and
+// so does OutboxIDLimit. X is a row's id, not an id the sequence gave to
+// a transaction that rolled back, so that the report names a row.
 //
 // The first such row is found with min() rather than ORDER BY id LIMIT 1:
-// the planner then hashes the journals once instead of looking up each
-// row's journal through its index, and on a cut of a million events (where
-// the first later row is at the end) that took 1.0 s instead of 0.2 s.
+// the planner then hashes the later journals once instead of looking up
+// each row's journal through its index.
 func (c *cutSnapshot) CoveredOutboxID(ctx context.Context) (int64, error) {
-	var first pgtype.Int8
+	if c.covered >= 0 {
+		return c.covered, nil
+	}
+	var x pgtype.Int8
 	err := c.tx.QueryRow(ctx, `
-SELECT min(o.id) FROM outbox o
-WHERE NOT EXISTS (SELECT 1 FROM journals j WHERE j.id = o.journal_id AND j.sequence <= $1)`, c.sequence).Scan(&first)
+SELECT max(id) FROM outbox
+WHERE id <= least($2::bigint, coalesce((SELECT min(o.id) - 1 FROM outbox o JOIN journals j ON j.id = o.journal_id WHERE j.sequence > $1), $2::bigint))`,
+		c.sequence, c.outboxIDLimit).Scan(&x)
 	if err != nil {
 		return 0, fmt.Errorf("covered outbox id: %w", err)
 	}
-	x := c.outboxIDLimit
-	if first.Valid && first.Int64-1 < x {
-		x = first.Int64 - 1
-	}
-	return max(x, 0), nil
+	c.covered = x.Int64
+	return c.covered, nil
 }
 
-// ExpectedEvents calls fn with the events (kind event) of the cut's
-// journals above the floor, in id order, in batches of up to batch. One
-// query streams them all: the database joins the outbox to the journals
-// once (a hash join and a sort) instead of once per batch through the
-// journals' index, which made the read of a million events several times
-// slower; fn runs while the next rows arrive.
+// ExpectedEvents calls fn with the rows of the cut (events and commands),
+// in id order, in batches of up to batch: those of the cut's journals above
+// the floor, and those of no journal (or of a journal that does not exist)
+// up to CoveredOutboxID. One query streams them all: the database joins the
+// outbox to the journals once (a hash join and a sort) instead of once per
+// batch through the journals' index, which made the read of a million
+// events several times slower; fn runs while the next rows arrive.
 func (c *cutSnapshot) ExpectedEvents(ctx context.Context, batch int, fn func([]ops.ExpectedEvent) error) error {
+	covered, err := c.CoveredOutboxID(ctx)
+	if err != nil {
+		return err
+	}
 	rows, err := c.tx.Query(ctx, `
-SELECT o.id, o.event_id::text, j.sequence, o.created_at, `+Relayed+`, o.aggregate_type, o.aggregate_id, o.revision
-FROM outbox o JOIN journals j ON j.id = o.journal_id
-WHERE o.kind = 'event' AND j.sequence > $1 AND j.sequence <= $2
-ORDER BY o.id`, c.floor, c.sequence)
+SELECT o.id, o.event_id::text, o.kind, o.topic, coalesce(j.sequence, 0), o.created_at, `+Relayed+`, o.aggregate_type, o.aggregate_id, o.revision
+FROM outbox o LEFT JOIN journals j ON j.id = o.journal_id
+WHERE CASE WHEN j.id IS NULL THEN o.id <= $3 ELSE j.sequence > $1 AND j.sequence <= $2 END
+ORDER BY o.id`, c.floor, c.sequence, covered)
 	if err != nil {
 		return fmt.Errorf("expected events: %w", err)
 	}
@@ -228,7 +246,7 @@ ORDER BY o.id`, c.floor, c.sequence)
 	out := make([]ops.ExpectedEvent, 0, batch)
 	for rows.Next() {
 		var e ops.ExpectedEvent
-		if err := rows.Scan(&e.ID, &e.EventID, &e.Sequence, &e.CreatedAt, &e.Relayed, &e.AggregateType, &e.AggregateID, &e.Revision); err != nil {
+		if err := rows.Scan(&e.ID, &e.EventID, &e.Kind, &e.Topic, &e.Sequence, &e.CreatedAt, &e.Relayed, &e.AggregateType, &e.AggregateID, &e.Revision); err != nil {
 			return fmt.Errorf("expected events: %w", err)
 		}
 		if out = append(out, e); len(out) == batch {

@@ -40,7 +40,12 @@ INSERT INTO consumer_inbox (consumer, event_id, kind, type, aggregate_type, aggr
 SELECT $1, `+v7("e", "'ev'")+`::text, 'event', 'ledger.account.posted', 'account', 'acc-' || (e % 10000), e / 10000 + 1, 'applied'
 FROM generate_series(0, $2::int - 1) e`, c, events)
 	}
-	exec(b, consumer, `VACUUM ANALYZE consumer_inbox`)
+	// The projection's balances, its balance view: what the ledger's are.
+	exec(b, consumer, `
+INSERT INTO projection_balances (account, currency, balance, revision)
+SELECT 'acc-' || a, 'EUR', CASE WHEN a % 2 = 0 THEN -7 ELSE 7 END * ($1::int / 10000), $1::int / 10000
+FROM generate_series(0, 9999) a`, events)
+	exec(b, consumer, `VACUUM ANALYZE consumer_inbox, projection_balances`)
 	// The load's writes are flushed now, not by a checkpoint during the
 	// measurement.
 	exec(b, consumer, `CHECKPOINT`)
@@ -49,6 +54,11 @@ FROM generate_series(0, $2::int - 1) e`, c, events)
 	for _, c := range consumers {
 		sources = append(sources, ops.ConsumerSource{Name: c, Reader: ops.InboxReader{Inbox: in, Consumer: c}})
 	}
+	view, err := postgres.NewBalanceView(consumer, "projection_balances")
+	if err != nil {
+		b.Fatal(err)
+	}
+	sources[0].BalanceView = view
 	store := postgres.NewOpsStore(ledger)
 	b.ResetTimer()
 	for range b.N {
@@ -58,7 +68,8 @@ FROM generate_series(0, $2::int - 1) e`, c, events)
 		if err != nil {
 			b.Fatal(err)
 		}
-		if !rep.Clean || rep.Consumers[0].Expected != events || rep.Consumers[1].Applied != events {
+		if !rep.Clean || rep.Consumers[0].Expected != events || rep.Consumers[1].Applied != events ||
+			rep.Ledger.Events != events || rep.Consumers[0].BalanceView.Compared != 10000 {
 			b.Fatalf("reconcile: not clean over %d events: %+v", events, rep)
 		}
 		fmt.Printf("BenchmarkReconcile1M: %d events, 2 consumers, in %.2fs = %.0f rows/s\n", events, took.Seconds(), events/took.Seconds())
@@ -67,10 +78,15 @@ FROM generate_series(0, $2::int - 1) e`, c, events)
 }
 
 // loadReconcileLedger writes events/2 journals of two lines each, their
-// accounts, and one relayed outbox event per line (see BenchmarkReconcile1M).
+// accounts and balances, and one relayed outbox event per line with the
+// payload the Posting API writes (see BenchmarkReconcile1M). Every line of
+// account a is a debit when a is even, a credit when odd, of 7.
 func loadReconcileLedger(b *testing.B, pool *pgxpool.Pool, events int) {
 	b.Helper()
 	exec(b, pool, `INSERT INTO accounts (id, revision) SELECT 'acc-' || a, $1::int / 10000 FROM generate_series(0, 9999) a`, events)
+	exec(b, pool, `
+INSERT INTO account_balances (account_id, currency, balance)
+SELECT 'acc-' || a, 'EUR', CASE WHEN a % 2 = 0 THEN -7 ELSE 7 END * ($1::int / 10000) FROM generate_series(0, 9999) a`, events)
 	exec(b, pool, `
 INSERT INTO journals (id, sequence, posted_at)
 SELECT `+v7("j", "'j'")+`, j, now() FROM generate_series(1, $1::int / 2) j`, events)
@@ -85,7 +101,10 @@ FROM generate_series(0, $1::int - 1) e`, events)
 	exec(b, pool, `
 INSERT INTO outbox (event_id, kind, type, topic, aggregate_type, aggregate_id, revision, shard, journal_id, payload, occurred_at)
 SELECT `+v7("e", "'ev'")+`, 'event', 'ledger.account.posted', 'ledger.events', 'account', 'acc-' || (e % 10000), e / 10000 + 1,
-       e % 16, `+v7("(e / 2 + 1)", "'j'")+`, '\x7b7d', now()
+       e % 16, `+v7("(e / 2 + 1)", "'j'")+`,
+       convert_to(json_build_object('event_id', `+v7("e", "'ev'")+`, 'journal_id', `+v7("(e / 2 + 1)", "'j'")+`,
+           'account', 'acc-' || (e % 10000), 'revision', e / 10000 + 1, 'currency', 'EUR',
+           'delta', CASE WHEN e % 2 = 0 THEN '-7' ELSE '7' END, 'posted_at', now())::text, 'UTF8'), now()
 FROM generate_series(0, $1::int - 1) e ORDER BY e`, events)
 	exec(b, pool, `TRUNCATE outbox_pending`)
 	exec(b, pool, `VACUUM ANALYZE accounts, journals, journal_lines, outbox, outbox_pending`)

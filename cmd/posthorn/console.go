@@ -75,8 +75,12 @@ func openConsole(ctx context.Context, cfg configs.Config, ledger *pgxpool.Pool, 
 			pools = append(pools, pool)
 		}
 		inboxes[rc.Name] = pool
-		sources = append(sources, ops.ConsumerSource{Name: rc.Name, RejectedFinal: rc.RejectedFinal,
-			Reader: ops.InboxReader{Inbox: postgres.NewInbox(pool), Consumer: rc.Name}})
+		src, err := consumerSource(rc, pool)
+		if err != nil {
+			closeAll()
+			return nil, nil, err
+		}
+		sources = append(sources, src)
 	}
 	var release *pgxpool.Pool
 	if cfg.Consumer.Database.URL != "" {

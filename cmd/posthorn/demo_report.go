@@ -35,8 +35,12 @@ func (d *demoRun) check(ctx context.Context) (demoSummary, error) {
 		ElapsedS:             float64(time.Since(d.started).Round(100*time.Millisecond)) / float64(time.Second),
 	}
 	var sources []ops.ConsumerSource
-	for _, c := range demoConsumers {
-		sources = append(sources, ops.ConsumerSource{Name: c, Reader: ops.InboxReader{Inbox: postgres.NewInbox(d.consumer), Consumer: c}})
+	for _, c := range exampleReconcileConsumers("") {
+		src, err := consumerSource(c, d.consumer)
+		if err != nil {
+			return sum, err
+		}
+		sources = append(sources, src)
 	}
 	d.reconcile, err = ops.Reconcile(ctx, ops.ReconcileConfig{Ledger: postgres.NewOpsStore(d.ledger), Consumers: sources})
 	if err != nil {

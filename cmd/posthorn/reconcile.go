@@ -18,6 +18,7 @@ import (
 	"github.com/posthorn/posthorn/configs"
 	"github.com/posthorn/posthorn/consumers/auditlog"
 	"github.com/posthorn/posthorn/consumers/projection"
+	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/ops"
 )
 
@@ -42,10 +43,31 @@ func reconcileConsumers(cfg configs.Config) ([]configs.ReconcileConsumer, error)
 	if err := cfg.RequireConsumerDatabase(); err != nil {
 		return nil, fmt.Errorf("%w (or set reconcile.consumers)", err)
 	}
+	return exampleReconcileConsumers(cfg.Consumer.Database.URL), nil
+}
+
+// exampleReconcileConsumers are the two example consumers on dsn as
+// reconciliation reads them: both subscribe to the ledger's events, and
+// the projection declares its balances as its balance view.
+func exampleReconcileConsumers(dsn string) []configs.ReconcileConsumer {
 	return []configs.ReconcileConsumer{
-		{Name: projection.Name, DatabaseURL: cfg.Consumer.Database.URL},
-		{Name: auditlog.Name, DatabaseURL: cfg.Consumer.Database.URL},
-	}, nil
+		{Name: projection.Name, DatabaseURL: dsn, Topics: []string{core.TopicEvents}, BalanceView: projection.BalanceView},
+		{Name: auditlog.Name, DatabaseURL: dsn, Topics: []string{core.TopicEvents}},
+	}
+}
+
+// consumerSource is how reconciliation reads consumer c through pool.
+func consumerSource(c configs.ReconcileConsumer, pool *pgxpool.Pool) (ops.ConsumerSource, error) {
+	src := ops.ConsumerSource{Name: c.Name, Reader: ops.InboxReader{Inbox: postgres.NewInbox(pool), Consumer: c.Name},
+		RejectedFinal: c.RejectedFinal, Topics: c.Topics}
+	if c.BalanceView != "" {
+		v, err := postgres.NewBalanceView(pool, c.BalanceView)
+		if err != nil {
+			return src, fmt.Errorf("consumer %s: %w", c.Name, err)
+		}
+		src.BalanceView = v
+	}
+	return src, nil
 }
 
 // requiredConsumers are the consumers archive and cleanup require coverage of.
@@ -144,8 +166,11 @@ func runReconcile(ctx context.Context, args []string) error {
 			}
 			pools[c.DatabaseURL] = pool
 		}
-		sources = append(sources, ops.ConsumerSource{Name: c.Name, Reader: ops.InboxReader{Inbox: postgres.NewInbox(pool), Consumer: c.Name},
-			RejectedFinal: c.RejectedFinal})
+		src, err := consumerSource(c, pool)
+		if err != nil {
+			return couldNotRun(err)
+		}
+		sources = append(sources, src)
 	}
 	rep, err := ops.Reconcile(ctx, ops.ReconcileConfig{
 		Ledger: postgres.NewOpsStore(p.ledger), Consumers: sources, Archive: p.archive, Cut: req, Cap: *limit, Record: !*noRecord,
@@ -178,6 +203,9 @@ func printReconcile(w io.Writer, rep ops.Report) {
 		d := r.Discrepancies
 		n := d.JournalWithoutEvents.Count + d.Unrelayed.Count + d.Unproven.Count + d.Unknown.Count + d.MultipleApplied.Count +
 			d.RevisionConflicts.Count
+		if r.BalanceView != nil {
+			n += r.BalanceView.Mismatch.Count
+		}
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n", r.Name, r.Expected, r.Relayed, r.Applied, r.DuplicatesAbsorbed, r.Parked, r.Rejected, n)
 	}
 	tw.Flush()
@@ -218,6 +246,7 @@ func printReconcile(w io.Writer, rep ops.Report) {
 					c.AggregateType, c.AggregateID, c.Revision, c.AppliedEventID, c.EventID)
 			}
 		}
+		printBalanceView(w, r.BalanceView)
 		if len(d.Waiting) > 0 {
 			fmt.Fprintf(w, "  seen but not final (parked, held, rejected or revision_conflict; not covered until resolved):\n")
 			for _, we := range d.Waiting {
@@ -226,6 +255,7 @@ func printReconcile(w io.Writer, rep ops.Report) {
 		}
 	}
 	fmt.Fprintln(w)
+	printLedgerProof(w, rep)
 	for _, r := range rep.Consumers {
 		if r.Coverage != nil {
 			fmt.Fprintf(w, "coverage recorded: %s up to journal sequence %d, outbox id %d\n", r.Name, r.Coverage.CutSequence, r.Coverage.CoveredOutboxID)

@@ -24,6 +24,11 @@ import (
 // Name is the consumer name (its inbox rows and Kafka consumer group).
 const Name = "balance-projection"
 
+// BalanceView is the table of its balances, with the columns a balance
+// view declares to reconciliation (reconcile.consumers[].balance_view):
+// account, currency, balance and revision.
+const BalanceView = "projection_balances"
+
 // Register adds the projection to reg for the events on topic.
 func Register(reg *consumers.Registry, topic string, opts ...consumers.Option) error {
 	return reg.AddEventHandler(Name, topic, Handle,

@@ -3,7 +3,8 @@
 --   posthorn_consumer    its inbox, positions and the example projections;
 --                        nothing in the ledger database.
 --   posthorn_reconciler  reads the dispositions (consumer_inbox), the
---                        positions and the retention horizon.
+--                        positions, the retention horizon and the
+--                        projection's balances (its balance view).
 
 REVOKE ALL ON TABLE consumer_inbox, consumer_positions, consumer_retention, projection_balances, audit_log,
     posthorn_consumer_migrations
@@ -13,6 +14,9 @@ GRANT USAGE ON SCHEMA public TO posthorn_consumer, posthorn_reconciler;
 
 GRANT SELECT, INSERT, UPDATE ON consumer_inbox, consumer_positions, projection_balances, audit_log TO posthorn_consumer;
 GRANT SELECT ON consumer_inbox TO posthorn_reconciler;
+-- The projection's balances are its balance view, which reconciliation
+-- holds against the ledger's journal.
+GRANT SELECT ON projection_balances TO posthorn_reconciler;
 -- The inbox's protocol in SQL for consumers outside Go (migrations 00003, 00004);
 -- it runs with the caller's rights, the ones above.
 GRANT EXECUTE ON FUNCTION posthorn_inbox_receive(text, jsonb, boolean) TO posthorn_consumer;
