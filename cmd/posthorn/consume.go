@@ -62,7 +62,7 @@ type consumeOptions struct {
 func runConsume(ctx context.Context, args []string) error {
 	fs := newFlags("consume", "consumer.database.url", "metrics.listen", "sink.kind", "sink.kafka.brokers")
 	only := fs.String("only", "", "run only this consumer: "+fmt.Sprint(exampleNames()))
-	bootstrap := fs.String("bootstrap-topic", "", "also read this topic, which `posthorn replay --topic` filled with the history: a consumer that starts mid-history (docs/consumers.md); needs --only")
+	bootstrap := fs.String("bootstrap-topic", "", "also read this topic, which posthorn replay --topic filled with the history: a consumer that starts mid-history (docs/consumers.md); needs --only")
 	hold := fs.Duration("hold", 0, "how long an event ahead of its predecessor is held before its account is parked (default: config key consumer.hold, "+consumers.DefaultHoldTime.String()+")")
 	unsafeNoInbox := unsafeFlag(fs.FlagSet, "unsafe-no-inbox", "UNSAFE, tests only: apply without the inbox (no dedup, no gap check)")
 	p, err := fs.start(ctx, args, needs{check: func(*configs.Config) error {

@@ -2,9 +2,12 @@ package main
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
+	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
@@ -20,22 +23,48 @@ import (
 )
 
 // cmdFlags is a subcommand's flag set: its own flags, the shared --config,
-// and flags named by configuration keys (--database.url …), which override
-// the file and the environment when they are set.
+// and one flag per configuration key (--database.url, --relay.batch_size
+// …, configs.AddKeyFlags), which override the file and the environment
+// when they are set.
 type cmdFlags struct {
 	*pflag.FlagSet
+	name   string
 	config *string
 }
 
 // newFlags returns the flag set of the subcommand name with the --config
-// flag and one flag per configuration key in keys.
-func newFlags(name string, keys ...string) cmdFlags {
+// flag and a flag per configuration key; the keys in shown, the ones the
+// command mostly needs, are listed in its help, the rest are accepted
+// without being listed.
+func newFlags(name string, shown ...string) cmdFlags {
 	fs := pflag.NewFlagSet("posthorn "+name, pflag.ContinueOnError)
-	f := cmdFlags{FlagSet: fs, config: fs.String("config", "", "YAML configuration file")}
-	for _, k := range keys {
-		fs.String(k, "", "sets config key "+k)
-	}
+	f := cmdFlags{FlagSet: fs, name: name, config: fs.String("config", "", "YAML configuration file")}
+	configs.AddKeyFlags(fs, shown...)
+	// Parse reports errors and prints the help itself.
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
 	return f
+}
+
+// Parse parses args. --help prints the command's help on stdout and
+// returns pflag.ErrHelp (exit 0); any other error names the flag, with the
+// key it probably meant for a misspelt key flag, and points at --help.
+func (f cmdFlags) Parse(args []string) error {
+	err := f.FlagSet.Parse(args)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, pflag.ErrHelp):
+		printCommandHelp(os.Stdout, f.name, f.FlagUsages())
+		return err
+	}
+	msg := err.Error()
+	if name, ok := strings.CutPrefix(msg, "unknown flag: --"); ok && strings.Contains(name, ".") {
+		if s := configs.Suggest(name); s != "" {
+			msg += "; did you mean --" + s + "?"
+		}
+	}
+	return fmt.Errorf("%s (see posthorn %s --help)", msg, f.name)
 }
 
 // needs is what a subcommand's prelude opens beyond the configuration and
