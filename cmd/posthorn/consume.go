@@ -192,20 +192,15 @@ func runConsumers(ctx context.Context, cfg configs.Config, o consumeOptions) err
 }
 
 // openConsumerPool connects to consumer.database.url and checks that
-// `posthorn migrate --consumer` has been run.
+// `posthorn migrate --consumer` has been run with this binary's migrations.
 func openConsumerPool(ctx context.Context, cfg configs.Config) (*pgxpool.Pool, error) {
 	pool, err := postgres.Connect(ctx, cfg.Consumer.Database.URL, 8)
 	if err != nil {
 		return nil, fmt.Errorf("config key consumer.database.url: %w", err)
 	}
-	var present bool
-	if err := pool.QueryRow(ctx, `SELECT to_regclass('consumer_inbox') IS NOT NULL`).Scan(&present); err != nil {
+	if err := requireSchema(ctx, pool, postgres.ConsumerSchema); err != nil {
 		pool.Close()
 		return nil, err
-	}
-	if !present {
-		pool.Close()
-		return nil, errors.New("the consumer schema is missing: run `posthorn migrate --consumer` first")
 	}
 	return pool, nil
 }

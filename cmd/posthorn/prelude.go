@@ -168,6 +168,11 @@ func (p *prelude) open(ctx context.Context, n needs) error {
 			return err
 		}
 	}
+	if p.ledger != nil {
+		if err := requireSchema(ctx, p.ledger, postgres.LedgerSchema); err != nil {
+			return err
+		}
+	}
 	if n.consumer {
 		if err := p.openConsumer(ctx); err != nil {
 			return err
@@ -213,6 +218,27 @@ func (p *prelude) openConsumer(ctx context.Context) error {
 	}
 	p.consumer = pool
 	p.closers = append(p.closers, pool.Close)
+	return nil
+}
+
+// requireSchema stops a command whose database lacks schema, or has it at
+// an older version than this binary's, with the migrate command to run,
+// before it fails later on a missing relation.
+func requireSchema(ctx context.Context, pool *pgxpool.Pool, schema postgres.Schema) error {
+	cmd, key := "posthorn migrate", "database.url"
+	if schema == postgres.ConsumerSchema {
+		cmd, key = "posthorn migrate --consumer", "consumer.database.url"
+	}
+	st, err := postgres.CheckSchema(ctx, pool, schema)
+	switch {
+	case err != nil:
+		return fmt.Errorf("config key %s: %w", key, err)
+	case st.Missing:
+		return fmt.Errorf("the %s schema is missing from the database of %s: run `%s` first", schema, key, cmd)
+	case len(st.Pending) > 0:
+		return fmt.Errorf("the %s schema of %s is older than this posthorn: %d migration(s) pending (%s): run `%s` first",
+			schema, key, len(st.Pending), strings.Join(st.Pending, ", "), cmd)
+	}
 	return nil
 }
 
