@@ -161,6 +161,7 @@ func runConsumers(ctx context.Context, cfg configs.Config, o consumeOptions) err
 		}
 	}
 	if cfg.Metrics.Listen != "" {
+		broker := newSinkWatch(cfg.Sink)
 		srv, err := metricshttp.Start(cfg.Metrics.Listen, reg, func() error {
 			if !router.IsRunning() || router.IsClosed() {
 				return errors.New("consumers not running")
@@ -168,9 +169,9 @@ func runConsumers(ctx context.Context, cfg configs.Config, o consumeOptions) err
 			pctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			defer cancel()
 			if err := pool.Ping(pctx); err != nil {
-				return errors.New("consumer database unreachable")
+				return errors.New("consumer database unreachable (consumer.database.url)")
 			}
-			return nil
+			return broker.ready(pctx)
 		})
 		if err != nil {
 			return fmt.Errorf("config key metrics.listen: %w", err)

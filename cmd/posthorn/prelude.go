@@ -102,7 +102,10 @@ type prelude struct {
 	consumer *pgxpool.Pool
 	archive  ops.ArchiveStore
 	sink     core.Sink
-	reg      *prometheus.Registry
+	// sinkWatch explains sink's errors and knows the last publish's
+	// outcome (sinkhealth.go).
+	sinkWatch *sinkWatch
+	reg       *prometheus.Registry
 	// tracer is tracing.*'s provider, nil when tracing is off.
 	tracer  trace.TracerProvider
 	closers []func()
@@ -183,7 +186,8 @@ func (p *prelude) open(ctx context.Context, n needs) error {
 		if err != nil {
 			return err
 		}
-		p.sink = sink
+		p.sinkWatch = newSinkWatch(p.cfg.Sink)
+		p.sink = p.sinkWatch.wrap(sink)
 		p.closers = append(p.closers, func() { _ = sink.Close() })
 	}
 	if n.metrics {
