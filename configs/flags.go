@@ -142,3 +142,20 @@ func unknownKeyErr(key, where string) error {
 	}
 	return fieldErr(key, "%s", msg)
 }
+
+// InsecureKeys returns the keys of c that turn a protection off and are
+// set (every …insecure… key that is true, such as
+// sink.nats.tls.insecure_skip_verify), sorted, so a command can warn about
+// each at start.
+func (c Config) InsecureKeys() []string {
+	k := koanf.New(".")
+	_ = k.Load(structs.Provider(c, "koanf"), nil) // a struct: cannot fail
+	var out []string
+	for _, key := range k.Keys() {
+		if on, ok := k.Get(key).(bool); ok && on && strings.Contains(key, "insecure") {
+			out = append(out, key)
+		}
+	}
+	sort.Strings(out)
+	return out
+}

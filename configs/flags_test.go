@@ -86,3 +86,14 @@ func TestUnknownEnvironmentVariableRefusedByName(t *testing.T) {
 		t.Errorf("file typo: %v", err)
 	}
 }
+
+// Every insecure option that is on is reported; none by default.
+func TestInsecureKeys(t *testing.T) {
+	if got := loadEnv(t).InsecureKeys(); len(got) != 0 {
+		t.Fatalf("defaults report %v", got)
+	}
+	got := loadEnv(t, "POSTHORN_SINK__NATS__TLS__INSECURE_SKIP_VERIFY=true", "POSTHORN_SINK__KAFKA__TLS__INSECURE_SKIP_VERIFY=true").InsecureKeys()
+	if strings.Join(got, ",") != "sink.kafka.tls.insecure_skip_verify,sink.nats.tls.insecure_skip_verify" {
+		t.Fatalf("InsecureKeys = %v", got)
+	}
+}

@@ -23,6 +23,7 @@ func (c Config) Redacted() Config {
 	r.Sink.Redis.Password = redactSecret(c.Sink.Redis.Password)
 	r.Sink.Kafka.SASL.Password = redactSecret(c.Sink.Kafka.SASL.Password)
 	r.Console.Token = redactSecret(c.Console.Token)
+	r.Tracing.Endpoint = RedactQuery(c.Tracing.Endpoint)
 	r.Reconcile.Consumers = make([]ReconcileConsumer, len(c.Reconcile.Consumers))
 	for i, rc := range c.Reconcile.Consumers {
 		r.Reconcile.Consumers[i] = ReconcileConsumer{Name: rc.Name, DatabaseURL: RedactURL(rc.DatabaseURL)}
@@ -65,5 +66,28 @@ func RedactURL(s string) string {
 		}
 	}
 	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+// RedactQuery hides the value of every query parameter of the URL s
+// (tracing.endpoint?api_key=…): a collector's URL has no parameter that is
+// safe to print by name. A value that does not parse is hidden whole.
+func RedactQuery(s string) string {
+	if s == "" {
+		return s
+	}
+	u, err := url.Parse(s)
+	if err != nil {
+		return redacted
+	}
+	if u.User != nil {
+		u.User = url.User(redacted)
+	}
+	q := u.Query()
+	for key := range q {
+		q.Set(key, redacted)
+	}
+	u.RawQuery = q.Encode()
+	u.Fragment, u.RawFragment = "", ""
 	return u.String()
 }

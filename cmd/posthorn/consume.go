@@ -226,11 +226,11 @@ func runConsumeRelease(ctx context.Context, args []string) error {
 		return err
 	}
 	if n == 0 {
-		fmt.Printf("%s %s: nothing parked for consumer %s\n", *aggType, *account, *consumer)
+		fmt.Printf("%s %s: nothing parked for consumer %s\n", printable(*aggType), printable(*account), printable(*consumer))
 		return nil
 	}
 	fmt.Printf("released %d event(s) of %s %s for consumer %s; a running consumer re-drives them in revision order (they park again after the hold time if the predecessor is still missing)\n",
-		n, *aggType, *account, *consumer)
+		n, printable(*aggType), printable(*account), printable(*consumer))
 	return nil
 }
 
@@ -293,14 +293,14 @@ func runConsumeStatus(ctx context.Context, args []string) error {
 			keys = append(keys, k)
 		}
 		slices.Sort(keys)
-		fmt.Printf("%s:", s.Consumer)
+		fmt.Printf("%s:", printable(s.Consumer))
 		for _, k := range keys {
 			fmt.Printf(" %s=%d", k, s.Events[k])
 		}
 		fmt.Printf(" duplicates_absorbed=%d parked_accounts=%d\n", s.DuplicatesAbsorbed, len(s.Parked))
 		for _, p := range s.Parked {
-			fmt.Printf("  parked %s %s (%d events) since %s: %s\n", p.AggregateType, p.AggregateID, p.Events,
-				p.ParkedAt.UTC().Format(time.RFC3339), p.Reason)
+			fmt.Printf("  parked %s %s (%d events) since %s: %s\n", printable(p.AggregateType), printable(p.AggregateID), p.Events,
+				p.ParkedAt.UTC().Format(time.RFC3339), printable(p.Reason))
 		}
 	}
 	return nil

@@ -129,6 +129,10 @@ func (f cmdFlags) start(ctx context.Context, args []string, n needs) (*prelude, 
 		}
 	}
 	p := &prelude{cfg: cfg, log: newLogger(cfg.Log, os.Stderr)}
+	for _, key := range cfg.InsecureKeys() {
+		p.log.Warn("config key "+key+" is true: the server's certificate is not verified, so anyone on the network path can read and alter this traffic; for tests only",
+			"key", key)
+	}
 	// Tracing first, so that its flush, at close, comes last (tracing.go).
 	if err := p.openTracing(ctx, f.Name()); err != nil {
 		return nil, err
