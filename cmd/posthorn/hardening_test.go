@@ -5,8 +5,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/configs"
+	"github.com/posthorn/posthorn/core"
 )
 
 // A caller who can write an aggregate ID cannot drive the operator's
@@ -78,5 +80,45 @@ func TestInsecureTLSWarnsAtStart(t *testing.T) {
 	code, _, stderr = runCLI(t, []string{"POSTHORN_SINK__KIND=nats"}, "config", "print")
 	if code != 0 || strings.Contains(stderr, "insecure") {
 		t.Fatalf("without the option: code %d, stderr %q", code, stderr)
+	}
+}
+
+// The demo refuses configured databases that already hold postings,
+// before it writes anything; on empty ones it runs.
+func TestDemoRefusesALiveLedger(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the demo")
+	}
+	t.Parallel()
+	url, pool := pgtest.Ledger(t)
+	ctx := context.Background()
+	if _, _, err := postgres.NewLedgerStore(pool, postgres.LedgerConfig{}).Post(ctx, "live-1", core.Posting{Entries: []core.Entry{
+		{Account: "acc-alice", Direction: core.Debit, Amount: 10, Currency: "EUR"},
+		{Account: "acc-bob", Direction: core.Credit, Amount: 10, Currency: "EUR"},
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	count := func() (n int) {
+		if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM journals) + (SELECT count(*) FROM outbox)`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	before := count()
+	env := []string{"POSTHORN_DATABASE__URL=" + url, "POSTHORN_CONSUMER__DATABASE__URL=" + url}
+	code, stdout, stderr := runCLI(t, env, "demo", "--postings", "20", "--sink", "memory")
+	if code != 1 || !strings.Contains(stderr, "config key database.url: its database already holds journals rows") {
+		t.Fatalf("code %d\nstdout %s\nstderr %s", code, stdout, stderr)
+	}
+	if strings.Contains(stderr, "throwaway database") {
+		t.Errorf("claims a throwaway database it never made: %s", stderr)
+	}
+	if after := count(); after != before {
+		t.Fatalf("the demo wrote into the live ledger: %d rows, were %d", after, before)
+	}
+	// Negative control: empty configured databases are taken.
+	empty := []string{"POSTHORN_DATABASE__URL=" + pgtest.NewDatabase(t), "POSTHORN_CONSUMER__DATABASE__URL=" + pgtest.NewDatabase(t)}
+	if code, _, stderr := runCLI(t, empty, "demo", "--postings", "20", "--sink", "memory", "--json"); code != 0 {
+		t.Fatalf("demo on empty databases: code %d: %s", code, stderr)
 	}
 }
