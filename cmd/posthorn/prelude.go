@@ -170,13 +170,11 @@ func (p *prelude) open(ctx context.Context, n needs) error {
 		}
 		p.ledger = pool
 		p.closers = append(p.closers, pool.Close)
-	case n.ledger > 0:
-		if err := p.openLedger(ctx, n.ledger); err != nil {
+		if err := requireSchema(ctx, pool, postgres.LedgerSchema); err != nil {
 			return err
 		}
-	}
-	if p.ledger != nil {
-		if err := requireSchema(ctx, p.ledger, postgres.LedgerSchema); err != nil {
+	case n.ledger > 0:
+		if err := p.openLedger(ctx, n.ledger); err != nil {
 			return err
 		}
 	}
@@ -200,8 +198,8 @@ func (p *prelude) open(ctx context.Context, n needs) error {
 	return nil
 }
 
-// openLedger requires database.url and opens p.ledger with conns
-// connections.
+// openLedger requires database.url, opens p.ledger with conns
+// connections and checks the ledger schema's version (requireSchema).
 func (p *prelude) openLedger(ctx context.Context, conns int32) error {
 	if err := p.cfg.RequireDatabase(); err != nil {
 		return err
@@ -212,7 +210,7 @@ func (p *prelude) openLedger(ctx context.Context, conns int32) error {
 	}
 	p.ledger = pool
 	p.closers = append(p.closers, pool.Close)
-	return nil
+	return requireSchema(ctx, pool, postgres.LedgerSchema)
 }
 
 // openConsumer requires consumer.database.url and opens p.consumer.

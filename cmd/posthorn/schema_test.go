@@ -31,6 +31,8 @@ func TestCommandsNameTheMigrationOnAnUnmigratedDatabase(t *testing.T) {
 		{[]string{"archive", "--archive.dir", t.TempDir()}, []string{ledger}, 1, "run `posthorn migrate` first"},
 		{[]string{"consume", "--sink.kind", "memory"}, []string{consumer}, 1, "run `posthorn migrate --consumer` first"},
 		{[]string{"consume", "status"}, []string{consumer}, 1, "run `posthorn migrate --consumer` first"},
+		{[]string{"retention", "--only", "idempotency-keys"}, []string{ledger}, 1, "run `posthorn migrate` first"},
+		{[]string{"retention", "--only", "inbox"}, []string{consumer}, 1, "run `posthorn migrate --consumer` first"},
 	}
 	for _, c := range cases {
 		code, _, stderr := runCLI(t, c.env, c.args...)
