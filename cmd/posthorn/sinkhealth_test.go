@@ -1,11 +1,13 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"net"
 	"net/http"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -113,7 +115,8 @@ func TestSinkErrorsNameTheAddressAndReadinessFollows(t *testing.T) {
 }
 
 // The relay's /readyz says not ready, naming the address, while its sink
-// is unreachable; with a sink that is there it says ready.
+// is unreachable; with a sink that is there it says ready. Either way a
+// soft stop logs "relay stopped" once.
 func TestRelayReadinessFollowsTheSink(t *testing.T) {
 	t.Parallel()
 	url, _ := pgtest.Ledger(t)
@@ -127,10 +130,22 @@ func TestRelayReadinessFollowsTheSink(t *testing.T) {
 	} {
 		metrics := closedAddr(t)
 		cmd := cliCommand([]string{"POSTHORN_DATABASE__URL=" + url}, append([]string{"relay", "--metrics.listen", metrics}, c.sink...)...)
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
 		startCLI(t, cmd)
 		code, body := waitReadyz(t, "http://"+metrics+"/readyz", c.code, c.want)
 		if code != c.code || !strings.Contains(body, c.want) {
 			t.Errorf("%v: /readyz = %d %q, want %d %q", c.sink, code, body, c.code, c.want)
+		}
+		// A soft stop says "relay stopped" once, not once per layer.
+		if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Wait(); err != nil {
+			t.Fatalf("%v: relay exit: %v\n%s", c.sink, err, stderr.String())
+		}
+		if n := strings.Count(stderr.String(), `"msg":"relay stopped"`); n != 1 {
+			t.Errorf("%v: \"relay stopped\" logged %d times:\n%s", c.sink, n, stderr.String())
 		}
 	}
 }
