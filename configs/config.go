@@ -15,6 +15,7 @@ import (
 	"os"
 	"reflect"
 	"regexp"
+	"sort"
 	"strings"
 	"time"
 
@@ -172,27 +173,42 @@ func Load(path string, environ []string, fs *pflag.FlagSet) (Config, error) {
 		// A misspelt key would otherwise be ignored silently.
 		for _, key := range k.Keys() {
 			if !known[key] && !isMapEntry(key) {
-				return Config{}, fieldErr(key, "is not a configuration key (in %s)", path)
+				return Config{}, unknownKeyErr(key, "in "+path)
 			}
 		}
 	}
 	if environ == nil {
 		environ = os.Environ()
 	}
+	var unknownEnv []string
+	sections := sections()
 	envProvider := env.Provider(".", env.Opt{
 		Prefix:      EnvPrefix,
 		EnvironFunc: func() []string { return environ },
 		TransformFunc: func(name, value string) (string, any) {
 			key := strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(name, EnvPrefix)), "__", ".")
-			if !known[key] && !isMapEntry(key) {
-				// Not a configuration key (e.g. a test's POSTHORN_TEST_…).
-				return "", nil
+			if known[key] || isMapEntry(key) {
+				return key, value
 			}
-			return key, value
+			// A variable shaped like a key (levels joined by "__", or a
+			// section's name first) but naming none is a typo, refused
+			// as a misspelt YAML key is; anything else is another
+			// program's (a test's POSTHORN_TEST_…).
+			section, _, _ := strings.Cut(strings.ReplaceAll(key, "_", "."), ".")
+			if strings.Contains(name, "__") || sections[section] {
+				unknownEnv = append(unknownEnv, name)
+			}
+			return "", nil
 		},
 	})
 	if err := k.Load(envProvider, nil); err != nil {
 		return Config{}, fmt.Errorf("config environment: %w", err)
+	}
+	if len(unknownEnv) > 0 {
+		sort.Strings(unknownEnv)
+		name := unknownEnv[0]
+		key := strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(name, EnvPrefix)), "__", ".")
+		return Config{}, unknownKeyErr(key, "environment variable "+name)
 	}
 	if fs != nil {
 		if err := k.Load(posflag.ProviderWithFlag(fs, ".", k, func(f *pflag.Flag) (string, any) {

@@ -60,7 +60,7 @@ func TestExampleFileLoads(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Metrics.Listen != "127.0.0.1:9464" || cfg.Relay.LeaseTTL != 10*time.Second {
+	if cfg.Metrics.Listen != Default().Metrics.Listen || cfg.Relay.LeaseTTL != 10*time.Second {
 		t.Fatalf("example not applied: %+v", cfg)
 	}
 }

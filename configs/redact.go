@@ -29,9 +29,11 @@ func (c Config) Redacted() Config {
 			r.Console.Operators[name] = redactSecret(t)
 		}
 	}
+	r.Tracing.Endpoint = RedactQuery(c.Tracing.Endpoint)
 	r.Reconcile.Consumers = make([]ReconcileConsumer, len(c.Reconcile.Consumers))
 	for i, rc := range c.Reconcile.Consumers {
-		r.Reconcile.Consumers[i] = ReconcileConsumer{Name: rc.Name, DatabaseURL: RedactURL(rc.DatabaseURL)}
+		r.Reconcile.Consumers[i] = rc
+		r.Reconcile.Consumers[i].DatabaseURL = RedactURL(rc.DatabaseURL)
 	}
 	return r
 }
@@ -71,5 +73,28 @@ func RedactURL(s string) string {
 		}
 	}
 	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+// RedactQuery hides the value of every query parameter of the URL s
+// (tracing.endpoint?api_key=…): a collector's URL has no parameter that is
+// safe to print by name. A value that does not parse is hidden whole.
+func RedactQuery(s string) string {
+	if s == "" {
+		return s
+	}
+	u, err := url.Parse(s)
+	if err != nil {
+		return redacted
+	}
+	if u.User != nil {
+		u.User = url.User(redacted)
+	}
+	q := u.Query()
+	for key := range q {
+		q.Set(key, redacted)
+	}
+	u.RawQuery = q.Encode()
+	u.Fragment, u.RawFragment = "", ""
 	return u.String()
 }

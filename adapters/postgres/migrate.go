@@ -3,9 +3,15 @@ package postgres
 import (
 	"context"
 	"embed"
+	"errors"
 	"fmt"
 	"io/fs"
+	"path"
+	"strconv"
+	"strings"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/database"
@@ -30,11 +36,93 @@ const (
 // Each schema keeps its own version table, so the ledger and the consumers
 // may share one database.
 func Migrate(ctx context.Context, dsn string, schema Schema) error {
-	return migrate(ctx, dsn, schema, func(p *goose.Provider) error {
-		_, err := p.Up(ctx)
+	_, err := Upgrade(ctx, dsn, schema)
+	return err
+}
+
+// Upgrade is Migrate, returning the file names of the migrations it
+// applied, oldest first: none when the schema was already up to date.
+func Upgrade(ctx context.Context, dsn string, schema Schema) ([]string, error) {
+	var applied []string
+	err := migrate(ctx, dsn, schema, func(p *goose.Provider) error {
+		res, err := p.Up(ctx)
+		for _, r := range res {
+			if r.Error == nil {
+				applied = append(applied, path.Base(r.Source.Path))
+			}
+		}
 		return err
 	})
+	return applied, err
 }
+
+// SchemaStatus is what CheckSchema found: whether the schema's version
+// table exists, and the embedded migrations the database has not applied.
+type SchemaStatus struct {
+	Missing bool
+	Pending []string
+}
+
+// Current reports a schema that is there with nothing pending.
+func (s SchemaStatus) Current() bool { return !s.Missing && len(s.Pending) == 0 }
+
+// CheckSchema compares the database's version table of schema with the
+// migrations embedded in this binary, so a command can stop at start with
+// "run posthorn migrate" instead of failing later on a missing relation.
+// A role that may not read the version table (the per-component roles
+// may not) learns only whether the table exists: Pending is then empty.
+func CheckSchema(ctx context.Context, db interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}, schema Schema) (SchemaStatus, error) {
+	table := versionTable(schema)
+	var present bool
+	if err := db.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, table).Scan(&present); err != nil {
+		return SchemaStatus{}, fmt.Errorf("check the %s schema: %w", schema, err)
+	}
+	if !present {
+		return SchemaStatus{Missing: true}, nil
+	}
+	rows, err := db.Query(ctx, `SELECT DISTINCT version_id FROM `+pgx.Identifier{table}.Sanitize()+` WHERE is_applied`)
+	if err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "42501" { // insufficient_privilege
+			return SchemaStatus{}, nil
+		}
+		return SchemaStatus{}, fmt.Errorf("check the %s schema: %w", schema, err)
+	}
+	applied, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "42501" {
+			return SchemaStatus{}, nil
+		}
+		return SchemaStatus{}, fmt.Errorf("check the %s schema: %w", schema, err)
+	}
+	done := make(map[int64]bool, len(applied))
+	for _, v := range applied {
+		done[v] = true
+	}
+	files, err := fs.ReadDir(migrations, "migrations/"+string(schema))
+	if err != nil {
+		return SchemaStatus{}, fmt.Errorf("migrations for %s: %w", schema, err)
+	}
+	var st SchemaStatus
+	for _, f := range files {
+		num, _, _ := strings.Cut(f.Name(), "_")
+		v, err := strconv.ParseInt(num, 10, 64)
+		if err != nil || !strings.HasSuffix(f.Name(), ".sql") {
+			continue
+		}
+		if !done[v] {
+			st.Pending = append(st.Pending, f.Name())
+		}
+	}
+	return st, nil
+}
+
+// versionTable is the goose version table of schema.
+func versionTable(schema Schema) string { return "posthorn_" + string(schema) + "_migrations" }
 
 // migrate opens dsn and runs step on a provider of schema's embedded
 // migrations (under the advisory lock).
@@ -53,7 +141,7 @@ func migrate(ctx context.Context, dsn string, schema Schema, step func(*goose.Pr
 	if err != nil {
 		return err
 	}
-	store, err := database.NewStore(database.DialectPostgres, "posthorn_"+string(schema)+"_migrations")
+	store, err := database.NewStore(database.DialectPostgres, versionTable(schema))
 	if err != nil {
 		return err
 	}

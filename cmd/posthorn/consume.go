@@ -62,7 +62,7 @@ type consumeOptions struct {
 func runConsume(ctx context.Context, args []string) error {
 	fs := newFlags("consume", "consumer.database.url", "metrics.listen", "sink.kind", "sink.kafka.brokers")
 	only := fs.String("only", "", "run only this consumer: "+fmt.Sprint(exampleNames()))
-	bootstrap := fs.String("bootstrap-topic", "", "also read this topic, which `posthorn replay --topic` filled with the history: a consumer that starts mid-history (docs/consumers.md); needs --only")
+	bootstrap := fs.String("bootstrap-topic", "", "also read this topic, which posthorn replay --topic filled with the history: a consumer that starts mid-history (docs/consumers.md); needs --only")
 	hold := fs.Duration("hold", 0, "how long an event ahead of its predecessor is held before its account is parked (default: config key consumer.hold, "+consumers.DefaultHoldTime.String()+")")
 	unsafeNoInbox := unsafeFlag(fs.FlagSet, "unsafe-no-inbox", "UNSAFE, tests only: apply without the inbox (no dedup, no gap check)")
 	p, err := fs.start(ctx, args, needs{check: func(*configs.Config) error {
@@ -161,6 +161,7 @@ func runConsumers(ctx context.Context, cfg configs.Config, o consumeOptions) err
 		}
 	}
 	if cfg.Metrics.Listen != "" {
+		broker := newSinkWatch(cfg.Sink)
 		srv, err := metricshttp.Start(cfg.Metrics.Listen, reg, func() error {
 			if !router.IsRunning() || router.IsClosed() {
 				return errors.New("consumers not running")
@@ -168,9 +169,9 @@ func runConsumers(ctx context.Context, cfg configs.Config, o consumeOptions) err
 			pctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			defer cancel()
 			if err := pool.Ping(pctx); err != nil {
-				return errors.New("consumer database unreachable")
+				return errors.New("consumer database unreachable (consumer.database.url)")
 			}
-			return nil
+			return broker.ready(pctx)
 		})
 		if err != nil {
 			return fmt.Errorf("config key metrics.listen: %w", err)
@@ -192,20 +193,15 @@ func runConsumers(ctx context.Context, cfg configs.Config, o consumeOptions) err
 }
 
 // openConsumerPool connects to consumer.database.url and checks that
-// `posthorn migrate --consumer` has been run.
+// `posthorn migrate --consumer` has been run with this binary's migrations.
 func openConsumerPool(ctx context.Context, cfg configs.Config) (*pgxpool.Pool, error) {
 	pool, err := postgres.Connect(ctx, cfg.Consumer.Database.URL, 8)
 	if err != nil {
 		return nil, fmt.Errorf("config key consumer.database.url: %w", err)
 	}
-	var present bool
-	if err := pool.QueryRow(ctx, `SELECT to_regclass('consumer_inbox') IS NOT NULL`).Scan(&present); err != nil {
+	if err := requireSchema(ctx, pool, postgres.ConsumerSchema); err != nil {
 		pool.Close()
 		return nil, err
-	}
-	if !present {
-		pool.Close()
-		return nil, errors.New("the consumer schema is missing: run `posthorn migrate --consumer` first")
 	}
 	return pool, nil
 }
@@ -230,11 +226,11 @@ func runConsumeRelease(ctx context.Context, args []string) error {
 		return err
 	}
 	if n == 0 {
-		fmt.Printf("%s %s: nothing parked for consumer %s\n", *aggType, *account, *consumer)
+		fmt.Printf("%s %s: nothing parked for consumer %s\n", printable(*aggType), printable(*account), printable(*consumer))
 		return nil
 	}
 	fmt.Printf("released %d event(s) of %s %s for consumer %s; a running consumer re-drives them in revision order (they park again after the hold time if the predecessor is still missing)\n",
-		n, *aggType, *account, *consumer)
+		n, printable(*aggType), printable(*account), printable(*consumer))
 	return nil
 }
 
@@ -297,14 +293,14 @@ func runConsumeStatus(ctx context.Context, args []string) error {
 			keys = append(keys, k)
 		}
 		slices.Sort(keys)
-		fmt.Printf("%s:", s.Consumer)
+		fmt.Printf("%s:", printable(s.Consumer))
 		for _, k := range keys {
 			fmt.Printf(" %s=%d", k, s.Events[k])
 		}
 		fmt.Printf(" duplicates_absorbed=%d parked_accounts=%d\n", s.DuplicatesAbsorbed, len(s.Parked))
 		for _, p := range s.Parked {
-			fmt.Printf("  parked %s %s (%d events) since %s: %s\n", p.AggregateType, p.AggregateID, p.Events,
-				p.ParkedAt.UTC().Format(time.RFC3339), p.Reason)
+			fmt.Printf("  parked %s %s (%d events) since %s: %s\n", printable(p.AggregateType), printable(p.AggregateID), p.Events,
+				p.ParkedAt.UTC().Format(time.RFC3339), printable(p.Reason))
 		}
 	}
 	return nil

@@ -87,8 +87,11 @@ func runDemo(ctx context.Context, args []string) error {
 	d := &demoRun{cfg: cfg, log: log, tracer: p.tracer, json: *asJSON, workers: *workers, accounts: *accounts, timeout: *timeout, console: *withConsole}
 	sum, err := d.run(ctx, *postings)
 	if err != nil {
-		if ctx.Err() != nil {
+		if ctx.Err() != nil && d.throwaway {
 			return fmt.Errorf("interrupted; the throwaway database and broker were removed: %w", err)
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("interrupted; the configured databases keep what the demo wrote: %w", err)
 		}
 		return err
 	}
@@ -122,8 +125,11 @@ type demoRun struct {
 	console  bool // --console
 
 	ledgerURL, consumerURL string
-	ledger, consumer       *pgxpool.Pool
-	mem                    *memory.Sink
+	// throwaway is set when the demo started its own PostgreSQL, which it
+	// removes at the end; configured databases are left as they are.
+	throwaway        bool
+	ledger, consumer *pgxpool.Pool
+	mem              *memory.Sink
 
 	// apiURL and relayURL connect the API and the relay as their own
 	// database roles (the throwaway cluster only; else the configured URL).
@@ -230,7 +236,11 @@ func (d *demoRun) run(ctx context.Context, postings int) (demoSummary, error) {
 		if err := d.printResult(sum); err != nil {
 			return sum, err
 		}
-		fmt.Fprintln(os.Stderr, "the operator console stays up; Ctrl-C stops it and removes the demo's databases")
+		if d.throwaway {
+			fmt.Fprintln(os.Stderr, "the operator console stays up; Ctrl-C stops it and removes the demo's databases")
+		} else {
+			fmt.Fprintln(os.Stderr, "the operator console stays up; Ctrl-C stops it")
+		}
 		<-ctx.Done()
 	}
 	return sum, nil

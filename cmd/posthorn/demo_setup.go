@@ -106,7 +106,17 @@ func (d *demoRun) databases(ctx context.Context) (cleanup func(), err error) {
 		d.ledgerURL, d.consumerURL = cluster.URL("posthorn_ledger"), cluster.URL("posthorn_consumer")
 	case d.consumerURL == "":
 		return cleanup, errors.New("config key consumer.database.url: required when database.url is set (the consumers' own database)")
+	default:
+		// Configured databases: the demo posts random transfers and cuts
+		// its relay short, so it runs only where nothing lives yet.
+		if err := refuseLiveData(ctx, "database.url", d.ledgerURL); err != nil {
+			return cleanup, err
+		}
+		if err := refuseLiveData(ctx, "consumer.database.url", d.consumerURL); err != nil {
+			return cleanup, err
+		}
 	}
+	d.throwaway = cluster != nil
 	if err := postgres.Migrate(ctx, d.ledgerURL, postgres.LedgerSchema); err != nil {
 		return cleanup, fmt.Errorf("migrate the ledger schema: %w", err)
 	}
@@ -136,3 +146,35 @@ func (d *demoRun) databases(ctx context.Context) (cleanup func(), err error) {
 type keepOpen struct{ core.Sink }
 
 func (keepOpen) Close() error { return nil }
+
+// demoDataTables are the tables whose rows mean a database is in use: the
+// ledger's postings and outbox, the consumers' inbox.
+var demoDataTables = []string{"journals", "outbox", "consumer_inbox"}
+
+// refuseLiveData returns an error naming key when its database already
+// holds rows in demoDataTables, before the demo migrates or writes
+// anything there.
+func refuseLiveData(ctx context.Context, key, url string) error {
+	conn, err := postgres.Connect(ctx, url, 1)
+	if err != nil {
+		return fmt.Errorf("config key %s: %w", key, err)
+	}
+	defer conn.Close()
+	for _, table := range demoDataTables {
+		var present, rows bool
+		if err := conn.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, table).Scan(&present); err != nil {
+			return fmt.Errorf("config key %s: %w", key, err)
+		}
+		if !present {
+			continue
+		}
+		if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+pgx.Identifier{table}.Sanitize()+`)`).Scan(&rows); err != nil {
+			return fmt.Errorf("config key %s: %w", key, err)
+		}
+		if rows {
+			return fmt.Errorf("config key %s: its database already holds %s rows; the demo writes random transfers, so it runs only on empty databases: "+
+				"point database.url and consumer.database.url at new ones, or unset both for a throwaway PostgreSQL", key, table)
+		}
+	}
+	return nil
+}

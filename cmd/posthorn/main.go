@@ -7,7 +7,6 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"sort"
 	"syscall"
 
 	"github.com/spf13/pflag"
@@ -22,28 +21,33 @@ type command struct {
 
 // commands are the subcommands by name, each run by the function of its
 // own file; two-word commands ("config print", "outbox status") are named
-// with their space.
-var commands = map[string]command{
-	"api":              {"serve the Posting API", runAPI},
-	"archive":          {"write covered outbox rows to archive segments with a manifest (--verify re-reads and checks them)", runArchive},
-	"cleanup":          {"delete outbox rows below the verified boundary (relayed, covered, archived, past the replay window); --dry-run first", runCleanup},
-	"config print":     {"print the effective configuration, secrets redacted", runConfigPrint},
-	"console":          {"serve the operator console: the data path, plots, parked aggregates, coverage; actions with console.token (--listen)", runConsole},
-	"consume":          {"run the example consumers balance-projection and audit-log (--only NAME)", runConsume},
-	"consume baseline": {"start the balance projection at a cut of the ledger: its balances and positions, so it applies only later revisions (--json)", runBaseline},
-	"consume release":  {"lift a consumer's park of one account so its events re-drive in order", runConsumeRelease},
-	"consume status":   {"dispositions, duplicates and parked accounts per consumer (--json)", runConsumeStatus},
-	"demo":             {"everything in one process on embedded defaults, with a summary at the end (--postings N, --json)", runDemo},
-	"dev kafka":        {"a standalone Kafka-protocol broker for local work (kfake): --listen, --data-dir, --nodes; SIGUSR1 moves partition leaders", runDevKafka},
-	"migrate":          {"create or upgrade the ledger schema (--consumer, --roles)", runMigrate},
-	"outbox status":    {"backlog, oldest unrelayed age, leases, parked aggregates (--json)", runOutboxStatus},
-	"outbox release":   {"let the relay send a parked account or command journal again (--account ID | --journal ID)", runOutboxRelease},
-	"outbox resend":    {"send rows again with the same event IDs (--event-id ID …, or --from-id/--to-id); marker after the ACK", runOutboxResend},
-	"reconcile":        {"match journals, outbox and consumer dispositions up to a cut (--cut N, --json); exit 0 clean, 1 discrepancies, 2 could not run", runReconcile},
-	"relay":            {"run the bridge: outbox → sink (SIGINT/SIGTERM stop it softly)", runRelay},
-	"replay":           {"historical replay of events for a range (sequence, time, account) with the same event IDs and the replay header", runReplay},
-	"retention":        {"prune final consumer inbox rows behind the safe horizon and expired idempotency keys, in small batches (--only inbox|idempotency-keys, --json)", runRetention},
-	"version":          {"print version and build info", runVersion},
+// with their space. It is filled in init: the commands' help reads it,
+// and a package-level initialiser would make that a cycle.
+var commands map[string]command
+
+func init() {
+	commands = map[string]command{
+		"api":              {"serve the Posting API", runAPI},
+		"archive":          {"write covered outbox rows to archive segments with a manifest (--verify re-reads and checks them)", runArchive},
+		"cleanup":          {"delete outbox rows below the verified boundary (relayed, covered, archived, past the replay window); --dry-run first", runCleanup},
+		"config print":     {"print the effective configuration, secrets redacted", runConfigPrint},
+		"console":          {"serve the operator console: the data path, plots, parked aggregates, coverage; actions with console.token (--listen)", runConsole},
+		"consume":          {"run the example consumers balance-projection and audit-log (--only NAME)", runConsume},
+		"consume baseline": {"start the balance projection at a cut of the ledger: its balances and positions, so it applies only later revisions (--json)", runBaseline},
+		"consume release":  {"lift a consumer's park of one account so its events re-drive in order", runConsumeRelease},
+		"consume status":   {"dispositions, duplicates and parked accounts per consumer (--json)", runConsumeStatus},
+		"demo":             {"everything in one process on embedded defaults, with a summary at the end (--postings N, --json)", runDemo},
+		"dev kafka":        {"a standalone Kafka-protocol broker for local work (kfake): --listen, --data-dir, --nodes; SIGUSR1 moves partition leaders", runDevKafka},
+		"migrate":          {"create or upgrade the ledger schema (--consumer, --roles)", runMigrate},
+		"outbox status":    {"backlog, oldest unrelayed age, leases, parked aggregates (--json)", runOutboxStatus},
+		"outbox release":   {"let the relay send a parked aggregate again (--account ID, --journal ID, or --aggregate-type T --aggregate-id ID)", runOutboxRelease},
+		"outbox resend":    {"send rows again with the same event IDs (--event-id ID …, or --from-id/--to-id); marker after the ACK", runOutboxResend},
+		"reconcile":        {"match journals, outbox and consumer dispositions up to a cut (--cut N, --json); exit 0 clean, 1 discrepancies, 2 could not run", runReconcile},
+		"relay":            {"run the bridge: outbox → sink (SIGINT/SIGTERM stop it softly)", runRelay},
+		"replay":           {"historical replay of events for a range (sequence, time, account) with the same event IDs and the replay header", runReplay},
+		"retention":        {"prune final consumer inbox rows behind the safe horizon and expired idempotency keys, in small batches (--only inbox|idempotency-keys, --json)", runRetention},
+		"version":          {"print version and build info", runVersion},
+	}
 }
 
 // exitError carries an exit code other than 1 (reconcile's 1 and 2).
@@ -66,9 +70,23 @@ func main() {
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+	if len(args) == 0 {
+		usage(stderr)
+		return 2
+	}
+	switch args[0] {
+	case "-h", "--help":
 		usage(stdout)
 		return 0
+	case "--version", "-v":
+		args = []string{"version"}
+	case "help":
+		// `posthorn help outbox status` is `posthorn outbox status --help`.
+		if len(args) == 1 {
+			usage(stdout)
+			return 0
+		}
+		args = append(args[1:len(args):len(args)], "--help")
 	}
 	// "config print", "outbox status": two-word commands are registered with
 	// their space.
@@ -81,6 +99,17 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	cmd, ok := commands[name]
 	if !ok {
+		if isGroup(name) {
+			if len(rest) > 0 && (rest[0] == "--help" || rest[0] == "-h") {
+				printGroupHelp(stdout, name)
+				return 0
+			}
+			if len(rest) > 0 {
+				fmt.Fprintf(stderr, "posthorn: unknown command %q\n\n", name+" "+rest[0])
+			}
+			printGroupHelp(stderr, name)
+			return 2
+		}
 		fmt.Fprintf(stderr, "posthorn: unknown command %q\n\n", args[0])
 		usage(stderr)
 		return 2
@@ -102,19 +131,6 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "posthorn %s: %v\n", name, err)
 		return 1
 	}
-}
-
-func usage(w io.Writer) {
-	fmt.Fprintln(w, "Usage: posthorn COMMAND [--config FILE] [flags]\n\nCommands:")
-	names := make([]string, 0, len(commands))
-	for n := range commands {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for _, n := range names {
-		fmt.Fprintf(w, "  %-16s %s\n", n, commands[n].summary)
-	}
-	fmt.Fprintln(w, "\nEvery command takes --config FILE and --help.")
 }
 
 // signalContext is cancelled by the first SIGINT or SIGTERM, so long-running

@@ -78,16 +78,6 @@ func TestUnknownCommandExits2(t *testing.T) {
 	}
 }
 
-func TestEveryCommandTakesHelp(t *testing.T) {
-	for name := range commands {
-		args := append(strings.Fields(name), "--help")
-		code, stdout, stderr := runCLI(t, nil, args...)
-		if code != 0 || !strings.Contains(stdout+stderr, "--config") {
-			t.Errorf("%s --help: code %d, output %q", name, code, stdout+stderr)
-		}
-	}
-}
-
 func TestConfigPrintRedactsSecrets(t *testing.T) {
 	const secret = "hunter2-hunter2-hunter2"
 	code, stdout, stderr := runCLI(t, []string{

@@ -23,20 +23,32 @@ func runMigrate(ctx context.Context, args []string) error {
 		if err := cfg.RequireConsumerDatabase(); err != nil {
 			return err
 		}
-		if err := postgres.Migrate(ctx, cfg.Consumer.Database.URL, postgres.ConsumerSchema); err != nil {
+		applied, err := postgres.Upgrade(ctx, cfg.Consumer.Database.URL, postgres.ConsumerSchema)
+		if err != nil {
 			return err
 		}
-		fmt.Println("consumer schema is up to date")
+		printApplied(postgres.ConsumerSchema, applied)
 		return migrateRoles(ctx, *roles, *logins, cfg.Consumer.Database.URL, postgres.ConsumerSchema)
 	}
 	if err := cfg.RequireDatabase(); err != nil {
 		return err
 	}
-	if err := postgres.Migrate(ctx, cfg.Database.URL, postgres.LedgerSchema); err != nil {
+	applied, err := postgres.Upgrade(ctx, cfg.Database.URL, postgres.LedgerSchema)
+	if err != nil {
 		return err
 	}
-	fmt.Println("ledger schema is up to date")
+	printApplied(postgres.LedgerSchema, applied)
 	return migrateRoles(ctx, *roles, *logins, cfg.Database.URL, postgres.LedgerSchema)
+}
+
+// printApplied says what migrate did: the migrations it applied, or that
+// there was nothing to apply.
+func printApplied(schema postgres.Schema, applied []string) {
+	if len(applied) == 0 {
+		fmt.Printf("%s schema is up to date: no migration to apply\n", schema)
+		return
+	}
+	fmt.Printf("%s schema: applied %d migration(s): %s\n", schema, len(applied), strings.Join(applied, ", "))
 }
 
 // migrateRoles applies the per-component roles to schema (--roles) and,

@@ -90,7 +90,7 @@ func printStatus(w io.Writer, st outboxStatus) {
 	for _, s := range st.Shards {
 		owner, exp := "-", "-"
 		if s.Owner != "" {
-			owner = s.Owner
+			owner = printable(s.Owner)
 		}
 		if s.ExpiresAt != nil {
 			exp = s.ExpiresAt.UTC().Format(time.RFC3339)
@@ -103,8 +103,8 @@ func printStatus(w io.Writer, st outboxStatus) {
 		tw = tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "  TYPE\tID\tEVENT\tPARKED AT\tREASON")
 		for _, p := range st.Parked {
-			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\n", p.AggregateType, p.AggregateID, p.EventID,
-				p.ParkedAt.UTC().Format(time.RFC3339), strings.ReplaceAll(p.Reason, "\n", " "))
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\n", printable(p.AggregateType), printable(p.AggregateID), printable(p.EventID),
+				p.ParkedAt.UTC().Format(time.RFC3339), printable(p.Reason))
 		}
 		tw.Flush()
 		fmt.Fprintln(w, "  release one with: posthorn outbox release --account ID")
@@ -146,7 +146,7 @@ func runOutboxRelease(ctx context.Context, args []string) error {
 	if err := postgres.NewRelayStore(p.ledger).Release(ctx, typ, id); err != nil {
 		return err
 	}
-	fmt.Printf("%s %s released; the relay sends its records again from the one that was parked\n", typ, id)
+	fmt.Printf("%s %s released; the relay sends its records again from the one that was parked\n", printable(typ), printable(id))
 	return nil
 }
 
@@ -159,7 +159,7 @@ func printUncertain(w io.Writer, st outboxStatus) {
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "  ID\tEVENT\tSHARD\tACCOUNT\tREVISION\tLEASE OWNER\tLEASE EXPIRED")
 	for _, u := range st.Uncertain {
-		fmt.Fprintf(tw, "  %d\t%s\t%d\t%s\t%d\t%s\t%s\n", u.ID, u.EventID, u.Shard, u.Account, u.Revision, u.LeaseOwner, u.LeaseExpiry.UTC().Format(time.RFC3339))
+		fmt.Fprintf(tw, "  %d\t%s\t%d\t%s\t%d\t%s\t%s\n", u.ID, u.EventID, u.Shard, printable(u.Account), u.Revision, printable(u.LeaseOwner), u.LeaseExpiry.UTC().Format(time.RFC3339))
 	}
 	tw.Flush()
 	if st.UncertainCount > int64(len(st.Uncertain)) {

@@ -2,9 +2,12 @@ package main
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
+	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
@@ -20,22 +23,48 @@ import (
 )
 
 // cmdFlags is a subcommand's flag set: its own flags, the shared --config,
-// and flags named by configuration keys (--database.url …), which override
-// the file and the environment when they are set.
+// and one flag per configuration key (--database.url, --relay.batch_size
+// …, configs.AddKeyFlags), which override the file and the environment
+// when they are set.
 type cmdFlags struct {
 	*pflag.FlagSet
+	name   string
 	config *string
 }
 
 // newFlags returns the flag set of the subcommand name with the --config
-// flag and one flag per configuration key in keys.
-func newFlags(name string, keys ...string) cmdFlags {
+// flag and a flag per configuration key; the keys in shown, the ones the
+// command mostly needs, are listed in its help, the rest are accepted
+// without being listed.
+func newFlags(name string, shown ...string) cmdFlags {
 	fs := pflag.NewFlagSet("posthorn "+name, pflag.ContinueOnError)
-	f := cmdFlags{FlagSet: fs, config: fs.String("config", "", "YAML configuration file")}
-	for _, k := range keys {
-		fs.String(k, "", "sets config key "+k)
-	}
+	f := cmdFlags{FlagSet: fs, name: name, config: fs.String("config", "", "YAML configuration file")}
+	configs.AddKeyFlags(fs, shown...)
+	// Parse reports errors and prints the help itself.
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
 	return f
+}
+
+// Parse parses args. --help prints the command's help on stdout and
+// returns pflag.ErrHelp (exit 0); any other error names the flag, with the
+// key it probably meant for a misspelt key flag, and points at --help.
+func (f cmdFlags) Parse(args []string) error {
+	err := f.FlagSet.Parse(args)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, pflag.ErrHelp):
+		printCommandHelp(os.Stdout, f.name, f.FlagUsages())
+		return err
+	}
+	msg := err.Error()
+	if name, ok := strings.CutPrefix(msg, "unknown flag: --"); ok && strings.Contains(name, ".") {
+		if s := configs.Suggest(name); s != "" {
+			msg += "; did you mean --" + s + "?"
+		}
+	}
+	return fmt.Errorf("%s (see posthorn %s --help)", msg, f.name)
 }
 
 // needs is what a subcommand's prelude opens beyond the configuration and
@@ -73,7 +102,10 @@ type prelude struct {
 	consumer *pgxpool.Pool
 	archive  ops.ArchiveStore
 	sink     core.Sink
-	reg      *prometheus.Registry
+	// sinkWatch explains sink's errors and knows the last publish's
+	// outcome (sinkhealth.go).
+	sinkWatch *sinkWatch
+	reg       *prometheus.Registry
 	// tracer is tracing.*'s provider, nil when tracing is off.
 	tracer  trace.TracerProvider
 	closers []func()
@@ -97,6 +129,10 @@ func (f cmdFlags) start(ctx context.Context, args []string, n needs) (*prelude, 
 		}
 	}
 	p := &prelude{cfg: cfg, log: newLogger(cfg.Log, os.Stderr)}
+	for _, key := range cfg.InsecureKeys() {
+		p.log.Warn("config key "+key+" is true: the server's certificate is not verified, so anyone on the network path can read and alter this traffic; for tests only",
+			"key", key)
+	}
 	// Tracing first, so that its flush, at close, comes last (tracing.go).
 	if err := p.openTracing(ctx, f.Name()); err != nil {
 		return nil, err
@@ -134,6 +170,9 @@ func (p *prelude) open(ctx context.Context, n needs) error {
 		}
 		p.ledger = pool
 		p.closers = append(p.closers, pool.Close)
+		if err := requireSchema(ctx, pool, postgres.LedgerSchema); err != nil {
+			return err
+		}
 	case n.ledger > 0:
 		if err := p.openLedger(ctx, n.ledger); err != nil {
 			return err
@@ -149,7 +188,8 @@ func (p *prelude) open(ctx context.Context, n needs) error {
 		if err != nil {
 			return err
 		}
-		p.sink = sink
+		p.sinkWatch = newSinkWatch(p.cfg.Sink)
+		p.sink = p.sinkWatch.wrap(sink)
 		p.closers = append(p.closers, func() { _ = sink.Close() })
 	}
 	if n.metrics {
@@ -158,8 +198,8 @@ func (p *prelude) open(ctx context.Context, n needs) error {
 	return nil
 }
 
-// openLedger requires database.url and opens p.ledger with conns
-// connections.
+// openLedger requires database.url, opens p.ledger with conns
+// connections and checks the ledger schema's version (requireSchema).
 func (p *prelude) openLedger(ctx context.Context, conns int32) error {
 	if err := p.cfg.RequireDatabase(); err != nil {
 		return err
@@ -170,7 +210,7 @@ func (p *prelude) openLedger(ctx context.Context, conns int32) error {
 	}
 	p.ledger = pool
 	p.closers = append(p.closers, pool.Close)
-	return nil
+	return requireSchema(ctx, pool, postgres.LedgerSchema)
 }
 
 // openConsumer requires consumer.database.url and opens p.consumer.
@@ -184,6 +224,27 @@ func (p *prelude) openConsumer(ctx context.Context) error {
 	}
 	p.consumer = pool
 	p.closers = append(p.closers, pool.Close)
+	return nil
+}
+
+// requireSchema stops a command whose database lacks schema, or has it at
+// an older version than this binary's, with the migrate command to run,
+// before it fails later on a missing relation.
+func requireSchema(ctx context.Context, pool *pgxpool.Pool, schema postgres.Schema) error {
+	cmd, key := "posthorn migrate", "database.url"
+	if schema == postgres.ConsumerSchema {
+		cmd, key = "posthorn migrate --consumer", "consumer.database.url"
+	}
+	st, err := postgres.CheckSchema(ctx, pool, schema)
+	switch {
+	case err != nil:
+		return fmt.Errorf("config key %s: %w", key, err)
+	case st.Missing:
+		return fmt.Errorf("the %s schema is missing from the database of %s: run `%s` first", schema, key, cmd)
+	case len(st.Pending) > 0:
+		return fmt.Errorf("the %s schema of %s is older than this posthorn: %d migration(s) pending (%s): run `%s` first",
+			schema, key, len(st.Pending), strings.Join(st.Pending, ", "), cmd)
+	}
 	return nil
 }
 

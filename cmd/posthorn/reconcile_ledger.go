@@ -3,9 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
-	"strconv"
 	"strings"
-	"unicode"
 
 	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/ops"
@@ -58,14 +56,4 @@ func printLedgerDetails(w io.Writer, ds []ops.LedgerDiscrepancy) {
 		}
 		fmt.Fprintf(w, "    %s %s: %s\n", d.Class, what, printable(d.Detail))
 	}
-}
-
-// printable is s, or s quoted when it holds a character that is not
-// printable: what reconcile prints comes from rows anyone with a write
-// grant may have forged, and must not drive the operator's terminal.
-func printable(s string) string {
-	if strings.IndexFunc(s, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0 {
-		return strconv.Quote(s)
-	}
-	return s
 }

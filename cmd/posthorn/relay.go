@@ -88,11 +88,23 @@ type runningRelay interface {
 
 // serveRelay serves the relay's metrics, starts it, and on the signal
 // (ctx) stops it softly, giving it 30 s to finish its batch: the part of
-// `posthorn relay` both modes share.
+// `posthorn relay` both modes share. /readyz answers ready while the relay
+// runs, the ledger answers and the sink is reachable and took its last
+// publish.
 func serveRelay(ctx context.Context, p *prelude, relay runningRelay, started []any, stopping, resent string) error {
 	log := p.log
 	if p.cfg.Metrics.Listen != "" {
-		srv, err := metricshttp.Start(p.cfg.Metrics.Listen, p.reg, relay.Ready)
+		srv, err := metricshttp.Start(p.cfg.Metrics.Listen, p.reg, func() error {
+			if err := relay.Ready(); err != nil {
+				return err
+			}
+			rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			if err := p.ledger.Ping(rctx); err != nil {
+				return errors.New("ledger database unreachable (database.url)")
+			}
+			return p.sinkWatch.ready(rctx)
+		})
 		if err != nil {
 			return fmt.Errorf("config key metrics.listen: %w", err)
 		}
@@ -112,10 +124,10 @@ func serveRelay(ctx context.Context, p *prelude, relay runningRelay, started []a
 	log.Info("stopping relay: " + stopping)
 	stopCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	// The relay logs its own "stopped" line, with the shards it released.
 	if err := relay.Stop(stopCtx); err != nil {
 		log.Warn("relay stop cut short; "+resent+" records will be sent again", "err", err)
 	}
-	log.Info("relay stopped", slog.String("owner", relay.Owner()))
 	return nil
 }
 

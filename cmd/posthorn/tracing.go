@@ -30,7 +30,7 @@ func (p *prelude) openTracing(ctx context.Context, command string) error {
 	}
 	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) { p.log.Warn("tracing: export failed", "err", err) }))
 	p.tracer = tp
-	p.log.Info("tracing on", "exporter", p.cfg.Tracing.Exporter, "endpoint", p.cfg.Tracing.Endpoint, "sample_ratio", p.cfg.Tracing.SampleRatio)
+	p.log.Info("tracing on", "exporter", p.cfg.Tracing.Exporter, "endpoint", configs.RedactQuery(p.cfg.Tracing.Endpoint), "sample_ratio", p.cfg.Tracing.SampleRatio)
 	p.closers = append(p.closers, func() {
 		sctx, cancel := context.WithTimeout(context.Background(), tracingFlushTimeout)
 		defer cancel()

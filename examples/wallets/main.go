@@ -42,7 +42,7 @@ const Consumer = "wallet-statements"
 
 func main() {
 	db := flag.String("db", "postgres://postgres@127.0.0.1:5432/posthorn?sslmode=disable", "the service's database, migrated with posthorn migrate (the outbox lives there)")
-	consumerDB := flag.String("consumer-db", "postgres://postgres@127.0.0.1:5432/posthorn_consumer?sslmode=disable", "the consumer's database, migrated with posthorn migrate --consumer")
+	consumerDB := flag.String("consumer-db", "postgres://postgres@127.0.0.1:5432/posthorn_consumers?sslmode=disable", "the consumer's database, migrated with posthorn migrate --consumer")
 	broker := flag.String("broker", "127.0.0.1:9092", "a Kafka broker the relay publishes to")
 	credits := flag.Int("credits", 1000, "credits to make")
 	wallets := flag.Int("wallets", 20, "wallets to credit")
