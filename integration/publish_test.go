@@ -383,7 +383,9 @@ func TestPublishRefusalsNameTheFieldInGoAndSQL(t *testing.T) {
 		{"no aggregate id", mod(func(m *publish.Message) { m.AggregateID = "" }), "aggregate_id", "1 to 256"},
 		{"aggregate id too long", mod(func(m *publish.Message) { m.AggregateID = strings.Repeat("x", 257) }), "aggregate_id", "1 to 256"},
 		{"no type", mod(func(m *publish.Message) { m.Type = "" }), "type", "want 1 to 128"},
-		{"payload too large", mod(func(m *publish.Message) { m.Payload = fmt.Appendf(nil, `{"x":%q}`, strings.Repeat("a", 1000001)) }), "payload", "at most 1000000"},
+		// The limit is on the bytes stored: the Go caller's as given, the SQL
+		// caller's jsonb as text (with a space after the colon), the same here.
+		{"payload too large", mod(func(m *publish.Message) { m.Payload = fmt.Appendf(nil, `{"x": %q}`, strings.Repeat("a", 1000001)) }), "payload", "at most 1000000"},
 		{"contract header", mod(func(m *publish.Message) { m.Headers = map[string]string{"revision": "9"} }), "headers", "contract header"},
 		{"bad header key", mod(func(m *publish.Message) { m.Headers = map[string]string{"two words": "x"} }), "headers", "want 1 to 64"},
 		{"revision zero or less", mod(func(m *publish.Message) { m.Revision = -1 }), "revision", "want 1 or more"},
@@ -464,7 +466,7 @@ func TestPublishSQLMatchesGo(t *testing.T) {
 	}
 	for _, id := range ids {
 		var shard int
-		if err := pool.QueryRow(ctx, `SELECT posthorn_shard($1)`, id).Scan(&shard); err != nil {
+		if err := pool.QueryRow(ctx, `SELECT posthorn.shard($1)`, id).Scan(&shard); err != nil {
 			t.Fatal(err)
 		}
 		if shard != core.ShardOf(id) {
@@ -483,61 +485,68 @@ func TestPublishSQLMatchesGo(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		_, err = publish.Pgx(tx).WithCommandTopicPrefix("cmd.").Command(ctx, publish.Message{AggregateType: "wallet", AggregateID: "w-9", Type: "payouts.payout.execute", Payload: []byte(`{}`)})
+		_, err = publish.Pgx(tx).WithCommandTopicPrefix("commands.").Command(ctx, publish.Message{AggregateType: "wallet", AggregateID: "w-9", Type: "payouts.payout.execute", Payload: []byte(`{}`)})
 		return err
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	var fe *publish.FieldError
-	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		_, err := publish.Pgx(tx).WithCommandTopicPrefix("two words").Command(ctx, publish.Message{AggregateType: "wallet", AggregateID: "w-9", Type: "payouts.payout.execute", Payload: []byte(`{}`)})
-		return err
-	})
-	if !errors.As(err, &fe) || fe.Field != "topic_prefix" {
-		t.Fatalf("a bad command topic prefix: %v", err)
+	// Commands go to the configured prefix only (docs/security.md).
+	for _, prefix := range []string{"two words", "cmd."} {
+		var fe *publish.FieldError
+		err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			_, err := publish.Pgx(tx).WithCommandTopicPrefix(prefix).Command(ctx, publish.Message{AggregateType: "wallet", AggregateID: "w-9", Type: "payouts.payout.execute", Payload: []byte(`{}`)})
+			return err
+		})
+		if !errors.As(err, &fe) || fe.Field != "topic_prefix" {
+			t.Fatalf("command topic prefix %q: %v", prefix, err)
+		}
 	}
 	rows := pgtest.Column[string](t, pool, `SELECT concat_ws(' ', kind, topic, revision, shard, substr(event_id::text, 15, 1), headers::text) FROM outbox ORDER BY id`)
 	want := []string{
 		fmt.Sprintf("command commands.payouts 1 %d 7 {}", core.ShardOf("w-9")),
 		fmt.Sprintf("command commands.payouts 2 %d 7 {}", core.ShardOf("w-9")),
 		fmt.Sprintf(`event events.wallet 3 %d 7 {"trace": "t-1"}`, core.ShardOf("w-9")),
-		fmt.Sprintf("command cmd.payouts 4 %d 7 {}", core.ShardOf("w-9")),
+		fmt.Sprintf("command commands.payouts 4 %d 7 {}", core.ShardOf("w-9")),
 	}
 	if fmt.Sprint(rows) != fmt.Sprint(want) {
 		t.Fatalf("outbox rows\n %q\nwant\n %q", rows, want)
 	}
 }
 
-// TestPublishGrants: the write role (migrate --roles) publishes through the
-// library and the SQL functions; the relay's role may call neither, and no
+// TestPublishGrants: a service in posthorn_publisher (migrate --roles)
+// publishes through the library and the SQL functions, and so does the
+// write role (a member); the relay's role may call none of them, and no
 // role touches the aggregate locks directly.
 func TestPublishGrants(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	url, _ := roletest.Ledger(t)
-	api := roletest.As(t, url, postgres.RoleAPI)
-	err := pgx.BeginFunc(ctx, api, func(tx pgx.Tx) error {
-		if _, err := publish.Pgx(tx).Event(ctx, wallet("g-1", 0)); err != nil {
+	for _, group := range []postgres.Role{postgres.RolePublisher, postgres.RoleAPI} {
+		pool := roletest.As(t, url, group)
+		id := "g-" + string(group)
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			if _, err := publish.Pgx(tx).Event(ctx, wallet(id, 0)); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, `SELECT * FROM posthorn_publish('wallet', $1, 'wallet.credited', '{}')`, id)
+			if err == nil {
+				_, err = tx.Exec(ctx, `SELECT * FROM posthorn_send_command('wallet', $1, 'payouts.payout.execute', '{}')`, id)
+			}
 			return err
+		})
+		if err != nil {
+			t.Fatalf("%s publishing: %v", group, err)
 		}
-		_, err := tx.Exec(ctx, `SELECT * FROM posthorn_publish('wallet', 'g-1', 'wallet.credited', '{}')`)
-		if err == nil {
-			_, err = tx.Exec(ctx, `SELECT * FROM posthorn_send_command('wallet', 'g-1', 'payouts.payout.execute', '{}')`)
+		if _, err := pool.Exec(ctx, `UPDATE posthorn_aggregates SET revision = 1`); !roletest.Denied(err) {
+			t.Fatalf("%s writing posthorn_aggregates directly: %v, want permission denied", group, err)
 		}
-		return err
-	})
-	if err != nil {
-		t.Fatalf("posthorn_api publishing: %v", err)
-	}
-	if _, err := api.Exec(ctx, `UPDATE posthorn_aggregates SET revision = 1`); !roletest.Denied(err) {
-		t.Fatalf("posthorn_api writing posthorn_aggregates directly: %v, want permission denied", err)
 	}
 	relay := roletest.As(t, url, postgres.RoleRelay)
 	for _, q := range []string{
 		`SELECT * FROM posthorn_publish('wallet', 'g-2', 'wallet.credited', '{}')`,
 		`SELECT * FROM posthorn_send_command('wallet', 'g-2', 'payouts.payout.execute', '{}')`,
-		`SELECT * FROM posthorn_next_revision('event', 'wallet', 'g-2', 'wallet.credited', '{}', '{}', NULL, '')`,
+		`SELECT * FROM posthorn.write('event', 'wallet', 'g-2', 'wallet.credited', '{}')`,
 	} {
 		if _, err := relay.Exec(ctx, q); !roletest.Denied(err) {
 			t.Errorf("posthorn_relay: %s: %v, want permission denied", q, err)

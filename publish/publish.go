@@ -13,17 +13,22 @@
 //
 // Invariants:
 //   - Per aggregate, outbox id order is revision order, whoever writes: each
-//     message first takes its aggregate's row lock in posthorn_aggregates
-//     (posthorn_next_revision, migration 00008), held to the end of the
-//     caller's transaction, and only then inserts its outbox row. A second
-//     writer of the aggregate waits, so its row comes after; the caller
-//     needs no locking discipline of its own.
+//     message is written by the SQL function posthorn.write, which first
+//     takes its aggregate's row lock in posthorn_aggregates, held to the end
+//     of the caller's transaction, and only then inserts the outbox row. A
+//     second writer of the aggregate waits, so its row comes after; the
+//     caller needs no locking discipline of its own.
 //   - Revisions are gapless (1, 2, 3 …). With Message.Revision set (the
 //     caller keeps its own), anything but the next one is refused with
 //     ErrRevision naming the next.
+//   - The caller's database role needs no table privilege: membership of
+//     posthorn_publisher (EXECUTE on the functions) is enough, so a
+//     service cannot write the ledger or another aggregate's rows.
 //   - The event ID is a UUIDv7 and the shard core.ShardOf(AggregateID), as
-//     on the Posting API's path; the row goes in through Watermill's SQL
-//     publisher with the outbox's schema adapter, as the ledger's do.
+//     on the Posting API's path; the payload is stored byte for byte.
+//   - Commands go to the command topic prefix configured in the database
+//     (sink.command_topic_prefix, written by posthorn migrate), never to
+//     one of the caller's choosing.
 //   - The SQL functions posthorn_publish and posthorn_send_command do the
 //     same from any language, with the same lock, checks and errors.
 //   - When ctx holds an OpenTelemetry span, its W3C trace context
@@ -46,11 +51,7 @@ import (
 	"maps"
 	"strconv"
 	"strings"
-	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
-	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -101,27 +102,46 @@ func (e *FieldError) Error() string { return "publish: " + e.Field + ": " + e.Re
 
 // Publisher publishes into one transaction of the caller's.
 type Publisher struct {
-	tx wsql.Tx
-	// commandPrefix starts command topics (sink.command_topic_prefix).
-	commandPrefix string
+	q querier
+	// commandPrefix, when set, is checked against the configured prefix.
+	commandPrefix *string
+}
+
+// querier is what both drivers' transactions offer.
+type querier interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) row
+}
+
+type row interface{ Scan(dest ...any) error }
+
+type pgxTx struct{ tx pgx.Tx }
+
+func (t pgxTx) QueryRowContext(ctx context.Context, q string, args ...any) row {
+	return t.tx.QueryRow(ctx, q, args...)
+}
+
+type stdTx struct{ tx *sql.Tx }
+
+func (t stdTx) QueryRowContext(ctx context.Context, q string, args ...any) row {
+	return t.tx.QueryRowContext(ctx, q, args...)
 }
 
 // Pgx publishes in tx.
-func Pgx(tx pgx.Tx) *Publisher {
-	return &Publisher{tx: wsql.TxFromPgx(tx), commandPrefix: core.CommandTopicPrefix}
-}
+func Pgx(tx pgx.Tx) *Publisher { return &Publisher{q: pgxTx{tx}} }
 
 // StdSQL publishes in tx, a database/sql transaction of the pgx driver
-// (github.com/jackc/pgx/v5/stdlib), whose arrays the outbox insert needs.
-func StdSQL(tx *sql.Tx) *Publisher {
-	return &Publisher{tx: wsql.TxFromStdSQL(tx), commandPrefix: core.CommandTopicPrefix}
-}
+// (github.com/jackc/pgx/v5/stdlib).
+func StdSQL(tx *sql.Tx) *Publisher { return &Publisher{q: stdTx{tx}} }
 
-// WithCommandTopicPrefix makes commands go to prefix<service> instead of
-// commands.<service>, as sink.command_topic_prefix does for the ledger's.
+// WithCommandTopicPrefix states the command topic prefix the caller
+// expects. Commands always go to the prefix configured in the database
+// (sink.command_topic_prefix, written by posthorn migrate); a different
+// one is refused with a *FieldError for topic_prefix, so a service built
+// for another prefix fails loudly instead of publishing where its
+// consumers do not read.
 func (p *Publisher) WithCommandTopicPrefix(prefix string) *Publisher {
 	q := *p
-	q.commandPrefix = prefix
+	q.commandPrefix = &prefix
 	return &q
 }
 
@@ -156,54 +176,17 @@ func (p *Publisher) publish(ctx context.Context, kind core.Kind, m Message) (Pub
 	if err != nil {
 		return Published{}, err
 	}
-	var out Published
-	if err := p.nextRevision(ctx, kind, m, string(hJSON), &out); err != nil {
-		return Published{}, refusal(err)
-	}
-	id, err := uuid.NewV7()
-	if err != nil {
-		return Published{}, err
-	}
-	out.EventID = id.String()
-	env := core.Envelope{
-		EventID: out.EventID, Kind: kind, Type: m.Type, Topic: out.Topic,
-		AggregateType: m.AggregateType, AggregateID: m.AggregateID, Revision: out.Revision,
-		OccurredAt: time.Now().UTC(), Headers: headers, Payload: m.Payload,
-	}
-	pub, err := wsql.NewPublisher(p.tx, wsql.PublisherConfig{SchemaAdapter: postgres.OutboxSchema{}}, watermill.NopLogger{})
-	if err != nil {
-		return Published{}, err
-	}
-	defer func() { _ = pub.Close() }() // only marks it closed; the tx stays open
-	msg := env.ToMessage()
-	msg.SetContext(ctx)
-	if err := pub.Publish(out.Topic, msg); err != nil {
-		return Published{}, fmt.Errorf("publish: outbox insert: %w", err)
-	}
-	return out, nil
-}
-
-// nextRevision checks m and takes its aggregate's lock in the database
-// (posthorn_next_revision), setting out's revision and topic.
-func (p *Publisher) nextRevision(ctx context.Context, kind core.Kind, m Message, headers string, out *Published) error {
 	var want *int64
 	if m.Revision != 0 {
 		want = &m.Revision
 	}
-	rows, err := p.tx.QueryContext(ctx, `SELECT next_revision, topic FROM posthorn_next_revision($1, $2, $3, $4, $5::text::jsonb, $6::text::jsonb, $7, $8)`,
-		string(kind), m.AggregateType, m.AggregateID, m.Type, string(m.Payload), headers, want, p.commandPrefix)
+	var out Published
+	err = p.q.QueryRowContext(ctx, `SELECT event_id::text, revision, topic FROM posthorn.write($1, $2, $3, $4, $5::text::json, $6::text::jsonb, $7, $8)`,
+		string(kind), m.AggregateType, m.AggregateID, m.Type, string(m.Payload), string(hJSON), want, p.commandPrefix).Scan(&out.EventID, &out.Revision, &out.Topic)
 	if err != nil {
-		return err
+		return Published{}, refusal(err)
 	}
-	defer func() { _ = rows.Close() }()
-	if !rows.Next() {
-		// Both drivers' rows (pgx.Rows and *sql.Rows) report why.
-		if r, ok := rows.(interface{ Err() error }); ok && r.Err() != nil {
-			return r.Err()
-		}
-		return errors.New("posthorn_next_revision returned no row")
-	}
-	return rows.Scan(&out.Revision, &out.Topic)
+	return out, nil
 }
 
 // refusal turns the database's refusal of a message into *FieldError or
@@ -211,7 +194,7 @@ func (p *Publisher) nextRevision(ctx context.Context, kind core.Kind, m Message,
 func refusal(err error) error {
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) {
-		return err
+		return fmt.Errorf("publish: %w", err)
 	}
 	switch pgErr.Code {
 	case "22023":
@@ -221,5 +204,5 @@ func refusal(err error) error {
 		_, reason, _ := strings.Cut(pgErr.Message, ": ")
 		return fmt.Errorf("publish: %w: %s", ErrRevision, reason)
 	}
-	return err
+	return fmt.Errorf("publish: %w", err)
 }

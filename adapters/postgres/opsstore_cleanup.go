@@ -99,19 +99,22 @@ ON CONFLICT (singleton) DO UPDATE
 // own statement (through idempotency_keys_created_at). A request that
 // repeats an expired key is then a new posting. A cancelled ctx stops
 // between batches.
+//
+// It goes through posthorn.prune_idempotency_keys, the only delete the
+// component roles may run on the keys, which also keeps every key younger
+// than the lifetime in posthorn.settings (WriteSettings): a before later
+// than that prunes no more than the lifetime allows.
 func (s *OpsStore) PruneIdempotencyKeys(ctx context.Context, before time.Time, batch int) (ops.PruneResult, error) {
 	var res ops.PruneResult
 	if batch < 1 {
 		return res, errors.New("prune idempotency keys: batch must be at least 1")
 	}
 	for {
-		tag, err := s.pool.Exec(ctx, `
-DELETE FROM idempotency_keys WHERE key IN (
-    SELECT key FROM idempotency_keys WHERE created_at < $1 ORDER BY created_at LIMIT $2)`, before, batch)
+		var n int64
+		err := s.pool.QueryRow(ctx, `SELECT posthorn.prune_idempotency_keys($1, $2)`, before, batch).Scan(&n)
 		if err != nil {
 			return res, fmt.Errorf("prune idempotency keys: %w", err)
 		}
-		n := tag.RowsAffected()
 		if n == 0 {
 			return res, nil
 		}

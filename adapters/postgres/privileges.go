@@ -47,10 +47,17 @@ const (
 	// RoleConsumer writes its inbox and projections in the consumer
 	// database and nothing in the ledger's.
 	RoleConsumer Role = "posthorn_consumer"
+	// RolePublisher is the group a team's service joins to publish events
+	// and commands (posthorn_publish, posthorn_send_command, the publish
+	// package): EXECUTE on those functions and no table at all.
+	RolePublisher Role = "posthorn_publisher"
+	// RoleDefiner owns the SECURITY DEFINER functions of the schema
+	// posthorn and holds only what they do; nobody logs in as it.
+	RoleDefiner Role = "posthorn_definer"
 )
 
 // Roles lists every group role ApplyRoles creates.
-var Roles = []Role{RoleAPI, RoleRelay, RoleRelayCDC, RoleReconciler, RoleMaintainer, RoleConsumer}
+var Roles = []Role{RoleAPI, RoleRelay, RoleRelayCDC, RoleReconciler, RoleMaintainer, RoleConsumer, RolePublisher, RoleDefiner}
 
 //go:embed roles/*.sql
 var roleSQL embed.FS

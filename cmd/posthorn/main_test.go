@@ -106,6 +106,38 @@ func TestBadConfigStopsWithTheKey(t *testing.T) {
 	}
 }
 
+// migrate writes the configuration the SQL functions obey into the
+// database, refuses a reserved command topic prefix naming its key, and
+// warns about a schema public every role may create in (PostgreSQL 14's
+// default) but not about 15's.
+func TestMigrateWritesSettingsAndWarnsAboutWritablePublic(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewDatabase(t)
+	env := []string{"POSTHORN_DATABASE__URL=" + url, "POSTHORN_SINK__COMMAND_TOPIC_PREFIX=cmd.", "POSTHORN_RETENTION__IDEMPOTENCY_KEY_TTL=48h"}
+	code, _, stderr := runCLI(t, env, "migrate")
+	if code != 0 || strings.Contains(stderr, "SCHEMA public IS WRITABLE") {
+		t.Fatalf("migrate: code %d: %s", code, stderr)
+	}
+	conn, err := pgx.Connect(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var prefix, ttl string
+	if err := conn.QueryRow(context.Background(), `SELECT command_topic_prefix, idempotency_key_ttl::text FROM posthorn.settings`).Scan(&prefix, &ttl); err != nil || prefix != "cmd." || ttl != "48:00:00" {
+		t.Fatalf("settings %q %q %v", prefix, ttl, err)
+	}
+	if code, _, stderr := runCLI(t, append(env, "POSTHORN_SINK__COMMAND_TOPIC_PREFIX=ledger."), "migrate"); code != 1 || !strings.Contains(stderr, "sink.command_topic_prefix") || !strings.Contains(stderr, "reserved") {
+		t.Fatalf("migrate with a reserved prefix: code %d: %s", code, stderr)
+	}
+	if _, err := conn.Exec(context.Background(), `GRANT CREATE ON SCHEMA public TO PUBLIC`); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, stderr := runCLI(t, env, "migrate"); code != 0 || !strings.Contains(stderr, "SCHEMA public IS WRITABLE") || !strings.Contains(stderr, "PUBLIC") {
+		t.Fatalf("migrate with public writable: code %d, no warning: %s", code, stderr)
+	}
+}
+
 func TestMigrateIsIdempotent(t *testing.T) {
 	t.Parallel()
 	url := pgtest.NewDatabase(t)

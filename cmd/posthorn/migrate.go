@@ -28,6 +28,9 @@ func runMigrate(ctx context.Context, args []string) error {
 			return err
 		}
 		printApplied(postgres.ConsumerSchema, applied)
+		if err := warnWritablePublic(ctx, p, cfg.Consumer.Database.URL); err != nil {
+			return err
+		}
 		return migrateRoles(ctx, *roles, *logins, cfg.Consumer.Database.URL, postgres.ConsumerSchema)
 	}
 	if err := cfg.RequireDatabase(); err != nil {
@@ -38,7 +41,36 @@ func runMigrate(ctx context.Context, args []string) error {
 		return err
 	}
 	printApplied(postgres.LedgerSchema, applied)
+	// The SQL functions obey these, not their callers (docs/security.md).
+	settings := postgres.Settings{CommandTopicPrefix: cfg.Sink.CommandTopicPrefix, IdempotencyKeyTTL: cfg.Retention.IdempotencyKeyTTL}
+	if err := postgres.WriteSettings(ctx, cfg.Database.URL, settings); err != nil {
+		return err
+	}
+	fmt.Printf("database settings: command topic prefix %q, idempotency keys kept at least %s\n", settings.CommandTopicPrefix, settings.IdempotencyKeyTTL)
+	if err := warnWritablePublic(ctx, p, cfg.Database.URL); err != nil {
+		return err
+	}
 	return migrateRoles(ctx, *roles, *logins, cfg.Database.URL, postgres.LedgerSchema)
+}
+
+// warnWritablePublic warns when roles other than its owner may create in
+// the schema public of the database at dsn (PostgreSQL 14's default): such
+// a role can shadow built-in functions for any code that looks in public.
+func warnWritablePublic(ctx context.Context, p *prelude, dsn string) error {
+	pool, err := postgres.Connect(ctx, dsn, 1)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	creators, err := postgres.PublicSchemaCreators(ctx, pool)
+	if err != nil {
+		return err
+	}
+	if len(creators) > 0 {
+		p.log.Warn("SCHEMA public IS WRITABLE BY ROLES OTHER THAN ITS OWNER: they can shadow built-in functions for code that looks there; Posthorn's definer functions do not, but revoke it unless something needs it: REVOKE CREATE ON SCHEMA public FROM PUBLIC (and from each role listed)",
+			"may_create", strings.Join(creators, ","))
+	}
+	return nil
 }
 
 // printApplied says what migrate did: the migrations it applied, or that

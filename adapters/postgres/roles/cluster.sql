@@ -16,7 +16,8 @@ DECLARE
     r text;
 BEGIN
     FOREACH r IN ARRAY ARRAY['posthorn_api', 'posthorn_relay', 'posthorn_relay_cdc',
-                             'posthorn_reconciler', 'posthorn_maintainer', 'posthorn_consumer']
+                             'posthorn_reconciler', 'posthorn_maintainer', 'posthorn_consumer',
+                             'posthorn_publisher', 'posthorn_definer']
     LOOP
         IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = r) THEN
             BEGIN
@@ -30,6 +31,18 @@ BEGIN
     -- the outbox, markers), plus its slot lease.
     IF NOT pg_has_role('posthorn_relay_cdc', 'posthorn_relay', 'MEMBER') THEN
         GRANT posthorn_relay TO posthorn_relay_cdc;
+    END IF;
+    -- Services that were told to use posthorn_api for publishing keep
+    -- working: the write role may publish too.
+    IF NOT pg_has_role('posthorn_api', 'posthorn_publisher', 'MEMBER') THEN
+        GRANT posthorn_publisher TO posthorn_api;
+    END IF;
+    -- posthorn_definer owns the SECURITY DEFINER functions (ledger.sql
+    -- hands them over). A role that is not a superuser may give away what
+    -- it owns only to a role it is a member of, and must stay one to
+    -- replace those functions in a later migration.
+    IF NOT pg_has_role(current_user, 'posthorn_definer', 'MEMBER') THEN
+        GRANT posthorn_definer TO CURRENT_USER;
     END IF;
     -- pg_stat_activity hides xact_start (and the query) of other roles'
     -- sessions unless the reader holds pg_read_all_stats; without it the

@@ -7,12 +7,23 @@
 --
 -- Rules (tested in privileges_test.go by running each component under its
 -- role, and by what each role is refused):
---   posthorn_api         writes the ledger and the outbox (whose trigger
---                        enqueues each row in outbox_pending); deletes
---                        only its expired idempotency keys, so never
---                        writes the relay's marker (the
---                        deletion of a pending row), and cannot read the
---                        relay's tables.
+--   posthorn_api         the ledger writer: the only role that writes
+--                        accounts, balances, journals and journal lines;
+--                        writes the outbox (whose trigger enqueues each row
+--                        in outbox_pending), never the relay's marker (the
+--                        deletion of a pending row); cannot read the
+--                        relay's tables. It deletes no idempotency key
+--                        itself: retention goes through
+--                        posthorn.prune_idempotency_keys, which deletes
+--                        only keys older than the configured lifetime.
+--   posthorn_publisher   a team's service: EXECUTE on posthorn.write and
+--                        the contract's posthorn_publish and
+--                        posthorn_send_command, nothing else (no table).
+--   posthorn_definer     owns the SECURITY DEFINER functions of the schema
+--                        posthorn and holds only what they do: the
+--                        aggregate locks, the outbox insert, the settings'
+--                        read, the expired keys' delete. NOLOGIN, no
+--                        superuser: a hijacked function could do no more.
 --   posthorn_relay       reads the outbox, writes only its markers (deletes
 --                        pending rows), its leases, members and parked
 --                        aggregates; cannot read journal lines, balances or
@@ -27,12 +38,24 @@
 REVOKE ALL ON TABLE accounts, account_balances, journals, journal_lines, idempotency_keys, outbox, outbox_pending,
     relay_leases, relay_members, relay_parked, relay_cdc_leases,
     ops_coverage, ops_archive_segments, ops_cleanup, ops_replay_progress, console_audit, posthorn_aggregates,
-    posthorn_ledger_migrations
-    FROM posthorn_api, posthorn_relay, posthorn_relay_cdc, posthorn_reconciler, posthorn_maintainer, posthorn_consumer;
+    posthorn_ledger_migrations, posthorn.settings
+    FROM posthorn_api, posthorn_relay, posthorn_relay_cdc, posthorn_reconciler, posthorn_maintainer, posthorn_consumer,
+        posthorn_publisher, posthorn_definer;
 REVOKE ALL ON SEQUENCE journal_sequence, outbox_id_seq, relay_fencing_token, console_audit_id_seq
-    FROM posthorn_api, posthorn_relay, posthorn_relay_cdc, posthorn_reconciler, posthorn_maintainer, posthorn_consumer;
+    FROM posthorn_api, posthorn_relay, posthorn_relay_cdc, posthorn_reconciler, posthorn_maintainer, posthorn_consumer,
+        posthorn_publisher, posthorn_definer;
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA posthorn FROM PUBLIC, posthorn_api, posthorn_relay, posthorn_relay_cdc,
+    posthorn_reconciler, posthorn_maintainer, posthorn_consumer, posthorn_publisher;
+REVOKE ALL ON FUNCTION posthorn_publish(text, text, text, jsonb, jsonb, bigint),
+    posthorn_send_command(text, text, text, jsonb, jsonb, bigint, text)
+    FROM PUBLIC, posthorn_api, posthorn_relay, posthorn_relay_cdc, posthorn_reconciler, posthorn_maintainer, posthorn_consumer,
+        posthorn_publisher;
+REVOKE ALL ON SCHEMA posthorn FROM PUBLIC, posthorn_api, posthorn_relay, posthorn_relay_cdc, posthorn_reconciler,
+    posthorn_maintainer, posthorn_consumer, posthorn_publisher, posthorn_definer;
 
-GRANT USAGE ON SCHEMA public TO posthorn_api, posthorn_relay, posthorn_relay_cdc, posthorn_reconciler, posthorn_maintainer;
+GRANT USAGE ON SCHEMA public TO posthorn_api, posthorn_relay, posthorn_relay_cdc, posthorn_reconciler, posthorn_maintainer,
+    posthorn_publisher, posthorn_definer;
+GRANT USAGE ON SCHEMA posthorn TO posthorn_api, posthorn_maintainer, posthorn_publisher, posthorn_definer;
 
 -- posthorn_api: the write path (LedgerStore.Post) and the reads of the API.
 -- SELECT … FOR UPDATE on accounts needs an UPDATE privilege: the column one
@@ -42,9 +65,12 @@ GRANT UPDATE (revision) ON accounts TO posthorn_api;
 GRANT SELECT, INSERT ON account_balances TO posthorn_api;
 GRANT UPDATE (balance) ON account_balances TO posthorn_api;
 GRANT SELECT, INSERT ON journals, journal_lines, idempotency_keys TO posthorn_api;
--- Idempotency keys expire (retention.idempotency_key_ttl): the API deletes
--- its own expired keys on a schedule, and nothing else.
-GRANT DELETE ON idempotency_keys TO posthorn_api;
+-- Idempotency keys expire (retention.idempotency_key_ttl): the API prunes
+-- them on a schedule through the function, which deletes only keys older
+-- than the lifetime posthorn migrate wrote into posthorn.settings. A
+-- DELETE of its own would let a stolen API credential forget a key a
+-- client is still retrying with, and turn the retry into a second posting.
+GRANT EXECUTE ON FUNCTION posthorn.prune_idempotency_keys(timestamptz, integer) TO posthorn_api;
 GRANT USAGE ON SEQUENCE journal_sequence, outbox_id_seq TO posthorn_api;
 -- The outbox: insert the row (never its marker), read it back for
 -- GET /v1/postings. No UPDATE and no DELETE at all.
@@ -53,17 +79,34 @@ GRANT INSERT (event_id, kind, type, topic, aggregate_type, aggregate_id, revisio
               journal_id, headers, payload, occurred_at) ON outbox TO posthorn_api;
 -- The outbox's trigger runs as the inserting role: it enqueues the rows.
 GRANT INSERT ON outbox_pending TO posthorn_api;
--- Publishing from a team's own service (migration 00008): the SQL
--- functions, and the aggregate lock the publish package takes through
--- posthorn_next_revision before its outbox insert. They run as their owner
--- (SECURITY DEFINER), so posthorn_aggregates itself stays closed to every
--- role: its revisions move only through them. Another service's login role
--- gets them with GRANT posthorn_api TO <role> (all the write path's rights,
--- which the publish package's outbox insert needs), or, for the SQL
--- functions alone, with GRANT EXECUTE ON FUNCTION … TO <role>.
-GRANT EXECUTE ON FUNCTION posthorn_next_revision(text, text, text, text, jsonb, jsonb, bigint, text),
+-- posthorn_publisher: publishing from a team's own service. The functions
+-- check each message and write it; a service holds no table privilege, so
+-- it cannot write the ledger, forge an account's event, or forget an
+-- idempotency key. posthorn_api is a member (cluster.sql).
+GRANT EXECUTE ON FUNCTION posthorn.write(text, text, text, text, json, jsonb, bigint, text),
     posthorn_publish(text, text, text, jsonb, jsonb, bigint),
-    posthorn_send_command(text, text, text, jsonb, jsonb, bigint, text) TO posthorn_api;
+    posthorn_send_command(text, text, text, jsonb, jsonb, bigint, text) TO posthorn_publisher;
+
+-- posthorn_definer: what the functions of the schema posthorn do, and no
+-- more. The outbox's trigger runs as the inserting role, so it enqueues
+-- in outbox_pending as this one.
+GRANT SELECT, INSERT, UPDATE ON posthorn_aggregates TO posthorn_definer;
+GRANT INSERT (event_id, kind, type, topic, aggregate_type, aggregate_id, revision, shard,
+              headers, payload, occurred_at) ON outbox TO posthorn_definer;
+GRANT INSERT ON outbox_pending TO posthorn_definer;
+GRANT USAGE ON SEQUENCE outbox_id_seq TO posthorn_definer;
+GRANT SELECT ON posthorn.settings TO posthorn_definer;
+GRANT SELECT (key, created_at), DELETE ON idempotency_keys TO posthorn_definer;
+-- Hand the functions over. A role that is not a superuser may only give
+-- a function to a role it is a member of (cluster.sql sees to that) which
+-- may create in the function's schema; that right is taken back at once,
+-- so the definer can never create anything there.
+GRANT CREATE ON SCHEMA posthorn TO posthorn_definer;
+ALTER FUNCTION posthorn.uuidv7() OWNER TO posthorn_definer;
+ALTER FUNCTION posthorn.shard(text) OWNER TO posthorn_definer;
+ALTER FUNCTION posthorn.write(text, text, text, text, json, jsonb, bigint, text) OWNER TO posthorn_definer;
+ALTER FUNCTION posthorn.prune_idempotency_keys(timestamptz, integer) OWNER TO posthorn_definer;
+REVOKE CREATE ON SCHEMA posthorn FROM posthorn_definer;
 
 -- posthorn_relay: relay, outbox status/release/resend, replay.
 GRANT SELECT ON outbox TO posthorn_relay;
@@ -103,6 +146,6 @@ GRANT SELECT ON outbox_pending TO posthorn_maintainer;
 GRANT SELECT ON SEQUENCE outbox_id_seq TO posthorn_maintainer;
 GRANT SELECT ON ops_coverage, relay_leases TO posthorn_maintainer;
 GRANT SELECT, INSERT, UPDATE ON ops_archive_segments, ops_cleanup TO posthorn_maintainer;
--- `posthorn retention` as the maintainer: expired idempotency keys.
-GRANT SELECT (key, created_at) ON idempotency_keys TO posthorn_maintainer;
-GRANT DELETE ON idempotency_keys TO posthorn_maintainer;
+-- `posthorn retention` as the maintainer: expired idempotency keys,
+-- through the same function as the API.
+GRANT EXECUTE ON FUNCTION posthorn.prune_idempotency_keys(timestamptz, integer) TO posthorn_maintainer;
