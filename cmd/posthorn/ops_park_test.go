@@ -313,8 +313,9 @@ func TestCleanupReverifiesArchiveSegments(t *testing.T) {
 	}
 }
 
-// `posthorn outbox release` lifts the park of a command journal too, not
-// only of an account (issue 14, fix 7).
+// `posthorn outbox release` lifts the park of a command journal and of an
+// aggregate a team publishes, not only of an account, and `outbox status`
+// names the command that does it for each type.
 func TestOutboxReleaseParkedCommandJournal(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -324,6 +325,7 @@ func TestOutboxReleaseParkedCommandJournal(t *testing.T) {
 	for _, p := range []core.ParkedAggregate{
 		{AggregateType: core.AggregateJournal, AggregateID: journal, EventID: "0190c0de-0000-7000-8000-000000000001", Reason: "unroutable"},
 		{AggregateType: core.AggregateAccount, AggregateID: "acc-9", EventID: "0190c0de-0000-7000-8000-000000000002", Reason: "too large"},
+		{AggregateType: "wallet", AggregateID: "w-1", EventID: "0190c0de-0000-7000-8000-000000000003", Reason: "too large"},
 	} {
 		if _, err := store.Park(ctx, p); err != nil {
 			t.Fatal(err)
@@ -339,6 +341,13 @@ func TestOutboxReleaseParkedCommandJournal(t *testing.T) {
 		t.Fatalf("release --journal: code %d, %s %s", code, stdout, stderr)
 	}
 	r.run("outbox", "release", "--account", "acc-9")
+	if code, stdout, stderr := runCLI(t, r.env, "outbox", "status"); code != 0 || !strings.Contains(stdout, "posthorn outbox release --aggregate-type TYPE --aggregate-id ID") {
+		t.Fatalf("outbox status names no release command for a wallet: code %d, %s %s", code, stdout, stderr)
+	}
+	if code, stdout, stderr := runCLI(t, r.env, "outbox", "release", "--account", "w-1"); code == 0 || !strings.Contains(stderr, "not parked") {
+		t.Fatalf("release of a wallet as an account: code %d, %s %s", code, stdout, stderr)
+	}
+	r.run("outbox", "release", "--aggregate-type", "wallet", "--aggregate-id", "w-1")
 	if left, err := store.Parked(ctx); err != nil || len(left) != 0 {
 		t.Fatalf("still parked: %+v %v", left, err)
 	}

@@ -107,7 +107,7 @@ func printStatus(w io.Writer, st outboxStatus) {
 				p.ParkedAt.UTC().Format(time.RFC3339), printable(p.Reason))
 		}
 		tw.Flush()
-		fmt.Fprintln(w, "  release one with: posthorn outbox release --account ID")
+		fmt.Fprintln(w, "  release one with: posthorn outbox release --aggregate-type TYPE --aggregate-id ID (or --account ID for an account)")
 	}
 	printUncertain(w, st)
 	printCDCStatus(w, st.CDC)
