@@ -75,7 +75,7 @@ soak:
 		$(GO) test -count=1 -v -run '^(TestFaultSuite|TestRelayDrainThroughBrokerKills|TestRelayDrainThroughBrokerKillsSaramaControl)$$' -timeout 3h ./integration/
 	$(MAKE) soak-kafka-control
 
-# The negative control of the Kafka broker-kill case at length (issue 13):
+# The negative control of the Kafka broker-kill case at length:
 # the old sarama idempotent sink, KAFKA_CONTROL_RUNS runs of
 # KAFKA_CONTROL_DURATION each with 12 or more SIGKILLs of a kfake process,
 # 1,000-record batches (a run takes 3-4 minutes here with its restarts and

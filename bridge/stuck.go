@@ -57,7 +57,7 @@ const maxStreaks = 100_000
 
 // NewStuckTracker returns a tracker with the bounds attempts and after
 // (<= 0: that bound is off; both off: never park for retryable failures,
-// the behaviour before issue 14).
+// the earlier behaviour).
 func NewStuckTracker(attempts int, after time.Duration) *StuckTracker {
 	return &StuckTracker{attempts: attempts, after: after, now: time.Now, streaks: map[core.AggregateKey]*streak{}}
 }

@@ -92,7 +92,7 @@ func throttleCfg(attempts int) func(*bridge.Config) {
 
 // One record failing retryably for ever parks its aggregate after the
 // bounded attempts, with the last error as reason; the others keep flowing
-// without backoff (issue 14, fix 4).
+// without backoff.
 func TestStuckRetryableRecordParksItsAggregateOnly(t *testing.T) {
 	t.Parallel()
 	f, ss := newStuckFixture(t, "acc-stuck")

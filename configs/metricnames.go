@@ -25,7 +25,7 @@ var ContractHistograms = []string{
 }
 
 // OperatorMetrics are metrics beyond the contract's table that the alert
-// rules and the dashboard also rely on (issue 14: a stalled consumer, a
+// rules and the dashboard also rely on (a stalled consumer, a
 // lost CDC slot, parked and held accounts). Relay and consumers expose
 // them under these names; keep them stable like the contract's.
 var OperatorMetrics = []string{

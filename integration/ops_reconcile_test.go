@@ -154,7 +154,7 @@ func equalCoverage(a, b map[string]ops.Coverage) bool {
 }
 
 // Held and rejected events are unproven with their reasons; rejected is
-// final only for a consumer configured with rejected_final (issue 14, fix 1).
+// final only for a consumer configured with rejected_final.
 func TestOpsReconcileHeldAndRejectedAreUnproven(t *testing.T) {
 	t.Parallel()
 	r := newOpsRig(t)

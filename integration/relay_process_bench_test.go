@@ -18,7 +18,7 @@ import (
 // BenchmarkRelayDrainProcessFactors takes apart why `posthorn relay` as its
 // own process, with `posthorn dev kafka` on a data directory, drained a
 // 200,000-event backlog at about half the rate of the in-process relay of
-// BenchmarkRelayDrainVsStockForwarder (issue 19, item 5): the same backlog
+// BenchmarkRelayDrainVsStockForwarder: the same backlog
 // drained side by side, one factor changed at a time. Each rate is taken
 // from the relay's start (a process: its launch) to the empty queue. It
 // takes about two minutes, so it runs only when asked:

@@ -134,7 +134,7 @@ func TestUnroutableIsNotAnAck(t *testing.T) {
 }
 
 // On a command topic only the command's owner gets a queue: the event
-// consumers' queues are bound to event exchanges alone (issue 14, fix 7).
+// consumers' queues are bound to event exchanges alone.
 // A service without a configured owner is owned by the consumer named
 // like it.
 func TestCommandExchangeRoutesOnlyToItsOwner(t *testing.T) {

@@ -283,7 +283,7 @@ func TestRolesConsumerOwnsItsInboxAndCannotTouchTheLedger(t *testing.T) {
 		{"insert a journal", `INSERT INTO journals (id, sequence, posted_at) VALUES (gen_random_uuid(), 999, now())`},
 		{"mark outbox rows", `DELETE FROM outbox_pending`},
 	})
-	// Inbox retention runs as the consumer (issue 14): it deletes final rows
+	// Inbox retention runs as the consumer: it deletes final rows
 	// behind the horizon and records it.
 	if _, err := in.PruneInbox(ctx, "balance-projection", ops.InboxHorizon{Ordered: time.Now().Add(-time.Hour), Unordered: time.Now().Add(-time.Hour)}, 100); err != nil {
 		t.Fatalf("inbox retention as posthorn_consumer: %v", err)

@@ -13,7 +13,7 @@ import (
 	"github.com/posthorn/posthorn/ops"
 )
 
-// Reconcile measured on 1M events (issue 19, item 5): a ledger of 500,000
+// Reconcile measured on 1M events: a ledger of 500,000
 // two-line journals (1,000,000 events, all relayed) and two consumers'
 // inboxes with an applied row for each. Loading takes about a minute, so
 // it runs only when asked, like the retention benchmarks:

@@ -12,7 +12,7 @@ import (
 	"github.com/posthorn/posthorn/ops"
 )
 
-// Retention measured on 1M rows (issue 14, fix 6). Loading the rows takes
+// Retention measured on 1M rows. Loading the rows takes
 // minutes, more than `make bench` has for every benchmark together, so
 // these run only when asked:
 //

@@ -41,7 +41,7 @@ func inboxRows(t *testing.T, pool *pgxpool.Pool, consumer string) map[string]str
 	return out
 }
 
-// Inbox retention (issue 14, fix 6): an ordered consumer's final rows go
+// Inbox retention: an ordered consumer's final rows go
 // once below the applied revision and past the margin, the last applied
 // one and every held, parked or rejected row stay; an unordered consumer's
 // go only past the replay window plus the margin. A repeat of a pruned
@@ -134,7 +134,7 @@ func TestPruneInboxKeepsWhatARepeatNeeds(t *testing.T) {
 	}
 }
 
-// Idempotency keys expire after the TTL (issue 14, fix 6): an expired key
+// Idempotency keys expire after the TTL: an expired key
 // is deleted and its repeat is a new posting; a fresh key still replays.
 func TestPruneIdempotencyKeys(t *testing.T) {
 	t.Parallel()

@@ -12,7 +12,7 @@ import (
 // outbox resend` do. A broker with its own dedup (JetStream's Nats-Msg-Id
 // inside its duplicate window) must not swallow them: the reader has to
 // find every event ID three times, the repeats marked, so that the
-// consumer's inbox sees them and counts them as duplicates (issue 14).
+// consumer's inbox sees them and counts them as duplicates.
 func testRepeatsReachTheConsumer(t *testing.T, h Harness) {
 	var first []core.Envelope
 	for rev := int64(1); rev <= 5; rev++ {

@@ -27,7 +27,7 @@ func runAPI(ctx context.Context, args []string) error {
 	}
 	defer p.close()
 	postgres.WarnIfSuperuser(ctx, p.ledger, p.log, "api", postgres.RoleAPI)
-	startRetention(ctx, p.cfg, nil, p.ledger, nil, p.log) // issue 14: idempotency-key retention on retention.interval
+	startRetention(ctx, p.cfg, nil, p.ledger, nil, p.log) // idempotency-key retention on retention.interval
 	srv, err := api.New(api.Config{Listen: p.cfg.API.Listen, Tokens: p.cfg.API.Tokens, TLS: tlsCfg, Logger: p.log, TracerProvider: p.tracer}, ledgerStore(p.cfg, p.ledger))
 	if err != nil {
 		return err

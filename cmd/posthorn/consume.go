@@ -179,7 +179,7 @@ func runConsumers(ctx context.Context, cfg configs.Config, o consumeOptions) err
 		defer srv.Close()
 		log.Info("consumer metrics listening", "addr", srv.Addr())
 	}
-	startRetention(ctx, cfg, pool, nil, names, log) // issue 14: inbox retention on retention.interval
+	startRetention(ctx, cfg, pool, nil, names, log) // inbox retention on retention.interval
 	log.Info("consumers starting", "consumers", names, "sink", cfg.Sink.Kind, "topic", topic, "hold", o.hold.String(),
 		"instance_id", cfg.Consumer.InstanceID)
 	if err := registry.Run(ctx); err != nil && ctx.Err() == nil {

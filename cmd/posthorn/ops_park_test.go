@@ -168,7 +168,7 @@ func (r *opsCLIRig) outboxHas(eventID string) bool {
 	return n > 0
 }
 
-// Parked is not covered (issue 14, fix 1): with an account parked at one
+// Parked is not covered: with an account parked at one
 // consumer, reconcile exits 1 naming each parked event with the consumer
 // and the reason, records no coverage for that consumer, and cleanup keeps
 // the rows; after release and apply the same run is clean and cleanup may
@@ -252,7 +252,7 @@ func TestReconcileParkedIsNotCovered(t *testing.T) {
 	}
 }
 
-// Cleanup re-verifies the archive segments it relies on (issue 14, fix 2):
+// Cleanup re-verifies the archive segments it relies on:
 // a truncated, a deleted or a bit-flipped segment stops it with exit 1
 // before anything is deleted, in a dry run too; the intact archive lets it
 // delete.

@@ -17,7 +17,7 @@ import (
 // From the command line against NATS JetStream: `outbox resend` and then,
 // right after, `posthorn replay` of the same events both reach the stream,
 // inside JetStream's 2-minute duplicate window, so a consumer sees the
-// repeats (issue 14, fix 3). Before the fix both carried Nats-Msg-Id =
+// repeats. Before the fix both carried Nats-Msg-Id =
 // event ID and JetStream stored each event once, whatever the operator ran.
 func TestReplayAndResendReachNATSInsideTheDuplicateWindow(t *testing.T) {
 	t.Parallel()

@@ -14,7 +14,7 @@ import (
 // `posthorn retention` prunes the inbox behind the safe horizon and the
 // expired idempotency keys; reconciliation stays clean over events whose
 // disposition an earlier run proved and retention removed, and still
-// reports a disposition missing for any other reason (issue 14, fix 6).
+// reports a disposition missing for any other reason.
 func TestRetentionCommandAndReconcileAfterIt(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

@@ -9,7 +9,7 @@ import (
 
 // The --unsafe-* negative-control flags are not in the production binary:
 // neither in --help nor accepted; a build with -tags posthorn_unsafe (the
-// fault suite's, faultkit.Build) still has them (issue 14, fix 7).
+// fault suite's, faultkit.Build) still has them.
 func TestUnsafeFlagsOnlyInTheTestBuild(t *testing.T) {
 	if unsafeFlags {
 		t.Skip("this test binary was built with -tags posthorn_unsafe")

@@ -1,5 +1,5 @@
 -- +goose Up
--- Inbox retention (issue 14, adapters/postgres/retention.go). Final rows
+-- Inbox retention (adapters/postgres/retention.go). Final rows
 -- (applied, duplicate) are scanned oldest first in small batches; this
 -- partial index keeps each batch a short index range scan even on a large
 -- inbox, and leaves held and parked rows out (they are never pruned).

@@ -1,5 +1,5 @@
 -- +goose Up
--- The inbox's protocol in SQL (issue 16), for consumers outside Go: a
+-- The inbox's protocol in SQL, for consumers outside Go: a
 -- Python, Java or shell consumer calls posthorn_inbox_receive in its own
 -- transaction with the event's wire headers, before its effect, and gets
 -- the same exactly-once effect and gap detection as the Go middleware, on

@@ -1,5 +1,5 @@
 -- +goose Up
--- The operator console's audit log (issue 18, adapters/postgres/console.go):
+-- The operator console's audit log (adapters/postgres/console.go):
 -- one row per action an operator confirmed with the console token, written
 -- (outcome 'started') before the action runs, so no action goes unrecorded,
 -- and finished with its outcome afterwards. Refused requests (bad token,

@@ -1,5 +1,5 @@
 -- +goose Up
--- Publishing from a team's own service (issue 16): events and commands
+-- Publishing from a team's own service: events and commands
 -- written into the outbox inside the caller's own transaction, from Go (the
 -- publish package) or from any language (posthorn_publish and
 -- posthorn_send_command below), with every guarantee of the Posting API's

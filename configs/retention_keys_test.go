@@ -7,9 +7,10 @@ import (
 	"time"
 )
 
-// The keys issue 14 adds: defaults, the environment form, the mapping of
-// "0 = off" to the relay's "negative = off", and errors naming the key.
-func TestIssue14KeysDefaultsAndValidation(t *testing.T) {
+// The retry-park, retention, cleanup and rejected-final keys: defaults, the
+// environment form, the mapping of "0 = off" to the relay's "negative =
+// off", and errors naming the key.
+func TestRetentionCleanupAndRejectedFinalKeys(t *testing.T) {
 	cfg := loadEnv(t)
 	if cfg.Relay.ParkAfterAttempts != 30 || cfg.Relay.ParkAfter != 5*time.Minute {
 		t.Fatalf("relay retry-park defaults: %d %s", cfg.Relay.ParkAfterAttempts, cfg.Relay.ParkAfter)
