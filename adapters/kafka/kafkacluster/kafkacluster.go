@@ -239,13 +239,22 @@ func (c *Cluster) Stop() error {
 // Script is the path of scripts/kafka-cluster in the module that holds
 // the working directory.
 func Script() (string, error) {
+	root, err := Root()
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(root, "scripts", "kafka-cluster"), nil
+}
+
+// Root is the directory of the module that holds the working directory.
+func Root() (string, error) {
 	dir, err := os.Getwd()
 	if err != nil {
 		return "", err
 	}
 	for {
 		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return filepath.Join(dir, "scripts", "kafka-cluster"), nil
+			return dir, nil
 		}
 		parent := filepath.Dir(dir)
 		if parent == dir {
