@@ -2,6 +2,7 @@ package kafka_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"slices"
 	"strconv"
@@ -56,14 +57,19 @@ func apacheCluster(t *testing.T) *kafkacluster.Cluster {
 	return apache.c
 }
 
-// stopApacheCluster stops the shared cluster, if a test started it.
-func stopApacheCluster() {
+// stopApacheCluster stops the shared cluster, if a test started it, and
+// returns code, or 1 when a node was left running.
+func stopApacheCluster(code int) int {
 	if apache.c != nil {
-		_ = apache.c.Stop()
+		if err := apache.c.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			code = max(code, 1)
+		}
 	}
 	if apache.dir != "" {
 		_ = os.RemoveAll(apache.dir)
 	}
+	return code
 }
 
 // topicPrefix is a prefix of topic names no earlier run on the shared

@@ -23,10 +23,7 @@ func TestMain(m *testing.M) {
 		// After broker SIGKILLs the sarama control (kills_test.go) can
 		// leave a broker connection's receiver behind its closed producer.
 		goleak.IgnoreTopFunction("github.com/IBM/sarama.(*Broker).responseReceiver"),
-		goleak.Cleanup(func(code int) {
-			stopApacheCluster()
-			os.Exit(code)
-		}))
+		goleak.Cleanup(func(code int) { os.Exit(stopApacheCluster(code)) }))
 }
 
 // TestConformance runs the suite against kfake over real sockets; the

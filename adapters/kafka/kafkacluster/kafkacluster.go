@@ -29,6 +29,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -232,8 +233,18 @@ func (c *Cluster) Stop() error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	_, err := run(ctx, c.script, "stop", "--dir", c.Dir)
-	return err
+	if _, err := run(ctx, c.script, "stop", "--dir", c.Dir); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, n := range c.Nodes {
+		// Signal 0 checks for the process: a JVM left behind is an error.
+		if err := syscall.Kill(n.PID, 0); err == nil {
+			return fmt.Errorf("kafkacluster: node %d (pid %d) still runs after stop", n.ID, n.PID)
+		}
+	}
+	return nil
 }
 
 // Script is the path of scripts/kafka-cluster in the module that holds
