@@ -13,6 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
 	"github.com/posthorn/posthorn/adapters/kafka"
 	"github.com/posthorn/posthorn/adapters/kafka/kafkacluster"
 	"github.com/posthorn/posthorn/adapters/sinktest"
@@ -103,6 +106,7 @@ func apacheHarness(t *testing.T, c *kafkacluster.Cluster, newSink func([]string)
 	}
 	t.Cleanup(func() { _ = s.Close() })
 	prefix := topicPrefix()
+	createTopics(t, c.Brokers, prefix+core.TopicEvents, prefix+"commands.payouts")
 	read, readAll := ReadFunc(c.Brokers), readToEnd(c.Brokers)
 	h := sinktest.Harness{
 		Sink:  prefixedSink{s, prefix},
@@ -124,6 +128,45 @@ func apacheHarness(t *testing.T, c *kafkacluster.Cluster, newSink func([]string)
 		h.Outage = func(t *testing.T) func() { return freezeAll(t, c) }
 	}
 	return h
+}
+
+// createTopics creates topics (4 partitions, the cluster's replication)
+// and waits until every partition has a leader: a real cluster creates a
+// topic on a produce's metadata request only after the producer has given
+// up on a first batch (UNKNOWN_TOPIC_OR_PARTITION, retryable; the relay
+// sends it again), which the conformance cases do not expect of a first
+// publish. Deployments create their topics ahead too.
+func createTopics(t *testing.T, brokers []string, topics ...string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	if _, err := adm.CreateTopics(ctx, 4, -1, nil, topics...); err != nil {
+		t.Fatalf("create %v: %v", topics, err)
+	}
+	for {
+		details, err := adm.ListTopics(ctx, topics...)
+		ready := err == nil && len(details) == len(topics)
+		for _, d := range details {
+			ready = ready && d.Err == nil && len(d.Partitions) == 4
+			for _, p := range d.Partitions {
+				ready = ready && p.Leader >= 0 && p.Err == nil
+			}
+		}
+		if ready {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("topics %v not ready within a minute: %v, %v", topics, details, err)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 // apacheKills are the broker-kill runs' options on the real cluster: a
