@@ -29,13 +29,25 @@ func moveKafkaLeaders(ctx context.Context, brokers []string) error {
 	}
 	defer cl.Close()
 	adm := kadm.NewClient(cl)
-	topics, err := adm.ListTopics(ctx, core.TopicEvents)
-	if err != nil {
-		return fmt.Errorf("move leaders: describe %s: %w", core.TopicEvents, err)
+	// Early in a run the relay may not have created the topic yet.
+	var td kadm.TopicDetail
+	for {
+		topics, err := adm.ListTopics(ctx, core.TopicEvents)
+		if err != nil {
+			return fmt.Errorf("move leaders: describe %s: %w", core.TopicEvents, err)
+		}
+		td = topics[core.TopicEvents]
+		if !errors.Is(td.Err, kerr.UnknownTopicOrPartition) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("move leaders: describe %s: %w (%w)", core.TopicEvents, td.Err, ctx.Err())
+		case <-time.After(200 * time.Millisecond):
+		}
 	}
-	td, ok := topics[core.TopicEvents]
-	if !ok || td.Err != nil {
-		return fmt.Errorf("move leaders: describe %s: %v", core.TopicEvents, td.Err)
+	if td.Err != nil {
+		return fmt.Errorf("move leaders: describe %s: %w", core.TopicEvents, td.Err)
 	}
 	var req kadm.AlterPartitionAssignmentsReq
 	parts := make([]int32, 0, len(td.Partitions))
