@@ -401,11 +401,24 @@ func (s *ExactlyOnceSink) ensurePositionsTopic(ctx context.Context) error {
 	if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
 		return fmt.Errorf("kafka sink: create topic %s: %w", PositionsTopic, err)
 	}
-	details, err := adm.ListTopics(ctx, PositionsTopic)
-	if err != nil {
-		return fmt.Errorf("kafka sink: describe topic %s: %w", PositionsTopic, err)
+	// A topic just created is not in every broker's metadata at once (a
+	// real cluster answers UNKNOWN_TOPIC_OR_PARTITION for a moment).
+	var d kadm.TopicDetail
+	for {
+		details, err := adm.ListTopics(ctx, PositionsTopic)
+		if err != nil {
+			return fmt.Errorf("kafka sink: describe topic %s: %w", PositionsTopic, err)
+		}
+		d = details[PositionsTopic]
+		if !errors.Is(d.Err, kerr.UnknownTopicOrPartition) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("kafka sink: describe topic %s: %w (%w)", PositionsTopic, d.Err, ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
 	}
-	d := details[PositionsTopic]
 	if d.Err != nil {
 		return fmt.Errorf("kafka sink: describe topic %s: %w", PositionsTopic, d.Err)
 	}

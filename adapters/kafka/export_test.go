@@ -1,6 +1,30 @@
 package kafka
 
+import "github.com/twmb/franz-go/pkg/kgo"
+
 // SetStall installs a hook that runs before a transaction's first record
 // is sent (stage "send") and before its commit ("commit"): a relay that
 // stalls there, as a SIGSTOP or a long pause would stall it.
 func (s *ExactlyOnceSink) SetStall(f func(stage string)) { s.stall = f }
+
+// NewLeaderAckControl is the negative control of the broker-kill case on
+// a replicated cluster: the sink with the producer settings it must not
+// have, acks=1 (the leader alone) and no idempotence, so a record is ACKed
+// before any follower has it.
+func NewLeaderAckControl(cfg Config) (*Sink, error) {
+	s, err := New(cfg)
+	if err != nil {
+		return nil, err
+	}
+	opts, err := clientOpts(cfg)
+	if err != nil {
+		return nil, err
+	}
+	cl, err := kgo.NewClient(append(opts, kgo.RequiredAcks(kgo.LeaderAck()), kgo.DisableIdempotentWrite())...)
+	if err != nil {
+		return nil, err
+	}
+	s.cl.Close()
+	s.cl = cl
+	return s, nil
+}

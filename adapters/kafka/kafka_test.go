@@ -2,6 +2,7 @@ package kafka_test
 
 import (
 	"context"
+	"os"
 	"strconv"
 	"testing"
 	"time"
@@ -15,12 +16,14 @@ import (
 	"github.com/posthorn/posthorn/core"
 )
 
-// sarama starts go-metrics' global meter ticker once per process.
+// sarama starts go-metrics' global meter ticker once per process. The
+// Apache Kafka cluster the ApacheKafka tests share is stopped at the end.
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/rcrowley/go-metrics.(*meterArbiter).tick"),
 		// After broker SIGKILLs the sarama control (kills_test.go) can
 		// leave a broker connection's receiver behind its closed producer.
-		goleak.IgnoreTopFunction("github.com/IBM/sarama.(*Broker).responseReceiver"))
+		goleak.IgnoreTopFunction("github.com/IBM/sarama.(*Broker).responseReceiver"),
+		goleak.Cleanup(func(code int) { os.Exit(stopApacheCluster(code)) }))
 }
 
 // TestConformance runs the suite against kfake over real sockets; the

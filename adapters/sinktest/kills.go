@@ -37,6 +37,10 @@ type KillOptions struct {
 	// MaxDown is the longest the broker stays dead before its restart is
 	// begun; each outage lasts a random part of it (default 300 ms).
 	MaxDown time.Duration
+	// Pause is the publisher's rest between batches (default none): a
+	// broker of several JVMs restarting on a small machine competes with
+	// a publisher that never rests for the same cores.
+	Pause time.Duration
 }
 
 func (o *KillOptions) setDefaults() {
@@ -100,7 +104,7 @@ func testKills(t *testing.T, f Factory) {
 	if h.Kill == nil {
 		t.Skip("harness cannot kill its broker")
 	}
-	r := MeasureKills(t, h, KillOptions{})
+	r := MeasureKills(t, h, h.KillOptions)
 	if r.Absent > 0 {
 		t.Errorf("%d of %d ACKed records are not on the broker (e.g. %v): an ACK that was not stored", r.Absent, r.Acked, r.Example)
 	}
@@ -282,6 +286,13 @@ func (p *killPublisher) run() {
 		n := p.settle(batch, err)
 		if err == nil {
 			p.lastOK.Store(int64(took))
+		}
+		if p.o.Pause > 0 {
+			select {
+			case <-p.stop:
+				return
+			case <-time.After(p.o.Pause):
+			}
 		}
 		if n > 0 {
 			p.okCount.Add(1)

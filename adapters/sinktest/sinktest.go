@@ -74,6 +74,8 @@ type Harness struct {
 	// returns a function that starts it again on the same data; nil skips
 	// the broker-kill case (kills.go).
 	Kill func(t *testing.T) (restart func())
+	// KillOptions shape the broker-kill case (zero: its defaults).
+	KillOptions KillOptions
 }
 
 // Open returns the sink newSink builds from cfg, failing t when it cannot,

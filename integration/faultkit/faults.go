@@ -21,6 +21,9 @@ const (
 	FaultRollback     = "posting rolled back"
 )
 
+// kafkaLeaders is the busy key of leader moves on a real Kafka cluster.
+var kafkaLeaders = &Proc{Name: "kafka leaders"}
+
 type plannedFault struct {
 	at   time.Duration
 	kind string
@@ -88,11 +91,18 @@ func (r *runState) inject(ctx context.Context, plan []plannedFault) {
 				r.fault(ctx, f.kind, func() error { return r.s.BrokerOutage(ctx, r.cfg.BrokerDown) })
 			})
 		case FaultLeaders:
-			if !r.tryBusy(r.s.Broker) {
+			key := r.s.Broker
+			if r.s.cfg.Kafka != nil {
+				// On a real cluster a node's outage (a restart of
+				// seconds) and a leader move go together: the move
+				// elects among the nodes in sync.
+				key = kafkaLeaders
+			}
+			if !r.tryBusy(key) {
 				continue
 			}
 			r.fault(ctx, f.kind, func() error {
-				defer r.release(r.s.Broker)
+				defer r.release(key)
 				return r.s.MoveLeaders()
 			})
 		case FaultHeldCommit:

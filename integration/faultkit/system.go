@@ -13,6 +13,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -20,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/posthorn/posthorn/adapters/brokers"
+	"github.com/posthorn/posthorn/adapters/kafka/kafkacluster"
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/consumers"
 	"github.com/posthorn/posthorn/core"
@@ -66,6 +68,14 @@ type SystemConfig struct {
 	// which a real Kafka broker does from its transaction log (see
 	// docs/sinks.md).
 	BrokerStopsCleanly bool
+	// Kafka, when set, is a real Apache Kafka cluster the run uses instead
+	// of the dev broker: a broker outage SIGKILLs one of its nodes (in
+	// turn) and restarts it on its data directory, and MoveLeaders makes
+	// the next replica of every partition of the event topic its
+	// preferred leader and elects it (BrokerStopsCleanly does not apply).
+	Kafka *kafkacluster.Cluster
+	// Format is the relays' sink.format (empty: the default, posthorn).
+	Format string
 }
 
 // System is the running set of processes plus the suite's own pools.
@@ -76,11 +86,15 @@ type System struct {
 	Relays     []*Proc
 	Consumers  []*Proc
 	BrokerAddr string
-	APIURL     string
+	// Brokers are the bootstrap servers of the cluster the processes use.
+	Brokers []string
+	APIURL  string
 	// Ledger and Consumer are the suite's pools (application name
 	// posthorn-fault, never terminated by the faults).
 	Ledger, Consumer *pgxpool.Pool
 	store            *postgres.LedgerStore
+	// outages counts the broker outages, to pick the next node of Kafka.
+	outages atomic.Int64
 }
 
 // faultHooks is installed on the ledger database of a fault run only. An
@@ -138,29 +152,18 @@ func StartSystem(ctx context.Context, cfg SystemConfig) (*System, error) {
 	}
 	s.store = postgres.NewLedgerStore(s.Ledger, postgres.LedgerConfig{})
 
-	nodes := max(1, cfg.BrokerNodes)
-	brokerPort, err := freePorts(nodes) // `dev kafka --nodes` takes consecutive ports
-	if err != nil {
-		return nil, err
-	}
 	apiPort, err := FreePort()
 	if err != nil {
 		return nil, err
 	}
-	s.BrokerAddr = fmt.Sprintf("127.0.0.1:%d", brokerPort)
-	brokers := make([]string, nodes)
-	for i := range brokers {
-		brokers[i] = fmt.Sprintf("127.0.0.1:%d", brokerPort+i)
-	}
 	s.APIURL = fmt.Sprintf("http://127.0.0.1:%d", apiPort)
-
-	s.Broker = NewProc(ProcConfig{Name: "broker", Bin: cfg.Bin, LogDir: cfg.Dir,
-		Args: []string{"dev", "kafka", "--listen", s.BrokerAddr, "--nodes", strconv.Itoa(nodes),
-			"--data-dir", filepath.Join(cfg.Dir, "broker-data")},
-		ReadyLine: "kafka-protocol broker listening on"})
-	if err := s.Broker.Start(ctx); err != nil {
+	if cfg.Kafka != nil {
+		s.Brokers = cfg.Kafka.Brokers
+		s.BrokerAddr = s.Brokers[0]
+	} else if err := s.startDevBroker(ctx); err != nil {
 		return nil, err
 	}
+	brokers := s.Brokers
 	s.API = NewProc(ProcConfig{Name: "api", Bin: cfg.Bin, LogDir: cfg.Dir,
 		Args:  []string{"api", "--api.listen", fmt.Sprintf("127.0.0.1:%d", apiPort)},
 		Env:   []string{"POSTHORN_DATABASE__URL=" + cfg.LedgerURL, "POSTHORN_LOG__LEVEL=warn"},
@@ -171,6 +174,9 @@ func StartSystem(ctx context.Context, cfg SystemConfig) (*System, error) {
 	sinkEnv := []string{"POSTHORN_SINK__KIND=kafka", "POSTHORN_SINK__KAFKA__BROKERS=" + strings.Join(brokers, ",")}
 	if cfg.ExactlyOnce {
 		sinkEnv = append(sinkEnv, "POSTHORN_SINK__KAFKA__EXACTLY_ONCE=true")
+	}
+	if cfg.Format != "" {
+		sinkEnv = append(sinkEnv, "POSTHORN_SINK__FORMAT="+cfg.Format)
 	}
 	for i := 0; i < cfg.Relays; i++ {
 		args := []string{"relay"}
@@ -205,6 +211,25 @@ func StartSystem(ctx context.Context, cfg SystemConfig) (*System, error) {
 	}
 	ok = true
 	return s, nil
+}
+
+// startDevBroker starts `posthorn dev kafka` with cfg.BrokerNodes nodes.
+func (s *System) startDevBroker(ctx context.Context) error {
+	nodes := max(1, s.cfg.BrokerNodes)
+	brokerPort, err := freePorts(nodes) // `dev kafka --nodes` takes consecutive ports
+	if err != nil {
+		return err
+	}
+	s.BrokerAddr = fmt.Sprintf("127.0.0.1:%d", brokerPort)
+	s.Brokers = make([]string, nodes)
+	for i := range s.Brokers {
+		s.Brokers[i] = fmt.Sprintf("127.0.0.1:%d", brokerPort+i)
+	}
+	s.Broker = NewProc(ProcConfig{Name: "broker", Bin: s.cfg.Bin, LogDir: s.cfg.Dir,
+		Args: []string{"dev", "kafka", "--listen", s.BrokerAddr, "--nodes", strconv.Itoa(nodes),
+			"--data-dir", filepath.Join(s.cfg.Dir, "broker-data")},
+		ReadyLine: "kafka-protocol broker listening on"})
+	return s.Broker.Start(ctx)
 }
 
 // Procs lists every process, broker first.
@@ -386,12 +411,30 @@ func (s *System) TerminateSessions(ctx context.Context) (int, error) {
 // MoveLeaders has the broker cluster elect new partition leaders (SIGUSR1
 // to `posthorn dev kafka`): producers and consumers writing to or reading
 // from a former leader must find the new one.
-func (s *System) MoveLeaders() error { return s.Broker.Signal(syscall.SIGUSR1) }
+func (s *System) MoveLeaders() error {
+	if s.cfg.Kafka != nil {
+		return moveKafkaLeaders(context.Background(), s.Brokers)
+	}
+	return s.Broker.Signal(syscall.SIGUSR1)
+}
 
 // BrokerOutage kills the broker (SIGKILL, or SIGTERM with
 // BrokerStopsCleanly), keeps it down for d and restarts it on the same port
-// and data directory.
+// and data directory. On a real Kafka cluster it SIGKILLs one node, the
+// next in turn, and restarts it.
 func (s *System) BrokerOutage(ctx context.Context, d time.Duration) error {
+	if k := s.cfg.Kafka; k != nil {
+		i := int(s.outages.Add(1)-1) % len(k.Nodes)
+		if err := k.KillNode(i); err != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(d):
+		}
+		// Restarted even when the run ends: the final reads need the node.
+		return k.RestartNode(i)
+	}
 	if !s.cfg.BrokerStopsCleanly {
 		return s.KillAndRestart(ctx, s.Broker, d)
 	}

@@ -1,14 +1,19 @@
 package faultkit
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"maps"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/posthorn/posthorn/adapters/kafka/kafkacluster"
 	"github.com/posthorn/posthorn/adapters/kafka/kafkatest"
 	"github.com/posthorn/posthorn/core"
 )
@@ -55,7 +60,7 @@ type wireRecord struct {
 // WireKgo reads the event topic with franz-go as a read_committed reader
 // and checks it against the outbox.
 func (s *System) WireKgo(ctx context.Context) (Wire, error) {
-	recs, err := kafkatest.ReadTopic(ctx, []string{s.BrokerAddr}, core.TopicEvents, true, 5*time.Second)
+	recs, err := kafkatest.ReadTopic(ctx, s.Brokers, core.TopicEvents, true, 5*time.Second)
 	if err != nil {
 		return Wire{}, err
 	}
@@ -74,7 +79,7 @@ func (s *System) WireKcat(ctx context.Context) (Wire, error) {
 	if err != nil {
 		return Wire{}, fmt.Errorf("kcat is not installed (Debian package kcat; .ci/run installs it)")
 	}
-	out, err := exec.CommandContext(ctx, kcat, "-C", "-b", s.BrokerAddr, "-t", core.TopicEvents, "-o", "beginning", "-e", "-q",
+	out, err := exec.CommandContext(ctx, kcat, "-C", "-b", strings.Join(s.Brokers, ","), "-t", core.TopicEvents, "-o", "beginning", "-e", "-q",
 		"-X", "isolation.level=read_committed", "-f", `%k\t%h\n`).Output()
 	if err != nil {
 		return Wire{}, fmt.Errorf("kcat: %w", err)
@@ -146,5 +151,90 @@ func (s *System) wire(ctx context.Context, reader string, got []wireRecord) (Wir
 		}
 	}
 	slices.Sort(w.Missing)
+	return w, nil
+}
+
+// JavaWire is the counts the Java reader (scripts/kafka/reader) printed:
+// records, committed, distinct, missing, repeats, unknown, out_of_order,
+// wrong_partition, cloudevents, cloudevents_invalid, partitions.
+type JavaWire map[string]int
+
+func (w JavaWire) String() string {
+	keys := slices.Sorted(maps.Keys(w))
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s=%d", k, w[k])
+	}
+	return "java read_committed (kafka-clients): " + strings.Join(parts, " ")
+}
+
+// WireJava reads the event topic with the Java reader, Apache
+// kafka-clients as a read_committed consumer (with format cloudevents,
+// every record parsed by the CloudEvents Java SDK's Kafka binding), which
+// checks it against the outbox's committed events and prints its counts.
+// Its class path is scripts/kafka/reader/.classpath (scripts/setup-machine
+// resolves it with Maven); examples of what it found wrong are in
+// java-reader.log in the run's directory.
+func (s *System) WireJava(ctx context.Context, format string) (JavaWire, error) {
+	root, err := kafkacluster.Root()
+	if err != nil {
+		return nil, err
+	}
+	reader := filepath.Join(root, "scripts", "kafka", "reader")
+	cp, err := os.ReadFile(filepath.Join(reader, ".classpath"))
+	if err != nil {
+		return nil, fmt.Errorf("the Java reader's class path: %w (make setup resolves it)", err)
+	}
+	rows, err := s.Ledger.Query(ctx, `SELECT event_id::text, aggregate_id, revision FROM outbox WHERE topic = $1`, core.TopicEvents)
+	if err != nil {
+		return nil, fmt.Errorf("committed events: %w", err)
+	}
+	var expect strings.Builder
+	for rows.Next() {
+		var id, key string
+		var rev int64
+		if err := rows.Scan(&id, &key, &rev); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		fmt.Fprintf(&expect, "%s\t%s\t%d\n", id, key, rev)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	expectFile := filepath.Join(s.cfg.Dir, "committed-events.tsv")
+	if err := os.WriteFile(expectFile, []byte(expect.String()), 0o600); err != nil {
+		return nil, err
+	}
+	logFile, err := os.Create(filepath.Join(s.cfg.Dir, "java-reader.log"))
+	if err != nil {
+		return nil, err
+	}
+	defer logFile.Close()
+	cmd := exec.CommandContext(ctx, "java", "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+		"-cp", strings.TrimSpace(string(cp)), filepath.Join(reader, "CommittedReader.java"),
+		"--bootstrap", strings.Join(s.Brokers, ","), "--topic", core.TopicEvents, "--expect", expectFile, "--format", cmp.Or(format, "posthorn"))
+	cmd.Stderr = logFile
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("java reader: %w (its output: %s; see %s)", err, out, logFile.Name())
+	}
+	w := JavaWire{}
+	for _, line := range strings.Split(string(out), "\n") {
+		if rest, ok := strings.CutPrefix(line, "java-reader "); ok {
+			for _, kv := range strings.Fields(rest) {
+				k, v, _ := strings.Cut(kv, "=")
+				n, err := strconv.Atoi(v)
+				if err != nil {
+					return nil, fmt.Errorf("java reader printed %q", line)
+				}
+				w[k] = n
+			}
+		}
+	}
+	if _, ok := w["records"]; !ok {
+		return nil, fmt.Errorf("java reader printed no counts: %q", out)
+	}
 	return w, nil
 }
