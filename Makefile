@@ -55,7 +55,8 @@ bench:
 # kfake: docs/measured.md. Resolves Connect and Debezium with Maven first
 # (scripts/debezium/pom.xml, cached in ~/.m2). Under 10 minutes.
 bench-peers: setup
-	mvn -q -B -Dstyle.color=never -f scripts/debezium/pom.xml dependency:build-classpath -Dmdep.outputFile=.classpath >/dev/null
+	@out=$$(mvn -q -B -Dstyle.color=never -f scripts/debezium/pom.xml dependency:build-classpath -Dmdep.outputFile=.classpath 2>&1) || \
+		{ echo "$$out"; echo "Maven could not resolve scripts/debezium/pom.xml"; exit 1; }
 	$(GO) test -run '^$$' -bench BenchmarkPeersDrainToKafka -benchtime 1x -count 1 -timeout 10m ./integration/peers/
 
 # The demo on embedded defaults: a throwaway PostgreSQL (needs the server
