@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -42,16 +43,11 @@ func runPolling(logs *syncbuf.Buffer) bridgetest.RunRelay {
 		if err := r.Start(context.Background()); err != nil {
 			t.Fatal(err)
 		}
-		stopped := false
-		stop := func() {
-			if stopped {
-				return
-			}
-			stopped = true
+		stop := sync.OnceFunc(func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			_ = r.Stop(ctx)
-		}
+		})
 		t.Cleanup(stop)
 		return reg, stop
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -41,16 +42,11 @@ func runCDC(logs *syncbuf.Buffer) bridgetest.RunRelay {
 		bridgetest.WaitFor(t, 30*time.Second, "the relay to stream", func() bool {
 			return strings.Contains(logs.String(), "streaming the outbox from the slot")
 		})
-		stopped := false
-		stop := func() {
-			if stopped {
-				return
-			}
-			stopped = true
+		stop := sync.OnceFunc(func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			_ = r.Stop(ctx)
-		}
+		})
 		t.Cleanup(stop)
 		return reg, stop
 	}
