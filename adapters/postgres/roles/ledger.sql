@@ -38,7 +38,7 @@
 REVOKE ALL ON TABLE accounts, account_balances, journals, journal_lines, idempotency_keys, outbox, outbox_pending,
     relay_leases, relay_members, relay_parked, relay_cdc_leases,
     ops_coverage, ops_archive_segments, ops_cleanup, ops_replay_progress, console_audit, posthorn_aggregates,
-    posthorn_ledger_migrations, posthorn.settings
+    posthorn_ledger_migrations, posthorn.settings, posthorn.ledger_timelines
     FROM posthorn_api, posthorn_relay, posthorn_relay_cdc, posthorn_reconciler, posthorn_maintainer, posthorn_consumer,
         posthorn_publisher, posthorn_definer;
 REVOKE ALL ON SEQUENCE journal_sequence, outbox_id_seq, relay_fencing_token, console_audit_id_seq
@@ -56,6 +56,13 @@ REVOKE ALL ON SCHEMA posthorn FROM PUBLIC, posthorn_api, posthorn_relay, posthor
 GRANT USAGE ON SCHEMA public TO posthorn_api, posthorn_relay, posthorn_relay_cdc, posthorn_reconciler, posthorn_maintainer,
     posthorn_publisher, posthorn_definer;
 GRANT USAGE ON SCHEMA posthorn TO posthorn_api, posthorn_maintainer, posthorn_publisher, posthorn_definer;
+-- The ledger's history (migration 00010): the API, the relay and the
+-- reconciler read which server history they run on and which one was
+-- accepted; only the failover check, run by the ledger's owner, accepts one.
+GRANT USAGE ON SCHEMA posthorn TO posthorn_relay, posthorn_relay_cdc, posthorn_reconciler;
+GRANT SELECT ON posthorn.ledger_timelines TO posthorn_api, posthorn_relay, posthorn_relay_cdc, posthorn_reconciler;
+GRANT EXECUTE ON FUNCTION posthorn.ledger_history(), posthorn.ledger_history_accepted()
+    TO posthorn_api, posthorn_relay, posthorn_relay_cdc, posthorn_reconciler;
 
 -- posthorn_api: the write path (LedgerStore.Post) and the reads of the API.
 -- SELECT … FOR UPDATE on accounts needs an UPDATE privilege: the column one
