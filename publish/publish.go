@@ -55,7 +55,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/core"
 )
 
@@ -165,7 +164,7 @@ func (p *Publisher) publish(ctx context.Context, kind core.Kind, m Message) (Pub
 	if headers == nil {
 		headers = map[string]string{}
 	}
-	maps.Copy(headers, postgres.TraceHeaders(ctx))
+	maps.Copy(headers, core.TraceHeaders(ctx))
 	if m.SchemaVersion < 0 {
 		return Published{}, &FieldError{Field: "schema_version", Reason: fmt.Sprintf("is %d, want 1 or more (or 0: 1)", m.SchemaVersion)}
 	}

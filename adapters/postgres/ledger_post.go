@@ -36,7 +36,7 @@ func (s *LedgerStore) post(ctx context.Context, key string, hash [32]byte, p cor
 	if err != nil {
 		return core.PostingResult{}, err
 	}
-	traceMD := TraceHeaders(ctx)
+	traceMD := core.TraceHeaders(ctx)
 	if traceMD != nil {
 		wireMD = withTrace(wireMD, traceMD)
 	}
