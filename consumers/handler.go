@@ -2,8 +2,6 @@ package consumers
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"sync"
 	"time"
 
@@ -31,22 +29,12 @@ type Handler func(ctx context.Context, tx pgx.Tx, e core.Envelope) error
 // is retried and what is poison.
 type BatchHandler func(ctx context.Context, tx pgx.Tx, es []core.Envelope) error
 
-// ErrPermanent marks a handler failure that retrying cannot fix.
-var ErrPermanent = errors.New("permanent handler failure")
-
 // Permanent marks a handler error that retrying cannot fix (a payload the
 // handler can never apply): the event is parked as parked_poison with the
-// error as its reason instead of being retried.
-func Permanent(err error) error {
-	if err == nil {
-		return nil
-	}
-	return fmt.Errorf("%w: %w", ErrPermanent, err)
-}
-
-// IsPermanent reports an error marked by Permanent or by core.Permanent:
-// either parks the event.
-func IsPermanent(err error) bool { return errors.Is(err, ErrPermanent) || core.IsPermanent(err) }
+// error as its reason instead of being retried. It is core.Permanent, named
+// here for handler authors: one classifier, core.IsPermanent, decides
+// retry versus park for sinks and handlers alike.
+func Permanent(err error) error { return core.Permanent(err) }
 
 // Option configures one registered handler.
 type Option func(*handlerConfig)

@@ -73,7 +73,7 @@ func (r *Registry) apply(hc *handlerConfig) Handler {
 // event and acknowledges; anything else goes back to Retry.
 func (r *Registry) failed(ctx context.Context, hc *handlerConfig, err error) error {
 	var ae *ApplyError
-	if !errors.As(err, &ae) || !IsPermanent(ae.Err) {
+	if !errors.As(err, &ae) || !core.IsPermanent(ae.Err) {
 		return err
 	}
 	out, perr := r.inbox.ParkPoison(ctx, hc.consumer, hc.ordered, ae.Envelope, ae.Err.Error())

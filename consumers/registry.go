@@ -145,7 +145,7 @@ func (r *Registry) add(consumer, topic string, kind core.Kind, h Handler, opts [
 	// out) and is retried like any other. Permanent errors never get here:
 	// the middleware parks them and acknowledges.
 	retry := r.cfg.Retry
-	retry.ShouldRetry = func(p middleware.RetryParams) bool { return !IsPermanent(p.Err) }
+	retry.ShouldRetry = func(p middleware.RetryParams) bool { return !core.IsPermanent(p.Err) }
 	retry.OnRetryHook = nil
 	wh.AddMiddleware(retry.Middleware, middleware.Recoverer)
 	r.handlers = append(r.handlers, hc)

@@ -24,7 +24,7 @@ func (r *Registry) drain(ctx context.Context, hc *handlerConfig, ref core.Aggreg
 			return
 		}
 		var ae *ApplyError
-		if errors.As(err, &ae) && IsPermanent(ae.Err) {
+		if errors.As(err, &ae) && core.IsPermanent(ae.Err) {
 			out, perr := r.inbox.ParkPoison(ctx, hc.consumer, hc.ordered, ae.Envelope, ae.Err.Error())
 			if perr == nil {
 				r.recorded(hc, out)

@@ -24,10 +24,12 @@ type Sink interface {
 	Close() error
 }
 
-// ErrPermanent marks a failure that retrying cannot fix (a record too large,
-// an unauthorised topic): the relay parks the record's aggregate instead of
-// retrying. Everything not marked permanent is retried with backoff.
-var ErrPermanent = errors.New("permanent sink failure")
+// ErrPermanent marks a failure that retrying cannot fix: a sink's refusal
+// (a record too large, an unauthorised topic), on which the relay parks the
+// record's aggregate, or a consumer handler's (a payload it can never
+// apply), on which the consumer parks the event as poison. Everything not
+// marked permanent is retried with backoff.
+var ErrPermanent = errors.New("permanent failure")
 
 // Permanent wraps err so that IsPermanent reports true for it.
 func Permanent(err error) error {

@@ -8,7 +8,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
-	"github.com/posthorn/posthorn/consumers"
 	"github.com/posthorn/posthorn/consumers/auditlog"
 	"github.com/posthorn/posthorn/core"
 )
@@ -32,7 +31,7 @@ func TestHandleStoresEventsAndRefusesNonJSONForGood(t *testing.T) {
 	}
 	e.EventID, e.Payload = "e2", []byte("not json")
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return auditlog.Handle(ctx, tx, e) })
-	if !consumers.IsPermanent(err) {
+	if !core.IsPermanent(err) {
 		t.Fatalf("non-JSON payload: %v, want a permanent error (parked as poison)", err)
 	}
 }

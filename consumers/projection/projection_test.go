@@ -8,7 +8,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
-	"github.com/posthorn/posthorn/consumers"
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
 )
@@ -45,7 +44,7 @@ func TestHandleSumsDeltasPerCurrencyAndRefusesBadPayloadsForGood(t *testing.T) {
 		"other revision": {Account: "acc", Revision: 9, Currency: "EUR", Delta: "1"},
 		"no currency":    {Account: "acc", Revision: 5, Delta: "1"},
 	} {
-		if err := apply(5, p, core.TypeAccountPosted); !consumers.IsPermanent(err) {
+		if err := apply(5, p, core.TypeAccountPosted); !core.IsPermanent(err) {
 			t.Errorf("%s: %v, want a permanent error", name, err)
 		}
 	}
