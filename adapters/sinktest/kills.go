@@ -19,6 +19,10 @@ import (
 // that start a broker they may kill only for it (t.Name() ends with it).
 const KillCase = "BrokerKillsLoseNoAck"
 
+// midBatchTries is how many Publish calls a kill waits through for one
+// still running when the kill is due.
+const midBatchTries = 10
+
 // KillOptions shape one broker-kill run; the zero value is the
 // conformance case's.
 type KillOptions struct {
@@ -160,15 +164,23 @@ func MeasureKills(t *testing.T, h Harness, o KillOptions) KillReport {
 		p.waitUp(t, o.Up)
 		// Land the kill inside a Publish: wait for one to start, then let
 		// it run a random part of the first half of a typical batch's time.
-		select {
-		case <-p.started:
-		case <-time.After(30 * time.Second):
-			t.Fatalf("no Publish started within 30 s")
-		}
-		// (These sleeps shape the fault; nothing waits on them.)
-		time.Sleep(time.Duration(rand.Int64N(int64(p.typical()/2) + 1)))
-		if p.inflight.Load() {
-			midBatch++
+		// A batch quicker than that has ended by then: wait for the next
+		// one rather than kill between batches, a few times at most.
+		for try := 1; ; try++ {
+			select {
+			case <-p.started:
+			case <-time.After(30 * time.Second):
+				t.Fatalf("no Publish started within 30 s")
+			}
+			// (These sleeps shape the fault; nothing waits on them.)
+			time.Sleep(time.Duration(rand.Int64N(int64(p.typical()/2) + 1)))
+			if p.inflight.Load() {
+				midBatch++
+				break
+			}
+			if try == midBatchTries {
+				break
+			}
 		}
 		restart := h.Kill(t)
 		kills++
