@@ -14,13 +14,13 @@ import (
 	"github.com/posthorn/posthorn/core"
 )
 
-// moveKafkaLeaders moves the leader of every partition of the event topic
+// MoveKafkaLeaders moves the leader of every partition of the event topic
 // on a real Kafka cluster: each partition's replica list is rotated by one
 // (the same replicas, so no data moves; its first, the preferred leader, is
 // the next replica), then the preferred replicas are elected. A partition
 // whose new preferred replica is not in sync keeps its leader (the next
 // move may take it); that is no error.
-func moveKafkaLeaders(ctx context.Context, brokers []string) error {
+func MoveKafkaLeaders(ctx context.Context, brokers []string) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))

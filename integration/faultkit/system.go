@@ -413,7 +413,7 @@ func (s *System) TerminateSessions(ctx context.Context) (int, error) {
 // from a former leader must find the new one.
 func (s *System) MoveLeaders() error {
 	if s.cfg.Kafka != nil {
-		return moveKafkaLeaders(context.Background(), s.Brokers)
+		return MoveKafkaLeaders(context.Background(), s.Brokers)
 	}
 	return s.Broker.Signal(syscall.SIGUSR1)
 }

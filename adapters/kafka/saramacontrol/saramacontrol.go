@@ -2,10 +2,11 @@
 // sarama's SyncProducer with idempotence, WaitForAll, one request in flight,
 // five internal retries and the producer retired after a retryable failure.
 // Under broker SIGKILLs it reports records ACKed that the broker never
-// stored (issue 13; IBM/sarama issue 3354), so it is kept only as the
-// negative control of the broker-kill tests and as the baseline of the
-// drain benchmark. Production code never imports it (a test in
-// adapters/kafka checks the binary's dependencies).
+// stored (IBM/sarama issue 3354), so it is kept only as the negative
+// control of the broker-kill tests and as the baseline of the drain
+// benchmark. NewLeaderAck is a second control, for replicated clusters: the
+// same sink taking the leader's ACK alone. Production code never imports
+// this package (a test in adapters/kafka checks the binary's dependencies).
 package saramacontrol
 
 import (
@@ -37,11 +38,27 @@ var _ core.Sink = (*Sink)(nil)
 
 // New returns the old sink with its exact producer settings.
 func New(brokers []string) (*Sink, error) {
+	return newSink(brokers, func(sc *sarama.Config) {
+		sc.Producer.RequiredAcks = sarama.WaitForAll
+		sc.Producer.Idempotent = true
+	})
+}
+
+// NewLeaderAck returns the sink with the producer settings a replicated
+// cluster's writer must not have: acks=1 (the partition leader alone) and
+// no idempotence, so a record is ACKed before any follower holds it, and a
+// leader that dies right after loses it.
+func NewLeaderAck(brokers []string) (*Sink, error) {
+	return newSink(brokers, func(sc *sarama.Config) {
+		sc.Producer.RequiredAcks = sarama.WaitForLocal
+	})
+}
+
+func newSink(brokers []string, acks func(*sarama.Config)) (*Sink, error) {
 	sc := sarama.NewConfig()
 	sc.ClientID = "posthorn-relay"
 	sc.Producer.Retry.Max = 5
-	sc.Producer.RequiredAcks = sarama.WaitForAll
-	sc.Producer.Idempotent = true
+	acks(sc)
 	sc.Net.MaxOpenRequests = 1
 	sc.Producer.Partitioner = sarama.NewHashPartitioner
 	sc.Producer.Return.Successes = true
