@@ -70,6 +70,11 @@ const TokenHashPrefix = core.TokenHashPrefix
 // LedgerStore implements it). Readers answer core.ErrNotFound for an
 // unknown journal or account; Post answers core.ErrIdempotencyConflict for
 // a key used with a different request.
+//
+// Who may implement it: LedgerStore is the one implementation, and the
+// API's guarantees are proven against it. Another implementation must
+// commit a posting's journal, balances, outbox rows and idempotency key in
+// one transaction, or none of them: the outbox rests on that atomicity.
 type Store interface {
 	Post(ctx context.Context, key string, p core.Posting) (res core.PostingResult, replayed bool, err error)
 	Posting(ctx context.Context, journalID string) (core.CommittedPosting, error)

@@ -11,6 +11,11 @@ import (
 // rows, fenced markers, shard leases and parking. Every method is one short
 // statement or transaction; none holds a transaction across calls, and all
 // are safe for concurrent use.
+//
+// Who may implement it: adapters/postgres.RelayStore is the one
+// implementation the relay's guarantees are proven against. Another must
+// return each shard's rows in the order they were committed, hide none that
+// committed, and mark rows only under the lease it was given.
 type Store interface {
 	// ReadBatchSkipping returns up to perShard unrelayed rows of each shard
 	// in shards, in order, skipping parked aggregates and the rows in skip

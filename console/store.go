@@ -12,6 +12,10 @@ import (
 // the same call as its CLI command (adapters/postgres.ConsoleStore
 // implements it over RelayStore, CDCSource and Inbox), plus the audit log
 // its actions are recorded in.
+//
+// Who may implement it: ConsoleStore alone, so that the console's figures
+// and actions are the CLI's own calls; a second implementation would be a
+// second definition of the same figures, which the console must not have.
 type Store interface {
 	// OutboxStatus is what `posthorn outbox status` shows: backlog, oldest
 	// unrelayed age, shard leases and the relay's parked aggregates.

@@ -10,7 +10,10 @@ import (
 
 // The ops store's port: what the operators' commands read and write in the
 // ledger database (Store) and in a consumer's inbox (Inbox), and the types
-// they exchange. adapters/postgres implements both.
+// they exchange. adapters/postgres implements both, and only it may: a
+// cut's proof, coverage and cleanup's floor are statements about one
+// PostgreSQL snapshot of the ledger, which a second implementation would
+// have to reproduce exactly for reconcile's verdict to mean anything.
 
 // Store is the operators' view of the ledger database: cuts for
 // reconciliation, verified coverage, outbox rows, archive segments, the

@@ -52,11 +52,20 @@ func staticBroker(t *testing.T) (addr string, admin *kgo.Client) {
 	return addr, admin
 }
 
-// joinAndDie makes a member of staticGroup (static with instance, dynamic
-// when it is nil) that takes every partition of staticTopic and then stops
+// memberGroup is a consumer group and the topic its members read.
+type memberGroup struct {
+	topic, group string
+	partitions   int
+}
+
+// staticGroupOf is the static-membership tests' group on the kfake broker.
+var staticGroupOf = memberGroup{staticTopic, staticGroup, staticPartitions}
+
+// joinAndDie makes a member of g's group (static with instance, dynamic
+// when it is nil) that takes every partition of g's topic and then stops
 // without leaving, as a consumer process SIGKILLed in a Stable group. It
 // returns when the broker answered the member's last request.
-func joinAndDie(t *testing.T, addr string, instance *string) {
+func joinAndDie(t *testing.T, addr string, g memberGroup, instance *string) {
 	t.Helper()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(addr))
 	if err != nil {
@@ -64,9 +73,9 @@ func joinAndDie(t *testing.T, addr string, instance *string) {
 	}
 	defer cl.Close()
 	ctx := context.Background()
-	meta := kmsg.ConsumerMemberMetadata{Topics: []string{staticTopic}}
+	meta := kmsg.ConsumerMemberMetadata{Topics: []string{g.topic}}
 	join := kmsg.NewPtrJoinGroupRequest()
-	join.Group, join.InstanceID = staticGroup, instance
+	join.Group, join.InstanceID = g.group, instance
 	join.SessionTimeoutMillis = int32(deadSession.Milliseconds())
 	join.RebalanceTimeoutMillis = int32(deadSession.Milliseconds())
 	join.ProtocolType = "consumer"
@@ -79,13 +88,13 @@ func joinAndDie(t *testing.T, addr string, instance *string) {
 	if err != nil || resp.ErrorCode != 0 || resp.LeaderID != resp.MemberID {
 		t.Fatalf("join of the member that dies: %v, %+v", err, resp)
 	}
-	every := make([]int32, staticPartitions)
+	every := make([]int32, g.partitions)
 	for p := range every {
 		every[p] = int32(p)
 	}
-	all := kmsg.ConsumerMemberAssignment{Topics: []kmsg.ConsumerMemberAssignmentTopic{{Topic: staticTopic, Partitions: every}}}
+	all := kmsg.ConsumerMemberAssignment{Topics: []kmsg.ConsumerMemberAssignmentTopic{{Topic: g.topic, Partitions: every}}}
 	sync := kmsg.NewPtrSyncGroupRequest()
-	sync.Group, sync.Generation, sync.MemberID, sync.InstanceID = staticGroup, resp.Generation, resp.MemberID, instance
+	sync.Group, sync.Generation, sync.MemberID, sync.InstanceID = g.group, resp.Generation, resp.MemberID, instance
 	sync.ProtocolType, sync.Protocol = kmsg.StringPtr("consumer"), kmsg.StringPtr("range")
 	sync.GroupAssignment = []kmsg.SyncGroupRequestGroupAssignment{{MemberID: resp.MemberID, MemberAssignment: all.AppendTo(nil)}}
 	sresp, err := sync.RequestWith(ctx, cl)
@@ -154,12 +163,19 @@ func closedWithin(ch <-chan *message.Message, d time.Duration) bool {
 
 func kafkaSubscriber(t *testing.T, addr string, opts brokers.Options) message.Subscriber {
 	t.Helper()
+	return kafkaSubscriberOf(t, addr, staticGroup, opts)
+}
+
+// kafkaSubscriberOf is the subscriber posthorn consume opens for the
+// consumer named group.
+func kafkaSubscriberOf(t *testing.T, addr, group string, opts brokers.Options) message.Subscriber {
+	t.Helper()
 	opts.Logger = outageLogger()
 	f, err := brokers.Subscribers(brokers.Config{Kind: "kafka", Kafka: phkafka.Config{Brokers: []string{addr}}}, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	sub, err := f(staticGroup)
+	sub, err := f(group)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,7 +191,7 @@ func kafkaSubscriber(t *testing.T, addr string, opts brokers.Options) message.Su
 func TestKafkaStaticMemberTakesItsPartitionsBack(t *testing.T) {
 	addr, admin := staticBroker(t)
 	id := "node-1." + staticTopic // the instance ID of node-1's member on the topic
-	joinAndDie(t, addr, &id)
+	joinAndDie(t, addr, staticGroupOf, &id)
 	died := time.Now()
 	if v := describeGroup(t, admin, staticGroup); v.state != "Stable" || len(v.members) != 1 {
 		t.Fatalf("group with the dead member: %v", v)
@@ -195,7 +211,7 @@ func TestKafkaDynamicMemberWaitsForTheDeadSession(t *testing.T) {
 		t.Skip("waits for a dead member's session")
 	}
 	addr, _ := staticBroker(t)
-	joinAndDie(t, addr, nil)
+	joinAndDie(t, addr, staticGroupOf, nil)
 	died := time.Now()
 	took, _ := firstDelivery(t, kafkaSubscriber(t, addr, brokers.Options{}), died)
 	if took < deadSession/2 {

@@ -14,6 +14,10 @@ import (
 // fenced markers, the slot itself and server checks, and the replication
 // stream. Every method but OpenStream is one short statement and safe for
 // concurrent use.
+//
+// Who may implement it: adapters/postgres.CDCSource alone; the relay's
+// reasoning about slots, confirmed positions and timelines is PostgreSQL's
+// logical replication, not a general stream's.
 type Source interface {
 	// CheckServer reports, wrapped in ErrNotAvailable, why the server cannot
 	// stream the outbox.
