@@ -16,9 +16,10 @@ import (
 //
 // Who may implement it: a store that writes the inbox row, the handler's
 // effect and the position in one transaction of the database the effect is
-// in; without that, one effect per event ID does not hold. Inbox is the
-// one such implementation, and the SQL function posthorn_inbox_receive
-// applies the same rule for consumers outside Go.
+// in; without that, one effect per event ID does not hold.
+// adapters/postgres.Inbox is the one such implementation, and the SQL
+// function posthorn_inbox_receive applies the same rule for consumers
+// outside Go.
 //
 // Every method commits or records nothing. Receive, ReceiveBatch and Drain
 // return *ApplyError when the handler failed (nothing was recorded); any
