@@ -68,7 +68,11 @@ func (c *Cluster) Name() string {
 	if c.External() {
 		return "external Kafka cluster " + strings.Join(c.Brokers, ",")
 	}
-	return fmt.Sprintf("Apache Kafka %s, %d KRaft nodes", Version, len(c.Nodes))
+	nodes := "nodes"
+	if len(c.Nodes) == 1 {
+		nodes = "node"
+	}
+	return fmt.Sprintf("Apache Kafka %s, %d KRaft %s", Version, len(c.Nodes), nodes)
 }
 
 // Options configure New.
