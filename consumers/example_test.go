@@ -28,7 +28,7 @@ func ExampleRegistry() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	var sub message.Subscriber // e.g. brokers.KafkaSubscriber(brokers, "invoices", logger)
+	var sub message.Subscriber // e.g. kafkagroup.Subscriber(brokers, "invoices", logger)
 	reg, err := consumers.New(router, consumers.Config{
 		Pool:        pool,
 		Inbox:       postgres.NewInbox(pool),

@@ -14,8 +14,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
-	phbrokers "github.com/posthorn/posthorn/adapters/brokers"
 	"github.com/posthorn/posthorn/adapters/kafka"
+	"github.com/posthorn/posthorn/adapters/kafka/kafkagroup"
 	"github.com/posthorn/posthorn/adapters/kfakebroker"
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
@@ -57,11 +57,11 @@ func BenchmarkConsumerApply(b *testing.B) {
 	relayBacklog(b, ctx, brokers, "capply", consumerBenchAccounts, consumerBenchPerAccount)
 
 	ours := func(group string) (message.Subscriber, error) {
-		return phbrokers.KafkaSubscriber(brokers, group, nil)
+		return kafkagroup.Subscriber(brokers, group, nil)
 	}
 	stockSub := func(group string) (message.Subscriber, error) {
 		return wmkafka.NewSubscriber(wmkafka.SubscriberConfig{Brokers: brokers, Unmarshaler: wmkafka.DefaultMarshaler{},
-			OverwriteSaramaConfig: phbrokers.KafkaSaramaConfig(), ConsumerGroup: group}, watermill.NopLogger{})
+			OverwriteSaramaConfig: kafkagroup.SaramaConfig(), ConsumerGroup: group}, watermill.NopLogger{})
 	}
 	both := benchConsumers(b, ctx, "both", []string{projection.Name, auditlog.Name}, consumerBenchEvents, benchRun{subscriber: ours})
 	alone := benchConsumers(b, ctx, "alone", []string{projection.Name}, consumerBenchEvents, benchRun{subscriber: ours})

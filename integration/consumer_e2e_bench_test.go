@@ -16,8 +16,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
-	phbrokers "github.com/posthorn/posthorn/adapters/brokers"
 	"github.com/posthorn/posthorn/adapters/kafka"
+	"github.com/posthorn/posthorn/adapters/kafka/kafkagroup"
 	"github.com/posthorn/posthorn/adapters/kfakebroker"
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
@@ -48,7 +48,7 @@ func (c *effectClock) middleware(h message.HandlerFunc) message.HandlerFunc {
 		if err == nil {
 			now := time.Now()
 			consumer := message.HandlerNameFromCtx(msg.Context())
-			ts, hasTS := phbrokers.RecordTimestamp(msg.Context())
+			ts, hasTS := kafkagroup.RecordTimestamp(msg.Context())
 			c.mu.Lock()
 			if _, ok := c.broker[msg.UUID]; !ok && hasTS {
 				c.broker[msg.UUID] = ts
@@ -125,7 +125,7 @@ func startE2EPath(b *testing.B, ctx context.Context) *e2ePath {
 	clock := &effectClock{seen: map[string]map[string]time.Time{}, broker: map[string]time.Time{}}
 	reg := newRegistry(b, pool, 30*time.Second, consumers.Config{Logger: relayQuietLog,
 		Subscribers: func(consumer string) (message.Subscriber, error) {
-			return phbrokers.KafkaSubscriber(brokers, consumer, nil)
+			return kafkagroup.Subscriber(brokers, consumer, nil)
 		}}, clock.middleware)
 	if err := projection.Register(reg, core.TopicEvents); err != nil {
 		b.Fatal(err)

@@ -19,7 +19,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"go.opentelemetry.io/otel/trace"
 
-	phbrokers "github.com/posthorn/posthorn/adapters/brokers"
+	"github.com/posthorn/posthorn/adapters/kafka/kafkagroup"
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/consumers"
@@ -106,7 +106,7 @@ func kfakeTransport(t *testing.T) consumerTransport {
 				// partition over while the old owner is still handling it.
 				group = fmt.Sprintf("%s-instance-%d", consumer, instance)
 			}
-			sub, err := phbrokers.KafkaSubscriber(brokers, group, watermill.NopLogger{})
+			sub, err := kafkagroup.Subscriber(brokers, group, watermill.NopLogger{})
 			if err != nil {
 				t.Fatal(err)
 			}

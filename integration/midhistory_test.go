@@ -11,7 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/posthorn/posthorn/adapters/brokers"
+	"github.com/posthorn/posthorn/adapters/kafka/kafkagroup"
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
@@ -94,7 +94,7 @@ func (m *midHistory) startProjection(t *testing.T, pool *pgxpool.Pool, hold time
 	t.Helper()
 	group := fmt.Sprintf("%s-%p", t.Name(), pool)
 	factory := func(string) (message.Subscriber, error) {
-		return brokers.KafkaSubscriber(m.b.addrs, group, watermill.NopLogger{})
+		return kafkagroup.Subscriber(m.b.addrs, group, watermill.NopLogger{})
 	}
 	reg := newRegistry(t, pool, 10*time.Second, consumers.Config{Subscribers: factory, Registerer: prometheus.NewRegistry(), HoldTime: hold})
 	for _, topic := range topics {

@@ -24,7 +24,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
-	phbrokers "github.com/posthorn/posthorn/adapters/brokers"
+	"github.com/posthorn/posthorn/adapters/kafka/kafkagroup"
 	"github.com/posthorn/posthorn/adapters/kafka/kafkatest"
 	"github.com/posthorn/posthorn/adapters/memory"
 	"github.com/posthorn/posthorn/adapters/postgres"
@@ -124,7 +124,7 @@ func (r *traceRig) post(t *testing.T) core.PostingResult {
 func (r *traceRig) startConsumer(t *testing.T) *consumerRig {
 	t.Helper()
 	tr := consumerTransport{name: "kfake", subscriber: func(t *testing.T, consumer string, _ int) message.Subscriber {
-		sub, err := phbrokers.KafkaSubscriber(r.broker.addrs, consumer, watermill.NopLogger{})
+		sub, err := kafkagroup.Subscriber(r.broker.addrs, consumer, watermill.NopLogger{})
 		if err != nil {
 			t.Fatal(err)
 		}

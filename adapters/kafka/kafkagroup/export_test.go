@@ -1,4 +1,4 @@
-package brokers
+package kafkagroup
 
 // IgnoreFenced switches the fenced member's stop off (true) for a negative
 // control, and back on.

@@ -1,4 +1,4 @@
-package brokers_test
+package kafkagroup_test
 
 import (
 	"context"
@@ -12,8 +12,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kfake"
 
-	"github.com/posthorn/posthorn/adapters/brokers"
 	phkafka "github.com/posthorn/posthorn/adapters/kafka"
+	"github.com/posthorn/posthorn/adapters/kafka/kafkagroup"
 )
 
 func TestKafkaOffsetLag(t *testing.T) {
@@ -33,8 +33,8 @@ func TestKafkaOffsetLag(t *testing.T) {
 		}
 	}
 	reg := prometheus.NewRegistry()
-	f, err := brokers.Subscribers(brokers.Config{Kind: "kafka", Kafka: phkafka.Config{Brokers: cluster.ListenAddrs()}},
-		brokers.Options{Registerer: reg, LagInterval: 20 * time.Millisecond})
+	f, err := kafkagroup.Factory(cluster.ListenAddrs(), phkafka.Security{},
+		kafkagroup.Options{Registerer: reg, LagInterval: 20 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

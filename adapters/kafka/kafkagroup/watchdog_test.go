@@ -1,4 +1,4 @@
-package brokers_test
+package kafkagroup_test
 
 import (
 	"context"
@@ -14,8 +14,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/posthorn/posthorn/adapters/brokers"
 	phkafka "github.com/posthorn/posthorn/adapters/kafka"
+	"github.com/posthorn/posthorn/adapters/kafka/kafkagroup"
 )
 
 const (
@@ -244,8 +244,8 @@ func TestKafkaConsumerRejoinsPastAGhostMember(t *testing.T) {
 
 func rejoinPastAGhost(t *testing.T, instanceID string) {
 	b := startGhostBroker(t)
-	f, err := brokers.Subscribers(brokers.Config{Kind: "kafka", Kafka: phkafka.Config{Brokers: []string{b.addr}}},
-		brokers.Options{Logger: outageLogger(), StallAfter: 2 * time.Second, InstanceID: instanceID})
+	f, err := kafkagroup.Factory([]string{b.addr}, phkafka.Security{},
+		kafkagroup.Options{Logger: outageLogger(), StallAfter: 2 * time.Second, InstanceID: instanceID})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -285,7 +285,7 @@ func TestKafkaGhostMemberStallsWithoutRejoin(t *testing.T) {
 	}
 	b := startGhostBroker(t)
 	sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{Brokers: []string{b.addr}, Unmarshaler: kafka.DefaultMarshaler{},
-		OverwriteSaramaConfig: brokers.KafkaSaramaConfig(), ConsumerGroup: ghostGroup}, outageLogger())
+		OverwriteSaramaConfig: kafkagroup.SaramaConfig(), ConsumerGroup: ghostGroup}, outageLogger())
 	if err != nil {
 		t.Fatal(err)
 	}

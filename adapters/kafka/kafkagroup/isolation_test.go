@@ -1,4 +1,4 @@
-package brokers_test
+package kafkagroup_test
 
 import (
 	"context"
@@ -11,8 +11,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/posthorn/posthorn/adapters/brokers"
 	phkafka "github.com/posthorn/posthorn/adapters/kafka"
+	"github.com/posthorn/posthorn/adapters/kafka/kafkagroup"
 )
 
 // produceTxn writes msgs to topic in watermill-kafka's format in one Kafka
@@ -70,8 +70,8 @@ func TestKafkaReadCommittedSubscriberSkipsAbortedRecords(t *testing.T) {
 		open func([]string, string, watermill.LoggerAdapter, ...phkafka.Security) (message.Subscriber, error)
 		want []string
 	}{
-		{"read_committed", brokers.KafkaReadCommittedSubscriber, []string{"committed-1", "committed-2"}},
-		{"read_uncommitted", brokers.KafkaSubscriber, []string{"committed-1", "aborted-1", "aborted-2", "committed-2"}},
+		{"read_committed", kafkagroup.ReadCommittedSubscriber, []string{"committed-1", "committed-2"}},
+		{"read_uncommitted", kafkagroup.Subscriber, []string{"committed-1", "aborted-1", "aborted-2", "committed-2"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			sub, err := tc.open(addrs, "group-"+tc.name, watermill.NopLogger{})

@@ -1,4 +1,15 @@
-package brokers
+// Package kafkagroup is the consumers' Kafka subscriber: a sarama
+// consumer-group member per consumer and topic that delivers Watermill
+// messages (watermill-kafka's marshaling, the one the relay's Kafka sink
+// writes with) with pipelined acknowledgements, commits only acknowledged
+// prefixes of a partition, re-joins a group whose partition stays behind
+// with no commit (the watchdog), supports static membership, and measures
+// its offset lag.
+//
+// Invariant: a committed offset never passes a message whose
+// acknowledgement has not arrived, so a crash re-delivers and never skips;
+// the inbox behind the subscriber absorbs the repeats.
+package kafkagroup
 
 import (
 	"errors"
@@ -15,11 +26,39 @@ import (
 	"github.com/posthorn/posthorn/consumers"
 )
 
-// KafkaSaramaConfig is the sarama configuration of the Kafka subscribers:
+// Options are what a Kafka subscriber needs beyond its brokers.
+type Options struct {
+	// Logger is Watermill's; nil discards.
+	Logger watermill.LoggerAdapter
+	// Registerer, when set, receives posthorn_consumer_offset_lag and
+	// posthorn_consumer_group_rejoins_total.
+	Registerer prometheus.Registerer
+	// LagInterval is how often the lag is measured (DefaultLagInterval).
+	LagInterval time.Duration
+	// StallAfter is how long a partition may stay behind with no commit
+	// before the consumer re-joins its group (DefaultStallAfter).
+	StallAfter time.Duration
+	// InstanceID, when set, makes the subscribers static members of their
+	// groups (KIP-345) with the instance ID "<InstanceID>.<topic>": a
+	// process restarted with the same InstanceID within the session
+	// timeout gets its partitions back without a rebalance, where a new
+	// dynamic member waits for the dead one's session to time out and a
+	// rebalance. A static member does not leave its group when it closes
+	// (its partitions wait for it, up to the session timeout). Every
+	// process needs its own InstanceID. Needs Kafka 2.4 or later.
+	InstanceID string
+	// Fenced is called (once a member) when a static member is fenced
+	// because another one joined with its instance ID: it stops
+	// consuming, and the process should stop rather than take the ID back
+	// in turn. Nil logs the error only.
+	Fenced func(error)
+}
+
+// SaramaConfig is the sarama configuration of the Kafka subscribers:
 // Watermill's default with the initial offset set to the oldest record,
 // because Watermill's default (newest) makes a consumer group that joins
 // late miss everything published before it (field-notes.md).
-func KafkaSaramaConfig() *sarama.Config {
+func SaramaConfig() *sarama.Config {
 	c := wmkafka.DefaultSaramaSubscriberConfig()
 	c.Consumer.Offsets.Initial = sarama.OffsetOldest
 	// A JoinGroup may block for the whole rebalance timeout while the
@@ -38,7 +77,7 @@ func KafkaSaramaConfig() *sarama.Config {
 	return c
 }
 
-// KafkaSubscriber returns the Kafka subscriber of one consumer: a sarama
+// Subscriber returns the Kafka subscriber of one consumer: a sarama
 // consumer-group member (group = the consumer's name, oldest offset first)
 // that delivers up to DefaultInFlight messages per partition ahead of their
 // acknowledgements and commits only acknowledged prefixes (member), reads
@@ -47,17 +86,17 @@ func KafkaSaramaConfig() *sarama.Config {
 // group when a partition stops being delivered (groupSubscriber, after
 // DefaultStallAfter).
 // sec, when given, sets the connections' TLS and SASL (phkafka.Security).
-func KafkaSubscriber(brokers []string, consumer string, logger watermill.LoggerAdapter, sec ...phkafka.Security) (message.Subscriber, error) {
+func Subscriber(brokers []string, consumer string, logger watermill.LoggerAdapter, sec ...phkafka.Security) (message.Subscriber, error) {
 	return kafkaGroupSubscriber(brokers, consumer, Options{Logger: logger}, nil, false, sec...)
 }
 
-// KafkaReadCommittedSubscriber is KafkaSubscriber reading with
+// ReadCommittedSubscriber is Subscriber reading with
 // read_committed: what a router without Posthorn's inbox needs on a topic
 // written in exactly-once mode. A read_uncommitted reader of such a topic
 // also receives the records of aborted transactions, which are sent again
 // in a later one: the inbox absorbs them as duplicates, other handlers see
 // repeats.
-func KafkaReadCommittedSubscriber(brokers []string, consumer string, logger watermill.LoggerAdapter, sec ...phkafka.Security) (message.Subscriber, error) {
+func ReadCommittedSubscriber(brokers []string, consumer string, logger watermill.LoggerAdapter, sec ...phkafka.Security) (message.Subscriber, error) {
 	return kafkaGroupSubscriber(brokers, consumer, Options{Logger: logger}, nil, true, sec...)
 }
 
@@ -72,7 +111,7 @@ func kafkaGroupSubscriber(brokers []string, consumer string, opts Options, rejoi
 	if len(brokers) == 0 {
 		return nil, errors.New("kafka subscriber of " + consumer + ": no brokers")
 	}
-	sc := KafkaSaramaConfig()
+	sc := SaramaConfig()
 	if readCommitted {
 		sc.Consumer.IsolationLevel = sarama.ReadCommitted
 	}
@@ -93,18 +132,18 @@ func kafkaGroupSubscriber(brokers []string, consumer string, opts Options, rejoi
 	return newGroupSubscriber(brokers, consumer, sc, opts, rejoins), nil
 }
 
-// kafkaSubscribers gives each consumer a group subscriber of its own on
-// c.Kafka's brokers, with its TLS and SASL; with a Registerer, its re-joins
+// Factory gives each consumer a group subscriber of its own on brokers,
+// with sec's TLS and SASL; with a Registerer, its re-joins
 // are counted and its offset lag measured. They read read_uncommitted also
 // when the relay writes in exactly-once mode: behind the inbox an aborted
 // copy is a duplicate like any other (its event is committed in the ledger,
 // and the committed copy follows with the same event ID), and they need not
 // wait for the stable offset.
-func kafkaSubscribers(c Config, opts Options) (consumers.SubscriberFactory, error) {
-	if len(c.Kafka.Brokers) == 0 {
+func Factory(brokers []string, sec phkafka.Security, opts Options) (consumers.SubscriberFactory, error) {
+	if len(brokers) == 0 {
 		return nil, errors.New("kafka subscribers: no brokers")
 	}
-	brokers, sec := slices.Clone(c.Kafka.Brokers), c.Kafka.Security
+	brokers = slices.Clone(brokers)
 	return func(consumer string) (message.Subscriber, error) {
 		var rejoins prometheus.Counter
 		if opts.Registerer != nil {

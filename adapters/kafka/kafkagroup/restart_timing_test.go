@@ -1,4 +1,4 @@
-package brokers_test
+package kafkagroup_test
 
 import (
 	"context"
@@ -13,8 +13,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/posthorn/posthorn/adapters/brokers"
 	"github.com/posthorn/posthorn/adapters/kafka/kafkacluster"
+	"github.com/posthorn/posthorn/adapters/kafka/kafkagroup"
 )
 
 // restartBacklog is the records a restarted consumer catches up on.
@@ -54,7 +54,7 @@ func TestKafkaConsumerRestartTimings(t *testing.T) {
 				g := memberGroup{topic: "restart." + mode, group: "restart-" + mode, partitions: 3}
 				fillPartitions(t, b.addr, g, restartBacklog)
 				var instance *string
-				var opts brokers.Options
+				var opts kafkagroup.Options
 				if static {
 					id := "node-1." + g.topic // the member's instance ID on the topic
 					instance, opts.InstanceID = &id, "node-1"

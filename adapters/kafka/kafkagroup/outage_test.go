@@ -1,4 +1,4 @@
-package brokers_test
+package kafkagroup_test
 
 import (
 	"bufio"
@@ -17,7 +17,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/posthorn/posthorn/adapters/brokers"
+	"github.com/posthorn/posthorn/adapters/kafka/kafkagroup"
 	"github.com/posthorn/posthorn/adapters/kfakebroker"
 )
 
@@ -42,7 +42,7 @@ func TestKafkaOutageHelper(t *testing.T) {
 	if addr == "" {
 		t.Skip("helper process only")
 	}
-	sc := brokers.KafkaSaramaConfig()
+	sc := kafkagroup.SaramaConfig()
 	if d := os.Getenv("POSTHORN_OUTAGE_REBALANCE_TIMEOUT"); d != "" {
 		sc.Consumer.Group.Rebalance.Timeout, _ = time.ParseDuration(d)
 	}

@@ -1,4 +1,4 @@
-package brokers_test
+package kafkagroup_test
 
 import (
 	"context"
@@ -14,8 +14,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/posthorn/posthorn/adapters/brokers"
 	phkafka "github.com/posthorn/posthorn/adapters/kafka"
+	"github.com/posthorn/posthorn/adapters/kafka/kafkagroup"
 )
 
 const (
@@ -136,13 +136,13 @@ func firstDelivery(t *testing.T, sub message.Subscriber, since time.Time) (time.
 func fencedScenario(t *testing.T, addr string) (<-chan *message.Message, *atomic.Int32, *atomic.Int32) {
 	t.Helper()
 	var first, second atomic.Int32
-	_, ch := firstDelivery(t, kafkaSubscriber(t, addr, brokers.Options{InstanceID: "node-1", Fenced: func(err error) {
+	_, ch := firstDelivery(t, kafkaSubscriber(t, addr, kafkagroup.Options{InstanceID: "node-1", Fenced: func(err error) {
 		if !strings.Contains(err.Error(), "node-1."+staticTopic) {
 			t.Errorf("fenced error %q does not name the instance ID", err)
 		}
 		first.Add(1)
 	}}), time.Now())
-	firstDelivery(t, kafkaSubscriber(t, addr, brokers.Options{InstanceID: "node-1", Fenced: func(error) { second.Add(1) }}), time.Now())
+	firstDelivery(t, kafkaSubscriber(t, addr, kafkagroup.Options{InstanceID: "node-1", Fenced: func(error) { second.Add(1) }}), time.Now())
 	return ch, &first, &second
 }
 
@@ -161,17 +161,17 @@ func closedWithin(ch <-chan *message.Message, d time.Duration) bool {
 	}
 }
 
-func kafkaSubscriber(t *testing.T, addr string, opts brokers.Options) message.Subscriber {
+func kafkaSubscriber(t *testing.T, addr string, opts kafkagroup.Options) message.Subscriber {
 	t.Helper()
 	return kafkaSubscriberOf(t, addr, staticGroup, opts)
 }
 
 // kafkaSubscriberOf is the subscriber posthorn consume opens for the
 // consumer named group.
-func kafkaSubscriberOf(t *testing.T, addr, group string, opts brokers.Options) message.Subscriber {
+func kafkaSubscriberOf(t *testing.T, addr, group string, opts kafkagroup.Options) message.Subscriber {
 	t.Helper()
 	opts.Logger = outageLogger()
-	f, err := brokers.Subscribers(brokers.Config{Kind: "kafka", Kafka: phkafka.Config{Brokers: []string{addr}}}, opts)
+	f, err := kafkagroup.Factory([]string{addr}, phkafka.Security{}, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -196,7 +196,7 @@ func TestKafkaStaticMemberTakesItsPartitionsBack(t *testing.T) {
 	if v := describeGroup(t, admin, staticGroup); v.state != "Stable" || len(v.members) != 1 {
 		t.Fatalf("group with the dead member: %v", v)
 	}
-	took, _ := firstDelivery(t, kafkaSubscriber(t, addr, brokers.Options{InstanceID: "node-1"}), died)
+	took, _ := firstDelivery(t, kafkaSubscriber(t, addr, kafkagroup.Options{InstanceID: "node-1"}), died)
 	if took >= deadSession {
 		t.Fatalf("the restarted static member got its first message %s after the death, not before the dead session (%s) ran out", took, deadSession)
 	}
@@ -213,7 +213,7 @@ func TestKafkaDynamicMemberWaitsForTheDeadSession(t *testing.T) {
 	addr, _ := staticBroker(t)
 	joinAndDie(t, addr, staticGroupOf, nil)
 	died := time.Now()
-	took, _ := firstDelivery(t, kafkaSubscriber(t, addr, brokers.Options{}), died)
+	took, _ := firstDelivery(t, kafkaSubscriber(t, addr, kafkagroup.Options{}), died)
 	if took < deadSession/2 {
 		t.Fatalf("the dynamic successor got a message %s after the death: the dead member's session did not hold the group, no wait to control for", took)
 	}
@@ -245,8 +245,8 @@ func TestKafkaStaticMemberFencedStops(t *testing.T) {
 // it keeps trying to join under the ID it lost, delivering nothing, and
 // nothing reports it: its process would run on unnoticed.
 func TestKafkaFencedMemberWithoutStopControl(t *testing.T) {
-	brokers.IgnoreFenced(true)
-	t.Cleanup(func() { brokers.IgnoreFenced(false) })
+	kafkagroup.IgnoreFenced(true)
+	t.Cleanup(func() { kafkagroup.IgnoreFenced(false) })
 	addr, admin := staticBroker(t)
 	ch, first, _ := fencedScenario(t, addr)
 	if closedWithin(ch, 8*time.Second) { // four heartbeats and re-joins
