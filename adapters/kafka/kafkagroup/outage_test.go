@@ -174,6 +174,8 @@ func TestKafkaConsumerSurvivesBrokerRestart(t *testing.T) {
 			_ = pub.Close()
 		}
 	}()
+	// The sleeps below pace the fault (load, outage, restarts under load);
+	// nothing waits on them: the delivery check after them is the wait.
 	time.Sleep(3 * time.Second)
 	b.Close()
 	time.Sleep(3 * time.Second)
