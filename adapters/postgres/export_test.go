@@ -3,8 +3,19 @@ package postgres
 import (
 	"context"
 
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/pressly/goose/v3"
 )
+
+// NewLedgerStoreWithSchemaForBench is NewLedgerStore writing its outbox
+// through schema instead of OutboxSchema: the write benchmark's baselines
+// (the journal alone, Watermill's stock schema) on the very same path.
+func NewLedgerStoreWithSchemaForBench(pool *pgxpool.Pool, schema wsql.SchemaAdapter) *LedgerStore {
+	s := NewLedgerStore(pool, LedgerConfig{})
+	s.schema = schema
+	return s
+}
 
 // ScramVerifierForTest exposes scramVerifier with a given salt, so a test
 // can compare it with the verifier PostgreSQL computes.

@@ -16,32 +16,11 @@ import (
 	"github.com/posthorn/posthorn/core"
 )
 
-// OutboxMode selects how LedgerStore writes a posting's outbox rows. Only
-// OutboxPosthorn is for production; the others exist so the benchmark can
-// measure the outbox's cost on the very same write path.
-type OutboxMode int
-
-const (
-	// OutboxPosthorn writes the outbox table through Watermill's SQL
-	// publisher and OutboxSchema. The zero value.
-	OutboxPosthorn OutboxMode = iota
-	// OutboxNone writes no outbox rows: the "journal alone" baseline.
-	// Measurement only: postings written so are never published.
-	OutboxNone
-	// OutboxWatermillStock writes through watermill-sql's
-	// DefaultPostgreSQLSchema into its per-topic tables, which must exist
-	// beforehand (StockOutboxTables). Measurement only: the bridge does
-	// not read those tables.
-	OutboxWatermillStock
-)
-
 // LedgerConfig configures a LedgerStore. The zero value is production.
 type LedgerConfig struct {
 	// CommandTopicPrefix prefixes a command's service in its topic;
 	// default core.CommandTopicPrefix ("commands.").
 	CommandTopicPrefix string
-	// Outbox selects the outbox writer; see OutboxMode.
-	Outbox OutboxMode
 	// Logger receives Watermill's publisher logs; default none.
 	Logger watermill.LoggerAdapter
 	// MetadataAllowlist names the posting metadata keys that travel with
@@ -89,8 +68,10 @@ func (s *LedgerStore) wireMetadata(md map[string]string) (map[string]string, err
 // LedgerStore writes postings and reads them back. It is safe for
 // concurrent use; every Post is one transaction on its own connection.
 type LedgerStore struct {
-	pool   *pgxpool.Pool
-	cfg    LedgerConfig
+	pool *pgxpool.Pool
+	cfg  LedgerConfig
+	// schema is OutboxSchema; the write benchmark swaps it for its
+	// baselines.
 	schema wsql.SchemaAdapter
 	waker  *RelayWaker
 }
@@ -107,14 +88,7 @@ func NewLedgerStore(pool *pgxpool.Pool, cfg LedgerConfig) *LedgerStore {
 	if cfg.MetadataMaxBytes <= 0 {
 		cfg.MetadataMaxBytes = core.DefaultMetadataMaxBytes
 	}
-	s := &LedgerStore{pool: pool, cfg: cfg, waker: NewRelayWaker(pool)}
-	switch cfg.Outbox {
-	case OutboxPosthorn:
-		s.schema = OutboxSchema{}
-	case OutboxWatermillStock:
-		s.schema = wsql.DefaultPostgreSQLSchema{}
-	}
-	return s
+	return &LedgerStore{pool: pool, cfg: cfg, schema: OutboxSchema{}, waker: NewRelayWaker(pool)}
 }
 
 // errKeyTaken means the final insert found the idempotency key taken: the

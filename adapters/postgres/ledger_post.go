@@ -75,7 +75,7 @@ func (s *LedgerStore) post(ctx context.Context, key string, hash [32]byte, p cor
 	// round trip with step 3 and the COMMIT, in this order, and an error in
 	// any of them aborts the transaction before the journal is written.
 	final := &pgx.Batch{}
-	if err := s.writeOutbox(ctx, &pipelinedTx{batch: final}, res, lines, p.Commands, wireMD, traceMD); err != nil {
+	if err := s.writeOutbox(ctx, batchExecutor{final}, res, lines, p.Commands, wireMD, traceMD); err != nil {
 		return core.PostingResult{}, err
 	}
 	outboxStatements := final.Len()
@@ -87,9 +87,7 @@ func (s *LedgerStore) post(ctx context.Context, key string, hash [32]byte, p cor
 	if err != nil {
 		return core.PostingResult{}, err
 	}
-	if s.schema != nil {
-		s.waker.Wake()
-	}
+	s.waker.Wake()
 	res.Sequence = sequence
 	return res, nil
 }
@@ -324,34 +322,42 @@ func sendFinal(ctx context.Context, tx connTx, final *pgx.Batch, outboxStatement
 // BEGIN and the COMMIT it sends itself.
 type connTx struct{ *pgx.Conn }
 
-// pipelinedTx is the transaction handed to Watermill's SQL publisher: its
-// Exec queues the statement on batch instead of sending it, so the outbox
-// INSERTs cost no round trip of their own. The publisher ignores Exec's
-// command tag; the statement's error surfaces when the batch is sent, still
-// inside the transaction, and fails the posting. The publisher calls
-// nothing else (watermill-sql v4's Publisher.Publish only executes the
-// adapter's insert), so the embedded pgx.Tx is nil: any other call would
-// panic in the ledger tests at once.
-type pipelinedTx struct {
-	pgx.Tx
-	batch *pgx.Batch
+// batchExecutor is what Watermill's SQL publisher writes the outbox
+// through: its ExecContext queues the adapter's INSERT on the posting's
+// final batch instead of sending it, so the outbox rows cost no round trip
+// of their own, and the statement's error surfaces when the batch is sent,
+// still inside the transaction, and fails the posting. The publisher only
+// executes; a query has nothing to answer from a batch not yet sent, so
+// QueryContext refuses.
+type batchExecutor struct{ batch *pgx.Batch }
+
+var _ wsql.ContextExecutor = batchExecutor{}
+
+// errQueuedOnly is what a batchExecutor answers where it would need the
+// batch's results before the batch is sent.
+var errQueuedOnly = errors.New("the outbox executor queues statements on the posting's batch: their results come when the batch is sent")
+
+func (e batchExecutor) ExecContext(_ context.Context, query string, args ...any) (wsql.Result, error) {
+	e.batch.Queue(query, args...)
+	return queued{}, nil
 }
 
-func (t *pipelinedTx) Exec(_ context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	t.batch.Queue(sql, args...)
-	return pgconn.CommandTag{}, nil
+func (batchExecutor) QueryContext(context.Context, string, ...any) (wsql.Rows, error) {
+	return nil, errQueuedOnly
 }
+
+// queued is the result of a statement queued, not yet sent.
+type queued struct{}
+
+func (queued) RowsAffected() (int64, error) { return 0, errQueuedOnly }
 
 // writeOutbox publishes the posting's events and commands through
-// Watermill's SQL publisher on tx. Events go in one Publish (one INSERT);
+// Watermill's SQL publisher on exec. Events go in one Publish (one INSERT);
 // commands in one Publish per topic, in request order within it. Events
 // carry the headers md (allow-listed metadata and the trace context);
 // commands carry only the trace context, tc.
-func (s *LedgerStore) writeOutbox(ctx context.Context, tx pgx.Tx, res core.PostingResult, lines []line, cmds []core.CommandSpec, md, tc map[string]string) error {
-	if s.schema == nil {
-		return nil // OutboxNone: measurement only
-	}
-	pub, err := wsql.NewPublisher(wsql.TxFromPgx(tx), wsql.PublisherConfig{SchemaAdapter: s.schema}, s.cfg.Logger)
+func (s *LedgerStore) writeOutbox(ctx context.Context, exec batchExecutor, res core.PostingResult, lines []line, cmds []core.CommandSpec, md, tc map[string]string) error {
+	pub, err := wsql.NewPublisher(exec, wsql.PublisherConfig{SchemaAdapter: s.schema}, s.cfg.Logger)
 	if err != nil {
 		return fmt.Errorf("outbox publisher: %w", err)
 	}
