@@ -98,18 +98,7 @@ func startE2EPath(b *testing.B, ctx context.Context) *e2ePath {
 	brokers := benchKfake(b, kfakebroker.DefaultPartitions)
 	ledgerURL, _ := pgtest.Ledger(b)
 	apiPool := pgtest.Pool(b, faultkit.WithAppName(ledgerURL, e2eAppAPI), 16)
-	srv, err := api.New(api.Config{Logger: relayQuietLog}, postgres.NewLedgerStore(apiPool, postgres.LedgerConfig{}))
-	if err != nil {
-		b.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	apiCtx, stopAPI := context.WithCancel(ctx)
-	apiDone := make(chan error, 1)
-	go func() { apiDone <- srv.Serve(apiCtx, ln) }()
-	b.Cleanup(func() { stopAPI(); <-apiDone })
+	url := serveAPI(b, ctx, apiPool)
 
 	relayPool := pgtest.Pool(b, faultkit.WithAppName(ledgerURL, e2eAppRelay), 4)
 	sink := sinktest.Open(b, kafka.New, kafka.Config{Brokers: brokers})
@@ -134,7 +123,7 @@ func startE2EPath(b *testing.B, ctx context.Context) *e2ePath {
 		b.Fatal(err)
 	}
 	runRegistry(b, reg, b.Logf)
-	return &e2ePath{url: "http://" + ln.Addr().String(), ledger: apiPool, consumer: pool, consumerDB: consumerDB, reg: reg, clock: clock}
+	return &e2ePath{url: url, ledger: apiPool, consumer: pool, consumerDB: consumerDB, reg: reg, clock: clock}
 }
 
 // apiAlone starts the Posting API on a ledger of its own, with no relay
@@ -142,6 +131,13 @@ func startE2EPath(b *testing.B, ctx context.Context) *e2ePath {
 func apiAlone(b *testing.B, ctx context.Context) string {
 	b.Helper()
 	_, pool := pgtest.Ledger(b)
+	return serveAPI(b, ctx, pool)
+}
+
+// serveAPI serves the Posting API on pool's ledger until the benchmark
+// ends and returns its URL.
+func serveAPI(b *testing.B, ctx context.Context, pool *pgxpool.Pool) string {
+	b.Helper()
 	srv, err := api.New(api.Config{Logger: relayQuietLog}, postgres.NewLedgerStore(pool, postgres.LedgerConfig{}))
 	if err != nil {
 		b.Fatal(err)

@@ -3,7 +3,6 @@ package integration
 import (
 	"context"
 	"fmt"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -56,36 +55,10 @@ func drainThroughApacheFaults(t *testing.T, k *kafkacluster.Cluster, name string
 		BatchSize: 1000, RetryInitial: 20 * time.Millisecond, RetryMax: 500 * time.Millisecond,
 	})
 	defer r.Stop(ctx)
-	pending := func() int {
-		var n int
-		if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox_pending`).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
+	pending := func() int { return bridgetest.Unrelayed(t, pool) }
 
 	// Live postings beside the backlog, on accounts of their own.
-	var mu sync.Mutex
-	stopPosting := make(chan struct{})
-	postingDone := make(chan struct{})
-	go func() {
-		defer close(postingDone)
-		for i := 0; ; i++ {
-			select {
-			case <-stopPosting:
-				return
-			default:
-			}
-			p, err := bridgetest.Commit(ctx, pool, fmt.Sprintf("acc-%s-live-%d", name, i%23), fmt.Sprintf("acc-%s-live-%d", name, (i+7)%23))
-			if err != nil {
-				t.Errorf("post: %v", err)
-				return
-			}
-			mu.Lock()
-			d.posted += len(p)
-			mu.Unlock()
-		}
-	}()
+	stopPosting := livePostings(t, pool, name+"-live")
 
 	for i := range faults {
 		if pending() > 0 {
@@ -102,8 +75,7 @@ func drainThroughApacheFaults(t *testing.T, k *kafkacluster.Cluster, name string
 			t.Fatal(err)
 		}
 	}
-	close(stopPosting)
-	<-postingDone
+	d.posted = stopPosting()
 	bridgetest.WaitFor(t, 5*time.Minute, "the relay to drain everything", func() bool { return pending() == 0 })
 	d.took = time.Since(began)
 	if err := r.Ready(); err != nil {

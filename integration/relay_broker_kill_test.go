@@ -49,13 +49,7 @@ func brokerKillDrain(t *testing.T, newSink func([]string) (core.Sink, error), ev
 		RetryInitial: 20 * time.Millisecond, RetryMax: 500 * time.Millisecond,
 	})
 	defer r.Stop(ctx)
-	pending := func() int {
-		var n int
-		if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox_pending`).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
+	pending := func() int { return bridgetest.Unrelayed(t, pool) }
 	for range kills {
 		time.Sleep(every) // the pace of the fault, not a synchronisation
 		if pending() == 0 {

@@ -2,6 +2,8 @@ package integration
 
 import (
 	"context"
+	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -67,4 +69,34 @@ func headers(r *kgo.Record) map[string]string {
 		h[kv.Key] = string(kv.Value)
 	}
 	return h
+}
+
+// livePostings commits postings, one after the other, on 23 accounts of
+// their own (acc-<prefix>-<i>, two a posting) until the returned stop is
+// called; stop returns how many events they wrote.
+func livePostings(t *testing.T, pool *pgxpool.Pool, prefix string) (stop func() int) {
+	t.Helper()
+	var events atomic.Int64
+	stopping, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; ; i++ {
+			select {
+			case <-stopping:
+				return
+			default:
+			}
+			p, err := bridgetest.Commit(context.Background(), pool, fmt.Sprintf("acc-%s-%d", prefix, i%23), fmt.Sprintf("acc-%s-%d", prefix, (i+7)%23))
+			if err != nil {
+				t.Errorf("post: %v", err)
+				return
+			}
+			events.Add(int64(len(p)))
+		}
+	}()
+	return func() int {
+		close(stopping)
+		<-done
+		return int(events.Load())
+	}
 }

@@ -2,10 +2,8 @@ package integration
 
 import (
 	"context"
-	"fmt"
 	"math/rand/v2"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -76,28 +74,7 @@ func TestRelayKafkaLeadershipMoves(t *testing.T) {
 	defer r.Stop(ctx)
 
 	// Live postings beside the backlog, on accounts of their own.
-	var posted []bridgetest.Posted
-	var mu sync.Mutex
-	stopPosting := make(chan struct{})
-	postingDone := make(chan struct{})
-	go func() {
-		defer close(postingDone)
-		for i := 0; ; i++ {
-			select {
-			case <-stopPosting:
-				return
-			default:
-			}
-			p, err := bridgetest.Commit(ctx, pool, fmt.Sprintf("acc-live-%d", i%23), fmt.Sprintf("acc-live-%d", (i+7)%23))
-			if err != nil {
-				t.Errorf("post: %v", err)
-				return
-			}
-			mu.Lock()
-			posted = append(posted, p...)
-			mu.Unlock()
-		}
-	}()
+	stopPosting := livePostings(t, pool, "live")
 
 	rng := rand.New(rand.NewPCG(1, 2))
 	moves := 0
@@ -127,15 +104,8 @@ func TestRelayKafkaLeadershipMoves(t *testing.T) {
 		moves++
 		time.Sleep(100 * time.Millisecond) // the pace of the fault, not a synchronisation
 	}
-	close(stopPosting)
-	<-postingDone
-	bridgetest.WaitFor(t, 2*time.Minute, "the relay to drain everything", func() bool {
-		var n int
-		if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox_pending`).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n == 0
-	})
+	posted := stopPosting()
+	bridgetest.WaitFor(t, 2*time.Minute, "the relay to drain everything", func() bool { return bridgetest.Unrelayed(t, pool) == 0 })
 	if err := r.Ready(); err != nil {
 		t.Fatalf("relay not ready after the moves: %v", err)
 	}
@@ -147,9 +117,9 @@ func TestRelayKafkaLeadershipMoves(t *testing.T) {
 	if len(lost) > 0 {
 		t.Fatalf("%d events marked relayed are not on the topic, e.g. %v", len(lost), lost[:min(5, len(lost))])
 	}
-	checkRevisionOrder(t, cluster.ListenAddrs(), 60_000+len(posted))
+	checkRevisionOrder(t, cluster.ListenAddrs(), 60_000+posted)
 	t.Logf("%d rounds of leader moves, %d live events posted; produce requests per node %d/%d/%d, %d partition writes sent to a non-leader",
-		moves, len(posted), perNode[0].Load(), perNode[1].Load(), perNode[2].Load(), notLeader.Load())
+		moves, posted, perNode[0].Load(), perNode[1].Load(), perNode[2].Load(), notLeader.Load())
 	for i := range perNode {
 		if perNode[i].Load() == 0 {
 			t.Errorf("node %d answered no produce request: leadership never moved to it", i)

@@ -59,25 +59,18 @@ type Config struct {
 	Postgres sqlsink.Config
 }
 
-// Options are what the subscribers need beyond Config.
+// Options are what the subscribers need beyond Config. Logger is
+// Watermill's for every kind (nil discards); Registerer, LagInterval,
+// StallAfter, InstanceID and Fenced are the Kafka subscribers', passed on
+// as kafkagroup.Options, which says what each does; Memory is the memory
+// kind's.
 type Options struct {
-	// Logger is Watermill's; nil discards.
-	Logger watermill.LoggerAdapter
-	// Registerer, when set, receives posthorn_consumer_offset_lag for
-	// brokers whose subscriber exposes offsets (Kafka).
-	Registerer prometheus.Registerer
-	// LagInterval is how often the lag is measured
-	// (kafkagroup.DefaultLagInterval).
+	Logger      watermill.LoggerAdapter
+	Registerer  prometheus.Registerer
 	LagInterval time.Duration
-	// StallAfter is how long a Kafka partition may stay behind with no
-	// commit before the consumer re-joins its group
-	// (kafkagroup.DefaultStallAfter).
-	StallAfter time.Duration
-	// InstanceID makes the Kafka subscribers static members of their
-	// groups, and Fenced is told when one is fenced: kafkagroup.Options
-	// says how.
-	InstanceID string
-	Fenced     func(error)
+	StallAfter  time.Duration
+	InstanceID  string
+	Fenced      func(error)
 	// Memory is the in-process subscriber of kind memory (the memory
 	// sink's Subscriber). The memory broker lives in one process, so it is
 	// only usable when the relay runs in the same process (posthorn demo,
