@@ -339,13 +339,13 @@ func TestSecurityCommandTopicPrefixIsTheConfigurations(t *testing.T) {
 	if topic, err := send("commands."); err != nil || topic != "commands.payouts" {
 		t.Fatalf("the configured prefix: %q, %v", topic, err)
 	}
-	if err := postgres.WriteSettings(ctx, url, postgres.Settings{CommandTopicPrefix: "cmd.", IdempotencyKeyTTL: 720 * time.Hour}); err != nil {
+	if err := postgres.WriteSettings(ctx, url, postgres.Settings{CommandTopicPrefix: "cmd.", IdempotencyKeyTTL: 720 * time.Hour, MaxRecordBytes: 1_000_000}); err != nil {
 		t.Fatal(err)
 	}
 	if topic, err := send("cmd."); err != nil || topic != "cmd.payouts" {
 		t.Fatalf("after the prefix is configured to cmd.: %q, %v", topic, err)
 	}
-	err = postgres.WriteSettings(ctx, url, postgres.Settings{CommandTopicPrefix: "ledger.", IdempotencyKeyTTL: 720 * time.Hour})
+	err = postgres.WriteSettings(ctx, url, postgres.Settings{CommandTopicPrefix: "ledger.", IdempotencyKeyTTL: 720 * time.Hour, MaxRecordBytes: 1_000_000})
 	if !errors.Is(err, postgres.ErrReservedTopicPrefix) || !strings.Contains(err.Error(), "sink.command_topic_prefix") {
 		t.Fatalf("configuring prefix ledger.: %v", err)
 	}
