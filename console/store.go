@@ -36,6 +36,11 @@ type Store interface {
 	// aggregate again from its parked record; core.ErrNotParked when it is
 	// not parked.
 	ReleaseRelay(ctx context.Context, aggregateType, aggregateID string) error
+	// DeadLetterRelay is `posthorn outbox dead-letter`: the parked record
+	// (eventID, when not empty, must be it) goes to the dead_letters table
+	// with operator, a skip marker takes its place and the park is lifted.
+	// It returns what it did. The console audits the action itself.
+	DeadLetterRelay(ctx context.Context, aggregateType, aggregateID, eventID, operator string) (string, error)
 	// ReleaseConsumer is `posthorn consume release`: it lifts the
 	// consumer's park of the aggregate and returns how many events go back
 	// to being re-driven.

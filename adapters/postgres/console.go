@@ -128,6 +128,17 @@ func (s *ConsoleStore) ReleaseRelay(ctx context.Context, aggregateType, aggregat
 	return s.relay.Release(ctx, aggregateType, aggregateID)
 }
 
+// DeadLetterRelay is RelayStore.DeadLetter, without its own audit entry
+// (the console writes one for every action).
+func (s *ConsoleStore) DeadLetterRelay(ctx context.Context, aggregateType, aggregateID, eventID, operator string) (string, error) {
+	d, err := s.relay.DeadLetter(ctx, aggregateType, aggregateID, eventID, operator, "console", false)
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("%s %s: event %s (revision %d) moved to dead_letters; a skip marker (%s) takes its place and the aggregate's later events flow",
+		aggregateType, aggregateID, d.EventID, d.Revision, core.TypeDeadLettered), nil
+}
+
 // ReleaseConsumer is Inbox.Release on consumer.database.url.
 func (s *ConsoleStore) ReleaseConsumer(ctx context.Context, consumer, aggregateType, aggregateID string) (int, error) {
 	if s.releaser == nil {

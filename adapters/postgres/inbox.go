@@ -174,10 +174,15 @@ func applyOrSkip(ctx context.Context, tx pgx.Tx, consumer string, e core.Envelop
 	return setInboxDisposition(ctx, tx, consumer, e.EventID, core.DispositionSkipped, out.Reason, 0)
 }
 
-// skipReason names what a skip marker stands for.
+// skipReason names what a skip marker stands for: its payload names the
+// dead-lettered record's type (ledger migration 00013).
 func skipReason(e core.Envelope) string {
-	return fmt.Sprintf("skipped: revision %d was dead-lettered by an operator (type %q; the record is in the ledger's dead_letters table)",
-		e.Revision, e.Headers["dead_lettered_type"])
+	var marker struct {
+		Type string `json:"dead_lettered_type"`
+	}
+	_ = json.Unmarshal(e.Payload, &marker) // a marker without it is still a skip
+	return fmt.Sprintf("skipped: revision %d was dead-lettered by an operator (type %.128q; the record is in the ledger's dead_letters table)",
+		e.Revision, marker.Type)
 }
 
 // Drain re-drives the aggregate's held events from the inbox, in revision
