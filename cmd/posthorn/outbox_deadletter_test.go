@@ -94,7 +94,9 @@ func TestOutboxDeadLetterLetsTheAggregateFlow(t *testing.T) {
 		t.Fatal(err)
 	}
 	post("dl-3") // acc-dl revision 3, behind the record the sink refuses
-	parked := func() bool { return r.count(false, `SELECT count(*) FROM relay_parked WHERE aggregate_id = 'acc-dl'`) == 1 }
+	parked := func() bool {
+		return r.count(false, `SELECT count(*) FROM relay_parked WHERE aggregate_id = 'acc-dl'`) == 1
+	}
 	position := func(consumer string) int64 {
 		last, err := postgres.NewInbox(r.consumer).LastRevision(ctx, consumer, core.AggregateAccount, "acc-dl")
 		if err != nil {
