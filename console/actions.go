@@ -51,8 +51,8 @@ type action struct {
 	// check validates the form and returns what the action is about, for
 	// the confirmation and the audit log.
 	check func(ctx context.Context, c *Console, f url.Values) (target string, err error)
-	// run performs it and says what it did.
-	run func(ctx context.Context, c *Console, f url.Values) (detail string, err error)
+	// run performs it for operator and says what it did.
+	run func(ctx context.Context, c *Console, f url.Values, operator string) (detail string, err error)
 }
 
 var actions = map[string]action{
@@ -75,12 +75,40 @@ var actions = map[string]action{
 			}
 			return "", badInput("aggregate_id", "%s %q is not parked on the relay", key.Type, key.ID)
 		},
-		run: func(ctx context.Context, c *Console, f url.Values) (string, error) {
+		run: func(ctx context.Context, c *Console, f url.Values, _ string) (string, error) {
 			key, _ := aggregateOf(f)
 			if err := c.cfg.Store.ReleaseRelay(ctx, key.Type, key.ID); err != nil {
 				return "", err
 			}
 			return fmt.Sprintf("%s %s released; the relay sends its records again from the one that was parked", key.Type, key.ID), nil
+		},
+	},
+	"dead-letter-relay": {
+		title: "Dead-letter a parked record the sink can never take", cli: "posthorn outbox dead-letter",
+		fields: []string{"aggregate_type", "aggregate_id", "event_id"},
+		check: func(ctx context.Context, c *Console, f url.Values) (string, error) {
+			key, err := aggregateOf(f)
+			if err != nil {
+				return "", err
+			}
+			st, err := c.cfg.Store.OutboxStatus(ctx)
+			if err != nil {
+				return "", err
+			}
+			for _, p := range st.Parked {
+				if p.Key() != key {
+					continue
+				}
+				if id := strings.TrimSpace(f.Get("event_id")); id != "" && id != p.EventID {
+					return "", badInput("event_id", "%.80q is not the parked record of %s %q, which is %s", id, key.Type, key.ID, p.EventID)
+				}
+				return key.Type + " " + key.ID + " event " + p.EventID, nil
+			}
+			return "", badInput("aggregate_id", "%s %q is not parked on the relay", key.Type, key.ID)
+		},
+		run: func(ctx context.Context, c *Console, f url.Values, operator string) (string, error) {
+			key, _ := aggregateOf(f)
+			return c.cfg.Store.DeadLetterRelay(ctx, key.Type, key.ID, strings.TrimSpace(f.Get("event_id")), operator)
 		},
 	},
 	"release-consumer": {
@@ -106,7 +134,7 @@ var actions = map[string]action{
 			}
 			return "", badInput("aggregate_id", "%s %q is not parked in consumer %s", key.Type, key.ID, name)
 		},
-		run: func(ctx context.Context, c *Console, f url.Values) (string, error) {
+		run: func(ctx context.Context, c *Console, f url.Values, _ string) (string, error) {
 			key, _ := aggregateOf(f)
 			n, err := c.cfg.Store.ReleaseConsumer(ctx, f.Get("consumer"), key.Type, key.ID)
 			if err != nil {
@@ -139,7 +167,7 @@ var actions = map[string]action{
 			}
 			return id, nil
 		},
-		run: func(ctx context.Context, c *Console, f url.Values) (string, error) {
+		run: func(ctx context.Context, c *Console, f url.Values, _ string) (string, error) {
 			res, err := ops.Resend(ctx, ops.ResendConfig{Ledger: c.cfg.Ledger, Sink: c.cfg.Sink,
 				EventIDs: []string{strings.TrimSpace(f.Get("event_id"))}})
 			if err != nil {
@@ -156,7 +184,7 @@ var actions = map[string]action{
 			}
 			return "the last committed journal sequence", nil
 		},
-		run: func(ctx context.Context, c *Console, _ url.Values) (string, error) {
+		run: func(ctx context.Context, c *Console, _ url.Values, _ string) (string, error) {
 			rep, err := ops.Reconcile(ctx, ops.ReconcileConfig{Ledger: c.cfg.Ledger, Consumers: c.cfg.Consumers,
 				Archive: c.cfg.Archive, Record: true})
 			run := &reconcileRun{At: time.Now(), Report: rep}
@@ -290,7 +318,7 @@ func (c *Console) handleAction(w http.ResponseWriter, r *http.Request) {
 		fail(fmt.Errorf("not run: the audit log cannot be written: %w", err))
 		return
 	}
-	detail, runErr := a.run(ctx, c, r.PostForm)
+	detail, runErr := a.run(ctx, c, r.PostForm, operator)
 	outcome := OutcomeOK
 	if runErr != nil {
 		outcome, detail = OutcomeFailed, runErr.Error()

@@ -6,21 +6,37 @@ import (
 	"time"
 
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/ops"
 )
 
 // sample is one reading of the counters the plots are drawn from.
 type sample struct {
-	at              time.Time
-	backlog         int64
-	oldestAge       float64 // seconds
-	written         int64   // largest outbox id
-	consumerApplied []int64 // per consumer, in Config.Consumers order
+	at        time.Time
+	backlog   int64
+	oldestAge float64 // seconds
+	written   int64   // outbox rows
+	relayed   int64   // outbox rows with their relay marker
+	// Per consumer, in Config.Consumers order:
+	consumerRelayed []int64 // relayed rows on the consumer's topics
+	consumerApplied []int64
 	consumerSeen    []int64 // event IDs with any disposition
 	consumerDups    []int64 // duplicates absorbed
 }
 
-// relayed is how many written events have their relay marker.
-func (s sample) relayed() int64 { return max(0, s.written-s.backlog) }
+// lag is what consumer k has still to receive: the relayed events on its
+// topics it has no disposition for. It counts events, as
+// posthorn_consumer_offset_lag counts records: both are 0 once everything
+// relayed is recorded.
+func (s sample) lag(k int) int64 { return max(0, s.consumerRelayed[k]-s.consumerSeen[k]) }
+
+// topicsOf returns the topics consumer source s reads: its own, or the
+// ledger's events topic when it names none (as reconcile routes them).
+func topicsOf(s ops.ConsumerSource) []string {
+	if len(s.Topics) == 0 {
+		return []string{core.TopicEvents}
+	}
+	return s.Topics
+}
 
 // history keeps the samples of the last window, oldest first. The console
 // keeps its own so the plots need no Prometheus.
@@ -59,14 +75,26 @@ func (c *Console) take(ctx context.Context) (sample, error) {
 		return s, err
 	}
 	s.backlog, s.oldestAge = st.Backlog, st.OldestUnrelayedAge
-	if s.written, err = c.cfg.Store.OutboxMaxID(ctx); err != nil {
+	topics, err := c.cfg.Store.OutboxTopics(ctx)
+	if err != nil {
 		return s, err
 	}
-	for _, name := range c.consumers {
+	relayed := map[string]int64{}
+	for _, t := range topics {
+		s.written += t.Written
+		s.relayed += t.Relayed
+		relayed[t.Topic] += t.Relayed
+	}
+	for i, name := range c.consumers {
 		cs, err := c.cfg.Store.Consumer(ctx, name, 0)
 		if err != nil {
 			return s, err
 		}
+		var r int64
+		for _, t := range topicsOf(c.cfg.Consumers[i]) {
+			r += relayed[t]
+		}
+		s.consumerRelayed = append(s.consumerRelayed, r)
 		s.consumerApplied = append(s.consumerApplied, cs.Events[core.DispositionApplied])
 		s.consumerSeen = append(s.consumerSeen, cs.Recorded())
 		s.consumerDups = append(s.consumerDups, cs.DuplicatesAbsorbed)
@@ -130,13 +158,11 @@ func (c *Console) series() Series {
 		out.Backlog = append(out.Backlog, float64(s.backlog))
 		out.OldestAge = append(out.OldestAge, s.oldestAge)
 		out.WriteRate = append(out.WriteRate, rate(i, func(s sample) int64 { return s.written }))
-		out.PublishRate = append(out.PublishRate, rate(i, sample.relayed))
+		out.PublishRate = append(out.PublishRate, rate(i, func(s sample) int64 { return s.relayed }))
 		for k := range n {
 			out.AppliedRate[k] = append(out.AppliedRate[k], rate(i, func(s sample) int64 { return s.consumerApplied[k] }))
 			out.DuplicatesRate[k] = append(out.DuplicatesRate[k], rate(i, func(s sample) int64 { return s.consumerDups[k] }))
-			// Lag: relayed events the consumer has not recorded yet (a row
-			// pruned by inbox retention counts as not recorded).
-			out.Lag[k] = append(out.Lag[k], float64(max(0, s.relayed()-s.consumerSeen[k])))
+			out.Lag[k] = append(out.Lag[k], float64(s.lag(k)))
 		}
 	}
 	return out

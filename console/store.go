@@ -20,10 +20,11 @@ type Store interface {
 	// OutboxStatus is what `posthorn outbox status` shows: backlog, oldest
 	// unrelayed age, shard leases and the relay's parked aggregates.
 	OutboxStatus(ctx context.Context) (core.OutboxStatus, error)
-	// OutboxMaxID is the largest outbox id: the events written so far, for
-	// the write rate (ids skipped by rolled-back transactions count too, so
-	// the rate is an upper bound).
-	OutboxMaxID(ctx context.Context) (int64, error)
+	// OutboxTopics counts the outbox rows per topic, written and relayed
+	// (with their relay marker): the events on the wire that a consumer's
+	// lag is measured against. Rows, not ids: an id a rolled-back, refused
+	// or replayed posting used up is no row and no event.
+	OutboxTopics(ctx context.Context) ([]TopicCount, error)
 	// Slot is the CDC replication slot's status, nil when there is none.
 	Slot(ctx context.Context) (*cdc.SlotStatus, error)
 	// Consumer is one consumer's dispositions and parked aggregates, as
@@ -35,6 +36,11 @@ type Store interface {
 	// aggregate again from its parked record; core.ErrNotParked when it is
 	// not parked.
 	ReleaseRelay(ctx context.Context, aggregateType, aggregateID string) error
+	// DeadLetterRelay is `posthorn outbox dead-letter`: the parked record
+	// (eventID, when not empty, must be it) goes to the dead_letters table
+	// with operator, a skip marker takes its place and the park is lifted.
+	// It returns what it did. The console audits the action itself.
+	DeadLetterRelay(ctx context.Context, aggregateType, aggregateID, eventID, operator string) (string, error)
 	// ReleaseConsumer is `posthorn consume release`: it lifts the
 	// consumer's park of the aggregate and returns how many events go back
 	// to being re-driven.
@@ -46,6 +52,13 @@ type Store interface {
 	FinishAudit(ctx context.Context, id int64, outcome Outcome, detail string) error
 	// Audit returns the last n entries, newest first.
 	Audit(ctx context.Context, n int) ([]AuditEntry, error)
+}
+
+// TopicCount is one topic's outbox rows.
+type TopicCount struct {
+	Topic string
+	// Written is every row; Relayed the rows with their relay marker.
+	Written, Relayed int64
 }
 
 // ConsumerStatus is one consumer's inbox summary.

@@ -31,7 +31,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		messages: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "posthorn_consumer_messages_total",
-			Help: "Dispositions recorded, by consumer and disposition (applied, duplicate, parked_gap, parked_poison, rejected, revision_conflict).",
+			Help: "Dispositions recorded, by consumer and disposition (applied, duplicate, parked_gap, parked_poison, rejected, revision_conflict, skipped).",
 		}, []string{"consumer", "disposition"}),
 		gaps: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "posthorn_consumer_revision_gaps_total",
@@ -85,7 +85,7 @@ func register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
 // alerts work before the first event.
 func (m *metrics) init(consumer string) {
 	for _, d := range []core.Disposition{core.DispositionApplied, core.DispositionDuplicate,
-		core.DispositionParkedGap, core.DispositionParkedPoison, core.DispositionRejected, core.DispositionRevisionConflict} {
+		core.DispositionParkedGap, core.DispositionParkedPoison, core.DispositionRejected, core.DispositionRevisionConflict, core.DispositionSkipped} {
 		m.messages.WithLabelValues(consumer, string(d))
 	}
 	m.gaps.WithLabelValues(consumer)

@@ -134,6 +134,11 @@ func (r *Registry) applied(hc *handlerConfig) {
 // and the revision.
 const RevisionConflictLogMessage = "consumer received a revision already applied under another event ID: not applied, recorded as revision_conflict"
 
+// SkippedLogMessage is logged at WARN for every skip marker recorded as
+// skipped: an operator dead-lettered that revision (posthorn outbox
+// dead-letter), and the consumer advanced past it without its effect.
+const SkippedLogMessage = "consumer skipped a dead-lettered revision: recorded as skipped, its effect is not applied"
+
 // recorded turns one outcome into metrics and log lines.
 func (r *Registry) recorded(hc *handlerConfig, out Outcome) {
 	r.metrics.record(hc.consumer, out.Disposition, 1)
@@ -154,6 +159,8 @@ func (r *Registry) recorded(hc *handlerConfig, out Outcome) {
 		r.log.Warn("consumer rejected a record", attrs...)
 	case core.DispositionDuplicate:
 		r.log.Debug("consumer absorbed a duplicate", attrs...)
+	case core.DispositionSkipped:
+		r.log.Warn(SkippedLogMessage, attrs...)
 	case core.DispositionRevisionConflict:
 		r.log.Error(RevisionConflictLogMessage, append(attrs, "applied_event_id", out.ConflictsWith)...)
 	}

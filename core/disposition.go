@@ -35,12 +35,17 @@ const (
 	// DispositionRejected: the record can never be applied by this consumer (bad
 	// envelope, or a command delivered to an event handler or the reverse).
 	DispositionRejected Disposition = "rejected"
+	// DispositionSkipped: the event is a skip marker (TypeDeadLettered): an
+	// operator dead-lettered the record the sink could never take. The
+	// handler is not called; an ordered consumer advances past its revision.
+	// It is final: the gap is named, never silent.
+	DispositionSkipped Disposition = "skipped"
 )
 
 // Dispositions are all the dispositions an inbox row can hold; a new
 // disposition joins this list. Read it, never change it.
 var Dispositions = [...]Disposition{DispositionApplied, DispositionDuplicate, DispositionHeld,
-	DispositionParkedGap, DispositionParkedPoison, DispositionRejected, DispositionRevisionConflict}
+	DispositionParkedGap, DispositionParkedPoison, DispositionRejected, DispositionRevisionConflict, DispositionSkipped}
 
 // InboxRecord is one event's inbox row as status and reconciliation read
 // it.

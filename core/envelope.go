@@ -27,6 +27,13 @@ const (
 	CommandTopicPrefix = "commands."
 	// TypeAccountPosted is the event written once per journal line.
 	TypeAccountPosted = "ledger.account.posted"
+	// TypeDeadLettered is the skip marker an operator's dead-letter action
+	// puts in place of a record the sink could never take (posthorn outbox
+	// dead-letter): the same event ID, aggregate and revision, a small
+	// payload naming the dead-lettered type, header dead_lettered_type.
+	// Consumers record it as DispositionSkipped and advance past it; the
+	// record itself is in the ledger database's dead_letters table.
+	TypeDeadLettered = "posthorn.dead_lettered"
 	// AggregateAccount is the aggregate type of ledger events.
 	AggregateAccount = "account"
 	// AggregateJournal is the aggregate type of commands: a command is

@@ -196,6 +196,11 @@ func (m *matching) tally(ci int, e ExpectedEvent, key uuid.UUID, ds []Dispositio
 			final = true
 		case string(core.DispositionDuplicate):
 			final = true
+		case string(core.DispositionSkipped):
+			// A skip marker: an operator dead-lettered the record and
+			// the consumer recorded the gap by name; the record is kept
+			// in the ledger's dead_letters table.
+			final = true
 		case string(core.DispositionParkedGap), string(core.DispositionParkedPoison):
 			// Parked is not covered: the event waits for an
 			// operator, and deleting its outbox row would lose

@@ -60,9 +60,18 @@ func (s *ConsoleStore) OutboxStatus(ctx context.Context) (core.OutboxStatus, err
 	return s.relay.Status(ctx)
 }
 
-// OutboxMaxID is CDCSource.OutboxMaxID.
-func (s *ConsoleStore) OutboxMaxID(ctx context.Context) (int64, error) {
-	return s.cdc.OutboxMaxID(ctx)
+// OutboxTopics counts the outbox rows per topic, written and relayed (no
+// outbox_pending row). It reads every row (the outbox has no index that
+// counts them cheaper), so its cost grows with the outbox until cleanup
+// deletes what is covered.
+func (s *ConsoleStore) OutboxTopics(ctx context.Context) ([]console.TopicCount, error) {
+	out, err := queryRows(ctx, s.ledger, pgx.RowToStructByPos[console.TopicCount],
+		`SELECT o.topic, count(*), count(*) - count(p.id) FROM outbox o
+LEFT JOIN outbox_pending p ON p.shard = o.shard AND p.id = o.id GROUP BY o.topic ORDER BY o.topic`)
+	if err != nil {
+		return nil, fmt.Errorf("outbox topics: %w", err)
+	}
+	return out, nil
 }
 
 // Slot is CDCSource.SlotStatus of the configured slot, nil when it does
@@ -117,6 +126,17 @@ func (s *ConsoleStore) Consumer(ctx context.Context, name string, eventIDs int) 
 // ReleaseRelay is RelayStore.Release.
 func (s *ConsoleStore) ReleaseRelay(ctx context.Context, aggregateType, aggregateID string) error {
 	return s.relay.Release(ctx, aggregateType, aggregateID)
+}
+
+// DeadLetterRelay is RelayStore.DeadLetter, without its own audit entry
+// (the console writes one for every action).
+func (s *ConsoleStore) DeadLetterRelay(ctx context.Context, aggregateType, aggregateID, eventID, operator string) (string, error) {
+	d, err := s.relay.DeadLetter(ctx, aggregateType, aggregateID, eventID, operator, "console", false)
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("%s %s: event %s (revision %d) moved to dead_letters; a skip marker (%s) takes its place and the aggregate's later events flow",
+		aggregateType, aggregateID, d.EventID, d.Revision, core.TypeDeadLettered), nil
 }
 
 // ReleaseConsumer is Inbox.Release on consumer.database.url.

@@ -124,8 +124,8 @@ func (in *Inbox) Receive(ctx context.Context, consumer string, ordered bool, e c
 		}
 	}
 
-	if err := apply(ctx, tx, e); err != nil {
-		return out, &consumers.ApplyError{Envelope: e, Err: err}
+	if err := applyOrSkip(ctx, tx, consumer, e, apply, &out); err != nil {
+		return out, err
 	}
 	if ordered {
 		// Under the position lock, like ReceiveBatch's held successors: a
@@ -151,8 +151,38 @@ func (in *Inbox) Receive(ctx context.Context, consumer string, ordered bool, e c
 			return out, fmt.Errorf("inbox: held successors: %w", err)
 		}
 	}
-	out.Disposition = core.DispositionApplied
+	if out.Disposition != core.DispositionSkipped {
+		out.Disposition = core.DispositionApplied
+	}
 	return out, commitInbox(ctx, tx)
+}
+
+// applyOrSkip applies e with apply, or, when e is a skip marker
+// (core.TypeDeadLettered: an operator dead-lettered the record the sink
+// could never take), records its row as skipped, naming the dead-lettered
+// type, without calling the handler: the caller then advances past its
+// revision as for an applied event. A failing apply is an
+// *consumers.ApplyError.
+func applyOrSkip(ctx context.Context, tx pgx.Tx, consumer string, e core.Envelope, apply consumers.Handler, out *consumers.Outcome) error {
+	if e.Type != core.TypeDeadLettered {
+		if err := apply(ctx, tx, e); err != nil {
+			return &consumers.ApplyError{Envelope: e, Err: err}
+		}
+		return nil
+	}
+	out.Disposition, out.Reason = core.DispositionSkipped, skipReason(e)
+	return setInboxDisposition(ctx, tx, consumer, e.EventID, core.DispositionSkipped, out.Reason, 0)
+}
+
+// skipReason names what a skip marker stands for: its payload names the
+// dead-lettered record's type (ledger migration 00013).
+func skipReason(e core.Envelope) string {
+	var marker struct {
+		Type string `json:"dead_lettered_type"`
+	}
+	_ = json.Unmarshal(e.Payload, &marker) // a marker without it is still a skip
+	return fmt.Sprintf("skipped: revision %d was dead-lettered by an operator (type %.128q; the record is in the ledger's dead_letters table)",
+		e.Revision, marker.Type)
 }
 
 // Drain re-drives the aggregate's held events from the inbox, in revision
@@ -227,18 +257,18 @@ func (in *Inbox) drainOne(ctx context.Context, consumer string, ordered bool, ag
 			return out, false, nil // still a gap
 		}
 	}
-	if err := apply(ctx, tx, e); err != nil {
-		return out, false, &consumers.ApplyError{Envelope: e, Err: err}
+	out.Disposition = core.DispositionApplied
+	if err := applyOrSkip(ctx, tx, consumer, e, apply, &out); err != nil {
+		return out, false, err
 	}
 	if ordered {
 		if err := advanceInboxPosition(ctx, tx, consumer, e); err != nil {
 			return out, false, err
 		}
 	}
-	if err := setInboxDisposition(ctx, tx, consumer, eventID, core.DispositionApplied, "", 0); err != nil {
+	if err := setInboxDisposition(ctx, tx, consumer, eventID, out.Disposition, out.Reason, 0); err != nil {
 		return out, false, err
 	}
-	out.Disposition = core.DispositionApplied
 	return out, true, commitInbox(ctx, tx)
 }
 

@@ -270,17 +270,24 @@ func (b *inboxBatch) decide(ctx context.Context, apply consumers.Handler, deferr
 			b.res.Outcomes[i] = out
 			continue
 		}
-		if deferred {
+		out.Disposition = core.DispositionApplied
+		switch {
+		case e.Type == core.TypeDeadLettered:
+			if err := applyOrSkip(ctx, b.tx, b.consumer, e, apply, &out); err != nil {
+				return nil, err
+			}
+		case deferred:
 			toApply = append(toApply, e)
-		} else if err := apply(ctx, b.tx, e); err != nil {
-			return nil, &consumers.ApplyError{Envelope: e, Err: err}
+		default:
+			if err := apply(ctx, b.tx, e); err != nil {
+				return nil, &consumers.ApplyError{Envelope: e, Err: err}
+			}
 		}
 		if b.ordered {
 			pos.last = e.Revision
 			pos.advanced = true
 		}
 		b.appliedHere[revisionKeyOf(e)] = e.EventID
-		out.Disposition = core.DispositionApplied
 		b.res.Outcomes[i] = out
 	}
 	return toApply, nil

@@ -279,8 +279,8 @@ ORDER BY 1`
 func TestSecurityDefinerFunctionsAreHardened(t *testing.T) {
 	t.Parallel()
 	_, owner := roletest.Ledger(t)
-	if n := pgtest.Column[int64](t, owner, `SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE p.prosecdef AND n.nspname = 'posthorn'`); n[0] != 2 {
-		t.Fatalf("%d definer functions in schema posthorn, want posthorn.write and posthorn.prune_idempotency_keys", n[0])
+	if n := pgtest.Column[int64](t, owner, `SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE p.prosecdef AND n.nspname = 'posthorn'`); n[0] != 3 {
+		t.Fatalf("%d definer functions in schema posthorn, want posthorn.write, posthorn.prune_idempotency_keys and posthorn.dead_letter", n[0])
 	}
 	if faults := pgtest.Column[string](t, owner, definerFaults); len(faults) != 0 {
 		t.Fatalf("definer functions break the rules:\n%s", strings.Join(faults, "\n"))
@@ -339,13 +339,13 @@ func TestSecurityCommandTopicPrefixIsTheConfigurations(t *testing.T) {
 	if topic, err := send("commands."); err != nil || topic != "commands.payouts" {
 		t.Fatalf("the configured prefix: %q, %v", topic, err)
 	}
-	if err := postgres.WriteSettings(ctx, url, postgres.Settings{CommandTopicPrefix: "cmd.", IdempotencyKeyTTL: 720 * time.Hour}); err != nil {
+	if err := postgres.WriteSettings(ctx, url, postgres.Settings{CommandTopicPrefix: "cmd.", IdempotencyKeyTTL: 720 * time.Hour, MaxRecordBytes: 1_000_000}); err != nil {
 		t.Fatal(err)
 	}
 	if topic, err := send("cmd."); err != nil || topic != "cmd.payouts" {
 		t.Fatalf("after the prefix is configured to cmd.: %q, %v", topic, err)
 	}
-	err = postgres.WriteSettings(ctx, url, postgres.Settings{CommandTopicPrefix: "ledger.", IdempotencyKeyTTL: 720 * time.Hour})
+	err = postgres.WriteSettings(ctx, url, postgres.Settings{CommandTopicPrefix: "ledger.", IdempotencyKeyTTL: 720 * time.Hour, MaxRecordBytes: 1_000_000})
 	if !errors.Is(err, postgres.ErrReservedTopicPrefix) || !strings.Contains(err.Error(), "sink.command_topic_prefix") {
 		t.Fatalf("configuring prefix ledger.: %v", err)
 	}

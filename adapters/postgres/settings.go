@@ -17,11 +17,18 @@ import (
 // <service> whatever the caller asks, and posthorn.prune_idempotency_keys
 // never deletes a key younger than IdempotencyKeyTTL. posthorn migrate
 // writes them from sink.command_topic_prefix and
-// retention.idempotency_key_ttl.
+// retention.idempotency_key_ttl, and MaxRecordBytes, the largest record the
+// configured sink carries, from sink.kind and its keys: posthorn.write
+// refuses a payload that could never be sent.
 type Settings struct {
 	CommandTopicPrefix string
 	IdempotencyKeyTTL  time.Duration
+	MaxRecordBytes     int64
 }
+
+// MinRecordBytes is the smallest MaxRecordBytes: posthorn.write keeps 4096
+// bytes of a record for the envelope.
+const MinRecordBytes = 4096
 
 // ErrReservedTopicPrefix is a command topic prefix that would put commands
 // on the ledger's or the events' topics.
@@ -40,6 +47,9 @@ func (s Settings) Validate() error {
 	}
 	if reservedTopicPrefix.MatchString(strings.ToLower(s.CommandTopicPrefix)) {
 		return fmt.Errorf("sink.command_topic_prefix: %q %w", s.CommandTopicPrefix, ErrReservedTopicPrefix)
+	}
+	if s.MaxRecordBytes < MinRecordBytes {
+		return fmt.Errorf("sink max_payload_bytes: the sink's record limit is %d bytes, want at least %d", s.MaxRecordBytes, MinRecordBytes)
 	}
 	if s.IdempotencyKeyTTL < time.Hour {
 		return fmt.Errorf("retention.idempotency_key_ttl: is %s, want at least 1h", s.IdempotencyKeyTTL)
@@ -62,8 +72,8 @@ func WriteSettings(ctx context.Context, dsn string, s Settings) error {
 		return fmt.Errorf("settings: connect to %s:%d/%s: %w", cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Database, err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	_, err = conn.Exec(ctx, `UPDATE posthorn.settings SET command_topic_prefix = $1, idempotency_key_ttl = $2`,
-		s.CommandTopicPrefix, s.IdempotencyKeyTTL)
+	_, err = conn.Exec(ctx, `UPDATE posthorn.settings SET command_topic_prefix = $1, idempotency_key_ttl = $2, max_record_bytes = $3`,
+		s.CommandTopicPrefix, s.IdempotencyKeyTTL, s.MaxRecordBytes)
 	if err != nil {
 		return fmt.Errorf("settings: write posthorn.settings (run posthorn migrate first, as the tables' owner): %w", err)
 	}

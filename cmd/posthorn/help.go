@@ -82,6 +82,10 @@ var commandHelp = map[string]helpText{
 		about:   "Lets the relay send a parked aggregate again, from the record that was parked: an account (--account), a command\njournal (--journal), or any aggregate type (--aggregate-type with --aggregate-id).",
 		example: "posthorn outbox release --aggregate-type wallet --aggregate-id w-42",
 	},
+	"outbox dead-letter": {
+		about:   "For a record the sink can never take (too large, refused for good): moves the record the relay parked to the\nledger database's dead_letters table, puts a skip marker (type posthorn.dead_lettered, same event ID and revision)\nin its place and lifts the park, so the aggregate's later events flow; consumers record the marker as skipped. The\ndecision is in the audit log (console_audit) with --operator.",
+		example: "posthorn outbox dead-letter --aggregate-type wallet --aggregate-id w-42 --operator alice",
+	},
 	"outbox resend": {
 		about:   "Sends outbox rows again through the configured sink with their original event IDs (consumers' inboxes absorb the\nrepeats); an unrelayed row gets its marker after the ACK.",
 		example: "posthorn outbox resend --from-id 1200 --to-id 1250 --sink.kafka.brokers 127.0.0.1:9092",

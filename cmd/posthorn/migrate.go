@@ -6,7 +6,12 @@ import (
 	"os"
 	"strings"
 
+	"github.com/posthorn/posthorn/adapters/amqp"
+	"github.com/posthorn/posthorn/adapters/kafka"
 	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/redisstream"
+	"github.com/posthorn/posthorn/adapters/sqlsink"
+	"github.com/posthorn/posthorn/configs"
 )
 
 func runMigrate(ctx context.Context, args []string) error {
@@ -42,11 +47,13 @@ func runMigrate(ctx context.Context, args []string) error {
 	}
 	printApplied(postgres.LedgerSchema, applied)
 	// The SQL functions obey these, not their callers (docs/security.md).
-	settings := postgres.Settings{CommandTopicPrefix: cfg.Sink.CommandTopicPrefix, IdempotencyKeyTTL: cfg.Retention.IdempotencyKeyTTL}
+	settings := postgres.Settings{CommandTopicPrefix: cfg.Sink.CommandTopicPrefix, IdempotencyKeyTTL: cfg.Retention.IdempotencyKeyTTL,
+		MaxRecordBytes: sinkMaxRecordBytes(cfg.Sink)}
 	if err := postgres.WriteSettings(ctx, cfg.Database.URL, settings); err != nil {
 		return err
 	}
-	fmt.Printf("database settings: command topic prefix %q, idempotency keys kept at least %s\n", settings.CommandTopicPrefix, settings.IdempotencyKeyTTL)
+	fmt.Printf("database settings: command topic prefix %q, idempotency keys kept at least %s, records of at most %d bytes (sink %s)\n",
+		settings.CommandTopicPrefix, settings.IdempotencyKeyTTL, settings.MaxRecordBytes, cfg.Sink.Kind)
 	if err := warnWritablePublic(ctx, p, cfg.Database.URL); err != nil {
 		return err
 	}
@@ -125,3 +132,34 @@ func migrateRoles(ctx context.Context, roles, logins bool, dsn string, schema po
 	}
 	return nil
 }
+
+// sinkMaxRecordBytes is the largest record the sink of c carries, for
+// posthorn.write's refusal at write time: Kafka's produce request, NATS's
+// default max_payload, the others' max_payload_bytes (a payload limit, to
+// which the 4096 bytes posthorn.write keeps for the envelope are added).
+func sinkMaxRecordBytes(c configs.Sink) int64 {
+	payload := func(configured, dflt int) int64 {
+		if configured > 0 {
+			return int64(configured) + postgres.MinRecordBytes
+		}
+		return int64(dflt) + postgres.MinRecordBytes
+	}
+	switch c.Kind {
+	case "kafka":
+		return kafka.MaxRecordBytes
+	case "nats":
+		return natsDefaultMaxPayload
+	case "amqp":
+		return payload(c.AMQP.MaxPayloadBytes, amqp.MaxPayloadBytesDefault)
+	case "redis":
+		return payload(c.Redis.MaxPayloadBytes, redisstream.MaxPayloadBytesDefault)
+	case "postgres":
+		return payload(c.Postgres.MaxPayloadBytes, sqlsink.MaxPayloadBytesDefault)
+	}
+	// The memory sink: an outbox payload (bytea) takes at most 1 GiB.
+	return 1 << 30
+}
+
+// natsDefaultMaxPayload is a NATS server's default max_payload (1 MiB);
+// the sink learns the server's own only once connected.
+const natsDefaultMaxPayload = 1 << 20

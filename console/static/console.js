@@ -12,6 +12,15 @@
     return { label: label, stroke: color, width: 1.5, scale: scale || "y", spanGaps: false };
   }
 
+  // showLatest puts the latest sample's values in the legend whenever the
+  // cursor is not on the plot: uPlot's live legend reads "--" until hovered.
+  function showLatest(u) {
+    var n = u.data[0].length;
+    if (n > 0 && u.cursor.idx == null) {
+      u.setLegend({ idx: n - 1 }, false);
+    }
+  }
+
   function make(id, defs, axes) {
     var el = document.getElementById(id);
     var opts = {
@@ -22,6 +31,7 @@
       axes: [{}].concat(axes || [{}]),
       scales: { x: { time: true } },
       legend: { live: true },
+      hooks: { setData: [showLatest], setCursor: [showLatest] },
     };
     var data = [[]].concat(defs.map(function () { return []; }));
     return new uPlot(opts, data, el);

@@ -49,12 +49,9 @@ func newLagSubscriber(k *groupSubscriber, consumer string, reg prometheus.Regist
 		next: make(map[string]map[int32]int64), stop: make(chan struct{})}, nil
 }
 
-// observe records that m, a record of topic, has been handed to the reader.
-func (s *lagSubscriber) observe(topic string, m *message.Message) {
-	p, o, ok := messagePartition(m.Context())
-	if !ok {
-		return
-	}
+// observe records that the record at partition p, offset o of topic has
+// been handed to the reader.
+func (s *lagSubscriber) observe(topic string, p int32, o int64) {
 	s.mu.Lock()
 	if s.next[topic] == nil {
 		s.next[topic] = make(map[int32]int64)
@@ -79,9 +76,14 @@ func (s *lagSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *me
 		defer s.wg.Done()
 		defer close(out)
 		for m := range in {
+			// Read before the hand-over: the reader owns m after it and
+			// may replace its context.
+			p, o, ok := messagePartition(m.Context())
 			select {
 			case out <- m:
-				s.observe(topic, m)
+				if ok {
+					s.observe(topic, p, o)
+				}
 			case <-ctx.Done():
 				return // m stays unacknowledged
 			case <-s.stop:

@@ -38,7 +38,7 @@
 REVOKE ALL ON TABLE accounts, account_balances, journals, journal_lines, idempotency_keys, outbox, outbox_pending,
     relay_leases, relay_members, relay_parked, relay_cdc_leases,
     ops_coverage, ops_archive_segments, ops_cleanup, ops_replay_progress, console_audit, posthorn_aggregates,
-    posthorn_ledger_migrations, posthorn.settings, posthorn.ledger_timelines
+    posthorn_ledger_migrations, posthorn.settings, posthorn.ledger_timelines, dead_letters
     FROM posthorn_api, posthorn_relay, posthorn_relay_cdc, posthorn_reconciler, posthorn_maintainer, posthorn_consumer,
         posthorn_publisher, posthorn_definer;
 REVOKE ALL ON SEQUENCE journal_sequence, outbox_id_seq, relay_fencing_token, console_audit_id_seq
@@ -104,6 +104,14 @@ GRANT INSERT ON outbox_pending TO posthorn_definer;
 GRANT USAGE ON SEQUENCE outbox_id_seq TO posthorn_definer;
 GRANT SELECT ON posthorn.settings TO posthorn_definer;
 GRANT SELECT (key, created_at), DELETE ON idempotency_keys TO posthorn_definer;
+-- posthorn.dead_letter: the parked record into dead_letters, its outbox
+-- row rewritten into the skip marker, the park lifted, the decision in
+-- console_audit (migration 00013).
+GRANT SELECT, DELETE ON relay_parked TO posthorn_definer;
+GRANT SELECT, UPDATE (type, headers, payload) ON outbox TO posthorn_definer;
+GRANT SELECT ON outbox_pending TO posthorn_definer;
+GRANT INSERT ON dead_letters, console_audit TO posthorn_definer;
+GRANT USAGE ON SEQUENCE console_audit_id_seq TO posthorn_definer;
 -- Hand the functions over. A role that is not a superuser may only give
 -- a function to a role it is a member of (cluster.sql sees to that) which
 -- may create in the function's schema; that right is taken back at once,
@@ -113,6 +121,7 @@ ALTER FUNCTION posthorn.uuidv7() OWNER TO posthorn_definer;
 ALTER FUNCTION posthorn.shard(text) OWNER TO posthorn_definer;
 ALTER FUNCTION posthorn.write(text, text, text, text, json, jsonb, bigint, text) OWNER TO posthorn_definer;
 ALTER FUNCTION posthorn.prune_idempotency_keys(timestamptz, integer) OWNER TO posthorn_definer;
+ALTER FUNCTION posthorn.dead_letter(text, text, uuid, text, text, boolean) OWNER TO posthorn_definer;
 REVOKE CREATE ON SCHEMA posthorn FROM posthorn_definer;
 
 -- posthorn_relay: relay, outbox status/release/resend, replay.
@@ -123,6 +132,10 @@ GRANT UPDATE (owner, token, expires_at) ON relay_leases TO posthorn_relay;
 GRANT USAGE ON SEQUENCE relay_fencing_token TO posthorn_relay;
 GRANT SELECT, INSERT, UPDATE, DELETE ON relay_members TO posthorn_relay;
 GRANT SELECT, INSERT, DELETE ON relay_parked TO posthorn_relay;
+-- outbox dead-letter (and the console's Dead-letter) goes through the
+-- function only: the relay cannot rewrite an outbox row itself.
+GRANT EXECUTE ON FUNCTION posthorn.dead_letter(text, text, uuid, text, text, boolean) TO posthorn_relay;
+GRANT SELECT ON dead_letters TO posthorn_relay;
 -- Replay selects by journal sequence and time; never the journal metadata.
 GRANT SELECT (id, sequence, posted_at) ON journals TO posthorn_relay;
 GRANT SELECT ON ops_archive_segments, ops_cleanup TO posthorn_relay;
@@ -135,7 +148,7 @@ GRANT SELECT ON relay_cdc_leases TO posthorn_relay;
 -- posthorn_reconciler: read-only, plus the coverage it proves. The cut reads
 -- outbox_id_seq's last_value (SELECT on the sequence, not USAGE).
 GRANT SELECT ON accounts, account_balances, journals, journal_lines, outbox, outbox_pending,
-    relay_leases, relay_parked, ops_coverage, ops_archive_segments, ops_cleanup TO posthorn_reconciler;
+    relay_leases, relay_parked, ops_coverage, ops_archive_segments, ops_cleanup, dead_letters TO posthorn_reconciler;
 GRANT SELECT ON SEQUENCE outbox_id_seq, journal_sequence TO posthorn_reconciler;
 GRANT INSERT, UPDATE ON ops_coverage TO posthorn_reconciler;
 -- The operator console reads as the reconciler and records its actions in
