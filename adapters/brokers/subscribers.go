@@ -68,19 +68,33 @@ type natsEnsuring struct {
 }
 
 func (s *natsEnsuring) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
-	nc, err := nats.Connect(s.cfg.URL, s.cfg.Options()...)
-	if err != nil {
-		return nil, err
-	}
-	defer nc.Close()
-	js, err := nc.JetStream()
-	if err == nil {
-		err = phnats.EnsureStream(ctx, js, s.cfg, topic)
-	}
-	if err != nil {
+	if err := s.ensure(ctx, topic); err != nil {
 		return nil, err
 	}
 	return s.Subscriber.Subscribe(ctx, topic)
+}
+
+// SubscribeInitialize creates topic's stream as Subscribe does: the
+// embedded subscriber's own would name the stream after the topic, and the
+// sink would then refuse that stream as foreign to it and park the topic's
+// records.
+func (s *natsEnsuring) SubscribeInitialize(topic string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return s.ensure(ctx, topic)
+}
+
+func (s *natsEnsuring) ensure(ctx context.Context, topic string) error {
+	nc, err := nats.Connect(s.cfg.URL, s.cfg.Options()...)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := nc.JetStream()
+	if err != nil {
+		return err
+	}
+	return phnats.EnsureStream(ctx, js, s.cfg, topic)
 }
 
 // AMQPSubscriber returns a watermill-amqp subscriber for one consumer: the

@@ -1,0 +1,91 @@
+package brokers_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/tests"
+
+	"github.com/posthorn/posthorn/adapters/brokers"
+	phkafka "github.com/posthorn/posthorn/adapters/kafka"
+	"github.com/posthorn/posthorn/adapters/kafka/kafkacluster"
+	phnats "github.com/posthorn/posthorn/adapters/nats"
+	"github.com/posthorn/posthorn/adapters/nats/natstest"
+	"github.com/posthorn/posthorn/adapters/redisstream"
+	"github.com/posthorn/posthorn/adapters/redisstream/redistest"
+	"github.com/posthorn/posthorn/adapters/sinktest"
+	"github.com/posthorn/posthorn/core"
+)
+
+// universal runs Watermill's universal pub/sub tests on the sink and the
+// subscribers brokers opens from cfg, the two ends `posthorn relay` and
+// `posthorn consume` open.
+func universal(t *testing.T, cfg func(t *testing.T) brokers.Config, features tests.Features) {
+	if testing.Short() {
+		t.Skip("Watermill's universal pub/sub tests take minutes")
+	}
+	sinktest.RunUniversal(t, sinktest.Universal{
+		Features: features,
+		Sink: func(t *testing.T) core.Sink {
+			s, err := brokers.OpenSink(cfg(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s
+		},
+		Subscriber: func(t *testing.T, group string) message.Subscriber {
+			f, err := brokers.Subscribers(cfg(t), brokers.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			sub, err := f(group)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return sub
+		},
+	})
+}
+
+// TestUniversalPubSubApacheKafka: the Kafka sink and the consumers' Kafka
+// subscriber (kafkagroup) on a real Apache Kafka node. Each pub/sub is a
+// consumer group of its own that starts at the oldest record, so a new
+// subscriber receives the old messages; the publisher keeps a topic's
+// messages on one partition (one aggregate), so they arrive in order.
+func TestUniversalPubSubApacheKafka(t *testing.T) {
+	k := kafkacluster.Start(t, 1)
+	t.Logf("broker: %s", k.Name())
+	universal(t, func(*testing.T) brokers.Config {
+		return brokers.Config{Kind: "kafka", Kafka: phkafka.Config{Brokers: k.Brokers}}
+	}, tests.Features{
+		ConsumerGroups: true, GuaranteedOrder: true, Persistent: true,
+		NewSubscriberReceivesOldMessages: true,
+	})
+}
+
+// TestUniversalPubSubNATS: the NATS JetStream sink and the consumers'
+// JetStream subscriber on the machine's nats-server.
+func TestUniversalPubSubNATS(t *testing.T) {
+	url := natstest.SharedURL()
+	prefix := natstest.Prefix(t, url)
+	universal(t, func(*testing.T) brokers.Config {
+		return brokers.Config{Kind: "nats", NATS: phnats.Config{URL: url, SubjectPrefix: prefix, ConnectTimeout: 2 * time.Second}}
+	}, tests.Features{
+		ConsumerGroups: true, GuaranteedOrder: true, Persistent: true,
+		NewSubscriberReceivesOldMessages: true,
+	})
+}
+
+// TestUniversalPubSubRedis: the Redis Streams sink and the consumers'
+// consumer-group subscriber on the machine's redis-server.
+func TestUniversalPubSubRedis(t *testing.T) {
+	addr := redistest.SharedAddr()
+	prefix := redistest.Prefix(t, addr)
+	universal(t, func(*testing.T) brokers.Config {
+		return brokers.Config{Kind: "redis", Redis: redisstream.Config{Addr: addr, StreamPrefix: prefix, DialTimeout: time.Second}}
+	}, tests.Features{
+		ConsumerGroups: true, GuaranteedOrder: true, Persistent: true,
+		NewSubscriberReceivesOldMessages: true,
+	})
+}
