@@ -14,30 +14,18 @@ import (
 	"github.com/posthorn/posthorn/core"
 )
 
-// Universal is one sink kind under Watermill's own universal pub/sub tests
-// (pubsub/tests.TestPubSub), a suite nobody here wrote: the sink publishes
-// as the relay does (UniversalPublisher), the subscriber is the one
-// `posthorn consume` opens for the kind.
-type Universal struct {
-	// Features are what the kind honestly has; a case the kind cannot
-	// pass is switched off here, and docs/sinks.md says why.
-	Features tests.Features
-	// Sink opens a fresh sink; the publisher closes it.
-	Sink func(t *testing.T) core.Sink
-	// Subscriber opens the subscriber of consumer group (the consumer's
-	// name; a fresh name for each pub/sub the suite asks for).
-	Subscriber func(t *testing.T, group string) message.Subscriber
-}
-
-// RunUniversal runs TestPubSub on u.
-func RunUniversal(t *testing.T, u Universal) {
-	tests.TestPubSub(t, u.Features,
+// RunUniversal runs Watermill's own universal pub/sub tests
+// (pubsub/tests.TestPubSub), a suite nobody here wrote, with features, the
+// ones the kind honestly has (a case the kind cannot pass is switched off
+// there, and docs/sinks.md says why). open returns a publisher over a fresh
+// sink (UniversalPublisher: it publishes as the relay does) and the
+// subscriber `posthorn consume` opens for the kind, as consumer group; a
+// pub/sub the suite asks for without a group gets a fresh group of its own.
+func RunUniversal(t *testing.T, features tests.Features, open func(t *testing.T, group string) (message.Publisher, message.Subscriber)) {
+	tests.TestPubSub(t, features,
 		func(t *testing.T) (message.Publisher, message.Subscriber) {
-			return NewUniversalPublisher(u.Sink(t)), u.Subscriber(t, "universal-"+watermill.NewShortUUID())
-		},
-		func(t *testing.T, group string) (message.Publisher, message.Subscriber) {
-			return NewUniversalPublisher(u.Sink(t)), u.Subscriber(t, group)
-		})
+			return open(t, "universal-"+watermill.NewShortUUID())
+		}, tests.ConsumerGroupPubSubConstructor(open))
 }
 
 // UniversalPublisher is a Watermill publisher over a core.Sink that makes

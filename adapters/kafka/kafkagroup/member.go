@@ -179,6 +179,10 @@ func (*claimHandler) Cleanup(sarama.ConsumerGroupSession) error { return nil }
 type delivered struct {
 	record *sarama.ConsumerMessage
 	msg    *message.Message
+	// done cancels the message's context, as Watermill's subscribers do
+	// once a message is acknowledged: here once it and every message
+	// before it on the partition are, or when its claim ends.
+	done context.CancelFunc
 }
 
 // pause waits d and reports true, or false as soon as ctx ends or stop is
@@ -228,14 +232,17 @@ func (h *claimHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 			if err != nil {
 				return err // nothing later can be delivered in order; the session restarts
 			}
-			msg.SetContext(withRecord(ctx, r))
+			mctx, done := context.WithCancel(withRecord(ctx, r))
+			msg.SetContext(mctx)
 			if !h.send(sess, msg) {
+				done()
 				return nil
 			}
-			q = append(q, delivered{record: r, msg: msg})
+			q = append(q, delivered{record: r, msg: msg, done: done})
 		case <-acked:
 			for len(q) > 0 && isDone(q[0].msg.Acked()) {
 				sess.MarkMessage(q[0].record, "")
+				q[0].done()
 				q = q[1:]
 			}
 		case <-nacked:
