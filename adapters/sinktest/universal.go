@@ -19,13 +19,20 @@ import (
 // ones the kind honestly has (a case the kind cannot pass is switched off
 // there, and docs/sinks.md says why). open returns a publisher over a fresh
 // sink (UniversalPublisher: it publishes as the relay does) and the
-// subscriber `posthorn consume` opens for the kind, as consumer group; a
-// pub/sub the suite asks for without a group gets a fresh group of its own.
-func RunUniversal(t *testing.T, features tests.Features, open func(t *testing.T, group string) (message.Publisher, message.Subscriber)) {
+// subscriber `posthorn consume` opens for the kind, as consumer group. The
+// pub/subs the suite asks for without a group share one, as one consumer's
+// instances do (the suite's several subscribers of a topic divide its
+// messages between them), unless ownGroups gives each a group of its own.
+func RunUniversal(t *testing.T, features tests.Features, ownGroups bool, open func(t *testing.T, group string) (message.Publisher, message.Subscriber)) {
+	shared := "universal-" + watermill.NewShortUUID()
 	tests.TestPubSub(t, features,
 		func(t *testing.T) (message.Publisher, message.Subscriber) {
-			return open(t, "universal-"+watermill.NewShortUUID())
-		}, tests.ConsumerGroupPubSubConstructor(open))
+			if ownGroups {
+				return open(t, "universal-"+watermill.NewShortUUID())
+			}
+			return open(t, shared)
+		},
+		tests.ConsumerGroupPubSubConstructor(open))
 }
 
 // UniversalPublisher is a Watermill publisher over a core.Sink that makes
