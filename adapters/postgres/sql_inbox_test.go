@@ -231,3 +231,49 @@ func TestSQLInboxRefusesBadHeadersAndRoles(t *testing.T) {
 		t.Fatalf("posthorn_relay calling posthorn_inbox_receive: %v, want permission denied", err)
 	}
 }
+
+// TestSQLInboxSkipsADeadLetteredMarker: a consumer outside Go receives the
+// skip marker the relay sends for a dead-lettered revision (type
+// core.TypeDeadLettered) as skipped, recorded and named, and the next
+// revision applies; a repeat of the marker is a duplicate. The control is
+// the function before it knew markers (consumer migration 00004): it
+// answers apply, and the consumer would hand the marker to its handler as
+// if it were the event.
+func TestSQLInboxSkipsADeadLetteredMarker(t *testing.T) {
+	t.Parallel()
+	marker := func(e core.Envelope) core.Envelope {
+		e.Type = core.TypeDeadLettered
+		return e
+	}
+	_, pool := pgtest.Consumer(t)
+	const c = "py-consumer"
+	for i, s := range []struct {
+		e    core.Envelope
+		want string
+	}{
+		{inboxEvent("acc-1", 1), "apply"},
+		{marker(inboxEvent("acc-1", 2)), "skipped"},
+		{marker(inboxEvent("acc-1", 2)), "duplicate"},
+		{inboxEvent("acc-1", 3), "apply"},
+	} {
+		if d, _ := sqlReceive(t, pool, c, true, s.e); d != s.want {
+			t.Fatalf("step %d (r%d, %s): %s, want %s", i, s.e.Revision, s.e.Type, d, s.want)
+		}
+	}
+	got := pgtest.Column[string](t, pool, `SELECT event_id || ' ' || disposition || ' ' || coalesce(reason, '') FROM consumer_inbox WHERE consumer = $1 ORDER BY revision`, c)
+	if len(got) != 3 || !strings.HasPrefix(got[1], "acc-1-r2 skipped skipped: revision 2 was dead-lettered by an operator") {
+		t.Fatalf("inbox rows %q: want revision 2 recorded as skipped, naming the dead-lettering", got)
+	}
+
+	// Control: the function of consumer migration 00004.
+	ctx := context.Background()
+	dsn := pgtest.NewDatabase(t)
+	if err := postgres.MigrateToForTest(ctx, dsn, postgres.ConsumerSchema, 4); err != nil {
+		t.Fatal(err)
+	}
+	old := pgtest.Pool(t, dsn, 2)
+	sqlReceive(t, old, c, true, inboxEvent("acc-1", 1))
+	if d, _ := sqlReceive(t, old, c, true, marker(inboxEvent("acc-1", 2))); d != "apply" {
+		t.Fatalf("00004's function answered %s to a marker, want apply: no control", d)
+	}
+}

@@ -17,9 +17,10 @@ GRANT SELECT ON consumer_inbox TO posthorn_reconciler;
 -- The projection's balances are its balance view, which reconciliation
 -- holds against the ledger's journal.
 GRANT SELECT ON projection_balances TO posthorn_reconciler;
--- The inbox's protocol in SQL for consumers outside Go (migrations 00003, 00004);
+-- The inbox's protocol in SQL for consumers outside Go (migrations 00003,
+-- 00004, 00006: posthorn_inbox_receive calls 00004's posthorn_inbox_rule);
 -- it runs with the caller's rights, the ones above.
-GRANT EXECUTE ON FUNCTION posthorn_inbox_receive(text, jsonb, boolean) TO posthorn_consumer;
+GRANT EXECUTE ON FUNCTION posthorn_inbox_receive(text, jsonb, boolean), posthorn_inbox_rule(text, jsonb, boolean) TO posthorn_consumer;
 -- Inbox retention (`posthorn retention`, and on a schedule inside
 -- `posthorn consume`): the consumer deletes its own final inbox rows behind
 -- the horizon and records it; the reconciler reads the horizon and the
