@@ -107,7 +107,9 @@ GRANT SELECT (key, created_at), DELETE ON idempotency_keys TO posthorn_definer;
 -- posthorn.dead_letter: the parked record into dead_letters, its outbox
 -- row rewritten into the skip marker, the park lifted, the decision in
 -- console_audit (migration 00013).
-GRANT SELECT, DELETE ON relay_parked TO posthorn_definer;
+-- (Its SELECT … FOR UPDATE of the park needs an UPDATE privilege on a
+-- column of it; the function updates nothing there.)
+GRANT SELECT, DELETE, UPDATE (reason) ON relay_parked TO posthorn_definer;
 GRANT SELECT, UPDATE (type, headers, payload) ON outbox TO posthorn_definer;
 GRANT SELECT ON outbox_pending TO posthorn_definer;
 GRANT INSERT ON dead_letters, console_audit TO posthorn_definer;
