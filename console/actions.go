@@ -55,25 +55,35 @@ type action struct {
 	run func(ctx context.Context, c *Console, f url.Values, operator string) (detail string, err error)
 }
 
+// parkedOnRelay returns the aggregate the form names and its park on the
+// relay, or an input error naming the field when it is not parked.
+func (c *Console) parkedOnRelay(ctx context.Context, f url.Values) (core.AggregateKey, core.ParkedAggregate, error) {
+	key, err := aggregateOf(f)
+	if err != nil {
+		return key, core.ParkedAggregate{}, err
+	}
+	st, err := c.cfg.Store.OutboxStatus(ctx)
+	if err != nil {
+		return key, core.ParkedAggregate{}, err
+	}
+	for _, p := range st.Parked {
+		if p.Key() == key {
+			return key, p, nil
+		}
+	}
+	return key, core.ParkedAggregate{}, badInput("aggregate_id", "%s %q is not parked on the relay", key.Type, key.ID)
+}
+
 var actions = map[string]action{
 	"release-relay": {
 		title: "Release a parked aggregate on the relay", cli: "posthorn outbox release",
 		fields: []string{"aggregate_type", "aggregate_id"},
 		check: func(ctx context.Context, c *Console, f url.Values) (string, error) {
-			key, err := aggregateOf(f)
+			key, _, err := c.parkedOnRelay(ctx, f)
 			if err != nil {
 				return "", err
 			}
-			st, err := c.cfg.Store.OutboxStatus(ctx)
-			if err != nil {
-				return "", err
-			}
-			for _, p := range st.Parked {
-				if p.Key() == key {
-					return key.Type + " " + key.ID, nil
-				}
-			}
-			return "", badInput("aggregate_id", "%s %q is not parked on the relay", key.Type, key.ID)
+			return key.Type + " " + key.ID, nil
 		},
 		run: func(ctx context.Context, c *Console, f url.Values, _ string) (string, error) {
 			key, _ := aggregateOf(f)
@@ -87,24 +97,14 @@ var actions = map[string]action{
 		title: "Dead-letter a parked record the sink can never take", cli: "posthorn outbox dead-letter",
 		fields: []string{"aggregate_type", "aggregate_id", "event_id"},
 		check: func(ctx context.Context, c *Console, f url.Values) (string, error) {
-			key, err := aggregateOf(f)
+			key, p, err := c.parkedOnRelay(ctx, f)
 			if err != nil {
 				return "", err
 			}
-			st, err := c.cfg.Store.OutboxStatus(ctx)
-			if err != nil {
-				return "", err
+			if id := strings.TrimSpace(f.Get("event_id")); id != "" && id != p.EventID {
+				return "", badInput("event_id", "%.80q is not the parked record of %s %q, which is %s", id, key.Type, key.ID, p.EventID)
 			}
-			for _, p := range st.Parked {
-				if p.Key() != key {
-					continue
-				}
-				if id := strings.TrimSpace(f.Get("event_id")); id != "" && id != p.EventID {
-					return "", badInput("event_id", "%.80q is not the parked record of %s %q, which is %s", id, key.Type, key.ID, p.EventID)
-				}
-				return key.Type + " " + key.ID + " event " + p.EventID, nil
-			}
-			return "", badInput("aggregate_id", "%s %q is not parked on the relay", key.Type, key.ID)
+			return key.Type + " " + key.ID + " event " + p.EventID, nil
 		},
 		run: func(ctx context.Context, c *Console, f url.Values, operator string) (string, error) {
 			key, _ := aggregateOf(f)
