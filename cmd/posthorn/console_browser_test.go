@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,8 +16,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/posthorn/posthorn/adapters/memory"
-	"github.com/posthorn/posthorn/adapters/postgres"
-	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/configs"
 	"github.com/posthorn/posthorn/core"
@@ -103,22 +100,7 @@ func TestConsoleBrowser(t *testing.T) {
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
 
-	relay, err := bridge.New(postgres.NewRelayStore(r.ledger), r.sink, bridge.Config{Owner: "console-browser-test",
-		SinkName: "memory", PollInterval: 50 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := relay.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	var relayStopped atomic.Bool
-	stopRelay := func() {
-		if relayStopped.CompareAndSwap(false, true) {
-			if err := relay.Stop(context.Background()); err != nil {
-				t.Errorf("relay stop: %v", err)
-			}
-		}
-	}
+	stopRelay := startRigRelay(t, ctx, r.ledger, r.sink, "console-browser-test", "memory", 50*time.Millisecond)
 	defer stopRelay()
 	cfg, err := configs.Load("", r.env, nil)
 	if err != nil {

@@ -19,7 +19,6 @@ import (
 
 	"github.com/posthorn/posthorn/adapters/memory"
 	"github.com/posthorn/posthorn/adapters/postgres"
-	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/configs"
 	"github.com/posthorn/posthorn/console"
 	"github.com/posthorn/posthorn/core"
@@ -108,19 +107,7 @@ func TestConsoleLagIsTheMetricsLag(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sink.Close()
-	relay, err := bridge.New(postgres.NewRelayStore(r.ledger), sink, bridge.Config{Owner: "console-lag-test",
-		SinkName: "kafka", PollInterval: 50 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := relay.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := relay.Stop(context.Background()); err != nil {
-			t.Errorf("relay stop: %v", err)
-		}
-	}()
+	defer startRigRelay(t, ctx, r.ledger, sink, "console-lag-test", "kafka", 50*time.Millisecond)()
 	metricsAddr := make(chan string, 1)
 	wg.Go(func() {
 		log := slog.New(listenAddrHandler{msg: "consumer metrics listening", addr: metricsAddr})

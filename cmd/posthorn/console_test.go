@@ -16,14 +16,18 @@ import (
 	"os"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/posthorn/posthorn/adapters/memory"
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/pgcluster"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/adapters/postgres/roles/roletest"
+	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/configs"
 	"github.com/posthorn/posthorn/console"
 	"github.com/posthorn/posthorn/consumers/projection"
@@ -629,4 +633,23 @@ func TestConsoleShowsTheCleanupBoundary(t *testing.T) {
 	if strings.Contains(page, "never reconciled clean") {
 		t.Fatalf("page shows no coverage after a clean reconcile:\n%s", page)
 	}
+}
+
+// startRigRelay starts a polling relay on ledger's outbox to sink, polling
+// every poll; the function it returns stops it, once however often it is
+// called.
+func startRigRelay(t *testing.T, ctx context.Context, ledger *pgxpool.Pool, sink core.Sink, owner, sinkName string, poll time.Duration) (stop func()) {
+	t.Helper()
+	relay, err := bridge.New(postgres.NewRelayStore(ledger), sink, bridge.Config{Owner: owner, SinkName: sinkName, PollInterval: poll})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := relay.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return sync.OnceFunc(func() {
+		if err := relay.Stop(context.Background()); err != nil {
+			t.Errorf("relay stop: %v", err)
+		}
+	})
 }

@@ -15,7 +15,6 @@ import (
 	"github.com/posthorn/posthorn/adapters/memory"
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
-	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/configs"
 	"github.com/posthorn/posthorn/consumers/projection"
@@ -49,19 +48,7 @@ func TestOutboxDeadLetterLetsTheAggregateFlow(t *testing.T) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer stop()
-	relay, err := bridge.New(postgres.NewRelayStore(r.ledger), r.sink, bridge.Config{Owner: "dead-letter-test",
-		SinkName: "memory", PollInterval: 20 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := relay.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := relay.Stop(context.Background()); err != nil {
-			t.Errorf("relay stop: %v", err)
-		}
-	}()
+	defer startRigRelay(t, ctx, r.ledger, r.sink, "dead-letter-test", "memory", 20*time.Millisecond)()
 	cfg, err := configs.Load("", r.env, nil)
 	if err != nil {
 		t.Fatal(err)
