@@ -25,6 +25,9 @@ test: setup
 	# RabbitMQ's real node restart, which watermill-amqp's known reconnect
 	# race (watermill issue 693) keeps out of the -race run.
 	$(GO) test -count=1 -timeout 5m -run 'TestSinksEndToEndBrokerRestart/amqp' ./integration/
+	# Watermill's universal pub/sub tests on every sink, which watermill-nats'
+	# own data race (and the detector's slowness) keeps out of the -race run.
+	$(GO) test -count=1 -timeout 10m -run '^TestUniversalPubSub' ./adapters/brokers/
 
 test-race: test
 

@@ -1,0 +1,6 @@
+//go:build race
+
+package brokers_test
+
+// raceDetector reports a build with -race.
+const raceDetector = true
