@@ -162,7 +162,7 @@ BEGIN
        OR pg_catalog.cardinality(aggregate_types) <> pg_catalog.cardinality(revisions) THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'revisions: want aggregate_types, aggregate_ids and revisions of one length';
     END IF;
-    IF EXISTS (SELECT 1 FROM pg_catalog.unnest(aggregate_types, aggregate_ids, revisions) AS u(t, i, r)
+    IF EXISTS (SELECT 1 FROM ROWS FROM (pg_catalog.unnest(aggregate_types), pg_catalog.unnest(aggregate_ids), pg_catalog.unnest(revisions)) AS u(t, i, r)
                WHERE u.t IS NULL OR u.i IS NULL OR u.r IS NULL OR u.r < 1 OR pg_catalog.length(u.i) NOT BETWEEN 1 AND 256) THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'revisions: want an aggregate type, an ID of 1 to 256 characters and a revision >= 1 each';
     END IF;
@@ -180,7 +180,7 @@ BEGIN
 
     CREATE TEMP TABLE failover_revisions ON COMMIT DROP AS
     SELECT u.t AS aggregate_type, u.i AS aggregate_id, max(u.r) AS revision
-    FROM pg_catalog.unnest(aggregate_types, aggregate_ids, revisions) AS u(t, i, r)
+    FROM ROWS FROM (pg_catalog.unnest(aggregate_types), pg_catalog.unnest(aggregate_ids), pg_catalog.unnest(revisions)) AS u(t, i, r)
     WHERE u.t <> 'journal' GROUP BY u.t, u.i;
     INSERT INTO public.accounts (id, revision)
     SELECT f.aggregate_id, 0 FROM pg_temp.failover_revisions AS f WHERE f.aggregate_type = 'account' ORDER BY 1 ON CONFLICT DO NOTHING;
