@@ -120,6 +120,17 @@ SELECT (SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM 
 func (s *FailoverStore) Recover(ctx context.Context, plan ops.RecoveryPlan, note string) (ops.RecoveryResult, error) {
 	var res ops.RecoveryResult
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		// The sequences move first, so the re-committed journals take
+		// sequence numbers past any the old primary gave out.
+		n := len(plan.Moves)
+		types, ids, revs := make([]string, n), make([]string, n), make([]int64, n)
+		for i, m := range plan.Moves {
+			types[i], ids[i], revs[i] = m.AggregateType, m.AggregateID, m.Seen
+		}
+		if err := tx.QueryRow(ctx, `SELECT sequences_moved, aggregates_moved FROM posthorn.failover_advance($1, $2, $3, $4, $5)`,
+			plan.OutboxIDPast, plan.JournalSequencePast, types, ids, revs).Scan(&res.SequencesMoved, &res.AggregatesMoved); err != nil {
+			return fmt.Errorf("move sequences and revisions: %w", err)
+		}
 		for _, j := range plan.Rebuild {
 			lines := make([]ops.RebuildLine, len(j.Lines))
 			for i, l := range j.Lines {
@@ -139,15 +150,6 @@ func (s *FailoverStore) Recover(ctx context.Context, plan ops.RecoveryPlan, note
 				res.Rebuilt = append(res.Rebuilt, j.JournalID)
 				res.JournalSequences = append(res.JournalSequences, *seq)
 			}
-		}
-		n := len(plan.Moves)
-		types, ids, revs := make([]string, n), make([]string, n), make([]int64, n)
-		for i, m := range plan.Moves {
-			types[i], ids[i], revs[i] = m.AggregateType, m.AggregateID, m.Seen
-		}
-		if err := tx.QueryRow(ctx, `SELECT sequences_moved, aggregates_moved FROM posthorn.failover_advance($1, $2, $3, $4, $5)`,
-			plan.OutboxIDPast, plan.JournalSequencePast, types, ids, revs).Scan(&res.SequencesMoved, &res.AggregatesMoved); err != nil {
-			return fmt.Errorf("move sequences and revisions: %w", err)
 		}
 		for _, l := range plan.Record {
 			var journal *string

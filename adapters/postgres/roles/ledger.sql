@@ -199,7 +199,7 @@ GRANT INSERT (journal_id) ON outbox TO posthorn_definer;
 GRANT DELETE ON outbox_pending TO posthorn_definer;
 GRANT SELECT, UPDATE ON SEQUENCE journal_sequence, outbox_id_seq TO posthorn_definer;
 GRANT SELECT, INSERT ON posthorn.failover_lost TO posthorn_definer;
-GRANT INSERT ON posthorn.ledger_timelines TO posthorn_definer;
+GRANT SELECT, INSERT ON posthorn.ledger_timelines TO posthorn_definer;
 GRANT EXECUTE ON FUNCTION posthorn.ledger_history(), posthorn.accept_ledger_history(text, text) TO posthorn_definer;
 GRANT CREATE ON SCHEMA posthorn TO posthorn_definer;
 ALTER FUNCTION posthorn.failover_recommit(uuid, timestamptz, jsonb) OWNER TO posthorn_definer;

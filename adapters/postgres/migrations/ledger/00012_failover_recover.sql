@@ -44,7 +44,8 @@ CREATE TABLE posthorn.failover_lost (
 -- event_id, account, revision, currency, delta (signed minor units, credit
 -- positive, as the event's payload says), payload (the event's payload, a
 -- JSON object) and headers (its non-contract headers)). It writes the
--- journal (a new sequence number: the old one was never published), its
+-- journal (a new sequence number, taken after the recovery moved the
+-- sequence past the old primary's: the old number is not on the wire), its
 -- lines, the balances, each account's revision (at least the line's) and
 -- each event's outbox row with its original event ID and revision, marked
 -- relayed in the same transaction: the world has these events already, and
