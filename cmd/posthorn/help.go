@@ -74,6 +74,18 @@ var commandHelp = map[string]helpText{
 		about:   "Creates or upgrades the ledger schema on database.url (with --consumer, the example consumers' schema on\nconsumer.database.url; with --roles, the per-component database roles). Idempotent; says which migrations it applied.",
 		example: "posthorn migrate --database.url postgres://postgres@127.0.0.1:5432/ledger --roles",
 	},
+	"failover": {
+		about:   "After the ledger failed over to a standby that missed the last postings: reads what the consumers saw (their inboxes,\nand the audit log's table, which keeps every event whole) against the new primary, names every lost event, and recovers.",
+		example: "posthorn failover check --database.url postgres://posthorn_maintainer@ledger-b:5432/ledger",
+	},
+	"failover check": {
+		about:   "Reads every configured consumer's inbox (reconcile.consumers, or the two example consumers on consumer.database.url)\nand the audit log's table against the ledger, and names every event the world saw that the ledger lacks: ID, journal,\naccount, revision, amount (where a source kept the payload), and whether a recovery can re-commit it. Writes nothing.\nExit 0 clean (nothing lost, revisions ahead of what was seen, history accepted), 1 something to recover, 2 could not run.",
+		example: "posthorn failover check --json",
+	},
+	"failover recover": {
+		about:   "Does what failover check names, in one transaction: re-commits every lost posting that its published events rebuild\nwhole, with its journal ID, event IDs and revisions (its outbox rows marked relayed: consumers have them); moves the\noutbox ids, the journal sequence and every aggregate's revision past what was published; records the lost events it\ncannot rebuild; accepts the ledger's history, so the relay resumes. --dry-run writes nothing (exit as check). A second\nrun finds nothing to do. Exit 0 recovered or nothing to do, 2 could not run.",
+		example: "posthorn failover recover --dry-run",
+	},
 	"outbox": {
 		about:   "Inspect and act on the outbox: the backlog, leases, parked aggregates and uncertain rows; release a parked\naggregate; resend rows with their original event IDs.",
 		example: "posthorn outbox status --database.url postgres://posthorn@127.0.0.1:5432/ledger",

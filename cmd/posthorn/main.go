@@ -38,6 +38,8 @@ func init() {
 		"consume status":     {"dispositions, duplicates and parked accounts per consumer (--json)", runConsumeStatus},
 		"demo":               {"everything in one process on embedded defaults, with a summary at the end (--postings N, --json)", runDemo},
 		"dev kafka":          {"a standalone Kafka-protocol broker for local work (kfake): --listen, --data-dir, --nodes; SIGUSR1 moves partition leaders", runDevKafka},
+		"failover check":     {"name every event consumers saw that the ledger lacks after a failover, and what a recovery would do (--json); exit 0 clean, 1 lost events or history not accepted, 2 could not run", runFailoverCheck},
+		"failover recover":   {"re-commit lost postings with their IDs, move sequences and revisions past what was published, accept the history (--dry-run first)", runFailoverRecover},
 		"migrate":            {"create or upgrade the ledger schema (--consumer, --roles)", runMigrate},
 		"outbox status":      {"backlog, oldest unrelayed age, leases, parked aggregates (--json)", runOutboxStatus},
 		"outbox release":     {"let the relay send a parked aggregate again (--account ID, --journal ID, or --aggregate-type T --aggregate-id ID)", runOutboxRelease},

@@ -171,3 +171,39 @@ GRANT SELECT, INSERT, UPDATE ON ops_archive_segments, ops_cleanup TO posthorn_ma
 -- `posthorn retention` as the maintainer: expired idempotency keys,
 -- through the same function as the API.
 GRANT EXECUTE ON FUNCTION posthorn.prune_idempotency_keys(timestamptz, integer) TO posthorn_maintainer;
+
+-- posthorn failover check and recover (migration 00012), run as the
+-- maintainer: the check reads which events the ledger holds and where its
+-- sequences and revisions stand; the recovery writes only through the
+-- functions, which re-commit a lost posting from its published events,
+-- move sequences and revisions forward, record what cannot be rebuilt and
+-- accept the server's own history.
+REVOKE ALL ON TABLE posthorn.failover_lost
+    FROM posthorn_api, posthorn_relay, posthorn_relay_cdc, posthorn_reconciler, posthorn_maintainer, posthorn_consumer,
+        posthorn_publisher, posthorn_definer;
+GRANT SELECT (journal_id, account_id, revision) ON journal_lines TO posthorn_maintainer;
+GRANT SELECT (id, revision) ON accounts TO posthorn_maintainer;
+GRANT SELECT ON posthorn_aggregates, posthorn.ledger_timelines, posthorn.failover_lost TO posthorn_maintainer;
+GRANT SELECT ON SEQUENCE journal_sequence TO posthorn_maintainer;
+GRANT EXECUTE ON FUNCTION posthorn.ledger_history(), posthorn.ledger_history_accepted(),
+    posthorn.failover_recommit(uuid, timestamptz, jsonb),
+    posthorn.failover_advance(bigint, bigint, text[], text[], bigint[]),
+    posthorn.failover_record_lost(uuid, text, text, bigint, uuid, text, text),
+    posthorn.failover_accept(text) TO posthorn_maintainer;
+-- What the functions write, as their owner.
+GRANT SELECT, INSERT ON accounts, journals, journal_lines TO posthorn_definer;
+GRANT UPDATE (revision) ON accounts TO posthorn_definer;
+GRANT SELECT, INSERT ON account_balances TO posthorn_definer;
+GRANT UPDATE (balance) ON account_balances TO posthorn_definer;
+GRANT INSERT (journal_id) ON outbox TO posthorn_definer;
+GRANT DELETE ON outbox_pending TO posthorn_definer;
+GRANT SELECT, UPDATE ON SEQUENCE journal_sequence, outbox_id_seq TO posthorn_definer;
+GRANT SELECT, INSERT ON posthorn.failover_lost TO posthorn_definer;
+GRANT SELECT, INSERT ON posthorn.ledger_timelines TO posthorn_definer;
+GRANT EXECUTE ON FUNCTION posthorn.ledger_history(), posthorn.accept_ledger_history(text, text) TO posthorn_definer;
+GRANT CREATE ON SCHEMA posthorn TO posthorn_definer;
+ALTER FUNCTION posthorn.failover_recommit(uuid, timestamptz, jsonb) OWNER TO posthorn_definer;
+ALTER FUNCTION posthorn.failover_advance(bigint, bigint, text[], text[], bigint[]) OWNER TO posthorn_definer;
+ALTER FUNCTION posthorn.failover_record_lost(uuid, text, text, bigint, uuid, text, text) OWNER TO posthorn_definer;
+ALTER FUNCTION posthorn.failover_accept(text) OWNER TO posthorn_definer;
+REVOKE CREATE ON SCHEMA posthorn FROM posthorn_definer;

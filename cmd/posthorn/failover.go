@@ -1,0 +1,168 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/configs"
+	"github.com/posthorn/posthorn/consumers/auditlog"
+	"github.com/posthorn/posthorn/ops"
+)
+
+func runFailoverCheck(ctx context.Context, args []string) error {
+	return runFailover(ctx, "failover check", args)
+}
+
+func runFailoverRecover(ctx context.Context, args []string) error {
+	return runFailover(ctx, "failover recover", args)
+}
+
+// runFailover reads the consumers reconcile reads (their inboxes, and the
+// audit log's table, which keeps every event whole) against the ledger.
+// check and recover --dry-run exit 1 when there is something to recover
+// (lost events, revisions to move, or a history not accepted) and 0 when
+// clean; recover exits 0 once it recovered or found nothing to do; 2
+// means it could not run.
+func runFailover(ctx context.Context, name string, args []string) error {
+	fs := newFlags(name, "database.url", "consumer.database.url")
+	asJSON := fs.Bool("json", false, "print one JSON object")
+	margin := fs.Int64("margin", 1000, "how far past their last values, beyond one per lost event or journal, the outbox ids and journal sequence move (values the old primary gave to rows no source saw)")
+	var dryRun *bool
+	if name == "failover recover" {
+		dryRun = fs.Bool("dry-run", false, "say what the recovery would write, and write nothing")
+	}
+	var list []configs.ReconcileConsumer
+	checks := func(cfg *configs.Config) (err error) {
+		if *margin < 0 {
+			return fmt.Errorf("--margin must be 0 or more, is %d", *margin)
+		}
+		if err := cfg.RequireDatabase(); err != nil {
+			return err
+		}
+		list, err = reconcileConsumers(*cfg)
+		return err
+	}
+	p, err := fs.start(ctx, args, needs{ledger: 2, check: checks})
+	if err != nil {
+		return couldNotRun(err)
+	}
+	defer p.close()
+	pools := map[string]*pgxpool.Pool{}
+	defer func() {
+		for _, pool := range pools {
+			pool.Close()
+		}
+	}()
+	var sources []ops.SeenSource
+	for _, c := range list {
+		pool, ok := pools[c.DatabaseURL]
+		if !ok {
+			if pool, err = connectReadOnly(ctx, c.DatabaseURL); err != nil {
+				return couldNotRun(fmt.Errorf("consumer %s: %w", c.Name, err))
+			}
+			pools[c.DatabaseURL] = pool
+		}
+		sources = append(sources, postgres.InboxSeen{Pool: pool, Consumer: c.Name})
+		if c.Name == auditlog.Name {
+			sources = append(sources, postgres.AuditLogSeen{Pool: pool})
+		}
+	}
+	cfg := ops.FailoverConfig{Ledger: postgres.NewFailoverStore(p.ledger), Sources: sources, Margin: *margin}
+	var rep ops.FailoverReport
+	if dryRun == nil {
+		rep, err = ops.FailoverCheck(ctx, cfg)
+	} else {
+		rep, err = ops.FailoverRecover(ctx, cfg, *dryRun)
+	}
+	if err != nil {
+		return couldNotRun(err)
+	}
+	if *asJSON {
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(rep); err != nil {
+			return couldNotRun(err)
+		}
+	} else {
+		printFailover(os.Stdout, rep)
+	}
+	if rep.Recovery == nil && !rep.Clean() {
+		return &exitError{code: 1}
+	}
+	return nil
+}
+
+func printFailover(w io.Writer, rep ops.FailoverReport) {
+	h := rep.History
+	fmt.Fprintf(w, "ledger history: system %d timeline %d; accepted: system %d timeline %d", h.SystemIdentifier, h.Timeline,
+		h.AcceptedSystemIdentifier, h.AcceptedTimeline)
+	if h.Accepted {
+		fmt.Fprintln(w, " (accepted)")
+	} else {
+		fmt.Fprintln(w, " (NOT ACCEPTED: the relay holds until a recovery accepts it)")
+	}
+	fmt.Fprintf(w, "sources read:")
+	for _, s := range rep.Sources {
+		fmt.Fprintf(w, " %s (%d events);", s.Name, s.Events)
+	}
+	fmt.Fprintf(w, " %d distinct event IDs", rep.Seen)
+	if rep.NotLedger > 0 {
+		fmt.Fprintf(w, ", %d IDs that are no UUID (not the ledger's) left out", rep.NotLedger)
+	}
+	fmt.Fprintln(w)
+	if len(rep.Lost) > 0 {
+		fmt.Fprintf(w, "\nlost events (seen, not in the ledger): %d\n", len(rep.Lost))
+		tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "EVENT ID\tJOURNAL\tAGGREGATE\tREVISION\tAMOUNT\tSEEN BY\tRECOVERY")
+		for _, l := range rep.Lost {
+			amount := "?"
+			if l.Delta != "" {
+				amount = l.Delta + " " + l.Currency
+			}
+			journal := l.JournalID
+			if journal == "" {
+				journal = "?"
+			}
+			what := "re-commit with its IDs"
+			switch {
+			case l.Recorded:
+				what = "recorded by an earlier recovery: " + l.Reason
+			case !l.Rebuild:
+				what = "CANNOT REBUILD: " + l.Reason
+			}
+			// From the wire: quoted, so no control character reaches the terminal.
+			fmt.Fprintf(tw, "%q\t%q\t%q %q\t%d\t%q\t%s\t%s\n", l.EventID, journal, l.AggregateType, l.AggregateID, l.Revision,
+				amount, strings.Join(l.SeenBy, ", "), what)
+		}
+		tw.Flush()
+	}
+	pl := rep.Plan
+	if len(pl.Moves) > 0 {
+		fmt.Fprintf(w, "\nrevisions behind what was published: %d aggregates\n", len(pl.Moves))
+		for _, m := range pl.Moves {
+			fmt.Fprintf(w, "  %q %q: ledger %d, published %d\n", m.AggregateType, m.AggregateID, m.Ledger, m.Seen)
+		}
+	}
+	fmt.Fprintln(w)
+	switch {
+	case rep.Recovery != nil:
+		r := rep.Recovery
+		fmt.Fprintf(w, "recovered: %d journals re-committed (%s), %d sequences and %d aggregates moved (outbox ids past %d, journal sequence past %d), %d lost events recorded, history accepted\n",
+			len(r.Rebuilt), strings.Join(r.Rebuilt, ", "), r.SequencesMoved, r.AggregatesMoved, pl.OutboxIDPast, pl.JournalSequencePast, r.Recorded)
+	case rep.Clean():
+		fmt.Fprintln(w, "result: clean, nothing to do")
+	case rep.NothingToDo():
+		fmt.Fprintln(w, "result: nothing lost; the history needs accepting: run posthorn failover recover (exit 1)")
+	default:
+		fmt.Fprintf(w, "result: a recovery would re-commit %d journals, record %d lost events it cannot rebuild, move %d aggregates and the sequences (outbox ids past %d, journal sequence past %d), then accept the history (exit 1)\n",
+			len(pl.Rebuild), len(pl.Record), len(pl.Moves), pl.OutboxIDPast, pl.JournalSequencePast)
+	}
+}

@@ -1,0 +1,277 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/pgcluster"
+	"github.com/posthorn/posthorn/bridge/bridgetest"
+	"github.com/posthorn/posthorn/consumers/auditlog"
+	"github.com/posthorn/posthorn/consumers/projection"
+	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/ops"
+)
+
+// TestFailoverRecoverRebuildsLostPostings is a ledger failover with the
+// real pieces: a primary with an asynchronous standby, the Posting API's
+// store, the relay and both example consumers on the memory sink. The
+// standby is shut down, postings commit on the primary and are published
+// and applied, the primary is killed and the standby promoted: those
+// postings are lost. failover check names every lost event by ID with its
+// journal, account, revision and amount; recover --dry-run writes
+// nothing; recover re-commits the lost postings with their journal IDs,
+// event IDs and revisions (GET by journal returns them; the ledger's
+// balances equal the projection's), moves the sequences and revisions, and
+// accepts the history; a second recover has nothing to do; new postings
+// then take fresh outbox ids, journal sequences and revisions, and no
+// consumer records a revision_conflict. Negative control: without the
+// recovery, new postings reuse the lost events' revisions (both consumers
+// record revision_conflicts), outbox ids are reissued, and a check afterwards names the lost postings it can no
+// longer rebuild where they were.
+func TestFailoverRecoverRebuildsLostPostings(t *testing.T) {
+	t.Parallel()
+	for _, recover := range []bool{true, false} {
+		t.Run(fmt.Sprintf("recover=%v", recover), func(t *testing.T) {
+			t.Parallel()
+			failoverRecover(t, recover)
+		})
+	}
+}
+
+// ledgerState is what a dry run must leave as it was.
+type ledgerState struct {
+	outbox, journals, lines, revisions, outboxSeq, journalSeq, timelines, lost int64
+}
+
+func readLedgerState(t *testing.T, pool *pgxpool.Pool) ledgerState {
+	t.Helper()
+	var s ledgerState
+	err := pool.QueryRow(context.Background(), `SELECT (SELECT count(*) FROM outbox), (SELECT count(*) FROM journals),
+    (SELECT count(*) FROM journal_lines), (SELECT coalesce(sum(revision), 0) FROM accounts),
+    (SELECT last_value FROM outbox_id_seq), (SELECT last_value FROM journal_sequence),
+    (SELECT count(*) FROM posthorn.ledger_timelines), (SELECT count(*) FROM posthorn.failover_lost)`).
+		Scan(&s.outbox, &s.journals, &s.lines, &s.revisions, &s.outboxSeq, &s.journalSeq, &s.timelines, &s.lost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func failoverRecover(t *testing.T, recover bool) {
+	ctx := context.Background()
+	f := bridgetest.NewFailover(t, pgcluster.Options{})
+	consumer := smallConsumerPool(t)
+	startOpsConsumers(t, f.Sink, consumer)
+	r := &opsRig{ledger: f.Pool, consumer: consumer, store: postgres.NewLedgerStore(f.Pool, postgres.LedgerConfig{}),
+		ops: postgres.NewOpsStore(f.Pool), sink: f.Sink}
+	before := r.deliver(t, 6)
+
+	// The standby stops; what commits now reaches the world but not it.
+	if err := f.Standby.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lostFrom := len(r.posted)
+	// More than 32 outbox rows: PostgreSQL logs a sequence 32 values ahead,
+	// so a shorter lost tail would not reach the ids the standby resumes at.
+	events := r.post(t, 20)
+	r.relay(t, nil)
+	r.waitApplied(t, before+events)
+	lostPostings := r.posted[lostFrom:]
+	var oldOutboxID, oldJournalSeq int64
+	if err := f.Pool.QueryRow(ctx, `SELECT (SELECT max(id) FROM outbox), (SELECT max(sequence) FROM journals)`).
+		Scan(&oldOutboxID, &oldJournalSeq); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Primary.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Standby.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Standby.Promote(ctx); err != nil {
+		t.Fatal(err)
+	}
+	pool, err := postgres.Connect(ctx, f.Standby.URL("ledger"), 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	nr := &opsRig{ledger: pool, consumer: consumer, store: postgres.NewLedgerStore(pool, postgres.LedgerConfig{}),
+		ops: postgres.NewOpsStore(pool), sink: f.Sink, n: r.n}
+
+	// What the world has and the new primary lacks: every event of the
+	// lost postings, with its journal and amount.
+	type want struct {
+		journal, account, delta string
+		revision                int64
+	}
+	wantLost := map[string]want{}
+	for k, p := range lostPostings {
+		amount := 100 + lostFrom + k // opsRig.post: entry 0 debits, entry 1 credits this much
+		for i, e := range p.Events {
+			d := strconv.Itoa(amount)
+			if i == 0 {
+				d = "-" + d
+			}
+			wantLost[e.EventID] = want{journal: p.JournalID, account: e.Account, delta: d, revision: e.Revision}
+		}
+	}
+	cfg := ops.FailoverConfig{Ledger: postgres.NewFailoverStore(pool), Margin: 1000, Sources: []ops.SeenSource{
+		postgres.InboxSeen{Pool: consumer, Consumer: projection.Name},
+		postgres.InboxSeen{Pool: consumer, Consumer: auditlog.Name},
+		postgres.AuditLogSeen{Pool: consumer},
+	}}
+	rep, err := ops.FailoverCheck(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gotLost := map[string]ops.LostEvent{}
+	for _, l := range rep.Lost {
+		gotLost[l.EventID] = l
+	}
+	t.Logf("after the failover: %d events seen, %d lost (want %d), history accepted %v, %d journals to rebuild, %d aggregates to move, %d not rebuildable",
+		rep.Seen, len(rep.Lost), len(wantLost), rep.History.Accepted, len(rep.Plan.Rebuild), len(rep.Plan.Moves), len(rep.Plan.Record))
+	if len(gotLost) != len(wantLost) || rep.History.Accepted || rep.Clean() {
+		t.Fatalf("check: %d lost events, want the %d of the lost postings; history accepted %v (want not: the standby was promoted)",
+			len(gotLost), len(wantLost), rep.History.Accepted)
+	}
+	for id, w := range wantLost {
+		l := gotLost[id]
+		if l.JournalID != w.journal || l.AggregateID != w.account || l.Revision != w.revision || l.Delta != w.delta ||
+			l.Currency != "EUR" || !l.Rebuild || len(l.SeenBy) != 3 {
+			t.Fatalf("lost event %s: got %+v, want %+v, rebuildable, seen by 3 sources", id, l, w)
+		}
+	}
+	if len(rep.Plan.Rebuild) != len(lostPostings) || len(rep.Plan.Record) != 0 {
+		t.Fatalf("plan: rebuild %d journals (want %d), record %d (want none)", len(rep.Plan.Rebuild), len(lostPostings), len(rep.Plan.Record))
+	}
+
+	// The dry run writes nothing.
+	st := readLedgerState(t, pool)
+	if dry, err := ops.FailoverRecover(ctx, cfg, true); err != nil || dry.Recovery != nil || len(dry.Lost) != len(wantLost) {
+		t.Fatalf("dry run: %v, recovery %+v, %d lost", err, dry.Recovery, len(dry.Lost))
+	}
+	if after := readLedgerState(t, pool); after != st {
+		t.Fatalf("the dry run wrote: %+v, then %+v", st, after)
+	}
+
+	if recover {
+		rec, err := ops.FailoverRecover(ctx, cfg, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rec.Recovery == nil || len(rec.Recovery.Rebuilt) != len(lostPostings) || !rec.Recovery.HistoryAccepted || rec.Recovery.SequencesMoved != 2 {
+			t.Fatalf("recovery: %+v", rec.Recovery)
+		}
+		for _, p := range lostPostings {
+			got, err := nr.store.Posting(ctx, p.JournalID)
+			if err != nil {
+				t.Fatalf("GET posting %s after the recovery: %v", p.JournalID, err)
+			}
+			for i, e := range p.Events {
+				if i >= len(got.Entries) || got.Entries[i].EventID != e.EventID || got.Entries[i].Revision != e.Revision || got.Entries[i].Account != e.Account {
+					t.Fatalf("posting %s: entries %+v, want the events %+v", p.JournalID, got.Entries, p.Events)
+				}
+			}
+		}
+		if h, err := postgres.NewFailoverStore(pool).History(ctx); err != nil || !h.Accepted {
+			t.Fatalf("history after the recovery: %+v, %v", h, err)
+		}
+		if bridgetest.Unrelayed(t, pool) != 0 {
+			t.Fatalf("%d outbox rows unrelayed after the recovery: the re-committed events would go out as new", bridgetest.Unrelayed(t, pool))
+		}
+		nr.assertBalancesMatch(t)
+		again, err := ops.FailoverRecover(ctx, cfg, false)
+		if err != nil || again.Recovery != nil || !again.Clean() {
+			t.Fatalf("second recovery: %v, recovery %+v, clean %v", err, again.Recovery, again.Clean())
+		}
+	}
+
+	// Life goes on on the new primary.
+	afterFrom := len(nr.posted)
+	newEvents := nr.post(t, 8)
+	nr.relay(t, nil)
+	total := int64(before + events + newEvents)
+	bridgetest.WaitFor(t, opsWait, "every event has a disposition in both consumers", func() bool {
+		for _, c := range []string{projection.Name, auditlog.Name} {
+			var n int64
+			for _, v := range counts(t, consumer, c).Events {
+				n += v
+			}
+			if n != total {
+				return false
+			}
+		}
+		return true
+	})
+	var newMinOutbox, newMinSeq int64
+	if err := pool.QueryRow(ctx, `SELECT (SELECT min(o.id) FROM outbox o WHERE o.journal_id = ANY($1::text[]::uuid[])),
+    (SELECT min(sequence) FROM journals WHERE id = ANY($1::text[]::uuid[]))`, journalIDs(nr.posted[afterFrom:])).
+		Scan(&newMinOutbox, &newMinSeq); err != nil {
+		t.Fatal(err)
+	}
+	lostRevs := map[string]int64{}
+	for _, w := range wantLost {
+		lostRevs[w.account] = max(lostRevs[w.account], w.revision)
+	}
+	reused := 0
+	for _, p := range nr.posted[afterFrom:] {
+		for _, e := range p.Events {
+			if e.Revision <= lostRevs[e.Account] {
+				reused++
+			}
+		}
+	}
+	proj, audit := counts(t, consumer, projection.Name), counts(t, consumer, auditlog.Name)
+	t.Logf("recover %v: new postings: %d events reuse a lost event's revision; first new outbox id %d (old primary's last %d), first new journal sequence %d (old last %d); "+
+		"projection %d revision_conflict, %d duplicate; audit log %d revision_conflict",
+		recover, reused, newMinOutbox, oldOutboxID, newMinSeq, oldJournalSeq, proj.Events[core.DispositionRevisionConflict],
+		proj.Events[core.DispositionDuplicate], audit.Events[core.DispositionRevisionConflict])
+
+	if !recover {
+		// The control: the loss the recovery prevents.
+		if reused == 0 || proj.Events[core.DispositionRevisionConflict] == 0 || audit.Events[core.DispositionRevisionConflict] == 0 ||
+			newMinOutbox > oldOutboxID {
+			t.Fatalf("control: without the recovery nothing was reissued (%d revisions reused, conflicts %d/%d, outbox id %d <= %d)",
+				reused, proj.Events[core.DispositionRevisionConflict], audit.Events[core.DispositionRevisionConflict],
+				newMinOutbox, oldOutboxID)
+		}
+		late, err := ops.FailoverCheck(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(late.Lost) != len(wantLost) || len(late.Plan.Rebuild) == len(lostPostings) || len(late.Plan.Record) == 0 {
+			t.Fatalf("check after reissue: %d lost, %d rebuildable journals, %d to record: want the reissued ones named as not rebuildable",
+				len(late.Lost), len(late.Plan.Rebuild), len(late.Plan.Record))
+		}
+		return
+	}
+	if reused != 0 || proj.Events[core.DispositionRevisionConflict] != 0 || audit.Events[core.DispositionRevisionConflict] != 0 ||
+		newMinOutbox <= oldOutboxID || newMinSeq <= oldJournalSeq {
+		t.Fatalf("after the recovery: %d revisions reused, conflicts %d/%d, first outbox id %d (want > %d), first sequence %d (want > %d)",
+			reused, proj.Events[core.DispositionRevisionConflict], audit.Events[core.DispositionRevisionConflict],
+			newMinOutbox, oldOutboxID, newMinSeq, oldJournalSeq)
+	}
+	nr.waitApplied(t, int(total))
+	nr.assertBalancesMatch(t)
+	rc := nr.reconcile(t, nil)
+	if !rc.Clean {
+		t.Errorf("reconcile after the recovery is not clean: ledger %+v, consumers %+v", rc.Ledger, rc.Consumers)
+	}
+	if fin, err := ops.FailoverCheck(ctx, cfg); err != nil || !fin.Clean() {
+		t.Fatalf("check at the end: %v, clean %v, %d lost", err, fin.Clean(), len(fin.Lost))
+	}
+}
+
+func journalIDs(ps []core.PostingResult) []string {
+	out := make([]string, len(ps))
+	for i, p := range ps {
+		out[i] = p.JournalID
+	}
+	return out
+}

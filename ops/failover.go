@@ -1,0 +1,479 @@
+package ops
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/posthorn/posthorn/core"
+)
+
+// Failover check and recovery: what the world has seen against the ledger
+// after a failover to a standby that missed the last postings.
+//
+// Invariants:
+//   - An event is in the ledger when the outbox holds its event ID, or,
+//     for a posting's event whose journal is known, when that journal holds
+//     a line at its account and revision (cleanup may have removed the
+//     outbox row). Every other event a source read is lost.
+//   - A lost posting is rebuilt only from its published events and only
+//     whole: every event carries its payload, its revisions are free, and
+//     its lines balance per currency. It is re-committed with its journal
+//     ID, event IDs and revisions, and its outbox rows are marked relayed:
+//     the world has them, so they are never sent as new events.
+//   - After a recovery nothing published is reissued: every aggregate's
+//     revision is at least the highest any source saw, and the outbox ids
+//     and journal sequence move past their last values by one per lost
+//     event and journal plus a margin (neither is on the wire, so the old
+//     primary's last values are not known).
+//   - A lost event that cannot be rebuilt is named with its reason and
+//     recorded on the ledger once, so a second recovery has nothing to do.
+//   - The check and a dry run write nothing. A recovery writes in one
+//     transaction, last of all accepting the ledger's new history, so the
+//     relay resumes only once nothing can be reissued.
+
+// SeenEvent is an event the world holds, as a source read it. Fields a
+// source does not keep are empty.
+type SeenEvent struct {
+	EventID       string            `json:"event_id"`
+	Kind          string            `json:"kind,omitempty"`
+	Type          string            `json:"type,omitempty"`
+	AggregateType string            `json:"aggregate_type"`
+	AggregateID   string            `json:"aggregate_id"`
+	Revision      int64             `json:"revision"`
+	JournalID     string            `json:"journal_id,omitempty"`
+	Payload       []byte            `json:"-"`
+	Headers       map[string]string `json:"-"`
+	SeenBy        []string          `json:"seen_by"`
+}
+
+// SeenSource reads what one part of the world (a consumer's inbox, the
+// sink) holds.
+type SeenSource interface {
+	SourceName() string
+	Seen(ctx context.Context) ([]SeenEvent, error)
+}
+
+// LedgerHistory is the ledger server's history and the one accepted last.
+type LedgerHistory struct {
+	Accepted                 bool  `json:"accepted"`
+	SystemIdentifier         int64 `json:"system_identifier"`
+	Timeline                 int32 `json:"timeline"`
+	AcceptedSystemIdentifier int64 `json:"accepted_system_identifier"`
+	AcceptedTimeline         int32 `json:"accepted_timeline"`
+}
+
+// EventState is what the ledger knows of one seen event.
+type EventState struct {
+	// Held: the ledger has the event.
+	Held bool
+	// TakenBy is the journal (or "outbox") that holds the event's
+	// aggregate revision instead of it: the revision was reissued.
+	TakenBy string
+	// Recorded is the reason an earlier recovery recorded it as lost.
+	Recorded string
+}
+
+// AggregateKey names an aggregate.
+type AggregateKey struct{ Type, ID string }
+
+// FailoverStore is the ledger side of the failover check and recovery.
+type FailoverStore interface {
+	History(ctx context.Context) (LedgerHistory, error)
+	// Inspect says, per event ID of seen, what the ledger knows of it.
+	Inspect(ctx context.Context, seen []SeenEvent) (map[string]EventState, error)
+	// Revisions returns the ledger's revision of each aggregate (0 when it
+	// has none).
+	Revisions(ctx context.Context, aggs []AggregateKey) (map[AggregateKey]int64, error)
+	// Sequences returns the last values of the outbox ids and the journal
+	// sequence.
+	Sequences(ctx context.Context) (outboxID, journalSequence int64, err error)
+	// Recover applies plan in one transaction and accepts the history.
+	Recover(ctx context.Context, plan RecoveryPlan, note string) (RecoveryResult, error)
+}
+
+// RebuildLine is one line of a lost posting, from its published event.
+type RebuildLine struct {
+	EventID  string            `json:"event_id"`
+	Account  string            `json:"account"`
+	Revision int64             `json:"revision"`
+	Currency string            `json:"currency"`
+	Delta    int64             `json:"delta,string"`
+	Payload  json.RawMessage   `json:"payload"`
+	Headers  map[string]string `json:"headers"`
+}
+
+// RebuildJournal is a lost posting that can be re-committed.
+type RebuildJournal struct {
+	JournalID string        `json:"journal_id"`
+	PostedAt  time.Time     `json:"posted_at"`
+	Lines     []RebuildLine `json:"lines"`
+}
+
+// LostEvent is an event the world has and the ledger does not.
+type LostEvent struct {
+	SeenEvent
+	Currency string `json:"currency,omitempty"`
+	// Delta is the signed amount (credit positive), when a source kept the
+	// payload.
+	Delta string `json:"delta,omitempty"`
+	// Rebuild: the recovery re-commits it; otherwise Reason says why not.
+	Rebuild bool   `json:"rebuild"`
+	Reason  string `json:"reason,omitempty"`
+	// Recorded: an earlier recovery named it already.
+	Recorded bool `json:"recorded,omitempty"`
+}
+
+// AggregateMove is an aggregate whose ledger revision is below what was
+// published.
+type AggregateMove struct {
+	AggregateType string `json:"aggregate_type"`
+	AggregateID   string `json:"aggregate_id"`
+	Ledger        int64  `json:"ledger_revision"`
+	Seen          int64  `json:"seen_revision"`
+}
+
+// RecoveryPlan is what a recovery writes.
+type RecoveryPlan struct {
+	Rebuild []RebuildJournal `json:"rebuild"`
+	// OutboxIDPast and JournalSequencePast are the values the sequences
+	// move to (their next values come after).
+	OutboxIDPast        int64           `json:"outbox_id_past"`
+	JournalSequencePast int64           `json:"journal_sequence_past"`
+	Moves               []AggregateMove `json:"moves"`
+	// Record are the lost events that cannot be rebuilt, to be recorded.
+	Record []LostEvent `json:"record"`
+}
+
+// RecoveryResult is what a recovery wrote.
+type RecoveryResult struct {
+	Rebuilt          []string `json:"rebuilt_journals"`
+	SequencesMoved   int      `json:"sequences_moved"`
+	AggregatesMoved  int      `json:"aggregates_moved"`
+	Recorded         int      `json:"recorded"`
+	HistoryAccepted  bool     `json:"history_accepted"`
+	JournalSequences []int64  `json:"journal_sequences"`
+}
+
+// SourceRead is how many events a source gave.
+type SourceRead struct {
+	Name   string `json:"name"`
+	Events int    `json:"events"`
+}
+
+// FailoverReport is the check's verdict.
+type FailoverReport struct {
+	Sources []SourceRead  `json:"sources"`
+	History LedgerHistory `json:"history"`
+	// Seen counts the distinct event IDs read; NotLedger those that are no
+	// UUID (no ledger event has such an ID).
+	Seen      int          `json:"seen"`
+	NotLedger int          `json:"not_ledger_ids"`
+	Lost      []LostEvent  `json:"lost"`
+	Plan      RecoveryPlan `json:"plan"`
+	// Recovery is set by Recover when it wrote.
+	Recovery *RecoveryResult `json:"recovery,omitempty"`
+}
+
+// Clean reports that nothing is lost, nothing is to be moved and the
+// history is accepted: the relay may publish.
+func (r FailoverReport) Clean() bool { return r.History.Accepted && r.NothingToDo() }
+
+// NothingToDo reports that a recovery would write nothing but the
+// acceptance of the history.
+func (r FailoverReport) NothingToDo() bool {
+	return len(r.Plan.Rebuild) == 0 && len(r.Plan.Moves) == 0 && len(r.Plan.Record) == 0
+}
+
+// FailoverConfig configures FailoverCheck and FailoverRecover.
+type FailoverConfig struct {
+	Ledger  FailoverStore
+	Sources []SeenSource
+	// Margin is how far past their last values, beyond one per lost event
+	// or journal, the outbox ids and the journal sequence move.
+	Margin int64
+}
+
+// ErrNoSources is returned when no source is configured.
+var ErrNoSources = errors.New("no source of published events to read (consumers or sink)")
+
+// FailoverCheck reads every source and the ledger and reports the lost
+// events and what a recovery would write. It writes nothing.
+func FailoverCheck(ctx context.Context, cfg FailoverConfig) (FailoverReport, error) {
+	if len(cfg.Sources) == 0 {
+		return FailoverReport{}, ErrNoSources
+	}
+	if cfg.Margin < 0 {
+		return FailoverReport{}, fmt.Errorf("margin: is %d, want 0 or more", cfg.Margin)
+	}
+	var rep FailoverReport
+	var err error
+	if rep.History, err = cfg.Ledger.History(ctx); err != nil {
+		return rep, err
+	}
+	byID := map[string]*SeenEvent{}
+	var order []string
+	for _, s := range cfg.Sources {
+		evs, err := s.Seen(ctx)
+		if err != nil {
+			return rep, fmt.Errorf("read %s: %w", s.SourceName(), err)
+		}
+		rep.Sources = append(rep.Sources, SourceRead{Name: s.SourceName(), Events: len(evs)})
+		for _, e := range evs {
+			if _, err := uuid.Parse(e.EventID); err != nil {
+				rep.NotLedger++
+				continue
+			}
+			if have, ok := byID[e.EventID]; ok {
+				merge(have, e, s.SourceName())
+				continue
+			}
+			e.SeenBy = []string{s.SourceName()}
+			byID[e.EventID] = &e
+			order = append(order, e.EventID)
+		}
+	}
+	rep.Seen = len(order)
+	seen := make([]SeenEvent, len(order))
+	for i, id := range order {
+		seen[i] = *byID[id]
+	}
+	states, err := cfg.Ledger.Inspect(ctx, seen)
+	if err != nil {
+		return rep, err
+	}
+	for _, e := range seen {
+		st := states[e.EventID]
+		if st.Held {
+			continue
+		}
+		rep.Lost = append(rep.Lost, lostEvent(e, st))
+	}
+	slices.SortFunc(rep.Lost, func(a, b LostEvent) int {
+		return cmpLost(a, b)
+	})
+	rep.Plan.Rebuild = planRebuild(rep.Lost)
+	for i := range rep.Lost {
+		if l := &rep.Lost[i]; !l.Rebuild && !l.Recorded {
+			rep.Plan.Record = append(rep.Plan.Record, *l)
+		}
+	}
+	if err := planMoves(ctx, cfg, seen, &rep); err != nil {
+		return rep, err
+	}
+	return rep, nil
+}
+
+// FailoverRecover runs the check and, unless dryRun, writes its plan and
+// accepts the ledger's history in one transaction. A second run finds
+// nothing to do and writes nothing (it accepts the history only if it is
+// not accepted yet).
+func FailoverRecover(ctx context.Context, cfg FailoverConfig, dryRun bool) (FailoverReport, error) {
+	rep, err := FailoverCheck(ctx, cfg)
+	if err != nil || dryRun || rep.Clean() {
+		return rep, err
+	}
+	note := fmt.Sprintf("%d lost events: %d journals re-committed, %d recorded as not rebuildable, %d aggregates moved",
+		len(rep.Lost), len(rep.Plan.Rebuild), len(rep.Plan.Record), len(rep.Plan.Moves))
+	res, err := cfg.Ledger.Recover(ctx, rep.Plan, note)
+	if err != nil {
+		return rep, err
+	}
+	rep.Recovery = &res
+	return rep, nil
+}
+
+// merge fills what have lacks from e, which another source read.
+func merge(have *SeenEvent, e SeenEvent, source string) {
+	if !slices.Contains(have.SeenBy, source) {
+		have.SeenBy = append(have.SeenBy, source)
+	}
+	if have.Kind == "" {
+		have.Kind = e.Kind
+	}
+	if have.Type == "" {
+		have.Type = e.Type
+	}
+	if have.JournalID == "" {
+		have.JournalID = e.JournalID
+	}
+	if have.Payload == nil {
+		have.Payload = e.Payload
+	}
+	if have.Headers == nil {
+		have.Headers = e.Headers
+	}
+}
+
+// lostEvent describes e, which the ledger lacks, from its payload when a
+// source kept it.
+func lostEvent(e SeenEvent, st EventState) LostEvent {
+	l := LostEvent{SeenEvent: e, Recorded: st.Recorded != "", Reason: st.Recorded}
+	if e.AggregateType != core.AggregateAccount {
+		if !l.Recorded {
+			l.Reason = "not a posting's event (a command or a service's event): its writer's transaction was lost with the primary; the aggregate's revision is moved past it"
+		}
+		return l
+	}
+	if e.Payload == nil {
+		if !l.Recorded {
+			l.Reason = "no source kept its payload (amount and journal unknown): read the sink or a consumer that keeps events whole"
+		}
+		return l
+	}
+	var p core.AccountPosted
+	if err := json.Unmarshal(e.Payload, &p); err != nil || p.EventID != e.EventID || p.Account != e.AggregateID || p.Revision != e.Revision {
+		if !l.Recorded {
+			l.Reason = "its payload does not decode to its own event ID, account and revision"
+		}
+		return l
+	}
+	l.JournalID, l.Currency, l.Delta = p.JournalID, p.Currency, p.Delta
+	if st.TakenBy != "" && !l.Recorded {
+		l.Reason = fmt.Sprintf("its revision was reissued to %s: a posting committed after the failover holds it", st.TakenBy)
+	}
+	return l
+}
+
+// planRebuild marks the lost events of whole, balanced, unreissued
+// journals as rebuilt and returns those journals; every other lost posting
+// event gets its reason.
+func planRebuild(lost []LostEvent) []RebuildJournal {
+	byJournal := map[string][]int{}
+	var journals []string
+	for i, l := range lost {
+		if l.Recorded || l.AggregateType != core.AggregateAccount || l.JournalID == "" {
+			continue
+		}
+		if _, ok := byJournal[l.JournalID]; !ok {
+			journals = append(journals, l.JournalID)
+		}
+		byJournal[l.JournalID] = append(byJournal[l.JournalID], i)
+	}
+	var out []RebuildJournal
+	for _, j := range journals {
+		idx := byJournal[j]
+		reason := ""
+		sums := map[string]int64{}
+		rj := RebuildJournal{JournalID: j}
+		for _, i := range idx {
+			l := lost[i]
+			if l.Reason != "" && reason == "" {
+				reason = fmt.Sprintf("journal %s: event %s: %s", j, l.EventID, l.Reason)
+			}
+			d, err := strconv.ParseInt(l.Delta, 10, 64)
+			if err != nil || d == 0 {
+				reason = fmt.Sprintf("journal %s: event %s has no signed amount", j, l.EventID)
+				continue
+			}
+			sums[l.Currency] += d
+			var p core.AccountPosted
+			_ = json.Unmarshal(l.Payload, &p) // decoded in lostEvent
+			if rj.PostedAt.IsZero() {
+				rj.PostedAt = p.PostedAt
+			}
+			rj.Lines = append(rj.Lines, RebuildLine{EventID: l.EventID, Account: l.AggregateID, Revision: l.Revision,
+				Currency: l.Currency, Delta: d, Payload: json.RawMessage(l.Payload), Headers: l.Headers})
+		}
+		for cur, s := range sums {
+			if s != 0 && reason == "" {
+				reason = fmt.Sprintf("journal %s does not balance in %s (off by %d): some of its events were read by no source", j, cur, s)
+			}
+		}
+		if reason != "" {
+			for _, i := range idx {
+				if lost[i].Reason == "" {
+					lost[i].Reason = reason
+				}
+			}
+			continue
+		}
+		// Line order is the posting's entry order; its event IDs are
+		// version 7 UUIDs taken in that order.
+		slices.SortFunc(rj.Lines, func(a, b RebuildLine) int { return strings.Compare(a.EventID, b.EventID) })
+		for _, i := range idx {
+			lost[i].Rebuild = true
+		}
+		out = append(out, rj)
+	}
+	return out
+}
+
+// planMoves sets the sequences' targets and the aggregates to move.
+func planMoves(ctx context.Context, cfg FailoverConfig, seen []SeenEvent, rep *FailoverReport) error {
+	top := map[AggregateKey]int64{}
+	var keys []AggregateKey
+	for _, e := range seen {
+		if e.AggregateType == core.AggregateJournal || e.AggregateType == "" || e.AggregateID == "" {
+			continue
+		}
+		k := AggregateKey{e.AggregateType, e.AggregateID}
+		if _, ok := top[k]; !ok {
+			keys = append(keys, k)
+		}
+		top[k] = max(top[k], e.Revision)
+	}
+	have, err := cfg.Ledger.Revisions(ctx, keys)
+	if err != nil {
+		return err
+	}
+	rebuilt := map[AggregateKey]int64{}
+	for _, j := range rep.Plan.Rebuild {
+		for _, l := range j.Lines {
+			k := AggregateKey{core.AggregateAccount, l.Account}
+			rebuilt[k] = max(rebuilt[k], l.Revision)
+		}
+	}
+	for _, k := range keys {
+		if top[k] > max(have[k], rebuilt[k]) {
+			rep.Plan.Moves = append(rep.Plan.Moves, AggregateMove{AggregateType: k.Type, AggregateID: k.ID, Ledger: have[k], Seen: top[k]})
+		}
+	}
+	slices.SortFunc(rep.Plan.Moves, func(a, b AggregateMove) int {
+		return cmpKeys(a.AggregateType, a.AggregateID, b.AggregateType, b.AggregateID)
+	})
+	outboxID, journalSeq, err := cfg.Ledger.Sequences(ctx)
+	if err != nil {
+		return err
+	}
+	rep.Plan.OutboxIDPast, rep.Plan.JournalSequencePast = outboxID, journalSeq
+	newLost, journals := 0, map[string]bool{}
+	for _, l := range rep.Lost {
+		if !l.Recorded {
+			newLost++
+			journals[l.JournalID] = true
+		}
+	}
+	if newLost > 0 {
+		rep.Plan.OutboxIDPast = outboxID + int64(newLost) + cfg.Margin
+		rep.Plan.JournalSequencePast = journalSeq + int64(len(journals)) + cfg.Margin
+	}
+	return nil
+}
+
+func cmpLost(a, b LostEvent) int {
+	if c := cmpKeys(a.AggregateType, a.AggregateID, b.AggregateType, b.AggregateID); c != 0 {
+		return c
+	}
+	switch {
+	case a.Revision < b.Revision:
+		return -1
+	case a.Revision > b.Revision:
+		return 1
+	}
+	return strings.Compare(a.EventID, b.EventID)
+}
+
+func cmpKeys(at, ai, bt, bi string) int {
+	if c := strings.Compare(at, bt); c != 0 {
+		return c
+	}
+	return strings.Compare(ai, bi)
+}
