@@ -165,8 +165,8 @@ func TestBrokerKillsSaramaControlShort(t *testing.T) {
 // TestBrokerKillsSaramaControl is the negative control of the broker-kill
 // case: the sink Posthorn shipped before (sarama's idempotent producer)
 // under the same kills reports records ACKed that the broker never stored
-// (IBM/sarama issue 3354). It does so in some runs only (2 of 6 runs of 75 s with 12
-// kills, field notes), too rarely for make test, so it runs in make soak
+// (a sarama defect, reported upstream). It does so in some runs only (2 of
+// 6 runs of 75 s with 12 kills, field notes), too rarely for make test, so it runs in make soak
 // (POSTHORN_SOAK=1): POSTHORN_KAFKA_CONTROL_RUNS runs (default 6) of at
 // least POSTHORN_KAFKA_CONTROL_DURATION (default 75s) and 12 kills each,
 // 1,000-record batches; it fails if no run lost anything (the kill case

@@ -55,24 +55,21 @@ func openConsole(ctx context.Context, cfg configs.Config, ledger *pgxpool.Pool, 
 	if err != nil {
 		return nil, nil, err
 	}
-	var pools []*pgxpool.Pool
+	pools := readOnlyPools{}
+	var release *pgxpool.Pool
 	closeAll := func() {
-		for _, p := range pools {
-			p.Close()
+		pools.close()
+		if release != nil {
+			release.Close()
 		}
 	}
-	byURL := map[string]*pgxpool.Pool{}
 	inboxes := map[string]*pgxpool.Pool{}
 	var sources []ops.ConsumerSource
 	for _, rc := range list {
-		pool, ok := byURL[rc.DatabaseURL]
-		if !ok {
-			if pool, err = connectReadOnly(ctx, rc.DatabaseURL); err != nil {
-				closeAll()
-				return nil, nil, fmt.Errorf("consumer %s: %w", rc.Name, err)
-			}
-			byURL[rc.DatabaseURL] = pool
-			pools = append(pools, pool)
+		pool, err := pools.of(ctx, rc)
+		if err != nil {
+			closeAll()
+			return nil, nil, err
 		}
 		inboxes[rc.Name] = pool
 		src, err := consumerSource(rc, pool)
@@ -82,13 +79,11 @@ func openConsole(ctx context.Context, cfg configs.Config, ledger *pgxpool.Pool, 
 		}
 		sources = append(sources, src)
 	}
-	var release *pgxpool.Pool
 	if cfg.Consumer.Database.URL != "" {
 		if release, err = postgres.Connect(ctx, cfg.Consumer.Database.URL, 2); err != nil {
 			closeAll()
 			return nil, nil, fmt.Errorf("config key consumer.database.url: %w", err)
 		}
-		pools = append(pools, release)
 	}
 	c, err := console.New(console.Config{
 		Store: postgres.NewConsoleStore(postgres.ConsoleStoreConfig{Ledger: ledger, Slot: cfg.Relay.CDC.Slot,

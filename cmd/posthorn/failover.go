@@ -9,8 +9,6 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/configs"
 	"github.com/posthorn/posthorn/consumers/auditlog"
@@ -55,20 +53,13 @@ func runFailover(ctx context.Context, name string, args []string) error {
 		return couldNotRun(err)
 	}
 	defer p.close()
-	pools := map[string]*pgxpool.Pool{}
-	defer func() {
-		for _, pool := range pools {
-			pool.Close()
-		}
-	}()
+	pools := readOnlyPools{}
+	defer pools.close()
 	var sources []ops.SeenSource
 	for _, c := range list {
-		pool, ok := pools[c.DatabaseURL]
-		if !ok {
-			if pool, err = connectReadOnly(ctx, c.DatabaseURL); err != nil {
-				return couldNotRun(fmt.Errorf("consumer %s: %w", c.Name, err))
-			}
-			pools[c.DatabaseURL] = pool
+		pool, err := pools.of(ctx, c)
+		if err != nil {
+			return couldNotRun(err)
 		}
 		sources = append(sources, postgres.InboxSeen{Pool: pool, Consumer: c.Name})
 		if c.Name == auditlog.Name {

@@ -97,6 +97,29 @@ func connectReadOnly(ctx context.Context, dsn string) (*pgxpool.Pool, error) {
 	return postgres.ConnectConfig(ctx, pc)
 }
 
+// readOnlyPools are the consumers' databases opened with connectReadOnly,
+// one pool per database URL, shared by the consumers on it.
+type readOnlyPools map[string]*pgxpool.Pool
+
+// of returns the pool of c's database, opening it on first use.
+func (ps readOnlyPools) of(ctx context.Context, c configs.ReconcileConsumer) (*pgxpool.Pool, error) {
+	if pool, ok := ps[c.DatabaseURL]; ok {
+		return pool, nil
+	}
+	pool, err := connectReadOnly(ctx, c.DatabaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("consumer %s: %w", c.Name, err)
+	}
+	ps[c.DatabaseURL] = pool
+	return pool, nil
+}
+
+func (ps readOnlyPools) close() {
+	for _, pool := range ps {
+		pool.Close()
+	}
+}
+
 // openArchive returns the configured archive store, or nil when archive.dir is unset.
 func openArchive(cfg configs.Config) (ops.ArchiveStore, error) {
 	if cfg.Archive.Dir == "" {
@@ -151,20 +174,13 @@ func runReconcile(ctx context.Context, args []string) error {
 		return couldNotRun(err)
 	}
 	defer p.close()
-	pools := map[string]*pgxpool.Pool{}
-	defer func() {
-		for _, pool := range pools {
-			pool.Close()
-		}
-	}()
+	pools := readOnlyPools{}
+	defer pools.close()
 	var sources []ops.ConsumerSource
 	for _, c := range list {
-		pool, ok := pools[c.DatabaseURL]
-		if !ok {
-			if pool, err = connectReadOnly(ctx, c.DatabaseURL); err != nil {
-				return couldNotRun(fmt.Errorf("consumer %s: %w", c.Name, err))
-			}
-			pools[c.DatabaseURL] = pool
+		pool, err := pools.of(ctx, c)
+		if err != nil {
+			return couldNotRun(err)
 		}
 		src, err := consumerSource(c, pool)
 		if err != nil {

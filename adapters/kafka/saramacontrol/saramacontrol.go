@@ -2,9 +2,9 @@
 // sarama's SyncProducer with idempotence, WaitForAll, one request in flight,
 // five internal retries and the producer retired after a retryable failure.
 // Under broker SIGKILLs it reports records ACKed that the broker never
-// stored (IBM/sarama issue 3354), so it is kept only as the negative
-// control of the broker-kill tests and as the baseline of the drain
-// benchmark. NewLeaderAck is a second control, for replicated clusters: the
+// stored (a sarama defect, reported upstream), so it is kept only as the
+// negative control of the broker-kill tests and as the baseline of the
+// drain benchmark. NewLeaderAck is a second control, for replicated clusters: the
 // same sink taking the leader's ACK alone. Production code never imports
 // this package (a test in adapters/kafka checks the binary's dependencies).
 package saramacontrol
