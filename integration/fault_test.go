@@ -180,17 +180,36 @@ func runFaultControl(t *testing.T, what string, sys faultkit.SystemConfig, rc fa
 // consumers apply without it (--unsafe-no-inbox) while they and the relays
 // are killed, so redeliveries become second effects and the balance check
 // must fail.
+//
+// A kill doubles effects only when it lands while its consumer has applied
+// events whose offsets are not yet committed; a kill during a rebalance
+// (when a session's end has just committed everything) doubles nothing.
+// Six kills in twenty seconds usually include one that bites, but not
+// always, so a run whose balances agree is followed by another with a
+// fresh seed, up to controlAttempts; the control fails only if none bites.
 func TestFaultControlWithoutInbox(t *testing.T) {
 	skipInShortMode(t)
-	_, fig := runFaultControl(t, "control without inbox", faultkit.SystemConfig{UnsafeNoInbox: true}, faultkit.RunConfig{
-		Postings: 4000, Rate: 200, KillRelays: 3, KillConsumers: 6,
-		Settle: faultkit.SettleAllSeen, DrainTimeout: 3 * time.Minute,
-	})
-	// Every event reached the consumers at least once (SettleAllSeen), so
-	// a balance that differs was changed twice by one event.
-	if fig.Report.Clean() || !fig.Report.Has(demo.CheckBalances) {
-		t.Fatalf("without the inbox the same faults must double effects and fail the balance check; violations: %v", fig.Report.Violations)
+	const controlAttempts = 3
+	for attempt := 1; attempt <= controlAttempts; attempt++ {
+		var fig faultkit.Figures
+		t.Run(fmt.Sprintf("attempt-%d", attempt), func(t *testing.T) {
+			_, fig = runFaultControl(t, "control without inbox", faultkit.SystemConfig{UnsafeNoInbox: true}, faultkit.RunConfig{
+				Postings: 4000, Rate: 200, KillRelays: 3, KillConsumers: 6,
+				Settle: faultkit.SettleAllSeen, DrainTimeout: 3 * time.Minute,
+			})
+		})
+		if t.Failed() {
+			return
+		}
+		// Every event reached the consumers at least once (SettleAllSeen),
+		// so a balance that differs was changed twice by one event.
+		if fig.Report.Has(demo.CheckBalances) {
+			t.Logf("the balance check failed on attempt %d of %d, as it must without the inbox", attempt, controlAttempts)
+			return
+		}
+		t.Logf("attempt %d: no kill landed between an effect and its offset's commit; violations: %v", attempt, fig.Report.Violations)
 	}
+	t.Fatalf("without the inbox the same faults must double effects and fail the balance check, but %d runs kept every balance", controlAttempts)
 }
 
 // TestFaultControlMarkBeforeAck is the negative control of ACK-then-marker:
