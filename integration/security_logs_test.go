@@ -26,6 +26,8 @@ import (
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/roles/roletest"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
+	"github.com/posthorn/posthorn/consumers/auditlog"
+	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/integration/faultkit"
 )
@@ -106,7 +108,7 @@ func TestSecurityNoSecretInAnyLog(t *testing.T) {
 	consumerURL, consumerOwner := roletest.Consumer(t)
 	apiURL := roletest.Login(t, ledgerURL, postgres.RoleAPI, secrets["api db password"])
 	relayURL := roletest.Login(t, ledgerURL, postgres.RoleRelay, secrets["relay db password"])
-	consURL := roletest.Login(t, consumerURL, postgres.RoleConsumer, secrets["consumer db password"])
+	consURL := roletest.Consumers(t, consumerURL, secrets["consumer db password"], projection.Name, auditlog.Name)
 
 	// Kafka over TLS with SCRAM: httptest's certificate for 127.0.0.1.
 	ts := httptest.NewUnstartedServer(nil)

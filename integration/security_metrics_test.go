@@ -18,6 +18,8 @@ import (
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/adapters/postgres/roles/roletest"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
+	"github.com/posthorn/posthorn/consumers/auditlog"
+	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/integration/faultkit"
 	"github.com/posthorn/posthorn/internal/promset/promtest"
@@ -91,7 +93,7 @@ func TestOpsKitMetricsAreExposedByRunningComponents(t *testing.T) {
 			"POSTHORN_METRICS__LISTEN=" + relayAddr}, kafkaEnv...),
 		Ready: faultkit.HTTPReady("http://" + relayAddr + "/readyz")})
 	consume := faultkit.NewProc(faultkit.ProcConfig{Name: "consume", Bin: bin, Args: []string{"consume"}, LogDir: logDir,
-		Env: append([]string{"POSTHORN_CONSUMER__DATABASE__URL=" + roletest.Login(t, consumerURL, postgres.RoleConsumer, ""),
+		Env: append([]string{"POSTHORN_CONSUMER__DATABASE__URL=" + roletest.Consumers(t, consumerURL, "", projection.Name, auditlog.Name),
 			"POSTHORN_METRICS__LISTEN=" + consAddr}, kafkaEnv...),
 		Ready: faultkit.HTTPReady("http://" + consAddr + "/readyz")})
 

@@ -2,9 +2,11 @@ package integration
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
+	neturl "net/url"
 	"os"
 	"os/exec"
 	"strings"
@@ -47,7 +49,7 @@ func TestSecurityEveryComponentUnderItsRole(t *testing.T) {
 	}
 	apiPool := roletest.As(t, ledgerURL, postgres.RoleAPI)
 	relayPool := roletest.As(t, ledgerURL, postgres.RoleRelay)
-	consPool := roletest.As(t, consumerURL, postgres.RoleConsumer)
+	consPool := roletest.Pool(t, roletest.Consumers(t, consumerURL, "", projection.Name, auditlog.Name))
 	reconciler := as(ledgerURL, postgres.RoleReconciler)
 	recInbox := postgres.NewInbox(roletest.As(t, consumerURL, postgres.RoleReconciler))
 	maintainer := as(ledgerURL, postgres.RoleMaintainer)
@@ -191,9 +193,47 @@ func TestSecurityMigrateRolesCommand(t *testing.T) {
 	if !canLogin || !member || !strings.HasPrefix(verifier, "SCRAM-SHA-256$4096:") || strings.Contains(verifier, password) {
 		t.Fatalf("posthorn_api_login: login %v, member %v, stored %q", canLogin, member, verifier)
 	}
-	if out, err := run([]string{"POSTHORN_CONSUMER__DATABASE__URL=" + consumerURL}, "--consumer", "--roles"); err != nil ||
+	consEnv := []string{"POSTHORN_CONSUMER__DATABASE__URL=" + consumerURL}
+	if out, err := run(consEnv, "--consumer", "--roles"); err != nil ||
 		!strings.Contains(out, "roles and grants on the consumer schema are up to date") {
 		t.Fatalf("consumer roles: %v\n%s", err, out)
+	}
+	// A team's consumer gets a role of its own: its login records its own
+	// dispositions and cannot record balance-projection's.
+	out, err := run(consEnv, "--consumer", "--roles", "--register-consumer", "invoices", "--create-logins")
+	for _, want := range []string{
+		"consumer invoices answers as role posthorn_consumer_invoices",
+		"login role posthorn_consumer_login (member of posthorn_consumer_audit_log, posthorn_consumer_balance_projection)",
+		"login role posthorn_consumer_invoices_login (member of posthorn_consumer_invoices)",
+	} {
+		if err != nil || !strings.Contains(out, want) {
+			t.Fatalf("--register-consumer invoices: %v, want %q in\n%s", err, want, out)
+		}
+	}
+	u, err := neturl.Parse(consumerURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = neturl.User("posthorn_consumer_invoices_login")
+	invoices := pgtest.SmallPool(t, u.String(), 1)
+	h, _ := json.Marshal(core.Envelope{EventID: "0190a000-0000-7000-8000-0000000000a1", Kind: core.KindEvent, Type: "invoice.issued",
+		AggregateType: "invoice", AggregateID: "inv-1", Revision: 1, OccurredAt: time.Now()}.WireHeaders())
+	for _, c := range []struct {
+		consumer string
+		refused  bool
+	}{{"invoices", false}, {"balance-projection", true}} {
+		_, err := invoices.Exec(ctx, `SELECT posthorn_inbox_receive($1, $2::text::jsonb)`, c.consumer, string(h))
+		if refused := roletest.Denied(err); refused != c.refused || (!c.refused && err != nil) {
+			t.Fatalf("invoices' login receiving as %s: %v, want refused %v", c.consumer, err, c.refused)
+		}
+	}
+	for _, bad := range []struct{ args []string }{
+		{[]string{"--consumer", "--register-consumer", "invoices"}},
+		{[]string{"--consumer", "--roles", "--register-consumer", strings.Repeat("x", 46)}},
+	} {
+		if out, err := run(consEnv, bad.args...); err == nil || !strings.Contains(out, "--register-consumer") {
+			t.Fatalf("%v: %v, want an error naming --register-consumer\n%s", bad.args, err, out)
+		}
 	}
 	if out, err := run(env, "--create-logins"); err == nil || !strings.Contains(out, "--create-logins needs --roles") {
 		t.Fatalf("--create-logins alone: %v\n%s", err, out)

@@ -13,7 +13,6 @@ import (
 	"log/slog"
 	"net/url"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -44,8 +43,9 @@ const (
 	// RoleMaintainer archives and cleans up: the only role that may delete
 	// outbox rows.
 	RoleMaintainer Role = "posthorn_maintainer"
-	// RoleConsumer writes its inbox and projections in the consumer
-	// database and nothing in the ledger's.
+	// RoleConsumer may use the inbox's tables and functions in the
+	// consumer database, only for the consumers whose role (ConsumerRole)
+	// it is also a member of, and nothing in the ledger's.
 	RoleConsumer Role = "posthorn_consumer"
 	// RolePublisher is the group a team's service joins to publish events
 	// and commands (posthorn_publish, posthorn_send_command, the publish
@@ -155,13 +155,14 @@ func isCatalogRace(err error) bool {
 // lower-case SQL identifier.
 var ErrBadRoleName = errors.New("role name must match ^[a-z_][a-z0-9_]{0,62}$")
 
-// CreateLogin creates (or updates) the LOGIN role name as a member of group,
+// CreateLogin creates (or updates) the LOGIN role name as a member of each
+// of groups (a login that runs several consumers needs each one's role),
 // with password unless it is empty (then the role can only log in where
 // pg_hba.conf does not ask for one: trust, peer, cert). The password never
 // reaches the server in clear: it is sent as a SCRAM-SHA-256 verifier
 // computed here, so statement logging on the server cannot reveal it.
 // conn must be a role with CREATEROLE.
-func CreateLogin(ctx context.Context, conn Execer, name, password string, group Role) error {
+func CreateLogin(ctx context.Context, conn Execer, name, password string, groups ...Role) error {
 	if !core.IsIdentifier(name) {
 		return fmt.Errorf("login role %q: %w", name, ErrBadRoleName)
 	}
@@ -185,8 +186,10 @@ func CreateLogin(ctx context.Context, conn Execer, name, password string, group 
 	if _, err := conn.Exec(ctx, stmt); err != nil && !isCatalogRace(err) {
 		return fmt.Errorf("login role %s: %w", name, err)
 	}
-	if _, err := conn.Exec(ctx, "GRANT "+pgx.Identifier{string(group)}.Sanitize()+" TO "+ident); err != nil {
-		return fmt.Errorf("login role %s: grant %s: %w", name, group, err)
+	for _, g := range groups {
+		if _, err := conn.Exec(ctx, "GRANT "+pgx.Identifier{string(g)}.Sanitize()+" TO "+ident); err != nil {
+			return fmt.Errorf("login role %s: grant %s: %w", name, g, err)
+		}
 	}
 	return nil
 }
@@ -275,17 +278,24 @@ func WarnIfSuperuser(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger, 
 
 // ComponentLogins applies the roles to the ledger database at ledgerURL and
 // the consumer database at consumerURL, creates passwordless LOGIN roles
-// <prefix>_api, <prefix>_relay and <prefix>_consumer in their groups, and
-// returns the URLs that connect as them. It is for clusters that trust
-// local connections and are thrown away (the demo); production logins get
-// passwords (posthorn migrate --roles --create-logins) or certificates.
-// Both URLs must be postgres:// URLs of the tables' owner.
-func ComponentLogins(ctx context.Context, ledgerURL, consumerURL, prefix string) (api, relay, consumer string, err error) {
+// <prefix>_api, <prefix>_relay and <prefix>_consumer (a member of the role
+// of each of consumers, which must be registered) and returns the URLs that
+// connect as them. It is for clusters that trust local connections and are
+// thrown away (the demo); production logins get passwords (posthorn
+// migrate --roles --create-logins) or certificates. Both URLs must be
+// postgres:// URLs of the tables' owner.
+func ComponentLogins(ctx context.Context, ledgerURL, consumerURL, prefix string, consumers []string) (api, relay, consumer string, err error) {
 	if err := ApplyRoles(ctx, ledgerURL, LedgerSchema); err != nil {
 		return "", "", "", err
 	}
 	if err := ApplyRoles(ctx, consumerURL, ConsumerSchema); err != nil {
 		return "", "", "", err
+	}
+	consumerRoles := make([]Role, len(consumers))
+	for i, n := range consumers {
+		if consumerRoles[i], err = ConsumerRole(n); err != nil {
+			return "", "", "", err
+		}
 	}
 	cfg, err := ParseConfig(ledgerURL)
 	if err != nil {
@@ -298,11 +308,12 @@ func ComponentLogins(ctx context.Context, ledgerURL, consumerURL, prefix string)
 	defer conn.Close(context.WithoutCancel(ctx))
 	urls := make([]string, 3)
 	for i, c := range []struct {
-		base  string
-		group Role
-	}{{ledgerURL, RoleAPI}, {ledgerURL, RoleRelay}, {consumerURL, RoleConsumer}} {
-		name := prefix + "_" + strings.TrimPrefix(string(c.group), "posthorn_")
-		if err := CreateLogin(ctx, conn, name, "", c.group); err != nil {
+		base      string
+		component string
+		groups    []Role
+	}{{ledgerURL, "api", []Role{RoleAPI}}, {ledgerURL, "relay", []Role{RoleRelay}}, {consumerURL, "consumer", consumerRoles}} {
+		name := prefix + "_" + c.component
+		if err := CreateLogin(ctx, conn, name, "", c.groups...); err != nil {
 			return "", "", "", err
 		}
 		u, err := url.Parse(c.base)

@@ -256,7 +256,7 @@ func TestRolesConsumerOwnsItsInboxAndCannotTouchTheLedger(t *testing.T) {
 	ctx := context.Background()
 	ledgerURL, ledgerOwner := roletest.Ledger(t)
 	consumerURL, consumerOwner := roletest.Consumer(t)
-	login := roletest.Login(t, consumerURL, postgres.RoleConsumer, "")
+	login := roletest.Consumers(t, consumerURL, "", "balance-projection")
 	cons := roletest.Pool(t, login)
 
 	in := postgres.NewInbox(cons)

@@ -210,7 +210,11 @@ func TestSQLInboxRefusesBadHeadersAndRoles(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	url, _ := roletest.Consumer(t)
-	consumer := roletest.As(t, url, postgres.RoleConsumer)
+	if _, err := postgres.RegisterConsumers(ctx, url, "c"); err != nil {
+		t.Fatal(err)
+	}
+	roletest.Apply(t, url, postgres.ConsumerSchema)
+	consumer := roletest.Pool(t, roletest.Consumers(t, url, "", "c"))
 	for _, tc := range []struct{ headers, says string }{
 		{`{"kind":"event","type":"t","aggregate_type":"a","aggregate_id":"x","revision":"1"}`, "headers: event_id is missing"},
 		{`{"event_id":"e","kind":"event","type":"t","aggregate_type":"a","aggregate_id":"x","revision":"0"}`, "headers: revision is '0'"},
@@ -224,7 +228,7 @@ func TestSQLInboxRefusesBadHeadersAndRoles(t *testing.T) {
 	}
 	h, _ := json.Marshal(inboxEvent("acc-4", 1).WireHeaders())
 	if _, err := consumer.Exec(ctx, `SELECT * FROM posthorn_inbox_receive('c', $1::text::jsonb)`, string(h)); err != nil {
-		t.Fatalf("posthorn_consumer: %v", err)
+		t.Fatalf("consumer c's role: %v", err)
 	}
 	relay := roletest.As(t, url, postgres.RoleRelay)
 	if _, err := relay.Exec(ctx, `SELECT * FROM posthorn_inbox_receive('c', $1::text::jsonb)`, string(h)); !roletest.Denied(err) {

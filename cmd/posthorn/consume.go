@@ -114,6 +114,9 @@ func runConsumers(ctx context.Context, cfg configs.Config, o consumeOptions) err
 	}
 	defer pool.Close()
 	postgres.WarnIfSuperuser(ctx, pool, log, "consume", postgres.RoleConsumer)
+	if err := postgres.CheckConsumerRoles(ctx, pool, names); err != nil {
+		return fmt.Errorf("config key consumer.database.url: %w", err)
+	}
 	wlog := watermill.NewSlogLogger(log)
 	reg := newRegistry()
 	factory, err := openSubscribers(cfg.Sink, brokers.Options{Logger: wlog, Memory: o.memory, Registerer: reg,

@@ -134,7 +134,7 @@ func (d *demoRun) databases(ctx context.Context) (cleanup func(), err error) {
 	if cluster != nil {
 		// The demo owns the cluster: the API, the relay and the consumers
 		// run under their own least-privilege roles, as in production.
-		if d.apiURL, d.relayURL, d.cfg.Consumer.Database.URL, err = postgres.ComponentLogins(ctx, d.ledgerURL, d.consumerURL, "posthorn_demo"); err != nil {
+		if d.apiURL, d.relayURL, d.cfg.Consumer.Database.URL, err = postgres.ComponentLogins(ctx, d.ledgerURL, d.consumerURL, "posthorn_demo", exampleNames()); err != nil {
 			return cleanup, fmt.Errorf("per-component roles: %w", err)
 		}
 	}

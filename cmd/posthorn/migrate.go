@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -19,11 +20,16 @@ func runMigrate(ctx context.Context, args []string) error {
 	consumer := fs.Bool("consumer", false, "migrate the example consumers' schema on consumer.database.url")
 	roles := fs.Bool("roles", false, "also create the per-component group roles and grant their privileges on this schema (idempotent; see docs/security.md)")
 	logins := fs.Bool("create-logins", false, "with --roles: also create a LOGIN role per component (posthorn_<component>_login), password from POSTHORN_ROLE_PASSWORD_<COMPONENT> when set")
+	register := fs.String("register-consumer", "", "with --consumer --roles: comma-separated names of consumers (besides the examples) to give a role of their own, posthorn_consumer_<name>; only its members may write that consumer's inbox rows")
 	p, err := fs.start(ctx, args, needs{})
 	if err != nil {
 		return err
 	}
 	cfg := p.cfg
+	registered, err := consumerNamesFlag(*register, *consumer, *roles)
+	if err != nil {
+		return err
+	}
 	if *consumer {
 		if err := cfg.RequireConsumerDatabase(); err != nil {
 			return err
@@ -36,7 +42,16 @@ func runMigrate(ctx context.Context, args []string) error {
 		if err := warnWritablePublic(ctx, p, cfg.Consumer.Database.URL); err != nil {
 			return err
 		}
-		return migrateRoles(ctx, *roles, *logins, cfg.Consumer.Database.URL, postgres.ConsumerSchema)
+		if len(registered) > 0 {
+			roles, err := postgres.RegisterConsumers(ctx, cfg.Consumer.Database.URL, registered...)
+			if err != nil {
+				return fmt.Errorf("--register-consumer: %w", err)
+			}
+			for i, n := range registered {
+				fmt.Printf("consumer %s answers as role %s\n", printable(n), roles[i])
+			}
+		}
+		return migrateRoles(ctx, *roles, *logins, cfg.Consumer.Database.URL, postgres.ConsumerSchema, registered)
 	}
 	if err := cfg.RequireDatabase(); err != nil {
 		return err
@@ -57,7 +72,27 @@ func runMigrate(ctx context.Context, args []string) error {
 	if err := warnWritablePublic(ctx, p, cfg.Database.URL); err != nil {
 		return err
 	}
-	return migrateRoles(ctx, *roles, *logins, cfg.Database.URL, postgres.LedgerSchema)
+	return migrateRoles(ctx, *roles, *logins, cfg.Database.URL, postgres.LedgerSchema, nil)
+}
+
+// consumerNamesFlag splits --register-consumer; it needs --consumer and
+// --roles, since the names become roles of the consumer database.
+func consumerNamesFlag(v string, consumer, roles bool) ([]string, error) {
+	if v == "" {
+		return nil, nil
+	}
+	if !consumer || !roles {
+		return nil, errors.New("--register-consumer needs --consumer and --roles: it gives consumers of the consumer database roles of their own")
+	}
+	var names []string
+	for _, n := range strings.Split(v, ",") {
+		n = strings.TrimSpace(n)
+		if _, err := postgres.ConsumerRole(n); err != nil {
+			return nil, fmt.Errorf("--register-consumer: %w", err)
+		}
+		names = append(names, n)
+	}
+	return names, nil
 }
 
 // warnWritablePublic warns when roles other than its owner may create in
@@ -91,10 +126,13 @@ func printApplied(schema postgres.Schema, applied []string) {
 }
 
 // migrateRoles applies the per-component roles to schema (--roles) and,
-// with --create-logins, a LOGIN role per component of that schema. The
-// passwords come from the environment only, never from flags (which show
-// in ps); they reach the server as SCRAM verifiers.
-func migrateRoles(ctx context.Context, roles, logins bool, dsn string, schema postgres.Schema) error {
+// with --create-logins, a LOGIN role per component of that schema: on the
+// consumer database posthorn_consumer_login, a member of the example
+// consumers' roles (what `posthorn consume` runs), and <role>_login for
+// each consumer registered in this run. The passwords come from the
+// environment only, never from flags (which show in ps); they reach the
+// server as SCRAM verifiers.
+func migrateRoles(ctx context.Context, roles, logins bool, dsn string, schema postgres.Schema, registered []string) error {
 	if !roles {
 		if logins {
 			return fmt.Errorf("--create-logins needs --roles")
@@ -108,29 +146,68 @@ func migrateRoles(ctx context.Context, roles, logins bool, dsn string, schema po
 	if !logins {
 		return nil
 	}
-	groups := []postgres.Role{postgres.RoleAPI, postgres.RoleRelay, postgres.RoleRelayCDC, postgres.RoleReconciler, postgres.RoleMaintainer}
+	type login struct {
+		component string
+		groups    []postgres.Role
+	}
+	var want []login
 	if schema == postgres.ConsumerSchema {
-		groups = []postgres.Role{postgres.RoleConsumer}
+		examples, err := consumerRoles(exampleNames())
+		if err != nil {
+			return err
+		}
+		want = append(want, login{"consumer", examples})
+		for _, n := range registered {
+			r, err := postgres.ConsumerRole(n)
+			if err != nil {
+				return err
+			}
+			want = append(want, login{strings.TrimPrefix(string(r), "posthorn_"), []postgres.Role{r}})
+		}
+	} else {
+		for _, g := range []postgres.Role{postgres.RoleAPI, postgres.RoleRelay, postgres.RoleRelayCDC, postgres.RoleReconciler, postgres.RoleMaintainer} {
+			want = append(want, login{strings.TrimPrefix(string(g), "posthorn_"), []postgres.Role{g}})
+		}
 	}
 	pool, err := postgres.Connect(ctx, dsn, 1)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	for _, g := range groups {
-		component := strings.TrimPrefix(string(g), "posthorn_")
-		env := "POSTHORN_ROLE_PASSWORD_" + strings.ToUpper(component)
-		login := string(g) + "_login"
-		if err := postgres.CreateLogin(ctx, pool, login, os.Getenv(env), g); err != nil {
+	for _, l := range want {
+		env := "POSTHORN_ROLE_PASSWORD_" + strings.ToUpper(l.component)
+		name := "posthorn_" + l.component + "_login"
+		if err := postgres.CreateLogin(ctx, pool, name, os.Getenv(env), l.groups...); err != nil {
 			return err
 		}
 		how := "with the password from " + env
 		if os.Getenv(env) == "" {
 			how = "without a password (" + env + " unset: trust, peer or cert authentication only)"
 		}
-		fmt.Printf("login role %s (member of %s) %s\n", login, g, how)
+		fmt.Printf("login role %s (member of %s) %s\n", name, joinRoles(l.groups), how)
 	}
 	return nil
+}
+
+// consumerRoles maps consumer names to their roles (postgres.ConsumerRole).
+func consumerRoles(names []string) ([]postgres.Role, error) {
+	out := make([]postgres.Role, len(names))
+	for i, n := range names {
+		r, err := postgres.ConsumerRole(n)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = r
+	}
+	return out, nil
+}
+
+func joinRoles(rs []postgres.Role) string {
+	s := make([]string, len(rs))
+	for i, r := range rs {
+		s[i] = string(r)
+	}
+	return strings.Join(s, ", ")
 }
 
 // sinkMaxRecordBytes is the largest record the sink of c carries, for

@@ -50,6 +50,27 @@ func Apply(t testing.TB, dbURL string, schema postgres.Schema) {
 // URL, so the role is dropped after they are closed.
 func Login(t testing.TB, dbURL string, group postgres.Role, password string) string {
 	t.Helper()
+	return login(t, dbURL, password, group)
+}
+
+// Consumers is Login for a member of the roles of the named consumers
+// (postgres.ConsumerRole), which must be registered in the database at
+// dbURL: what `posthorn consume` runs as for those consumers.
+func Consumers(t testing.TB, dbURL, password string, names ...string) string {
+	t.Helper()
+	groups := make([]postgres.Role, len(names))
+	for i, n := range names {
+		r, err := postgres.ConsumerRole(n)
+		if err != nil {
+			t.Fatalf("roletest: %v", err)
+		}
+		groups[i] = r
+	}
+	return login(t, dbURL, password, groups...)
+}
+
+func login(t testing.TB, dbURL, password string, groups ...postgres.Role) string {
+	t.Helper()
 	ctx := context.Background()
 	var b [5]byte
 	_, _ = rand.Read(b[:])
@@ -59,7 +80,7 @@ func Login(t testing.TB, dbURL string, group postgres.Role, password string) str
 		t.Fatalf("roletest: %v", err)
 	}
 	defer admin.Close(ctx)
-	if err := postgres.CreateLogin(ctx, admin, name, password, group); err != nil {
+	if err := postgres.CreateLogin(ctx, admin, name, password, groups...); err != nil {
 		t.Fatalf("roletest: %v", err)
 	}
 	t.Cleanup(func() {
