@@ -43,6 +43,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -103,6 +104,17 @@ type Config struct {
 	// authguard.DefaultWindow make the API throttle it; 0 is
 	// authguard.DefaultMax, negative turns throttling off.
 	MaxTokenFailures int
+	// History, when set, refuses postings (503) while the ledger does not
+	// run on the history an operator accepted: after a failover the new
+	// primary may lack postings the world has seen, and new ones would
+	// take their revisions. Reads go on. nil is no check.
+	History HistoryGate
+}
+
+// HistoryGate says whether the ledger runs on the accepted history
+// (adapters/postgres.HistoryWatch, read on every new connection).
+type HistoryGate interface {
+	Check(ctx context.Context) error
 }
 
 // Server is the Posting API.
@@ -116,6 +128,8 @@ type Server struct {
 	tracer trace.Tracer
 	// guard throttles token guessing; nil with throttling off.
 	guard *authguard.Guard
+	// historyHeld: the last history check refused (logged once per change).
+	historyHeld atomic.Bool
 }
 
 // New returns a server on store. It logs a warning when authentication is off.
@@ -315,6 +329,12 @@ func (s *Server) handlePost(w http.ResponseWriter, r *http.Request) {
 		s.inputProblem(w, r, err)
 		return
 	}
+	if !s.historyAccepted(r.Context()) {
+		w.Header().Set("Retry-After", "5")
+		s.problem(w, r, http.StatusServiceUnavailable, "ledger-history-not-accepted", "Service Unavailable", "database",
+			"the ledger failed over or was restored, and an operator has not yet accepted its new history (posthorn failover recover); nothing was written: retry with the same Idempotency-Key later")
+		return
+	}
 	res, replayed, err := s.store.Post(r.Context(), key, p)
 	switch {
 	case err == nil:
@@ -409,6 +429,22 @@ func (s *Server) handleGetAccount(w http.ResponseWriter, r *http.Request) {
 		body.Balances[c] = strconv.FormatInt(b, 10)
 	}
 	writeJSON(w, http.StatusOK, body)
+}
+
+// historyAccepted checks Config.History; the first refusal is logged at
+// ERROR, the return to the accepted history at INFO.
+func (s *Server) historyAccepted(ctx context.Context) bool {
+	if s.cfg.History == nil {
+		return true
+	}
+	err := s.cfg.History.Check(ctx)
+	if err != nil && !s.historyHeld.Swap(true) {
+		s.log.Error("API REFUSES POSTINGS: the ledger's history is not the accepted one; run posthorn failover check, then posthorn failover recover (docs/operations.md)", "err", err)
+	}
+	if err == nil && s.historyHeld.Swap(false) {
+		s.log.Info("the ledger's history is accepted: postings are taken again")
+	}
+	return err == nil
 }
 
 func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {

@@ -64,6 +64,10 @@ type Config struct {
 	// StandbyFlush holds every batch until the ledger's standbys have
 	// flushed its commits (standby.go); the zero value is off.
 	StandbyFlush StandbyFlush
+	// History, when set, holds publishing back while the ledger does not
+	// run on the history an operator accepted (history.go); nil is no
+	// check (a store without a server history, as in unit tests).
+	History HistoryGate
 	// Logger receives structured logs; nil means slog.Default().
 	Logger *slog.Logger
 	// Registerer receives the relay's metrics; nil means none are registered.

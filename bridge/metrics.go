@@ -22,6 +22,7 @@ type metrics struct {
 	shardsOwned    prometheus.Gauge
 	heldByStandby  prometheus.Gauge
 	standbyWait    prometheus.Histogram
+	heldByHistory  prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer, sink string) (*metrics, error) {
@@ -45,6 +46,8 @@ func newMetrics(reg prometheus.Registerer, sink string) (*metrics, error) {
 			"How long the relay has been holding a batch back because the ledger's standbys have not flushed it (relay.standby_flush: required); 0 when not held."),
 		standbyWait: s.Histogram("posthorn_relay_standby_wait_seconds", "Time a batch waited for the ledger's standbys to flush it (relay.standby_flush: required).",
 			prometheus.ExponentialBuckets(0.0002, 2, 18)),
+		heldByHistory: s.Gauge("posthorn_relay_held_by_ledger_history",
+			"1 while the relay publishes nothing because the ledger runs on a history (system identifier, timeline) other than the accepted one: after a failover, until posthorn failover recover accepts it."),
 	}
 	return m, s.Register(reg)
 }

@@ -42,6 +42,7 @@ type Relay struct {
 	nextMaintain time.Time
 	retry        *backoff.ExponentialBackOff
 	stuck        *StuckTracker
+	history      *HistoryHold
 }
 
 // New returns a relay over store that publishes to sink. It does not start
@@ -72,6 +73,7 @@ func New(store Store, sink core.Sink, cfg Config) (*Relay, error) {
 		}
 	}
 	r.standby = NewStandbyGate(cfg.StandbyFlush, &Metrics{m: m}, r.log)
+	r.history = NewHistoryHold(cfg.History, &Metrics{m: m}, r.log)
 	return r, nil
 }
 
@@ -186,6 +188,11 @@ func (r *Relay) run(ctx context.Context) {
 			continue
 		}
 		poll = r.cfg.MinPollInterval
+		if !r.history.Accepted(ctx) {
+			settle()
+			r.life.Sleep(ctx, HistoryHoldPoll)
+			continue
+		}
 		skip := inflight.rowIDs()
 		for _, row := range rows {
 			skip = append(skip, row.ID)

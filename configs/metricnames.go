@@ -34,4 +34,5 @@ var OperatorMetrics = []string{
 	"posthorn_wal_slot_status",
 	"posthorn_cdc_slot_recoveries_total",
 	"posthorn_relay_held_by_standby_seconds",
+	"posthorn_relay_held_by_ledger_history",
 }

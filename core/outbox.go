@@ -2,6 +2,7 @@ package core
 
 import (
 	"errors"
+	"fmt"
 	"time"
 )
 
@@ -100,4 +101,31 @@ type OutboxStatus struct {
 	OldestUnrelayedAge float64           `json:"oldest_unrelayed_age_seconds"`
 	Shards             []ShardLease      `json:"shards"`
 	Parked             []ParkedAggregate `json:"parked"`
+	// History is the ledger's history and the accepted one; while they
+	// differ the relay publishes nothing and the API takes no posting.
+	History *LedgerHistory `json:"ledger_history,omitempty"`
+}
+
+// LedgerHistory is the history the ledger's server writes on (its
+// PostgreSQL system identifier and timeline) and the one an operator
+// accepted last. Promotion of a standby (and a point-in-time restore)
+// starts a new timeline, and a restored dump runs on another system
+// identifier: the new history may lack postings the world has seen, so
+// nothing is published or posted on it until the failover check accepts it.
+type LedgerHistory struct {
+	Accepted                 bool  `json:"accepted"`
+	SystemIdentifier         int64 `json:"system_identifier"`
+	Timeline                 int32 `json:"timeline"`
+	AcceptedSystemIdentifier int64 `json:"accepted_system_identifier"`
+	AcceptedTimeline         int32 `json:"accepted_timeline"`
+}
+
+// String says which history the ledger runs on and whether it is the
+// accepted one.
+func (h LedgerHistory) String() string {
+	if h.Accepted {
+		return fmt.Sprintf("system %d, timeline %d (accepted)", h.SystemIdentifier, h.Timeline)
+	}
+	return fmt.Sprintf("system %d, timeline %d, NOT the accepted history (system %d, timeline %d)",
+		h.SystemIdentifier, h.Timeline, h.AcceptedSystemIdentifier, h.AcceptedTimeline)
 }

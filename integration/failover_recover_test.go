@@ -2,9 +2,11 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -103,6 +105,14 @@ func failoverRecover(t *testing.T, recover bool) {
 	t.Cleanup(pool.Close)
 	nr := &opsRig{ledger: pool, consumer: consumer, store: postgres.NewLedgerStore(pool, postgres.LedgerConfig{}),
 		ops: postgres.NewOpsStore(pool), sink: f.Sink, n: r.n}
+	// The relay's and the API's check (every new connection reads the
+	// history) refuses the promoted standby's new timeline.
+	_, watch := watchedPool(t, f.Standby.URL("ledger"))
+	if err := watch.Check(ctx); !errors.Is(err, postgres.ErrHistoryNotAccepted) {
+		t.Fatalf("the history check after the promotion: %v, want ErrHistoryNotAccepted", err)
+	} else {
+		t.Logf("after the promotion the relay and the API hold: %v", err)
+	}
 
 	// What the world has and the new primary lacks: every event of the
 	// lost postings, with its journal and amount.
@@ -182,6 +192,9 @@ func failoverRecover(t *testing.T, recover bool) {
 		if h, err := postgres.NewFailoverStore(pool).History(ctx); err != nil || !h.Accepted {
 			t.Fatalf("history after the recovery: %+v, %v", h, err)
 		}
+		bridgetest.WaitFor(t, 5*time.Second, "the relay's and the API's check to accept the recovered history", func() bool {
+			return watch.Check(ctx) == nil
+		})
 		if bridgetest.Unrelayed(t, pool) != 0 {
 			t.Fatalf("%d outbox rows unrelayed after the recovery: the re-committed events would go out as new", bridgetest.Unrelayed(t, pool))
 		}

@@ -62,13 +62,7 @@ type SeenSource interface {
 }
 
 // LedgerHistory is the ledger server's history and the one accepted last.
-type LedgerHistory struct {
-	Accepted                 bool  `json:"accepted"`
-	SystemIdentifier         int64 `json:"system_identifier"`
-	Timeline                 int32 `json:"timeline"`
-	AcceptedSystemIdentifier int64 `json:"accepted_system_identifier"`
-	AcceptedTimeline         int32 `json:"accepted_timeline"`
-}
+type LedgerHistory = core.LedgerHistory
 
 // EventState is what the ledger knows of one seen event.
 type EventState struct {

@@ -25,14 +25,7 @@ func NewFailoverStore(pool *pgxpool.Pool) *FailoverStore { return &FailoverStore
 
 // History reads the server's history and the one accepted last.
 func (s *FailoverStore) History(ctx context.Context) (ops.LedgerHistory, error) {
-	var h ops.LedgerHistory
-	err := s.pool.QueryRow(ctx, `SELECT accepted, system_identifier, timeline,
-    coalesce(accepted_system_identifier, 0), coalesce(accepted_timeline, 0) FROM posthorn.ledger_history_accepted()`).
-		Scan(&h.Accepted, &h.SystemIdentifier, &h.Timeline, &h.AcceptedSystemIdentifier, &h.AcceptedTimeline)
-	if err != nil {
-		return h, fmt.Errorf("read the ledger's history: %w", err)
-	}
-	return h, nil
+	return readHistory(ctx, s.pool)
 }
 
 // Inspect says, per seen event, whether the ledger holds it (its event ID

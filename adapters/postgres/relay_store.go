@@ -352,8 +352,15 @@ ORDER BY l.shard`)
 	if err := rows.Err(); err != nil {
 		return st, fmt.Errorf("outbox status: %w", err)
 	}
-	st.Parked, err = s.Parked(ctx)
-	return st, err
+	if st.Parked, err = s.Parked(ctx); err != nil {
+		return st, err
+	}
+	h, err := readHistory(ctx, s.pool)
+	if err != nil {
+		return st, fmt.Errorf("outbox status: %w", err)
+	}
+	st.History = &h
+	return st, nil
 }
 
 // Parked lists the parked aggregates, oldest first.

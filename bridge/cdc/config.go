@@ -70,6 +70,9 @@ type Config struct {
 	// StandbyFlush holds each transaction until the ledger's standbys have
 	// flushed its commit (bridge.StandbyFlush); the zero value is off.
 	StandbyFlush bridge.StandbyFlush
+	// History, when set, holds every transaction back while the ledger
+	// does not run on the history an operator accepted (bridge.HistoryGate).
+	History bridge.HistoryGate
 	// Logger receives structured logs; nil means slog.Default().
 	Logger *slog.Logger
 	// Registerer receives the metrics; nil means none are registered.

@@ -21,6 +21,9 @@ import (
 // (0: the WAL insert position when the wait starts).
 func (r *Relay) deliver(ctx context.Context, rows []core.OutboxRow, commit LSN) error {
 	if len(rows) > 0 {
+		if err := r.awaitHistory(ctx); err != nil {
+			return err
+		}
 		if err := r.awaitStandbys(ctx, commit); err != nil {
 			return err
 		}
@@ -137,6 +140,21 @@ func (r *Relay) deliverBatch(ctx context.Context, rows []core.OutboxRow) error {
 		if r.stopping() || ctx.Err() != nil {
 			return errStopping
 		}
+	}
+	return nil
+}
+
+// awaitHistory waits until the ledger runs on the accepted history,
+// renewing the slot lease meanwhile.
+func (r *Relay) awaitHistory(ctx context.Context) error {
+	for !r.history.Accepted(ctx) {
+		if _, err := r.maintain(ctx); err != nil {
+			return err
+		}
+		if r.stopping() || ctx.Err() != nil {
+			return errStopping
+		}
+		r.life.Sleep(ctx, bridge.HistoryHoldPoll)
 	}
 	return nil
 }

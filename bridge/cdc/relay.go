@@ -34,6 +34,8 @@ type Relay struct {
 	fences *bridge.Fences
 	// standby is set with StandbyFlush.Required (deliver.go).
 	standby *bridge.StandbyGate
+	// history holds publishing while the ledger's history is not accepted.
+	history *bridge.HistoryHold
 	bm      *bridge.Metrics
 	m       *metrics
 	log     *slog.Logger
@@ -89,6 +91,7 @@ func New(outbox OutboxStore, source Source, sink core.Sink, cfg Config) (*Relay,
 		}
 	}
 	r.standby = bridge.NewStandbyGate(cfg.StandbyFlush, bm, r.log)
+	r.history = bridge.NewHistoryHold(cfg.History, bm, r.log)
 	return r, nil
 }
 

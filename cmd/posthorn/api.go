@@ -18,7 +18,7 @@ const apiConns = 32
 func runAPI(ctx context.Context, args []string) error {
 	fs := newFlags("api", "database.url", "api.listen")
 	var tlsCfg *tls.Config
-	p, err := fs.start(ctx, args, needs{ledger: apiConns, check: func(cfg *configs.Config) (err error) {
+	p, err := fs.start(ctx, args, needs{ledger: apiConns, history: true, check: func(cfg *configs.Config) (err error) {
 		tlsCfg, err = cfg.API.TLS.Load() // nil without api.tls.cert_file
 		return err
 	}})
@@ -28,7 +28,8 @@ func runAPI(ctx context.Context, args []string) error {
 	defer p.close()
 	postgres.WarnIfSuperuser(ctx, p.ledger, p.log, "api", postgres.RoleAPI)
 	startRetention(ctx, p.cfg, nil, p.ledger, nil, p.log) // idempotency-key retention on retention.interval
-	srv, err := api.New(api.Config{Listen: p.cfg.API.Listen, Tokens: p.cfg.API.Tokens, TLS: tlsCfg, Logger: p.log, TracerProvider: p.tracer}, ledgerStore(p.cfg, p.ledger))
+	srv, err := api.New(api.Config{Listen: p.cfg.API.Listen, Tokens: p.cfg.API.Tokens, TLS: tlsCfg, Logger: p.log, TracerProvider: p.tracer,
+		History: p.history}, ledgerStore(p.cfg, p.ledger))
 	if err != nil {
 		return err
 	}

@@ -653,3 +653,40 @@ func startRigRelay(t *testing.T, ctx context.Context, ledger *pgxpool.Pool, sink
 		}
 	})
 }
+
+// TestConsoleAndOutboxStatusShowAnUnacceptedHistory: after a failover the
+// ledger runs on a history nobody accepted; the console's page and
+// `outbox status` (text and JSON) say so, and say nothing while it is the
+// accepted one.
+func TestConsoleAndOutboxStatusShowAnUnacceptedHistory(t *testing.T) {
+	t.Parallel()
+	r := newConsoleRig(t, "", memory.Config{})
+	const banner = `id="ledger-history"`
+	if _, page := r.get("/"); strings.Contains(page, banner) {
+		t.Fatalf("the page warns of the accepted history:\n%s", page)
+	}
+	if out := r.run("outbox", "status"); !strings.Contains(out, "ledger history: system ") || !strings.Contains(out, "(accepted)") {
+		t.Fatalf("outbox status on the accepted history:\n%s", out)
+	}
+	if _, err := r.ledger.Exec(context.Background(), `INSERT INTO posthorn.ledger_timelines (system_identifier, timeline, accepted_by, accepted_at)
+SELECT system_identifier, timeline + 1, 'test', now() + interval '1 hour' FROM posthorn.ledger_history()`); err != nil {
+		t.Fatal(err)
+	}
+	_, page := r.get("/")
+	if !strings.Contains(page, banner) || !strings.Contains(page, "NOT the accepted history") {
+		t.Fatalf("the page does not show the unaccepted history:\n%s", page)
+	}
+	out := r.run("outbox", "status")
+	if !strings.Contains(out, "NOT the accepted history") || !strings.Contains(out, "posthorn failover recover") {
+		t.Fatalf("outbox status on an unaccepted history:\n%s", out)
+	}
+	var st struct {
+		History struct {
+			Accepted bool  `json:"accepted"`
+			Timeline int32 `json:"timeline"`
+		} `json:"ledger_history"`
+	}
+	if err := json.Unmarshal([]byte(r.run("outbox", "status", "--json")), &st); err != nil || st.History.Accepted || st.History.Timeline == 0 {
+		t.Fatalf("outbox status --json: %+v, %v", st, err)
+	}
+}

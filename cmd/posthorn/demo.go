@@ -208,7 +208,7 @@ func (d *demoRun) run(ctx context.Context, postings int) (demoSummary, error) {
 	go func() { apiDone <- srv.Serve(apiCtx, ln) }()
 	defer func() { stopAPI(); <-apiDone }()
 
-	relayPool, err := connectRelayPool(ctx, d.relayURL)
+	relayPool, err := connectRelayPool(ctx, d.relayURL, nil)
 	if err != nil {
 		return sum, err
 	}

@@ -23,7 +23,7 @@ import (
 
 // connectRelayPool opens the ledger pool under the relay's application
 // name, so the open-transaction gauge does not count the relay itself.
-func connectRelayPool(ctx context.Context, dsn string) (*pgxpool.Pool, error) {
+func connectRelayPool(ctx context.Context, dsn string, history *postgres.HistoryWatch) (*pgxpool.Pool, error) {
 	if strings.Contains(dsn, "://") {
 		u, err := url.Parse(dsn)
 		if err != nil {
@@ -36,7 +36,27 @@ func connectRelayPool(ctx context.Context, dsn string) (*pgxpool.Pool, error) {
 	} else {
 		dsn += " application_name=" + postgres.RelayApplicationName
 	}
-	return postgres.Connect(ctx, dsn, 4)
+	return connectWatched(ctx, dsn, 4, history)
+}
+
+// connectWatched is postgres.Connect, with every connection reading the
+// ledger's history first when history is not nil.
+func connectWatched(ctx context.Context, dsn string, conns int32, history *postgres.HistoryWatch) (*pgxpool.Pool, error) {
+	if history == nil {
+		return postgres.Connect(ctx, dsn, conns)
+	}
+	cfg, err := postgres.ParseConfig(dsn)
+	if err != nil {
+		return nil, err
+	}
+	cfg.MaxConns = max(cfg.MaxConns, conns)
+	history.Watch(cfg)
+	pool, err := postgres.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	history.Recheck(pool)
+	return pool, nil
 }
 
 // outboxStatus is the report of `outbox status`; later sections (uncertain
@@ -82,6 +102,12 @@ func runOutboxStatus(ctx context.Context, args []string) error {
 }
 
 func printStatus(w io.Writer, st outboxStatus) {
+	if h := st.History; h != nil {
+		fmt.Fprintf(w, "ledger history: %s\n", h)
+		if !h.Accepted {
+			fmt.Fprintln(w, "  the relay publishes nothing and the API takes no posting until it is accepted: posthorn failover check, then posthorn failover recover")
+		}
+	}
 	fmt.Fprintf(w, "backlog: %d unrelayed events\n", st.Backlog)
 	fmt.Fprintf(w, "oldest unrelayed: %s\n", (time.Duration(st.OldestUnrelayedAge * float64(time.Second))).Round(time.Millisecond))
 	fmt.Fprintln(w, "\nshards:")

@@ -80,6 +80,10 @@ type needs struct {
 	// relayLedger opens the database.url pool under the relay's
 	// application name instead (connectRelayPool).
 	relayLedger bool
+	// history makes every ledger connection read the ledger's history
+	// (p.history): the relay publishes and the API posts only on the
+	// accepted one.
+	history bool
 	// consumer opens the consumer.database.url pool (openConsumerPool).
 	consumer bool
 	// archive opens archive.dir when it is set; requireArchive also
@@ -96,9 +100,11 @@ type needs struct {
 // configuration, the logger, and what its needs asked for (nil otherwise).
 // close releases everything it opened, last opened first.
 type prelude struct {
-	cfg      configs.Config
-	log      *slog.Logger
-	ledger   *pgxpool.Pool
+	cfg    configs.Config
+	log    *slog.Logger
+	ledger *pgxpool.Pool
+	// history watches the ledger's history when needs.history is set.
+	history  *postgres.HistoryWatch
 	consumer *pgxpool.Pool
 	archive  ops.ArchiveStore
 	sink     core.Sink
@@ -162,9 +168,12 @@ func (p *prelude) open(ctx context.Context, n needs) error {
 		}
 		p.archive = st
 	}
+	if n.history {
+		p.history = postgres.NewHistoryWatch()
+	}
 	switch {
 	case n.relayLedger:
-		pool, err := connectRelayPool(ctx, p.cfg.Database.URL)
+		pool, err := connectRelayPool(ctx, p.cfg.Database.URL, p.history)
 		if err != nil {
 			return err
 		}
@@ -204,7 +213,7 @@ func (p *prelude) openLedger(ctx context.Context, conns int32) error {
 	if err := p.cfg.RequireDatabase(); err != nil {
 		return err
 	}
-	pool, err := postgres.Connect(ctx, p.cfg.Database.URL, conns)
+	pool, err := connectWatched(ctx, p.cfg.Database.URL, conns, p.history)
 	if err != nil {
 		return err
 	}

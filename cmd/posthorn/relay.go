@@ -40,7 +40,7 @@ func runRelay(ctx context.Context, args []string) error {
 	// Test-only: the fault suite's negative control (marker before ACK);
 	// the flag exists only in a binary built with -tags posthorn_unsafe.
 	unsafeMark := unsafeFlag(fs.FlagSet, "unsafe-mark-before-ack", "UNSAFE, tests only: write the marker before the broker ACK")
-	p, err := fs.start(ctx, args, needs{relayLedger: true, sink: true, metrics: true})
+	p, err := fs.start(ctx, args, needs{relayLedger: true, history: true, sink: true, metrics: true})
 	if err != nil {
 		return err
 	}
@@ -66,6 +66,7 @@ func runRelay(ctx context.Context, args []string) error {
 		PollInterval:      cfg.Relay.PollInterval,
 		LeaseTTL:          cfg.Relay.LeaseTTL,
 		StandbyFlush:      standby,
+		History:           p.history,
 		Logger:            p.log,
 		Registerer:        p.reg,
 		Hooks:             unsafeRelayHooks(*unsafeMark, p.log),

@@ -39,6 +39,7 @@ func runCDCRelay(ctx context.Context, p *prelude) error {
 		StatusInterval:    cfg.Relay.CDC.StatusInterval,
 		HeartbeatInterval: cfg.Relay.CDC.HeartbeatInterval,
 		StandbyFlush:      standby,
+		History:           p.history,
 		Logger:            p.log,
 		Registerer:        p.reg,
 	})

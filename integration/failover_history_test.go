@@ -1,0 +1,179 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/posthorn/posthorn/adapters/memory"
+	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
+	"github.com/posthorn/posthorn/api"
+	"github.com/posthorn/posthorn/bridge"
+	"github.com/posthorn/posthorn/bridge/bridgetest"
+	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/promset/promtest"
+	"github.com/posthorn/posthorn/internal/syncbuf"
+)
+
+// watchedPool opens a pool on url whose every connection reads the
+// ledger's history first, as `posthorn relay` and `posthorn api` open theirs.
+func watchedPool(t *testing.T, url string) (*pgxpool.Pool, *postgres.HistoryWatch) {
+	t.Helper()
+	cfg, err := postgres.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := postgres.NewHistoryWatch()
+	w.Watch(cfg)
+	pool, err := postgres.ConnectConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	w.Recheck(pool)
+	return pool, w
+}
+
+// unacceptHistory makes the ledger's history one an operator has not
+// accepted, as a promotion does: the last accepted history becomes a later
+// timeline than the one the server writes on. The returned func accepts
+// the server's history again (what posthorn failover recover ends with).
+func unacceptHistory(t *testing.T, owner *pgxpool.Pool) (accept func()) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := owner.Exec(ctx, `INSERT INTO posthorn.ledger_timelines (system_identifier, timeline, accepted_by, note, accepted_at)
+SELECT system_identifier, timeline + 1, 'test', 'another history', now() + interval '1 hour' FROM posthorn.ledger_history()`); err != nil {
+		t.Fatal(err)
+	}
+	return func() {
+		if _, err := owner.Exec(ctx, `DELETE FROM posthorn.ledger_timelines WHERE accepted_by = 'test'`); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// postOnce posts one transfer through the API handler and returns the
+// status and body.
+func postOnce(t *testing.T, url, key string) (int, string) {
+	t.Helper()
+	body := `{"entries":[{"account":"acc-h1","direction":"debit","amount":"5","currency":"EUR"},
+{"account":"acc-h2","direction":"credit","amount":"5","currency":"EUR"}]}`
+	req, _ := http.NewRequest(http.MethodPost, url+"/v1/postings", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// TestRelayAndAPIHoldOnAnUnacceptedHistory: while the ledger runs on a
+// history an operator has not accepted (after a failover, until posthorn
+// failover recover), the relay publishes nothing, says why at ERROR and in
+// posthorn_relay_held_by_ledger_history, outbox status shows it, and the
+// API answers 503 to postings and writes nothing; once the history is
+// accepted both resume on their own. The control is a relay and an API
+// without the check, on a second ledger in the same state: they publish
+// and post on the unaccepted history.
+func TestRelayAndAPIHoldOnAnUnacceptedHistory(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	type ledger struct {
+		pool  *pgxpool.Pool
+		watch *postgres.HistoryWatch
+		sink  *memory.Sink
+		reg   *prometheus.Registry
+		srv   *httptest.Server
+		// accept accepts the server's history again.
+		accept func()
+	}
+	var log syncbuf.Buffer
+	open := func(gated bool) *ledger {
+		url, owner := pgtest.Ledger(t)
+		if err := bridgetest.Fill(ctx, owner, "h", 10, 3); err != nil {
+			t.Fatal(err)
+		}
+		l := &ledger{sink: memory.New(memory.Config{}), reg: prometheus.NewRegistry(), accept: unacceptHistory(t, owner)}
+		t.Cleanup(func() { _ = l.sink.Close() })
+		l.pool, l.watch = watchedPool(t, url)
+		cfg := bridge.Config{Owner: fmt.Sprintf("gated-%v", gated), SinkName: "memory", PollInterval: 50 * time.Millisecond,
+			LeaseTTL: 5 * time.Second, Registerer: l.reg, Logger: slog.New(slog.NewTextHandler(&log, nil))}
+		acfg := api.Config{Logger: slog.New(slog.NewTextHandler(&log, nil))}
+		if gated {
+			cfg.History, acfg.History = l.watch, l.watch
+		}
+		bridgetest.Start(t, newRelay(t, l.pool, l.sink, cfg))
+		srv, err := api.New(acfg, postgres.NewLedgerStore(l.pool, postgres.LedgerConfig{}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.srv = httptest.NewServer(srv.Handler())
+		t.Cleanup(l.srv.Close)
+		return l
+	}
+	control := open(false)
+	gated := open(true)
+
+	// The control publishes the 30 waiting events and takes a posting.
+	bridgetest.WaitFor(t, 10*time.Second, "the control relay to publish on the unaccepted history", func() bool {
+		return len(control.sink.Records(core.TopicEvents)) == 30
+	})
+	if code, body := postOnce(t, control.srv.URL, "k-1"); code != http.StatusCreated {
+		t.Fatalf("control API: %d %s", code, body)
+	}
+	t.Logf("control (no history check): %d events published and a posting taken on the unaccepted history", len(control.sink.Records(core.TopicEvents)))
+
+	// The gated relay holds, visibly; its API refuses and writes nothing.
+	bridgetest.WaitFor(t, 10*time.Second, "the gated relay to hold", func() bool {
+		return promtest.Value(t, gated.reg, "posthorn_relay_held_by_ledger_history") == 1
+	})
+	if !strings.Contains(log.String(), "RELAY HOLDS BACK PUBLISHING") {
+		t.Fatalf("no ERROR line says why the relay holds:\n%s", log.String())
+	}
+	code, body := postOnce(t, gated.srv.URL, "k-1")
+	if code != http.StatusServiceUnavailable || !strings.Contains(body, "ledger-history-not-accepted") {
+		t.Fatalf("gated API: %d %s, want 503 ledger-history-not-accepted", code, body)
+	}
+	var journals int64
+	if err := gated.pool.QueryRow(ctx, `SELECT count(*) FROM journals`).Scan(&journals); err != nil || journals != 0 {
+		t.Fatalf("the refused posting wrote %d journals (%v)", journals, err)
+	}
+	st, err := postgres.NewRelayStore(gated.pool).Status(ctx)
+	if err != nil || st.History == nil || st.History.Accepted || st.History.AcceptedTimeline != st.History.Timeline+1 {
+		t.Fatalf("outbox status' history: %+v, %v", st.History, err)
+	}
+	if err := gated.watch.Check(ctx); !errors.Is(err, postgres.ErrHistoryNotAccepted) {
+		t.Fatalf("the watch: %v", err)
+	}
+	time.Sleep(2 * time.Second) // several of the relay's polls
+	if n := len(gated.sink.Records(core.TopicEvents)); n != 0 {
+		t.Fatalf("the gated relay published %d events on the unaccepted history", n)
+	}
+	t.Logf("gated: 0 of 30 events published, the posting refused (%d journals), outbox status: %s", journals, st.History)
+
+	// Accepting the history (what failover recover ends with) lets both go on.
+	gated.accept()
+	bridgetest.WaitFor(t, 10*time.Second, "the gated relay to publish once the history is accepted", func() bool {
+		return len(gated.sink.Records(core.TopicEvents)) == 30 && promtest.Value(t, gated.reg, "posthorn_relay_held_by_ledger_history") == 0
+	})
+	if code, body := postOnce(t, gated.srv.URL, "k-1"); code != http.StatusCreated {
+		t.Fatalf("gated API after acceptance: %d %s", code, body)
+	}
+	if !strings.Contains(log.String(), "publishing resumes") || !strings.Contains(log.String(), "postings are taken again") {
+		t.Fatalf("no line says the relay and the API resumed:\n%s", log.String())
+	}
+}
