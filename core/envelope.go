@@ -63,6 +63,10 @@ const (
 	// HeaderContentType is the payload's media type (ContentTypeJSON when a
 	// writer set none).
 	HeaderContentType = "content_type"
+	// HeaderLedgerTimeline is the timeline of the ledger's history the
+	// record's outbox row was written on (Envelope.LedgerTimeline); absent
+	// on rows written before timelines were recorded.
+	HeaderLedgerTimeline = "ledger_timeline"
 )
 
 // AccountPostedVersion is the schema version of TypeAccountPosted payloads
@@ -101,6 +105,12 @@ type Envelope struct {
 	// the contract headers above.
 	Headers map[string]string
 	Payload []byte
+	// LedgerTimeline is the timeline of the ledger's PostgreSQL history
+	// (system identifier and timeline, core.LedgerHistory) its outbox row
+	// was written on: a promotion starts a new one. 0 is unknown (a row
+	// written before timelines were recorded, or a record without the
+	// header).
+	LedgerTimeline int32
 }
 
 // CommandTopic returns the topic of a command type: its first dot-separated
@@ -130,6 +140,11 @@ func (e Envelope) WireHeaders() map[string]string {
 		h[HeaderReplay] = "true"
 	} else {
 		delete(h, HeaderReplay)
+	}
+	if e.LedgerTimeline > 0 {
+		h[HeaderLedgerTimeline] = strconv.FormatInt(int64(e.LedgerTimeline), 10)
+	} else {
+		delete(h, HeaderLedgerTimeline)
 	}
 	return h
 }
@@ -205,6 +220,13 @@ func EnvelopeFromHeaders(h map[string]string, payload []byte) (Envelope, error) 
 			return Envelope{}, fmt.Errorf("%w: header %q: %v", ErrBadEnvelope, HeaderOccurredAt, err)
 		}
 		e.OccurredAt = t
+	}
+	if s := h[HeaderLedgerTimeline]; s != "" {
+		v, err := strconv.ParseInt(s, 10, 32)
+		if err != nil || v < 1 {
+			return Envelope{}, fmt.Errorf("%w: header %q is %q, want a positive integer", ErrBadEnvelope, HeaderLedgerTimeline, s)
+		}
+		e.LedgerTimeline = int32(v)
 	}
 	return e, nil
 }

@@ -173,6 +173,12 @@ func TestRelayAndAPIHoldOnAnUnacceptedHistory(t *testing.T) {
 	if code, body := postOnce(t, gated.srv.URL, "k-1"); code != http.StatusCreated {
 		t.Fatalf("gated API after acceptance: %d %s", code, body)
 	}
+	// Every record names the timeline of the history its row was written on.
+	for _, e := range bridgetest.Delivered(t, gated.sink) {
+		if e.LedgerTimeline != st.History.Timeline {
+			t.Fatalf("record %s: ledger_timeline %d, want the server's %d", e.EventID, e.LedgerTimeline, st.History.Timeline)
+		}
+	}
 	if !strings.Contains(log.String(), "publishing resumes") || !strings.Contains(log.String(), "postings are taken again") {
 		t.Fatalf("no line says the relay and the API resumed:\n%s", log.String())
 	}

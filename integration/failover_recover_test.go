@@ -240,6 +240,26 @@ func failoverRecover(t *testing.T, recover bool) {
 			}
 		}
 	}
+	// Each record names the timeline its row was written on: the old
+	// primary's for the lost events, the promoted standby's for the new.
+	newIDs := map[string]bool{}
+	for _, p := range nr.posted[afterFrom:] {
+		for _, e := range p.Events {
+			newIDs[e.EventID] = true
+		}
+	}
+	timelines := map[string]map[int32]int{"lost": {}, "new": {}}
+	for _, e := range bridgetest.Delivered(t, f.Sink) {
+		switch {
+		case newIDs[e.EventID]:
+			timelines["new"][e.LedgerTimeline]++
+		case wantLost[e.EventID] != (want{}):
+			timelines["lost"][e.LedgerTimeline]++
+		}
+	}
+	if timelines["lost"][1] != len(wantLost) || timelines["new"][2] != len(newIDs) {
+		t.Fatalf("ledger_timeline headers: %v, want the %d lost events on timeline 1 and the %d new ones on 2", timelines, len(wantLost), len(newIDs))
+	}
 	proj, audit := counts(t, consumer, projection.Name), counts(t, consumer, auditlog.Name)
 	t.Logf("recover %v: new postings: %d events reuse a lost event's revision; first new outbox id %d (old primary's last %d), first new journal sequence %d (old last %d); "+
 		"projection %d revision_conflict, %d duplicate; audit log %d revision_conflict",

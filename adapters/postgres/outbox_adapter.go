@@ -46,6 +46,7 @@ var contractHeaders = map[string]bool{
 	core.HeaderEventID: true, core.HeaderKind: true, core.HeaderType: true,
 	core.HeaderAggregateType: true, core.HeaderAggregateID: true, core.HeaderRevision: true,
 	core.HeaderJournalID: true, core.HeaderOccurredAt: true, core.HeaderReplay: true,
+	core.HeaderLedgerTimeline: true,
 }
 
 // defaultHeader reports a versioning header at its default, which the row

@@ -12,7 +12,7 @@ import (
 // readColumns are the outbox columns every reader of outbox rows selects,
 // in the order outboxScan.dest scans them.
 const readColumns = `o.id, o.shard, o.event_id::text, o.kind, o.type, o.topic, o.aggregate_type,
-       o.aggregate_id, o.revision, o.journal_id::text, o.headers, o.payload, o.occurred_at`
+       o.aggregate_id, o.revision, o.journal_id::text, o.headers, o.payload, o.occurred_at, o.ledger_timeline`
 
 // outboxScan is one outbox row as read, before decoding. The relay's batch
 // read (ReadBatch), the operator's row reads (OpsStore.ReadRows: resend,
@@ -23,13 +23,15 @@ type outboxScan struct {
 	kind      string
 	journalID pgtype.Text
 	headers   []byte
+	// timeline is NULL on rows written before timelines were recorded.
+	timeline pgtype.Int4
 }
 
 // dest returns the scan targets of readColumns, in order.
 func (r *outboxScan) dest() []any {
 	e := &r.Envelope
 	return []any{&r.ID, &r.Shard, &e.EventID, &r.kind, &e.Type, &e.Topic, &e.AggregateType,
-		&e.AggregateID, &e.Revision, &r.journalID, &r.headers, &e.Payload, &e.OccurredAt}
+		&e.AggregateID, &e.Revision, &r.journalID, &r.headers, &e.Payload, &e.OccurredAt, &r.timeline}
 }
 
 // column returns the scan target of the outbox column name (the CDC
@@ -63,6 +65,8 @@ func (r *outboxScan) column(name string) any {
 		return &e.Payload
 	case "occurred_at":
 		return &e.OccurredAt
+	case "ledger_timeline":
+		return &r.timeline
 	}
 	return nil
 }
@@ -73,6 +77,7 @@ func (r *outboxScan) decode() (core.OutboxRow, error) {
 	e := &r.Envelope
 	e.Kind = core.Kind(r.kind)
 	e.JournalID = r.journalID.String
+	e.LedgerTimeline = r.timeline.Int32
 	if len(r.headers) > 0 && string(r.headers) != "{}" {
 		if err := json.Unmarshal(r.headers, &e.Headers); err != nil {
 			return core.OutboxRow{}, fmt.Errorf("outbox row %d: headers: %w", r.ID, err)
