@@ -8,10 +8,13 @@ import (
 	"os"
 	"strings"
 	"text/tabwriter"
+	"time"
 
+	"github.com/posthorn/posthorn/adapters/kafka"
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/configs"
 	"github.com/posthorn/posthorn/consumers/auditlog"
+	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/ops"
 )
 
@@ -32,6 +35,7 @@ func runFailoverRecover(ctx context.Context, args []string) error {
 func runFailover(ctx context.Context, name string, args []string) error {
 	fs := newFlags(name, "database.url", "consumer.database.url")
 	asJSON := fs.Bool("json", false, "print one JSON object")
+	sinkSince := fs.Duration("sink-since", 24*time.Hour, "with sink.kind kafka, also read the events topic's records of this last while (whole records: lost postings rebuild from them); 0 reads no sink")
 	margin := fs.Int64("margin", 1000, "how far past their last values, beyond one per lost event or journal, the outbox ids and journal sequence move (values the old primary gave to rows no source saw)")
 	var dryRun *bool
 	if name == "failover recover" {
@@ -41,6 +45,9 @@ func runFailover(ctx context.Context, name string, args []string) error {
 	checks := func(cfg *configs.Config) (err error) {
 		if *margin < 0 {
 			return fmt.Errorf("--margin must be 0 or more, is %d", *margin)
+		}
+		if *sinkSince < 0 {
+			return fmt.Errorf("--sink-since must be 0 or more, is %s", *sinkSince)
 		}
 		if err := cfg.RequireDatabase(); err != nil {
 			return err
@@ -66,6 +73,20 @@ func runFailover(ctx context.Context, name string, args []string) error {
 			sources = append(sources, postgres.AuditLogSeen{Pool: pool})
 		}
 	}
+	if *sinkSince > 0 {
+		s, err := sinkSeen(p.cfg.Sink, time.Now().Add(-*sinkSince))
+		if err != nil {
+			return couldNotRun(err)
+		}
+		if s != nil {
+			s = sinkErrorHint{s}
+		}
+		if s == nil {
+			p.log.Warn("the sink is not read: only a Kafka sink is; the check relies on the consumers' databases", "sink", p.cfg.Sink.Kind)
+		} else {
+			sources = append(sources, s)
+		}
+	}
 	cfg := ops.FailoverConfig{Ledger: postgres.NewFailoverStore(p.ledger), Sources: sources, Margin: *margin}
 	var rep ops.FailoverReport
 	if dryRun == nil {
@@ -89,6 +110,32 @@ func runFailover(ctx context.Context, name string, args []string) error {
 		return &exitError{code: 1}
 	}
 	return nil
+}
+
+// sinkSeen is the failover check's reader of the sink: the account events'
+// topic (as sink.format routes them) of a Kafka sink, from since on; nil
+// for the other kinds.
+func sinkSeen(s configs.Sink, since time.Time) (ops.SeenSource, error) {
+	if s.Kind != "kafka" {
+		return nil, nil
+	}
+	bc, err := brokerConfig(s)
+	if err != nil {
+		return nil, err
+	}
+	topic := s.WireFormat().Topic(core.KindEvent, core.TopicEvents, core.AggregateAccount)
+	return kafka.TopicSeen{Config: bc.Kafka, Topics: []string{topic}, Since: since}, nil
+}
+
+// sinkErrorHint says, on a failed read of the sink, how to check without it.
+type sinkErrorHint struct{ ops.SeenSource }
+
+func (s sinkErrorHint) Seen(ctx context.Context) ([]ops.SeenEvent, error) {
+	out, err := s.SeenSource.Seen(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("%w (--sink-since 0 checks against the consumers' databases alone)", err)
+	}
+	return out, nil
 }
 
 func printFailover(w io.Writer, rep ops.FailoverReport) {
