@@ -36,6 +36,13 @@ func (r *Relay) relayBatch(ctx context.Context, rows []core.OutboxRow, carry []c
 		if !ok {
 			return nil, nil
 		}
+		// The ledger may have failed over while the batch was held: its
+		// rows came from the old primary, and one the new history lacks
+		// would be a ghost. The next round reads them again from the new
+		// one (once its history is accepted).
+		if !r.history.Accepted(ctx) {
+			return nil, nil
+		}
 	}
 	// A relay that was paused (SIGSTOP, GC, a stalled hook) may have lost its
 	// leases meanwhile: publishing now could interleave with the new owner's

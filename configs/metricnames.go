@@ -35,4 +35,5 @@ var OperatorMetrics = []string{
 	"posthorn_cdc_slot_recoveries_total",
 	"posthorn_relay_held_by_standby_seconds",
 	"posthorn_relay_held_by_ledger_history",
+	"posthorn_cdc_published_past_branch_point_total",
 }

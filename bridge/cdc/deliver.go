@@ -27,6 +27,13 @@ func (r *Relay) deliver(ctx context.Context, rows []core.OutboxRow, commit LSN) 
 		if err := r.awaitStandbys(ctx, commit); err != nil {
 			return err
 		}
+		// The ledger may have failed over while the rows were held: they
+		// came from the old primary's stream. The session ends and they
+		// are dropped; the next one streams from the new primary, after
+		// comparing what was published with its branch point.
+		if r.standby != nil && !r.history.Accepted(ctx) {
+			return errHistoryChanged
+		}
 	}
 	for len(rows) > 0 {
 		n := min(len(rows), r.cfg.BatchSize)
@@ -166,17 +173,25 @@ func (r *Relay) awaitStandbys(ctx context.Context, commit LSN) error {
 	if r.standby == nil {
 		return nil
 	}
+	began := time.Now()
 	for {
 		if _, err := r.maintain(ctx); err != nil {
 			return err
 		}
 		target, ok, err := r.standby.Wait(ctx, r.life, commit, r.nextMaintain)
 		switch {
-		case ok:
+		case ok && time.Since(began) < standbyQuick:
 			return nil
+		case ok:
+			// Held: the rows may be from a primary that has since failed
+			// over (a new standby of the promoted one can pass commit).
+			return r.sameTimeline(ctx)
 		case err != nil:
 			r.log.Error("standby flush", "err", err)
 			r.backoff(ctx)
+		}
+		if err := r.sameTimeline(ctx); err != nil {
+			return err
 		}
 		if r.stopping() || ctx.Err() != nil {
 			return errStopping

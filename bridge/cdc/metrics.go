@@ -23,6 +23,7 @@ type metrics struct {
 	reader       prometheus.Gauge
 	caughtUp     prometheus.Counter
 	skippedMarks prometheus.Counter
+	pastBranch   prometheus.Counter
 	slot         string
 }
 
@@ -47,6 +48,8 @@ func newMetrics(reg prometheus.Registerer, slot string) (*metrics, error) {
 			"Events sent from the outbox (not the stream) at start, after a slot loss or a release."),
 		skippedMarks: s.Counter("posthorn_cdc_skipped_marked_total",
 			"Streamed rows not sent again because the outbox catch-up had already sent and marked them."),
+		pastBranch: s.Counter("posthorn_cdc_published_past_branch_point_total",
+			"Events this relay published on a timeline past the point where the ledger's new history (after a failover) branched off: on the wire, not in the ledger."),
 	}
 	for _, r := range []string{"missing", "lost"} {
 		m.recoveries.WithLabelValues(r)

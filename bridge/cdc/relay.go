@@ -21,6 +21,9 @@ var (
 	errCrash          = errors.New("CDC relay crashed (test hook)")
 	errLeaseLost      = errors.New("slot lease lost")
 	errStopping       = errors.New("stopping")
+	// errHistoryChanged ends a session whose held rows came from a ledger
+	// that failed over meanwhile.
+	errHistoryChanged = errors.New("the ledger failed over while rows were held: they are dropped and read from the new primary")
 )
 
 // Relay streams the outbox from a replication slot to a sink. See the
@@ -55,6 +58,9 @@ type Relay struct {
 	stream       Stream
 	reader       *streamReader // reads stream ahead; confirms through it
 	confirmed    LSN
+	// published is what this relay published on the ledger's timeline,
+	// kept across sessions (branch.go).
+	published publishedLog
 }
 
 // New returns a CDC relay that streams the outbox from source, reads and

@@ -56,6 +56,14 @@ type Source interface {
 	// CurrentWALLSN is the server's current WAL insert position: at or past
 	// the commit of every transaction visible when it is read.
 	CurrentWALLSN(ctx context.Context) (LSN, error)
+	// Timeline is the timeline of the history the server writes on; a
+	// promotion starts a new one.
+	Timeline(ctx context.Context) (int32, error)
+	// BranchPoint is the WAL position at which the server's history left
+	// timeline (its switchpoint): WAL written on timeline past it is not in
+	// the server's history. 0 when the server still writes on timeline; an
+	// error when timeline is not in its history at all.
+	BranchPoint(ctx context.Context, timeline int32) (LSN, error)
 	// OpenStream starts streaming slot through publication from the slot's
 	// confirmed position; an error wrapping ErrSlotInUse means another WAL
 	// sender streams it.

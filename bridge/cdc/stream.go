@@ -25,6 +25,9 @@ func (r *Relay) session(ctx context.Context) error {
 	if err := r.store.CheckServer(ctx); err != nil {
 		return err
 	}
+	if err := r.checkBranch(ctx); err != nil {
+		return err
+	}
 	if err := r.store.EnsurePublication(ctx, r.cfg.Publication); err != nil {
 		return err
 	}
@@ -371,12 +374,14 @@ func (r *Relay) flush(ctx context.Context, pending []txn) error {
 func (r *Relay) deliverReceived(ctx context.Context, txns []txn) error {
 	var rows []core.OutboxRow
 	var check []int64
+	ends := map[int64]LSN{}
 	for _, t := range txns {
 		for _, row := range t.rows {
 			if r.parked[row.Envelope.Aggregate()] {
 				continue // held behind its parked record; sent on release
 			}
 			rows = append(rows, row)
+			ends[row.ID] = t.end
 			// final is before end: this checks at least every row whose
 			// transaction ended by filterUntil.
 			if t.final <= r.filterUntil {
@@ -407,6 +412,7 @@ func (r *Relay) deliverReceived(ctx context.Context, txns []txn) error {
 	if err := r.deliver(ctx, rows, commit); err != nil {
 		return err
 	}
+	r.published.add(rows, ends)
 	if h := r.cfg.Hooks; h != nil && h.AfterMark != nil && len(rows) > 0 {
 		if err := h.AfterMark(core.Envelopes(rows)); err != nil {
 			return errCrash
