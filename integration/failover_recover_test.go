@@ -37,11 +37,13 @@ import (
 // longer rebuild where they were.
 func TestFailoverRecoverRebuildsLostPostings(t *testing.T) {
 	t.Parallel()
-	for _, recover := range []bool{true, false} {
-		t.Run(fmt.Sprintf("recover=%v", recover), func(t *testing.T) {
-			t.Parallel()
-			failoverRecover(t, recover)
-		})
+	for _, mode := range []string{"polling", "cdc"} {
+		for _, recover := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/recover=%v", mode, recover), func(t *testing.T) {
+				t.Parallel()
+				failoverRecover(t, mode == "cdc", recover)
+			})
+		}
 	}
 }
 
@@ -64,13 +66,13 @@ func readLedgerState(t *testing.T, pool *pgxpool.Pool) ledgerState {
 	return s
 }
 
-func failoverRecover(t *testing.T, recover bool) {
+func failoverRecover(t *testing.T, cdcMode, recover bool) {
 	ctx := context.Background()
-	f := bridgetest.NewFailover(t, pgcluster.Options{})
+	f := bridgetest.NewFailover(t, pgcluster.Options{Logical: cdcMode})
 	consumer := smallConsumerPool(t)
 	startOpsConsumers(t, f.Sink, consumer)
 	r := &opsRig{ledger: f.Pool, consumer: consumer, store: postgres.NewLedgerStore(f.Pool, postgres.LedgerConfig{}),
-		ops: postgres.NewOpsStore(f.Pool), sink: f.Sink}
+		ops: postgres.NewOpsStore(f.Pool), sink: f.Sink, cdc: cdcMode}
 	before := r.deliver(t, 6)
 
 	// The standby stops; what commits now reaches the world but not it.
@@ -104,7 +106,7 @@ func failoverRecover(t *testing.T, recover bool) {
 	}
 	t.Cleanup(pool.Close)
 	nr := &opsRig{ledger: pool, consumer: consumer, store: postgres.NewLedgerStore(pool, postgres.LedgerConfig{}),
-		ops: postgres.NewOpsStore(pool), sink: f.Sink, n: r.n}
+		ops: postgres.NewOpsStore(pool), sink: f.Sink, n: r.n, cdc: cdcMode}
 	// The relay's and the API's check (every new connection reads the
 	// history) refuses the promoted standby's new timeline.
 	_, watch := watchedPool(t, f.Standby.URL("ledger"))

@@ -17,6 +17,7 @@ import (
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
+	"github.com/posthorn/posthorn/bridge/cdc"
 	"github.com/posthorn/posthorn/consumers"
 	"github.com/posthorn/posthorn/consumers/auditlog"
 	"github.com/posthorn/posthorn/consumers/projection"
@@ -34,6 +35,8 @@ type opsRig struct {
 	sink     *memory.Sink
 	posted   []core.PostingResult
 	n        int
+	// cdc relays in CDC mode (the ledger's server needs wal_level=logical).
+	cdc bool
 }
 
 // startOpsConsumers runs the two example consumers (consumers.Registry,
@@ -104,6 +107,10 @@ func (r *opsRig) post(t *testing.T, n int) int {
 // relay runs the bridge until the outbox has no unrelayed row, then stops it.
 func (r *opsRig) relay(t *testing.T, hooks *bridge.Hooks) *bridge.Relay {
 	t.Helper()
+	if r.cdc {
+		r.relayCDC(t)
+		return nil
+	}
 	rel := startRelay(t, r.ledger, r.sink, bridge.Config{
 		Owner: fmt.Sprintf("ops-relay-%d", time.Now().UnixNano()), BatchSize: 200, LeaseTTL: time.Second,
 		PollInterval: 50 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Hooks: hooks,
@@ -117,6 +124,29 @@ func (r *opsRig) relay(t *testing.T, hooks *bridge.Hooks) *bridge.Relay {
 		}
 	}
 	return rel
+}
+
+// relayCDC runs a CDC relay (slot "ops") until the outbox is relayed,
+// then stops it; the slot stays for the next run.
+func (r *opsRig) relayCDC(t *testing.T) {
+	t.Helper()
+	rel, err := cdc.New(postgres.NewRelayStore(r.ledger), postgres.NewCDCSource(r.ledger), r.sink, cdc.Config{
+		Owner: fmt.Sprintf("ops-cdc-%d", time.Now().UnixNano()), SinkName: "memory", Slot: "ops", LeaseTTL: 2 * time.Second,
+		RetryInitial: 10 * time.Millisecond, RetryMax: 100 * time.Millisecond, StatusInterval: 200 * time.Millisecond,
+		HeartbeatInterval: 200 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rel.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	bridgetest.WaitFor(t, 60*time.Second, "outbox relayed in CDC mode", func() bool { return bridgetest.Unrelayed(t, r.ledger) == 0 })
+	stopCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := rel.Stop(stopCtx); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // deliver posts n postings, relays them and waits until both consumers
