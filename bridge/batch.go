@@ -5,6 +5,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/posthorn/posthorn/bridge/internal/delivery"
 	"github.com/posthorn/posthorn/core"
 )
 
@@ -48,7 +49,7 @@ func (r *Relay) relayBatch(ctx context.Context, rows []core.OutboxRow, carry []c
 	// leases meanwhile: publishing now could interleave with the new owner's
 	// sends. Abandon instead, and let the next lease round trip decide.
 	if margin := r.cfg.LeaseTTL / 10; time.Until(r.deadline) < margin {
-		r.m.abandoned.Inc()
+		r.m.AbandonedBatches.Inc()
 		r.log.Warn("abandoning batch: leases expire before it could be published", "rows", len(rows),
 			"lease_deadline_in", time.Until(r.deadline).String())
 		r.nextMaintain = time.Time{}
@@ -58,9 +59,9 @@ func (r *Relay) relayBatch(ctx context.Context, rows []core.OutboxRow, carry []c
 		return nil, r.unsafeMarkThenPublish(ctx, rows, batch)
 	}
 	start := time.Now()
-	err := PublishUntil(ctx, r.deadline, r.sink, r.fences, rows, batch, carry)
-	r.m.publishSeconds.Observe(time.Since(start).Seconds())
-	r.m.batchSize.Observe(float64(len(batch)))
+	err := delivery.PublishUntil(ctx, r.deadline, r.sink, r.fences, rows, batch, carry)
+	r.m.PublishSeconds.Observe(time.Since(start).Seconds())
+	r.m.BatchSize.Observe(float64(len(batch)))
 	if ctx.Err() != nil {
 		return nil, nil // hard stop: nothing is marked, everything will be resent
 	}
@@ -68,12 +69,12 @@ func (r *Relay) relayBatch(ctx context.Context, rows []core.OutboxRow, carry []c
 	// Mark only records with no failed predecessor of the same aggregate in
 	// this batch: a later revision must not be marked while an earlier one
 	// is still to be sent.
-	st, failed := settle(batch, err)
+	st, failed := delivery.Settle(batch, err)
 	var refs []core.RowRef
 	for _, i := range st.Mark {
 		refs = append(refs, rows[i].RowRef)
 	}
-	r.m.published.Add(float64(st.Acked))
+	r.m.PublishedTotal.Add(float64(st.Acked))
 
 	if st.Acked > 0 {
 		if h := r.cfg.Hooks; h != nil && h.AfterAck != nil {
@@ -106,7 +107,7 @@ func (r *Relay) relayBatch(ctx context.Context, rows []core.OutboxRow, carry []c
 			continue
 		}
 		if isNew {
-			r.m.parked.Inc()
+			r.m.Parked.Inc()
 		}
 		r.log.Error("aggregate parked: the sink rejected its record for good; other aggregates keep flowing; release with `posthorn outbox release`",
 			"aggregate_type", p.AggregateType, "aggregate_id", p.AggregateID, "event_id", p.EventID, "reason", p.Reason)
@@ -120,7 +121,7 @@ func (r *Relay) relayBatch(ctx context.Context, rows []core.OutboxRow, carry []c
 		}
 		stuckParked[p.Key()] = true
 		if isNew {
-			r.m.parked.Inc()
+			r.m.Parked.Inc()
 		}
 		r.log.Error("aggregate parked: its record kept failing retryably while the sink took others; other aggregates keep flowing; release with `posthorn outbox release`",
 			"aggregate_type", p.AggregateType, "aggregate_id", p.AggregateID, "event_id", p.EventID, "reason", p.Reason)
@@ -132,7 +133,7 @@ func (r *Relay) relayBatch(ctx context.Context, rows []core.OutboxRow, carry []c
 		return nil, nil
 	}
 	if st.Retryable != nil {
-		r.m.retries.Inc()
+		r.m.Retries.Inc()
 		r.log.Warn("sink failed; retrying with backoff", "failed", failed, "batch", len(batch), "err", st.Retryable)
 		r.backoff(ctx)
 		return nil, nil

@@ -24,6 +24,13 @@ const (
 	StatsIntervalDefault   = 2 * time.Second
 )
 
+// Defaults of the retry-park policy (Config.ParkAfterAttempts,
+// Config.ParkAfter).
+const (
+	ParkAfterAttemptsDefault = 30
+	ParkAfterDefault         = 5 * time.Minute
+)
+
 // Config configures a Relay. Zero fields take the defaults above.
 type Config struct {
 	// Owner names this relay in leases; default host name and process ID.
@@ -62,7 +69,7 @@ type Config struct {
 	// see refreshStats).
 	StatsInterval time.Duration
 	// StandbyFlush holds every batch until the ledger's standbys have
-	// flushed its commits (standby.go); the zero value is off.
+	// flushed its commits (internal/standbygate); the zero value is off.
 	StandbyFlush StandbyFlush
 	// History, when set, holds publishing back while the ledger does not
 	// run on the history an operator accepted (history.go); nil is no

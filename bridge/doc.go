@@ -110,7 +110,7 @@
 // round trip drops the batch, renews the leases and reads it again, so a
 // standby that is down holds the relay for as long as it is down, with
 // posthorn_relay_held_by_standby_seconds and a log line saying so, and
-// nothing is lost (standby.go).
+// nothing is lost (internal/standbygate).
 //
 // # Lifecycle
 //

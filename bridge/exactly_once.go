@@ -6,11 +6,12 @@ import (
 	"slices"
 	"time"
 
+	"github.com/posthorn/posthorn/bridge/internal/delivery"
 	"github.com/posthorn/posthorn/core"
 )
 
 // This file is the polling relay's side of exactly-once (Config.ExactlyOnce,
-// fences.go): the fences follow the leases, and a lease round trip or a
+// internal/delivery): the fences follow the leases, and a lease round trip or a
 // failure is followed by a fence before anything is published.
 
 // syncFences keeps the fences in step with the leases after a lease round
@@ -33,6 +34,11 @@ func (r *Relay) syncFences(before []core.Lease) {
 }
 
 // errLeaseDue ends a fence round whose leases must be renewed first.
+// FencedSink is a sink that publishes each shard's records in transactions
+// a lease fences (the Kafka sink in exactly-once mode); see
+// delivery.FencedSink for what it must do.
+type FencedSink = delivery.FencedSink
+
 var errLeaseDue = errors.New("leases due for renewal")
 
 // fence fences every held shard that waits for it and marks the rows their

@@ -1,10 +1,6 @@
 package bridge
 
-import (
-	"context"
-	"log/slog"
-	"time"
-)
+import "github.com/posthorn/posthorn/bridge/internal/historyhold"
 
 // HistoryGate says whether the ledger runs on the history an operator
 // accepted. After a failover to a standby that missed the last postings,
@@ -12,52 +8,4 @@ import (
 // the world has already seen; publishing from it would hand consumers a
 // second event at a revision they applied. adapters/postgres.HistoryWatch
 // is the implementation, reading the history on every (re)connect.
-type HistoryGate interface {
-	// Check returns nil while the history is the accepted one, and an
-	// error saying why not otherwise (it may read the history again).
-	Check(ctx context.Context) error
-}
-
-// HistoryHoldPoll is how often a relay held by the history looks again.
-const HistoryHoldPoll = time.Second
-
-// HistoryHold is a relay's use of a HistoryGate, shared by both relay
-// modes: the first refusal is logged at ERROR and raises
-// posthorn_relay_held_by_ledger_history; the return to the accepted
-// history (posthorn failover recover) is logged and lowers it. Owned by
-// one goroutine.
-type HistoryHold struct {
-	gate HistoryGate
-	m    *metrics
-	log  *slog.Logger
-	held bool
-}
-
-// NewHistoryHold returns the hold of gate, reporting through m and log;
-// with a nil gate it holds nothing.
-func NewHistoryHold(gate HistoryGate, m *Metrics, log *slog.Logger) *HistoryHold {
-	return &HistoryHold{gate: gate, m: m.m, log: log}
-}
-
-// Accepted checks the history before a batch is published.
-func (h *HistoryHold) Accepted(ctx context.Context) bool {
-	if h.gate == nil {
-		return true
-	}
-	err := h.gate.Check(ctx)
-	if ctx.Err() != nil {
-		return false
-	}
-	switch {
-	case err != nil && !h.held:
-		h.held = true
-		h.m.heldByHistory.Set(1)
-		h.log.Error("RELAY HOLDS BACK PUBLISHING: the ledger's history is not the accepted one; nothing is published until posthorn failover recover accepts it (docs/operations.md, failing the ledger over)",
-			"err", err)
-	case err == nil && h.held:
-		h.held = false
-		h.m.heldByHistory.Set(0)
-		h.log.Info("the ledger's history is accepted: publishing resumes")
-	}
-	return err == nil
-}
+type HistoryGate = historyhold.Gate

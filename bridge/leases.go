@@ -59,7 +59,7 @@ func (r *Relay) maintainLeases(ctx context.Context) {
 		}
 		for _, l := range got {
 			if l.PreviousOwner != "" {
-				r.m.takeovers.Inc()
+				r.m.Takeovers.Inc()
 				r.log.Warn("lease taken over from a relay that stopped renewing", "shard", l.Shard, "previous_owner", l.PreviousOwner)
 			}
 		}
@@ -70,6 +70,6 @@ func (r *Relay) maintainLeases(ctx context.Context) {
 	}
 	slices.SortFunc(r.leases, func(a, b core.Lease) int { return a.Shard - b.Shard })
 	r.deadline = sent.Add(ttl)
-	r.m.shardsOwned.Set(float64(len(r.leases)))
+	r.m.ShardsOwned.Set(float64(len(r.leases)))
 	r.life.SetReady(nil)
 }

@@ -95,7 +95,7 @@ func (r *Relay) awaitMark(j *markJob) {
 			}
 		}
 	case j.refuse > 0:
-		r.m.fenced.Add(float64(j.refuse))
+		r.m.FencedMarkers.Add(float64(j.refuse))
 		r.log.Warn("markers refused: a lease was taken over; its new owner resends", "refused", j.refuse, "marked", j.marked)
 		r.nextMaintain = time.Time{}
 	}

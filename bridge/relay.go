@@ -10,11 +10,16 @@ import (
 
 	"github.com/cenkalti/backoff/v5"
 
+	"github.com/posthorn/posthorn/bridge/internal/delivery"
+	"github.com/posthorn/posthorn/bridge/internal/historyhold"
+	"github.com/posthorn/posthorn/bridge/internal/lifecycle"
+	"github.com/posthorn/posthorn/bridge/internal/relaymetrics"
+	"github.com/posthorn/posthorn/bridge/internal/standbygate"
 	"github.com/posthorn/posthorn/core"
 )
 
 // ErrAlreadyStarted is returned by a second Start.
-var ErrAlreadyStarted = errors.New("relay already started")
+var ErrAlreadyStarted = lifecycle.ErrAlreadyStarted
 
 // errCrash ends the loop without markers or lease release (Hooks.AfterAck).
 var errCrash = errors.New("relay crashed (test hook)")
@@ -26,13 +31,13 @@ type Relay struct {
 	store Store
 	sink  core.Sink
 	// fences is set in exactly-once mode (exactly_once.go).
-	fences *Fences
-	// standby is set with StandbyFlush.Required (standby.go).
-	standby *StandbyGate
-	m       *metrics
+	fences *delivery.Fences
+	// standby is set with StandbyFlush.Required (internal/standbygate).
+	standby *standbygate.Gate
+	m       *relaymetrics.Metrics
 	log     *slog.Logger
 
-	life    *Lifecycle
+	life    *lifecycle.Lifecycle
 	wake    chan struct{}
 	crashed atomic.Bool
 
@@ -41,8 +46,8 @@ type Relay struct {
 	deadline     time.Time
 	nextMaintain time.Time
 	retry        *backoff.ExponentialBackOff
-	stuck        *StuckTracker
-	history      *HistoryHold
+	stuck        *delivery.StuckTracker
+	history      *historyhold.Hold
 }
 
 // New returns a relay over store that publishes to sink. It does not start
@@ -52,7 +57,7 @@ func New(store Store, sink core.Sink, cfg Config) (*Relay, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	m, err := newMetrics(cfg.Registerer, cfg.SinkName)
+	m, err := relaymetrics.New(cfg.Registerer, cfg.SinkName)
 	if err != nil {
 		return nil, fmt.Errorf("relay metrics: %w", err)
 	}
@@ -62,18 +67,18 @@ func New(store Store, sink core.Sink, cfg Config) (*Relay, error) {
 		sink:  sink,
 		m:     m,
 		log:   cfg.Logger.With("component", "relay", "owner", cfg.Owner),
-		life:  NewLifecycle(),
+		life:  lifecycle.New(),
 		wake:  make(chan struct{}, 1),
-		retry: NewRetry(cfg.RetryInitial, cfg.RetryMax),
-		stuck: NewStuckTracker(cfg.ParkAfterAttempts, cfg.ParkAfter),
+		retry: delivery.NewRetry(cfg.RetryInitial, cfg.RetryMax),
+		stuck: delivery.NewStuckTracker(cfg.ParkAfterAttempts, cfg.ParkAfter),
 	}
 	if cfg.ExactlyOnce {
-		if r.fences, err = NewFences(sink, cfg.Hooks != nil && cfg.Hooks.UnsafeSkipPositions); err != nil {
-			return nil, err
+		if r.fences, err = delivery.NewFences(sink, cfg.Hooks != nil && cfg.Hooks.UnsafeSkipPositions); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 		}
 	}
-	r.standby = NewStandbyGate(cfg.StandbyFlush, &Metrics{m: m}, r.log)
-	r.history = NewHistoryHold(cfg.History, &Metrics{m: m}, r.log)
+	r.standby = newStandbyGate(cfg.StandbyFlush, m, r.log)
+	r.history = historyhold.New(cfg.History, m, r.log)
 	return r, nil
 }
 
@@ -190,7 +195,7 @@ func (r *Relay) run(ctx context.Context) {
 		poll = r.cfg.MinPollInterval
 		if !r.history.Accepted(ctx) {
 			settle()
-			r.life.Sleep(ctx, HistoryHoldPoll)
+			r.life.Sleep(ctx, historyhold.Poll)
 			continue
 		}
 		skip := inflight.rowIDs()
@@ -231,7 +236,7 @@ func (r *Relay) run(ctx context.Context) {
 		r.log.Warn("leave relay group on stop", "err", err)
 	}
 	r.log.Info("relay stopped", "released_shards", leaseShards(r.leases))
-	r.m.shardsOwned.Set(0)
+	r.m.ShardsOwned.Set(0)
 }
 
 // wait sleeps up to d (or until the next lease round trip) unless a

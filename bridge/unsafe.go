@@ -25,7 +25,7 @@ func (r *Relay) unsafeMarkThenPublish(ctx context.Context, rows []core.OutboxRow
 		r.log.Error("UNSAFE mark-before-ACK: publish failed after the marker; these records are lost", "rows", len(batch), "err", err)
 		return nil
 	}
-	r.m.published.Add(float64(len(batch)))
+	r.m.PublishedTotal.Add(float64(len(batch)))
 	return nil
 }
 

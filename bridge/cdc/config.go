@@ -31,7 +31,7 @@ type Config struct {
 	// SinkName labels the published and latency metrics (e.g. kafka).
 	SinkName string
 	// ExactlyOnce publishes through the sink's per-shard transactions, as
-	// the polling relay does (bridge.Fences); New refuses a sink that is
+	// the polling relay does (delivery.Fences); New refuses a sink that is
 	// not a bridge.FencedSink.
 	ExactlyOnce bool
 	// Slot is the logical replication slot; Publication the publication on
@@ -51,7 +51,7 @@ type Config struct {
 	RetryMax     time.Duration
 	// ParkAfterAttempts and ParkAfter park the aggregate of a record that
 	// keeps failing retryably while the sink takes others, as in the
-	// polling relay (bridge.Config, bridge.StuckTracker): zero takes the
+	// polling relay (bridge.Config, delivery.StuckTracker): zero takes the
 	// default, negative turns the bound off.
 	ParkAfterAttempts int
 	ParkAfter         time.Duration

@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/posthorn/posthorn/bridge"
+	"github.com/posthorn/posthorn/bridge/internal/delivery"
+	"github.com/posthorn/posthorn/bridge/internal/historyhold"
+	"github.com/posthorn/posthorn/bridge/internal/relaymetrics"
 	"github.com/posthorn/posthorn/core"
 )
 
@@ -65,11 +67,11 @@ func (r *Relay) deliverBatch(ctx context.Context, rows []core.OutboxRow) error {
 		}
 		start := time.Now()
 		// No marker is in flight here: deliver marks before it goes on.
-		err := bridge.PublishUntil(ctx, r.deadline, r.sink, r.fences, rows, batch, nil)
+		err := delivery.PublishUntil(ctx, r.deadline, r.sink, r.fences, rows, batch, nil)
 		if ctx.Err() != nil {
 			return ctx.Err() // hard stop: nothing is marked or confirmed
 		}
-		s := bridge.Settle(batch, err)
+		s, _ := delivery.Settle(batch, err)
 		r.bm.Published(len(batch), s.Acked, time.Since(start))
 		if s.Acked > 0 {
 			if h := r.cfg.Hooks; h != nil && h.AfterAck != nil {
@@ -161,7 +163,7 @@ func (r *Relay) awaitHistory(ctx context.Context) error {
 		if r.stopping() || ctx.Err() != nil {
 			return errStopping
 		}
-		r.life.Sleep(ctx, bridge.HistoryHoldPoll)
+		r.life.Sleep(ctx, historyhold.Poll)
 	}
 	return nil
 }
@@ -201,7 +203,7 @@ func (r *Relay) awaitStandbys(ctx context.Context, commit LSN) error {
 }
 
 // fence, in exactly-once mode, fences every shard and marks the rows their
-// newest committed transactions hold (bridge.Fences), so nothing committed
+// newest committed transactions hold (delivery.Fences), so nothing committed
 // is sent again: at the start of each session, which a failed transaction
 // or marker ends.
 func (r *Relay) fence(ctx context.Context) error {
@@ -278,7 +280,7 @@ func (r *Relay) mark(ctx context.Context, refs []core.RowRef) error {
 }
 
 // refreshStats updates the backlog, open-transaction, slot and lag gauges,
-// waiting bridge.StatsWait between reads (longer while reading is slow).
+// waiting relaymetrics.StatsWait between reads (longer while reading is slow).
 func (r *Relay) refreshStats(ctx context.Context) {
 	t := time.NewTimer(r.cfg.StatsInterval)
 	defer t.Stop()
@@ -302,7 +304,7 @@ func (r *Relay) refreshStats(ctx context.Context) {
 		} else {
 			r.m.lag.Set(0)
 		}
-		t.Reset(bridge.StatsWait(r.cfg.StatsInterval, time.Since(began)))
+		t.Reset(relaymetrics.StatsWait(r.cfg.StatsInterval, time.Since(began)))
 		select {
 		case <-t.C:
 		case <-ctx.Done():

@@ -90,7 +90,7 @@
 // # Exactly once on the wire
 //
 // With Config.ExactlyOnce the sink is a bridge.FencedSink and every batch
-// goes out as one transaction per shard (bridge.Fences). Each session
+// goes out as one transaction per shard (delivery.Fences). Each session
 // starts by fencing all shards and marking what their newest committed
 // transactions hold, before the outbox catch-up, so the catch-up and the
 // stream's marker check skip every row already committed, whoever
@@ -101,7 +101,7 @@
 //
 // # Standbys
 //
-// With Config.StandbyFlush required (bridge.StandbyGate), the rows of
+// With Config.StandbyFlush required (bridge/internal/standbygate), the rows of
 // received transactions are published only once enough of the ledger's
 // physical standbys have flushed past the last one's commit (its end LSN
 // from the stream; for a large transaction delivered before its end

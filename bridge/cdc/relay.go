@@ -11,6 +11,11 @@ import (
 	"github.com/cenkalti/backoff/v5"
 
 	"github.com/posthorn/posthorn/bridge"
+	"github.com/posthorn/posthorn/bridge/internal/delivery"
+	"github.com/posthorn/posthorn/bridge/internal/historyhold"
+	"github.com/posthorn/posthorn/bridge/internal/lifecycle"
+	"github.com/posthorn/posthorn/bridge/internal/relaymetrics"
+	"github.com/posthorn/posthorn/bridge/internal/standbygate"
 	"github.com/posthorn/posthorn/core"
 )
 
@@ -34,16 +39,16 @@ type Relay struct {
 	outbx OutboxStore
 	sink  core.Sink
 	// fences is set in exactly-once mode (deliver.go).
-	fences *bridge.Fences
+	fences *delivery.Fences
 	// standby is set with StandbyFlush.Required (deliver.go).
-	standby *bridge.StandbyGate
+	standby *standbygate.Gate
 	// history holds publishing while the ledger's history is not accepted.
-	history *bridge.HistoryHold
-	bm      *bridge.Metrics
+	history *historyhold.Hold
+	bm      *relaymetrics.Metrics
 	m       *metrics
 	log     *slog.Logger
 
-	life     *bridge.Lifecycle
+	life     *lifecycle.Lifecycle
 	crashed  atomic.Bool
 	lagNanos atomic.Int64 // commit time (unix ns) of the oldest unconfirmed transaction; 0 none
 
@@ -52,7 +57,7 @@ type Relay struct {
 	deadline     time.Time // lease expiry as this relay knows it
 	nextMaintain time.Time
 	retry        *backoff.ExponentialBackOff
-	stuck        *bridge.StuckTracker
+	stuck        *delivery.StuckTracker
 	parked       map[core.AggregateKey]bool
 	filterUntil  LSN // streamed rows committed up to here may already be marked
 	stream       Stream
@@ -71,7 +76,7 @@ func New(outbox OutboxStore, source Source, sink core.Sink, cfg Config) (*Relay,
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	bm, err := bridge.NewMetrics(cfg.Registerer, cfg.SinkName)
+	bm, err := relaymetrics.New(cfg.Registerer, cfg.SinkName)
 	if err != nil {
 		return nil, fmt.Errorf("relay metrics: %w", err)
 	}
@@ -87,17 +92,19 @@ func New(outbox OutboxStore, source Source, sink core.Sink, cfg Config) (*Relay,
 		bm:    bm,
 		m:     m,
 		log:   cfg.Logger.With("component", "relay", "mode", "cdc", "owner", cfg.Owner, "slot", cfg.Slot),
-		life:  bridge.NewLifecycle(),
-		retry: bridge.NewRetry(cfg.RetryInitial, cfg.RetryMax),
-		stuck: bridge.NewStuckTracker(cfg.ParkAfterAttempts, cfg.ParkAfter),
+		life:  lifecycle.New(),
+		retry: delivery.NewRetry(cfg.RetryInitial, cfg.RetryMax),
+		stuck: delivery.NewStuckTracker(cfg.ParkAfterAttempts, cfg.ParkAfter),
 	}
 	if cfg.ExactlyOnce {
-		if r.fences, err = bridge.NewFences(sink, cfg.Hooks != nil && cfg.Hooks.UnsafeSkipPositions); err != nil {
-			return nil, err
+		if r.fences, err = delivery.NewFences(sink, cfg.Hooks != nil && cfg.Hooks.UnsafeSkipPositions); err != nil {
+			return nil, fmt.Errorf("%w: %w", bridge.ErrInvalidConfig, err)
 		}
 	}
-	r.standby = bridge.NewStandbyGate(cfg.StandbyFlush, bm, r.log)
-	r.history = bridge.NewHistoryHold(cfg.History, bm, r.log)
+	if sf := cfg.StandbyFlush; sf.Required {
+		r.standby = standbygate.New(standbygate.Config{Names: sf.Names, Count: sf.Count, Probe: sf.Probe, PollMax: sf.PollMax, WarnAfter: sf.WarnAfter}, bm, r.log)
+	}
+	r.history = historyhold.New(cfg.History, bm, r.log)
 	return r, nil
 }
 

@@ -1,4 +1,4 @@
-package bridge
+package delivery
 
 import (
 	"context"
@@ -38,6 +38,10 @@ type FencedSink interface {
 	Unfence(shard int)
 }
 
+// ErrNotFenced is returned by NewFences for a sink that is not a
+// FencedSink.
+var ErrNotFenced = errors.New("ExactlyOnce needs a sink that publishes in fenced transactions")
+
 // Fences is the exactly-once state a relay (polling or CDC) keeps over a
 // FencedSink: which shards wait for a fence before anything of theirs is
 // published. It is owned by one goroutine, the relay's loop.
@@ -54,7 +58,7 @@ type Fences struct {
 func NewFences(sink core.Sink, skipPositions bool) (*Fences, error) {
 	fs, ok := sink.(FencedSink)
 	if !ok {
-		return nil, fmt.Errorf("%w: ExactlyOnce needs a sink that publishes in fenced transactions, not %T", ErrInvalidConfig, sink)
+		return nil, fmt.Errorf("%w, not %T", ErrNotFenced, sink)
 	}
 	return &Fences{sink: fs, unfenced: map[int]bool{}, skipPositions: skipPositions}, nil
 }

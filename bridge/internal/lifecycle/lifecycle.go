@@ -1,4 +1,7 @@
-package bridge
+// Package lifecycle is the Start/Stop machinery both relay modes share:
+// a soft stop lets the loop finish its batch and release its leases, a
+// hard stop cancels it, and Stop always waits for it to exit.
+package lifecycle
 
 import (
 	"context"
@@ -7,6 +10,9 @@ import (
 	"sync/atomic"
 	"time"
 )
+
+// ErrAlreadyStarted is returned by a second Start.
+var ErrAlreadyStarted = errors.New("relay already started")
 
 // Lifecycle is the Start/Stop/Stopped machinery the polling relay and the
 // CDC relay share. A soft stop closes SoftStop, so the loop finishes or
@@ -23,8 +29,8 @@ type Lifecycle struct {
 	stopped    chan struct{}
 }
 
-// NewLifecycle returns a lifecycle that has not started.
-func NewLifecycle() *Lifecycle {
+// New returns a lifecycle that has not started.
+func New() *Lifecycle {
 	l := &Lifecycle{softStop: make(chan struct{}), stopped: make(chan struct{})}
 	l.SetReady(errors.New("relay not started"))
 	return l

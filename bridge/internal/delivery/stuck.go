@@ -1,4 +1,4 @@
-package bridge
+package delivery
 
 import (
 	"errors"
@@ -6,13 +6,6 @@ import (
 	"time"
 
 	"github.com/posthorn/posthorn/core"
-)
-
-// Defaults of the retry-park policy (Config.ParkAfterAttempts,
-// Config.ParkAfter).
-const (
-	ParkAfterAttemptsDefault = 30
-	ParkAfterDefault         = 5 * time.Minute
 )
 
 // StuckTracker decides when a record that keeps failing retryably is stuck

@@ -1,4 +1,9 @@
-package bridge
+// Package delivery is how both relay modes hand a batch to the sink and
+// read its answer: publishing (through fenced transactions in exactly-once
+// mode), settling the answer into what to mark, park and retry with the
+// per-aggregate ordering rule, the retry backoff, and when a record that
+// keeps failing counts as stuck.
+package delivery
 
 import (
 	"context"
@@ -6,61 +11,9 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/posthorn/posthorn/core"
 )
-
-// The pieces below are shared with the CDC relay (bridge/cdc), so that both
-// relay modes publish, classify sink failures and report the same metric
-// series in the same way.
-
-// Metrics are the relay's Prometheus series (names fixed by contract.md),
-// for another relay mode to report through.
-type Metrics struct{ m *metrics }
-
-// NewMetrics registers the relay's series on reg (nil: none) with the sink
-// label sink.
-func NewMetrics(reg prometheus.Registerer, sink string) (*Metrics, error) {
-	m, err := newMetrics(reg, sink)
-	if err != nil {
-		return nil, err
-	}
-	return &Metrics{m: m}, nil
-}
-
-// Published observes one published batch: its size, the time to the sink's
-// ACK and how many records the sink took.
-func (m *Metrics) Published(size, acked int, took time.Duration) {
-	m.m.publishSeconds.Observe(took.Seconds())
-	m.m.batchSize.Observe(float64(size))
-	m.m.published.Add(float64(acked))
-}
-
-// Retried counts a batch retried after a retryable sink failure.
-func (m *Metrics) Retried() { m.m.retries.Inc() }
-
-// TookOver counts a lease taken over from a relay that stopped renewing.
-func (m *Metrics) TookOver() { m.m.takeovers.Inc() }
-
-// Fenced counts markers refused because the lease was superseded.
-func (m *Metrics) Fenced(n int) { m.m.fenced.Add(float64(n)) }
-
-// Abandoned counts a batch not published because the lease would expire.
-func (m *Metrics) Abandoned() { m.m.abandoned.Inc() }
-
-// NewlyParked counts an aggregate parked now.
-func (m *Metrics) NewlyParked() { m.m.parked.Inc() }
-
-// SetStatus sets the backlog, oldest-age and parked gauges from st.
-func (m *Metrics) SetStatus(st core.OutboxStatus) {
-	m.m.backlog.Set(float64(st.Backlog))
-	m.m.oldestAge.Set(st.OldestUnrelayedAge)
-	m.m.parked.Set(float64(len(st.Parked)))
-}
-
-// SetHeldByOpenTransaction sets the open-transaction gauge.
-func (m *Metrics) SetHeldByOpenTransaction(d time.Duration) { m.m.heldByOpenTx.Set(d.Seconds()) }
 
 // PublishBatch hands batch to sink, as both relays do. When the sink
 // refuses the batch as a whole for good without saying which record, it
@@ -133,15 +86,9 @@ type Settlement struct {
 }
 
 // Settle classifies the sink's answer err to batch by core.IsPermanent and
-// *core.BatchError, as the polling relay does.
-func Settle(batch []core.Envelope, err error) Settlement {
-	s, _ := settle(batch, err)
-	return s
-}
-
-// settle is Settle that also returns how many records the answer names as
+// *core.BatchError; it also returns how many records the answer names as
 // failed (a *core.BatchError's count, or all of batch for any other error).
-func settle(batch []core.Envelope, err error) (Settlement, int) {
+func Settle(batch []core.Envelope, err error) (Settlement, int) {
 	failed := map[int]error{}
 	var be *core.BatchError
 	switch {
