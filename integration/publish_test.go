@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -627,4 +628,133 @@ func TestVersionedPayloadsGoToTheirHandlers(t *testing.T) {
 	if len(reason) != 1 || !strings.Contains(reason[0], "no handler for schema version 3") {
 		t.Fatalf("poison reason %q", reason)
 	}
+}
+
+// TestOutboxRowsAgreeOnEveryWritePath: the Posting API's write path
+// (LedgerStore.Post through Watermill's SQL publisher), the Go publish
+// library and the SQL functions write one outbox, and every row means the
+// same thing whichever wrote it: the shard is core.ShardOf of the
+// aggregate, the topic follows from kind, type and aggregate (ledger.events
+// for accounts, events.<aggregate type>, commands.<service>), the event ID
+// is a version 7 UUID, the row carries the server's timeline, the headers
+// hold only extra headers (contract headers have their own columns and the
+// versioning headers at their defaults are not stored), and per aggregate
+// revisions run 1, 2, 3 … in outbox id order. The relay's read of each row
+// gives the envelope those columns describe.
+func TestOutboxRowsAgreeOnEveryWritePath(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	_, pool := pgtest.Ledger(t)
+	store := postgres.NewLedgerStore(pool, postgres.LedgerConfig{MetadataAllowlist: []string{"channel"}})
+	post := func(key string) {
+		t.Helper()
+		p := core.Posting{Entries: []core.Entry{
+			{Account: "acc-a", Direction: core.Debit, Amount: 7, Currency: "EUR"},
+			{Account: "acc-b", Direction: core.Credit, Amount: 7, Currency: "EUR"},
+		}, Metadata: map[string]string{"channel": "web", "note": "not allow-listed"},
+			Commands: []core.CommandSpec{{Type: "payouts.payout.execute", Payload: json.RawMessage(`{"to":"acc-b"}`)}}}
+		if _, _, err := store.Post(ctx, key, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	post("agree-1")
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := publish.Pgx(tx).Event(ctx, publish.Message{AggregateType: "wallet", AggregateID: "w-1", Type: "wallet.credited",
+			Payload: []byte(`{}`), Headers: map[string]string{"trace": "t-1"}}); err != nil {
+			return err
+		}
+		if _, err := publish.Pgx(tx).Command(ctx, publish.Message{AggregateType: "wallet", AggregateID: "w-1", Type: "payouts.payout.execute", Payload: []byte(`{}`)}); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `SELECT * FROM posthorn_publish('wallet', 'w-1', 'wallet.debited', '{}', '{"trace":"t-2"}')`); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `SELECT * FROM posthorn_send_command('wallet', 'w-1', 'payouts.payout.execute', '{}')`)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	post("agree-2")
+
+	var timeline int32
+	if err := pool.QueryRow(ctx, `SELECT timeline FROM posthorn.ledger_history()`).Scan(&timeline); err != nil {
+		t.Fatal(err)
+	}
+	type row struct {
+		id, shard, revision       int64
+		eventID, kind, typ, topic string
+		aggType, aggID, headers   string
+		timeline                  *int32
+	}
+	rows, err := pool.Query(ctx, `SELECT id, shard, revision, event_id::text, kind, type, topic, aggregate_type, aggregate_id, headers::text, ledger_timeline
+FROM outbox ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []row
+	for rows.Next() {
+		var r row
+		if err := rows.Scan(&r.id, &r.shard, &r.revision, &r.eventID, &r.kind, &r.typ, &r.topic, &r.aggType, &r.aggID, &r.headers, &r.timeline); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, r)
+	}
+	rows.Close()
+	if len(got) != 3+3+4 {
+		t.Fatalf("%d outbox rows, want 10 (two postings of two events and a command, four from the service)", len(got))
+	}
+	next := map[[2]string]int64{}
+	for _, r := range got {
+		topic := "events." + r.aggType
+		switch {
+		case r.kind == "command":
+			topic = core.CommandTopic("commands.", r.typ)
+		case r.aggType == core.AggregateAccount:
+			topic = core.TopicEvents
+		}
+		k := [2]string{r.aggType, r.aggID}
+		next[k]++
+		u, err := uuid.Parse(r.eventID)
+		switch {
+		case r.shard != int64(core.ShardOf(r.aggID)):
+			t.Errorf("row %d (%s %s): shard %d, core.ShardOf %d", r.id, r.aggType, r.aggID, r.shard, core.ShardOf(r.aggID))
+		case r.topic != topic:
+			t.Errorf("row %d (%s %s): topic %s, want %s", r.id, r.kind, r.typ, r.topic, topic)
+		case err != nil || u.Version() != 7:
+			t.Errorf("row %d: event ID %s is no version 7 UUID", r.id, r.eventID)
+		case r.timeline == nil || *r.timeline != timeline:
+			t.Errorf("row %d: ledger_timeline %v, want the server's %d", r.id, r.timeline, timeline)
+		case r.revision != next[k]:
+			t.Errorf("row %d (%s %s): revision %d, want %d (gapless, in outbox id order)", r.id, r.aggType, r.aggID, r.revision, next[k])
+		case strings.Contains(r.headers, core.HeaderSchemaVersion) || strings.Contains(r.headers, core.HeaderContentType) ||
+			strings.Contains(r.headers, `"`+core.HeaderEventID+`"`) || strings.Contains(r.headers, "not allow-listed"):
+			t.Errorf("row %d: headers %s hold a contract, a default or a not allow-listed header", r.id, r.headers)
+		}
+	}
+	// The relay's read gives the envelopes the columns describe.
+	shards := make([]int, core.Shards)
+	for i := range shards {
+		shards[i] = i
+	}
+	read, err := postgres.NewRelayStore(pool).ReadBatchSkipping(ctx, shards, 100, nil, core.OrderByID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(read) != len(got) {
+		t.Fatalf("the relay read %d rows, want %d", len(read), len(got))
+	}
+	byID := map[int64]row{}
+	for _, r := range got {
+		byID[r.id] = r
+	}
+	for _, o := range read {
+		r, e := byID[o.ID], o.Envelope
+		h := e.WireHeaders()
+		if e.EventID != r.eventID || string(e.Kind) != r.kind || e.Topic != r.topic || e.Revision != r.revision ||
+			h[core.HeaderLedgerTimeline] != fmt.Sprint(timeline) || h[core.HeaderSchemaVersion] != "1" || h[core.HeaderContentType] != core.ContentTypeJSON {
+			t.Errorf("row %d read as %+v, headers %v", o.ID, e, h)
+		}
+	}
+	t.Logf("%d rows from three write paths agree: shard, topic, UUIDv7, timeline %d, headers, gapless revisions per aggregate", len(got), timeline)
 }
