@@ -330,14 +330,18 @@ func (s *Server) handlePost(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !s.historyAccepted(r.Context()) {
-		w.Header().Set("Retry-After", "5")
-		s.problem(w, r, http.StatusServiceUnavailable, "ledger-history-not-accepted", "Service Unavailable", "database",
-			"the ledger failed over or was restored, and an operator has not yet accepted its new history (posthorn failover recover); nothing was written: retry with the same Idempotency-Key later")
+		s.refuseHistory(w, r)
 		return
 	}
 	res, replayed, err := s.store.Post(r.Context(), key, p)
 	switch {
 	case err == nil:
+	case errors.Is(err, core.ErrHistoryNotAccepted):
+		// The store checked once its connection was acquired: one opened
+		// to a promoted standby since the check above read the new history.
+		s.historyAccepted(r.Context())
+		s.refuseHistory(w, r)
+		return
 	case errors.Is(err, core.ErrIdempotencyConflict):
 		s.problem(w, r, http.StatusConflict, "idempotency-conflict", "Idempotency Key Reused", "Idempotency-Key",
 			"the Idempotency-Key was already used for a different request; use a new key for a new posting")
@@ -445,6 +449,13 @@ func (s *Server) historyAccepted(ctx context.Context) bool {
 		s.log.Info("the ledger's history is accepted: postings are taken again")
 	}
 	return err == nil
+}
+
+// refuseHistory answers a posting refused on an unaccepted history.
+func (s *Server) refuseHistory(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Retry-After", "5")
+	s.problem(w, r, http.StatusServiceUnavailable, "ledger-history-not-accepted", "Service Unavailable", "database",
+		"the ledger failed over or was restored, and an operator has not yet accepted its new history (posthorn failover recover); nothing was written: retry with the same Idempotency-Key later")
 }
 
 func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {

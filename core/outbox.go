@@ -106,6 +106,12 @@ type OutboxStatus struct {
 	History *LedgerHistory `json:"ledger_history,omitempty"`
 }
 
+// ErrHistoryNotAccepted is returned while the ledger runs on a history
+// (LedgerHistory) other than the one an operator accepted last: after a
+// failover or a restore, until posthorn failover recover accepts it.
+// Nothing is posted or published meanwhile.
+var ErrHistoryNotAccepted = errors.New("the ledger runs on a history that was not accepted: a failover or restore happened, and it may lack postings that were published; run posthorn failover check, then posthorn failover recover")
+
 // LedgerHistory is the history the ledger's server writes on (its
 // PostgreSQL system identifier and timeline) and the one an operator
 // accepted last. Promotion of a standby (and a point-in-time restore)

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -18,10 +19,12 @@ import (
 	"github.com/posthorn/posthorn/adapters/memory"
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
+	"github.com/posthorn/posthorn/adapters/postgres/roles/roletest"
 	"github.com/posthorn/posthorn/api"
 	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/integration/faultkit"
 	"github.com/posthorn/posthorn/internal/promset/promtest"
 	"github.com/posthorn/posthorn/internal/syncbuf"
 )
@@ -181,5 +184,155 @@ func TestRelayAndAPIHoldOnAnUnacceptedHistory(t *testing.T) {
 	}
 	if !strings.Contains(log.String(), "publishing resumes") || !strings.Contains(log.String(), "postings are taken again") {
 		t.Fatalf("no line says the relay and the API resumed:\n%s", log.String())
+	}
+}
+
+// gauge reads one unlabelled series from the /metrics page at addr.
+func gauge(t *testing.T, addr, name string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			var f float64
+			if _, err := fmt.Sscan(v, &f); err == nil {
+				return f
+			}
+		}
+	}
+	t.Fatalf("%s not on %s/metrics", name, addr)
+	return 0
+}
+
+// TestRelayAndAPIProcessesHoldOnAnUnacceptedHistory: `posthorn relay` and
+// `posthorn api`, each under its own database role, read the ledger's
+// history as those roles: they publish and post on the accepted one. When
+// their sessions end (as a failover ends them) and the server's history is
+// no longer the accepted one, the relay publishes nothing (its log says
+// why, posthorn_relay_held_by_ledger_history is 1) and the API answers 503
+// and writes nothing; once the history is accepted both go on by
+// themselves.
+func TestRelayAndAPIProcessesHoldOnAnUnacceptedHistory(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	bin := posthornBin(t)
+	logDir := t.TempDir()
+	ledgerURL, owner := roletest.Ledger(t)
+	relayAddr, apiAddr := freeAddr(t), freeAddr(t)
+	relay := faultkit.NewProc(faultkit.ProcConfig{Name: "relay", Bin: bin, Args: []string{"relay"}, LogDir: logDir,
+		Env: []string{"POSTHORN_DATABASE__URL=" + roletest.Login(t, ledgerURL, postgres.RoleRelay, ""), "POSTHORN_SINK__KIND=memory",
+			"POSTHORN_METRICS__LISTEN=" + relayAddr, "POSTHORN_RELAY__POLL_INTERVAL=100ms"},
+		Ready: faultkit.HTTPReady("http://" + relayAddr + "/readyz")})
+	apiProc := faultkit.NewProc(faultkit.ProcConfig{Name: "api", Bin: bin, Args: []string{"api"}, LogDir: logDir,
+		Env:   []string{"POSTHORN_DATABASE__URL=" + roletest.Login(t, ledgerURL, postgres.RoleAPI, ""), "POSTHORN_API__LISTEN=" + apiAddr},
+		Ready: faultkit.HTTPReady("http://" + apiAddr + "/readyz")})
+	for _, p := range []*faultkit.Proc{relay, apiProc} {
+		t.Cleanup(p.Close)
+		if err := p.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	apiURL := "http://" + apiAddr
+	if code, body := postOnce(t, apiURL, "p-1"); code != http.StatusCreated {
+		t.Fatalf("a posting on the accepted history: %d %s", code, body)
+	}
+	bridgetest.WaitFor(t, 30*time.Second, "the relay to publish on the accepted history", func() bool { return bridgetest.Unrelayed(t, owner) == 0 })
+
+	accept := unacceptHistory(t, owner)
+	// A failover ends every session: end the components' own.
+	if _, err := owner.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename LIKE 'posthorn_t_%' AND pid <> pg_backend_pid()`); err != nil {
+		t.Fatal(err)
+	}
+	code, body := 0, ""
+	bridgetest.WaitFor(t, 30*time.Second, "the API to refuse postings", func() bool {
+		code, body = postOnce(t, apiURL, "p-2")
+		if code == http.StatusCreated {
+			t.Fatalf("the API took a posting on the unaccepted history: %s", body)
+		}
+		return code == http.StatusServiceUnavailable
+	})
+	if !strings.Contains(body, "ledger-history-not-accepted") {
+		t.Fatalf("503 body %s", body)
+	}
+	bridgetest.MustPost(t, owner, "acc-h1", "acc-h2") // a row the relay must hold
+	bridgetest.WaitFor(t, 30*time.Second, "the relay to hold", func() bool {
+		return gauge(t, relayAddr, "posthorn_relay_held_by_ledger_history") == 1
+	})
+	time.Sleep(time.Second) // ten of the relay's polls
+	if n := bridgetest.Unrelayed(t, owner); n == 0 {
+		t.Fatal("the relay published on the unaccepted history")
+	}
+	if b, _ := os.ReadFile(relay.LogPath()); !strings.Contains(string(b), "RELAY HOLDS BACK PUBLISHING") {
+		t.Fatalf("the relay's log does not say why it holds:\n%s", b)
+	}
+	if b, _ := os.ReadFile(apiProc.LogPath()); !strings.Contains(string(b), "API REFUSES POSTINGS") {
+		t.Fatalf("the API's log does not say why it refuses:\n%s", b)
+	}
+
+	accept()
+	bridgetest.WaitFor(t, 30*time.Second, "the relay to publish once the history is accepted", func() bool {
+		return bridgetest.Unrelayed(t, owner) == 0 && gauge(t, relayAddr, "posthorn_relay_held_by_ledger_history") == 0
+	})
+	if code, body := postOnce(t, apiURL, "p-2"); code != http.StatusCreated {
+		t.Fatalf("a posting once the history is accepted: %d %s", code, body)
+	}
+}
+
+// TestFirstPostingAfterAFailoverIsRefused: the API's own check reads the
+// history its pool saw last, and the first posting after a failover comes
+// before any connection to the new primary has read the new one. The
+// store checks again once the posting's connection is acquired (a new
+// connection reads the history before it is handed out), so even that
+// first posting is refused and writes nothing. The control is the API
+// with its own check alone: the first posting after the sessions ended
+// commits on the unaccepted history.
+func TestFirstPostingAfterAFailoverIsRefused(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, storeChecks := range []bool{true, false} {
+		t.Run(fmt.Sprintf("store_checks=%v", storeChecks), func(t *testing.T) {
+			url, owner := pgtest.Ledger(t)
+			pool, watch := watchedPool(t, url)
+			cfg := postgres.LedgerConfig{}
+			if storeChecks {
+				cfg.History = watch
+			}
+			srv, err := api.New(api.Config{Logger: slog.New(slog.DiscardHandler), History: watch}, postgres.NewLedgerStore(pool, cfg))
+			if err != nil {
+				t.Fatal(err)
+			}
+			hs := httptest.NewServer(srv.Handler())
+			t.Cleanup(hs.Close)
+			if code, body := postOnce(t, hs.URL, "first"); code != http.StatusCreated {
+				t.Fatalf("before the failover: %d %s", code, body)
+			}
+			unacceptHistory(t, owner)
+			// A failover ends every session of the pool.
+			if _, err := owner.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()`); err != nil {
+				t.Fatal(err)
+			}
+			// The pool's dead connections fail a request or two (500: retry
+			// with the same key), as a client sees a failover.
+			code, body := postOnce(t, hs.URL, "second")
+			for i := 0; code == http.StatusInternalServerError && i < 20; i++ {
+				time.Sleep(100 * time.Millisecond) // a client's retry interval
+				code, body = postOnce(t, hs.URL, "second")
+			}
+			var journals int
+			if err := owner.QueryRow(ctx, `SELECT count(*) FROM journals`).Scan(&journals); err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("store checks %v: the first posting after the failover answered %d, %d journals", storeChecks, code, journals)
+			if storeChecks && (code != http.StatusServiceUnavailable || journals != 1) {
+				t.Fatalf("the first posting after the failover: %d %s, %d journals; want 503 and nothing written", code, body, journals)
+			}
+			if !storeChecks && (code != http.StatusCreated || journals != 2) {
+				t.Fatalf("control: the first posting after the failover: %d %s, %d journals; the API's own check alone should let it through", code, body, journals)
+			}
+		})
 	}
 }

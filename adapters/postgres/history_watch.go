@@ -2,7 +2,6 @@ package postgres
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -13,10 +12,9 @@ import (
 	"github.com/posthorn/posthorn/core"
 )
 
-// ErrHistoryNotAccepted is returned by HistoryWatch.Check while the ledger
-// runs on a history (system identifier, timeline) other than the one an
-// operator accepted last: after a failover or a restore.
-var ErrHistoryNotAccepted = errors.New("the ledger runs on a history that was not accepted: a failover or restore happened, and it may lack postings that were published; run posthorn failover check, then posthorn failover recover")
+// ErrHistoryNotAccepted is core.ErrHistoryNotAccepted, which
+// HistoryWatch.Check wraps.
+var ErrHistoryNotAccepted = core.ErrHistoryNotAccepted
 
 // historyRecheck is how often Check reads the history again while it is
 // not accepted, so that an operator's acceptance is noticed within it.

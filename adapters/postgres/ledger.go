@@ -32,6 +32,13 @@ type LedgerConfig struct {
 	// (keys plus values); above it Post returns a *core.InputError naming
 	// "metadata" and writes nothing. Default core.DefaultMetadataMaxBytes.
 	MetadataMaxBytes int
+	// History, when set, refuses a posting (an error wrapping
+	// core.ErrHistoryNotAccepted, nothing written) while the ledger does
+	// not run on the accepted history. It is checked once the posting's
+	// connection is acquired: a connection opened to a promoted standby
+	// has read the new history (HistoryWatch.Watch) by then, so even the
+	// first posting after a failover is refused.
+	History *HistoryWatch
 }
 
 // MetadataHeaderPrefix prefixes the header of an allow-listed metadata key

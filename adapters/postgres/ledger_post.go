@@ -60,6 +60,11 @@ func (s *LedgerStore) post(ctx context.Context, key string, hash [32]byte, p cor
 		conn.Release()
 	}()
 	tx := connTx{conn.Conn()}
+	if s.cfg.History != nil {
+		if err := s.cfg.History.Check(ctx); err != nil {
+			return core.PostingResult{}, err
+		}
+	}
 
 	newRevision, err := lockAccounts(ctx, tx, plan)
 	if err != nil {

@@ -29,7 +29,7 @@ func runAPI(ctx context.Context, args []string) error {
 	postgres.WarnIfSuperuser(ctx, p.ledger, p.log, "api", postgres.RoleAPI)
 	startRetention(ctx, p.cfg, nil, p.ledger, nil, p.log) // idempotency-key retention on retention.interval
 	srv, err := api.New(api.Config{Listen: p.cfg.API.Listen, Tokens: p.cfg.API.Tokens, TLS: tlsCfg, Logger: p.log, TracerProvider: p.tracer,
-		History: p.history}, ledgerStore(p.cfg, p.ledger))
+		History: p.history}, ledgerStore(p.cfg, p.ledger, p.history))
 	if err != nil {
 		return err
 	}
@@ -40,7 +40,7 @@ func runAPI(ctx context.Context, args []string) error {
 
 // ledgerStore is the Posting API's store on pool, as configured (the demo's
 // API uses it too).
-func ledgerStore(cfg configs.Config, pool *pgxpool.Pool) *postgres.LedgerStore {
+func ledgerStore(cfg configs.Config, pool *pgxpool.Pool, history *postgres.HistoryWatch) *postgres.LedgerStore {
 	return postgres.NewLedgerStore(pool, postgres.LedgerConfig{CommandTopicPrefix: cfg.Sink.CommandTopicPrefix,
-		MetadataAllowlist: cfg.Outbox.MetadataAllowlist, MetadataMaxBytes: cfg.Outbox.MetadataMaxBytes})
+		MetadataAllowlist: cfg.Outbox.MetadataAllowlist, MetadataMaxBytes: cfg.Outbox.MetadataMaxBytes, History: history})
 }

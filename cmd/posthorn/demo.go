@@ -195,7 +195,7 @@ func (d *demoRun) run(ctx context.Context, postings int) (demoSummary, error) {
 		return sum, err
 	}
 	defer apiPool.Close()
-	srv, err := api.New(api.Config{Tokens: d.cfg.API.Tokens, Logger: d.log, TracerProvider: d.tracer}, ledgerStore(d.cfg, apiPool))
+	srv, err := api.New(api.Config{Tokens: d.cfg.API.Tokens, Logger: d.log, TracerProvider: d.tracer}, ledgerStore(d.cfg, apiPool, nil))
 	if err != nil {
 		return sum, err
 	}
