@@ -91,15 +91,7 @@ func failoverRecover(t *testing.T, cdcMode, recover bool) {
 		Scan(&oldOutboxID, &oldJournalSeq); err != nil {
 		t.Fatal(err)
 	}
-	if err := f.Primary.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	if err := f.Standby.Restart(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := f.Standby.Promote(ctx); err != nil {
-		t.Fatal(err)
-	}
+	f.KillPrimaryAndPromote(t)
 	pool, err := postgres.Connect(ctx, f.Standby.URL("ledger"), 4)
 	if err != nil {
 		t.Fatal(err)

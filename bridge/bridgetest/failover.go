@@ -148,6 +148,24 @@ func RunFailover(t *testing.T, run RunRelay, required bool, opts pgcluster.Optio
 	return res
 }
 
+// KillPrimaryAndPromote fails the ledger over: the primary is SIGKILLed,
+// the standby (stopped while the primary went on alone) started again and
+// promoted.
+func (f *Failover) KillPrimaryAndPromote(t testing.TB) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := f.Primary.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Standby.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Standby.Promote(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // waitPublished waits until every event of posted is in the sink.
 func (f *Failover) waitPublished(t testing.TB, posted []Posted) {
 	t.Helper()

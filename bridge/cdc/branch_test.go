@@ -107,15 +107,7 @@ func TestCDCRelayNamesWhatItPublishedPastTheBranchPoint(t *testing.T) {
 			} else {
 				bridgetest.WaitFor(t, 30*time.Second, "the events of the lost tail published", func() bool { return published(during) == len(during) })
 			}
-			if err := f.Primary.Kill(); err != nil {
-				t.Fatal(err)
-			}
-			if err := f.Standby.Restart(ctx); err != nil {
-				t.Fatal(err)
-			}
-			if err := f.Standby.Promote(ctx); err != nil {
-				t.Fatal(err)
-			}
+			f.KillPrimaryAndPromote(t)
 			const named, none = "CDC RELAY PUBLISHED PAST THE NEW HISTORY'S BRANCH POINT", "nothing this relay published is past the new history's branch point"
 			bridgetest.WaitFor(t, time.Minute, "the relay to compare with the branch point", func() bool {
 				return strings.Contains(logs.String(), named) || strings.Contains(logs.String(), none)
