@@ -2,12 +2,14 @@ package kafka_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
@@ -93,8 +95,21 @@ func readToEnd(brokers []string) func(ctx context.Context, topic string, n int) 
 	}
 }
 
-// endOffsets lists the end offset of each of topic's partitions.
+// endOffsets lists the end offset of each of topic's partitions, asking
+// again while a partition answers a retriable error (a leader election
+// after a node's restart answers OFFSET_NOT_AVAILABLE for a moment).
 func endOffsets(ctx context.Context, cl *kgo.Client, topic string) (map[int32]int64, error) {
+	for {
+		ends, err := endOffsetsOnce(ctx, cl, topic)
+		var code *kerr.Error
+		if err == nil || !errors.As(err, &code) || !code.Retriable || ctx.Err() != nil {
+			return ends, err
+		}
+		time.Sleep(100 * time.Millisecond) // the election takes a moment; then ask again
+	}
+}
+
+func endOffsetsOnce(ctx context.Context, cl *kgo.Client, topic string) (map[int32]int64, error) {
 	mreq := kmsg.NewPtrMetadataRequest()
 	mt := kmsg.NewMetadataRequestTopic()
 	mt.Topic = kmsg.StringPtr(topic)
@@ -123,8 +138,8 @@ func endOffsets(ctx context.Context, cl *kgo.Client, topic string) (map[int32]in
 	ends := map[int32]int64{}
 	for _, t := range lresp.Topics {
 		for _, p := range t.Partitions {
-			if p.ErrorCode != 0 {
-				return nil, fmt.Errorf("end offset of %s/%d: error code %d", topic, p.Partition, p.ErrorCode)
+			if err := kerr.ErrorForCode(p.ErrorCode); err != nil {
+				return nil, fmt.Errorf("end offset of %s/%d: %w", topic, p.Partition, err)
 			}
 			ends[p.Partition] = p.Offset
 		}

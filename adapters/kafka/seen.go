@@ -1,6 +1,7 @@
 package kafka
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -27,6 +28,9 @@ type TopicSeen struct {
 	// Since bounds the read by record timestamp; the zero time reads each
 	// partition from its start.
 	Since time.Time
+	// Wait bounds the wait for a leader election or an open transaction
+	// before the read begins; default 30 s.
+	Wait time.Duration
 }
 
 // SourceName names the source in reports.
@@ -53,32 +57,39 @@ func (s TopicSeen) Seen(ctx context.Context) ([]ops.SeenEvent, error) {
 	defer cl.Close()
 	adm := kadm.NewClient(cl)
 	// The client retries an unreachable broker for as long as it is let:
-	// listing the offsets gets seenListTimeout.
-	lctx, cancel := context.WithTimeout(ctx, seenListTimeout)
+	// listing the offsets gets seenListTimeout, and is asked again while a
+	// partition answers a retriable error (a leader election in progress).
+	lctx, cancel := context.WithTimeout(ctx, cmp.Or(s.Wait, seenListTimeout))
 	defer cancel()
-	ends, err := adm.ListCommittedOffsets(lctx, s.Topics...)
-	if err != nil {
-		return nil, fmt.Errorf("kafka: end offsets of %v: %w", s.Topics, err)
-	}
-	starts, err := adm.ListStartOffsets(lctx, s.Topics...)
-	if !s.Since.IsZero() && err == nil {
-		starts, err = adm.ListOffsetsAfterMilli(lctx, s.Since.UnixMilli(), s.Topics...)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("kafka: start offsets of %v: %w", s.Topics, err)
+	var ends, starts kadm.ListedOffsets
+	var open []string
+	for {
+		e, st, o, err := s.listOffsets(lctx, adm)
+		var code *kerr.Error
+		if err == nil {
+			ends, starts, open = e, st, o
+			if len(open) == 0 {
+				break
+			}
+		} else if lctx.Err() == nil && !(errors.As(err, &code) && code.Retriable) {
+			return nil, err
+		}
+		if lctx.Err() != nil {
+			if len(open) > 0 {
+				// Records past an open transaction are not decided yet:
+				// reading up to it would leave them out without a word.
+				return nil, fmt.Errorf("kafka: %s hold a transaction still open after %s (records past it are not decided yet); run the check again once it ends (the producer's transaction timeout)",
+					strings.Join(open, ", "), cmp.Or(s.Wait, seenListTimeout))
+			}
+			return nil, cmp.Or(err, lctx.Err())
+		}
+		time.Sleep(200 * time.Millisecond) // an election, or a transaction, is under way
 	}
 	from := map[string]map[int32]kgo.Offset{}
 	until := map[string]map[int32]int64{}
-	var listErr error
 	ends.Each(func(end kadm.ListedOffset) {
-		if end.Err != nil {
-			if !errors.Is(end.Err, kerr.UnknownTopicOrPartition) {
-				listErr = errors.Join(listErr, fmt.Errorf("kafka: %s[%d]: %w", end.Topic, end.Partition, end.Err))
-			}
-			return
-		}
 		start, ok := starts.Lookup(end.Topic, end.Partition)
-		if !ok || start.Err != nil || start.Offset < 0 || start.Offset >= end.Offset {
+		if end.Err != nil || !ok || start.Offset < 0 || start.Offset >= end.Offset {
 			return
 		}
 		if from[end.Topic] == nil {
@@ -87,9 +98,6 @@ func (s TopicSeen) Seen(ctx context.Context) ([]ops.SeenEvent, error) {
 		from[end.Topic][end.Partition] = kgo.NewOffset().At(start.Offset)
 		until[end.Topic][end.Partition] = end.Offset
 	})
-	if listErr != nil {
-		return nil, listErr
-	}
 	if len(from) == 0 {
 		return nil, nil
 	}
@@ -141,6 +149,47 @@ const (
 	seenQuiet       = 3 * time.Second
 	seenListTimeout = 30 * time.Second
 )
+
+// listOffsets lists the topics' last stable offsets, the first offsets at
+// or after Since (the start, when Since is zero), and the partitions whose
+// last stable offset is behind their end (an open transaction). A topic
+// that does not exist is left out; any other partition's error is
+// returned (wrapping its *kerr.Error).
+func (s TopicSeen) listOffsets(ctx context.Context, adm *kadm.Client) (ends, starts kadm.ListedOffsets, open []string, err error) {
+	ends, err = adm.ListCommittedOffsets(ctx, s.Topics...)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("kafka: end offsets of %v: %w", s.Topics, err)
+	}
+	hw, err := adm.ListEndOffsets(ctx, s.Topics...)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("kafka: end offsets of %v: %w", s.Topics, err)
+	}
+	if s.Since.IsZero() {
+		starts, err = adm.ListStartOffsets(ctx, s.Topics...)
+	} else {
+		starts, err = adm.ListOffsetsAfterMilli(ctx, s.Since.UnixMilli(), s.Topics...)
+	}
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("kafka: start offsets of %v: %w", s.Topics, err)
+	}
+	for _, l := range []kadm.ListedOffsets{ends, hw, starts} {
+		var perr error
+		l.Each(func(o kadm.ListedOffset) {
+			if o.Err != nil && !errors.Is(o.Err, kerr.UnknownTopicOrPartition) && perr == nil {
+				perr = fmt.Errorf("kafka: offsets of %s[%d]: %w", o.Topic, o.Partition, o.Err)
+			}
+		})
+		if perr != nil {
+			return nil, nil, nil, perr
+		}
+	}
+	hw.Each(func(o kadm.ListedOffset) {
+		if st, ok := ends.Lookup(o.Topic, o.Partition); ok && st.Err == nil && st.Offset < o.Offset {
+			open = append(open, fmt.Sprintf("%s[%d]", o.Topic, o.Partition))
+		}
+	})
+	return ends, starts, open, nil
+}
 
 // seenEvent decodes r by its contract headers.
 func seenEvent(r *kgo.Record) (ops.SeenEvent, bool) {

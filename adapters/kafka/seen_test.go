@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -89,6 +90,21 @@ func TestTopicSeenApacheKafka(t *testing.T) {
 	none, err := kafka.TopicSeen{Config: kafka.Config{Brokers: c.Brokers}, Topics: []string{topic + ".absent"}}.Seen(ctx)
 	if err != nil || len(none) != 0 {
 		t.Fatalf("a topic that does not exist: %v, %v", none, err)
+	}
+	// A transaction left open: records past it are not decided, and the
+	// reader says so instead of reading short.
+	if err := cl.BeginTransaction(); err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.ProduceSync(ctx, record("open-1", 200, time.Now())).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	_, err = kafka.TopicSeen{Config: kafka.Config{Brokers: c.Brokers}, Topics: []string{topic}, Wait: 2 * time.Second}.Seen(ctx)
+	if err == nil || !strings.Contains(err.Error(), "transaction still open") {
+		t.Fatalf("with a transaction open: %v, want an error saying so", err)
+	}
+	if err := cl.EndTransaction(ctx, kgo.TryAbort); err != nil {
+		t.Fatal(err)
 	}
 	t.Logf("read %d records since the bound (of 32 committed, 2 aborted, 1 foreign) in %v", len(seen), time.Since(began).Round(time.Millisecond))
 }
