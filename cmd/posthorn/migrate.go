@@ -43,12 +43,12 @@ func runMigrate(ctx context.Context, args []string) error {
 			return err
 		}
 		if len(registered) > 0 {
-			roles, err := postgres.RegisterConsumers(ctx, cfg.Consumer.Database.URL, registered...)
+			granted, err := postgres.RegisterConsumers(ctx, cfg.Consumer.Database.URL, registered...)
 			if err != nil {
 				return fmt.Errorf("--register-consumer: %w", err)
 			}
 			for i, n := range registered {
-				fmt.Printf("consumer %s answers as role %s\n", printable(n), roles[i])
+				fmt.Printf("consumer %s answers as role %s\n", printable(n), granted[i])
 			}
 		}
 		return migrateRoles(ctx, *roles, *logins, cfg.Consumer.Database.URL, postgres.ConsumerSchema, registered)
