@@ -3,7 +3,6 @@ package cdc_test
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"net/url"
 	"strings"
 	"testing"
@@ -13,7 +12,6 @@ import (
 
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/pgcluster"
-	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/bridge/cdc"
 	"github.com/posthorn/posthorn/internal/promset/promtest"
@@ -61,14 +59,7 @@ func TestCDCRelayNamesWhatItPublishedPastTheBranchPoint(t *testing.T) {
 			logs := &syncbuf.Buffer{}
 			reg := prometheus.NewRegistry()
 			store := postgres.NewRelayStore(pool)
-			r, err := cdc.New(store, postgres.NewCDCSource(pool), f.Sink, cdc.Config{
-				Owner: "branch", SinkName: "memory", Slot: "branch", BatchSize: 100, LeaseTTL: 2 * time.Second,
-				RetryInitial: 10 * time.Millisecond, RetryMax: 200 * time.Millisecond,
-				StatusInterval: 200 * time.Millisecond, HeartbeatInterval: 200 * time.Millisecond, StatsInterval: 100 * time.Millisecond,
-				Logger:       slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
-				Registerer:   reg,
-				StandbyFlush: bridge.StandbyFlush{Required: required, Probe: store, WarnAfter: 200 * time.Millisecond},
-			})
+			r, err := cdc.New(store, postgres.NewCDCSource(pool), f.Sink, failoverCDCConfig("branch", store, logs, reg, required))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -19,20 +19,26 @@ import (
 	"github.com/posthorn/posthorn/internal/syncbuf"
 )
 
+// failoverCDCConfig is the CDC relay of the failover tests, named name,
+// logging to logs and reporting to reg, reading the standbys through store.
+func failoverCDCConfig(name string, store bridge.StandbyProbe, logs *syncbuf.Buffer, reg prometheus.Registerer, required bool) cdc.Config {
+	return cdc.Config{
+		Owner: name, SinkName: "memory", Slot: name, BatchSize: 100, LeaseTTL: 2 * time.Second,
+		RetryInitial: 10 * time.Millisecond, RetryMax: 100 * time.Millisecond,
+		StatusInterval: 200 * time.Millisecond, HeartbeatInterval: 200 * time.Millisecond, StatsInterval: 100 * time.Millisecond,
+		Logger:       slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
+		Registerer:   reg,
+		StandbyFlush: bridge.StandbyFlush{Required: required, Probe: store, WarnAfter: 200 * time.Millisecond},
+	}
+}
+
 // runCDC starts a CDC relay on f's primary (bridgetest.RunRelay).
 func runCDC(logs *syncbuf.Buffer) bridgetest.RunRelay {
 	return func(t testing.TB, f *bridgetest.Failover, required bool) (prometheus.Gatherer, func()) {
 		t.Helper()
 		reg := prometheus.NewRegistry()
 		store := postgres.NewRelayStore(f.Pool)
-		r, err := cdc.New(store, postgres.NewCDCSource(f.Pool), f.Sink, cdc.Config{
-			Owner: "failover", SinkName: "memory", Slot: "failover", BatchSize: 100, LeaseTTL: 2 * time.Second,
-			RetryInitial: 10 * time.Millisecond, RetryMax: 100 * time.Millisecond,
-			StatusInterval: 200 * time.Millisecond, HeartbeatInterval: 200 * time.Millisecond, StatsInterval: 100 * time.Millisecond,
-			Logger:       slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
-			Registerer:   reg,
-			StandbyFlush: bridge.StandbyFlush{Required: required, Probe: store, WarnAfter: 200 * time.Millisecond},
-		})
+		r, err := cdc.New(store, postgres.NewCDCSource(f.Pool), f.Sink, failoverCDCConfig("failover", store, logs, reg, required))
 		if err != nil {
 			t.Fatal(err)
 		}
