@@ -68,11 +68,11 @@ const (
 const TokenHashPrefix = core.TokenHashPrefix
 
 // Store is what the API needs from the ledger (the Postgres adapter's
-// LedgerStore implements it). Readers answer core.ErrNotFound for an
+// ledgerstore.Store implements it). Readers answer core.ErrNotFound for an
 // unknown journal or account; Post answers core.ErrIdempotencyConflict for
 // a key used with a different request.
 //
-// Who may implement it: LedgerStore is the one implementation, and the
+// Who may implement it: ledgerstore.Store is the one implementation, and the
 // API's guarantees are proven against it. Another implementation must
 // commit a posting's journal, balances, outbox rows and idempotency key in
 // one transaction, or none of them: the outbox rests on that atomicity.

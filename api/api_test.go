@@ -18,7 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
 
-	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/api"
 	"github.com/posthorn/posthorn/internal/syncbuf"
@@ -42,7 +42,7 @@ func newEnv(t *testing.T, tokens ...string) env {
 	_, pool := pgtest.Ledger(t)
 	logs := &syncbuf.Buffer{}
 	srv, err := api.New(api.Config{Tokens: tokens, Logger: slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))},
-		postgres.NewLedgerStore(pool, postgres.LedgerConfig{}))
+		ledgerstore.New(pool, ledgerstore.Config{}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -370,7 +370,7 @@ func TestHealthAndReadiness(t *testing.T) {
 	dsn := pgtest.NewDatabase(t)
 	pool := pgtest.Pool(t, dsn, 2)
 	pool.Close()
-	srv, err := api.New(api.Config{Logger: slog.New(slog.DiscardHandler)}, postgres.NewLedgerStore(pool, postgres.LedgerConfig{}))
+	srv, err := api.New(api.Config{Logger: slog.New(slog.DiscardHandler)}, ledgerstore.New(pool, ledgerstore.Config{}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -403,7 +403,7 @@ func TestServeStopsWhenContextIsCancelled(t *testing.T) {
 func serve(t *testing.T, cfg api.Config) (ln net.Listener, cancel context.CancelFunc, done <-chan error) {
 	t.Helper()
 	_, pool := pgtest.Ledger(t)
-	srv, err := api.New(cfg, postgres.NewLedgerStore(pool, postgres.LedgerConfig{}))
+	srv, err := api.New(cfg, ledgerstore.New(pool, ledgerstore.Config{}))
 	if err != nil {
 		t.Fatal(err)
 	}

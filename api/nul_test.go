@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/core"
 )
@@ -44,7 +44,7 @@ func TestNULInMetadataIsRefusedAs422(t *testing.T) {
 	// Negative control: past the parser, the same posting fails in the
 	// store as an internal error, not as bad input: without the check the
 	// API answered 500.
-	store := postgres.NewLedgerStore(e.pool, postgres.LedgerConfig{})
+	store := ledgerstore.New(e.pool, ledgerstore.Config{})
 	_, _, err := store.Post(context.Background(), "k-direct", core.Posting{
 		Entries: []core.Entry{
 			{Account: "acc-a", Direction: core.Debit, Amount: 5, Currency: "EUR"},

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/api"
 	"github.com/posthorn/posthorn/internal/authguard"
@@ -25,7 +25,7 @@ func TestTokenGuessingIsLoggedAndThrottled(t *testing.T) {
 	guess := func(t *testing.T, maxFailures int) (statuses map[int]int, last int, logs string) {
 		buf := &syncbuf.Buffer{}
 		srv, err := api.New(api.Config{Tokens: []string{tokenA}, MaxTokenFailures: maxFailures,
-			Logger: slog.New(slog.NewJSONHandler(buf, nil))}, postgres.NewLedgerStore(pool, postgres.LedgerConfig{}))
+			Logger: slog.New(slog.NewJSONHandler(buf, nil))}, ledgerstore.New(pool, ledgerstore.Config{}))
 		if err != nil {
 			t.Fatal(err)
 		}

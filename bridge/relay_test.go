@@ -17,8 +17,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/posthorn/posthorn/adapters/memory"
-	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
+	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
 	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/core"
@@ -33,7 +33,7 @@ var quiet = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: 
 type fixture struct {
 	t     *testing.T
 	pool  *pgxpool.Pool
-	store *postgres.RelayStore
+	store *relaystore.Store
 	sink  *memory.Sink
 	// wrap, when set, is the sink the relays publish to (it forwards to sink).
 	wrap core.Sink
@@ -44,7 +44,7 @@ func newFixture(t *testing.T, sinkCfg memory.Config) *fixture {
 	_, pool := pgtest.Ledger(t)
 	s := memory.New(sinkCfg)
 	t.Cleanup(func() { _ = s.Close() })
-	return &fixture{t: t, pool: pool, store: postgres.NewRelayStore(pool), sink: s}
+	return &fixture{t: t, pool: pool, store: relaystore.New(pool), sink: s}
 }
 
 type relayHandle struct {
@@ -103,7 +103,7 @@ func TestEveryCommittedEventNoneRolledBack(t *testing.T) {
 	}
 	r := f.start("relay-a", nil)
 	// Rows committed while the relay runs are found by its poll (bridgetest
-	// writes without LedgerStore, so no NOTIFY wakes the relay).
+	// writes without ledgerstore.Store, so no NOTIFY wakes the relay).
 	committed = append(committed, bridgetest.MustPostN(t, f.pool, 40, 13)...)
 	got := f.waitDelivered(len(committed))
 	bridgetest.WaitFor(t, 10*time.Second, "all markers", func() bool { return bridgetest.Unrelayed(t, f.pool) == 0 })
@@ -317,7 +317,7 @@ func TestCrashAfterAckBeforeMarkerResends(t *testing.T) {
 	bridgetest.CheckOrder(t, got, true)
 }
 
-func leaseOwners(t *testing.T, store *postgres.RelayStore) map[string]int {
+func leaseOwners(t *testing.T, store *relaystore.Store) map[string]int {
 	t.Helper()
 	st, err := store.Status(context.Background())
 	if err != nil {
@@ -506,7 +506,7 @@ func TestStopReleasesLeases(t *testing.T) {
 
 func TestConfigValidation(t *testing.T) {
 	_, pool := pgtest.Ledger(t)
-	_, err := bridge.New(postgres.NewRelayStore(pool), memory.New(memory.Config{}), bridge.Config{BatchSize: -1})
+	_, err := bridge.New(relaystore.New(pool), memory.New(memory.Config{}), bridge.Config{BatchSize: -1})
 	if !errors.Is(err, bridge.ErrInvalidConfig) {
 		t.Fatalf("BatchSize -1: %v, want ErrInvalidConfig", err)
 	}

@@ -15,7 +15,10 @@ import (
 
 	"github.com/posthorn/posthorn/adapters/memory"
 	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/cdcsource"
+	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
 	"github.com/posthorn/posthorn/adapters/postgres/pgcluster"
+	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
 	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/bridge/cdc"
@@ -82,7 +85,7 @@ func benchStandby(b *testing.B, f *bridgetest.Failover, mode string, required bo
 		b.Fatal(err)
 	}
 	defer relayPool.Close()
-	store := postgres.NewRelayStore(relayPool)
+	store := relaystore.New(relayPool)
 	sink := bridgetest.NewAckTimes(memory.New(memory.Config{}))
 	defer sink.Close()
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -103,7 +106,7 @@ func benchStandby(b *testing.B, f *bridgetest.Failover, mode string, required bo
 	case "cdc":
 		logs := &syncbuf.Buffer{}
 		slot := "bench_" + name
-		r, err := cdc.New(store, postgres.NewCDCSource(relayPool), sink, cdc.Config{Owner: name, SinkName: "memory", Slot: slot,
+		r, err := cdc.New(store, cdcsource.New(relayPool), sink, cdc.Config{Owner: name, SinkName: "memory", Slot: slot,
 			Logger: slog.New(slog.NewTextHandler(logs, nil)), StandbyFlush: sf, Registerer: reg})
 		if err != nil {
 			b.Fatal(err)
@@ -133,7 +136,7 @@ func benchStandby(b *testing.B, f *bridgetest.Failover, mode string, required bo
 		mu        sync.Mutex
 		committed = map[string]time.Time{}
 	)
-	waker := postgres.NewRelayWaker(f.Pool)
+	waker := ledgerstore.NewRelayWaker(f.Pool)
 	tokens := make(chan struct{}, standbyBenchRate)
 	done := make(chan struct{})
 	var wg sync.WaitGroup

@@ -11,9 +11,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/pgcluster"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
+	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
 	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/internal/promset/promtest"
@@ -30,7 +30,7 @@ func runPolling(logs *syncbuf.Buffer) bridgetest.RunRelay {
 			log = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
 		}
 		reg := prometheus.NewRegistry()
-		store := postgres.NewRelayStore(f.Pool)
+		store := relaystore.New(f.Pool)
 		r, err := bridge.New(store, f.Sink, bridge.Config{
 			Owner: "failover", SinkName: "memory", BatchSize: 100, PollInterval: 50 * time.Millisecond,
 			LeaseTTL: 2 * time.Second, RetryInitial: 10 * time.Millisecond, RetryMax: 100 * time.Millisecond,
@@ -61,7 +61,7 @@ func runPolling(logs *syncbuf.Buffer) bridgetest.RunRelay {
 func TestStandbyFlushHoldsTheRelayWhileTheStandbyIsDown(t *testing.T) {
 	f := bridgetest.NewFailover(t, pgcluster.Options{})
 	ctx := context.Background()
-	store := postgres.NewRelayStore(f.Pool)
+	store := relaystore.New(f.Pool)
 
 	// The start check, on this ledger with one asynchronous standby.
 	check := func(sf bridge.StandbyFlush) (string, error) {
@@ -82,7 +82,7 @@ func TestStandbyFlushHoldsTheRelayWhileTheStandbyIsDown(t *testing.T) {
 	if _, err := f.Pool.Exec(ctx, `CREATE ROLE no_stats LOGIN`); err != nil {
 		t.Fatal(err)
 	}
-	noStats := postgres.NewRelayStore(pgtest.Pool(t, strings.Replace(f.URL, "://"+f.Primary.User()+"@", "://no_stats@", 1), 2))
+	noStats := relaystore.New(pgtest.Pool(t, strings.Replace(f.URL, "://"+f.Primary.User()+"@", "://no_stats@", 1), 2))
 	if _, err := check(bridge.StandbyFlush{Required: true, Probe: noStats}); err == nil || !strings.Contains(err.Error(), "pg_read_all_stats") {
 		t.Errorf("a role that cannot read pg_stat_replication: %v, want an error naming pg_read_all_stats", err)
 	}

@@ -17,7 +17,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/consolestore"
+	"github.com/posthorn/posthorn/adapters/postgres/inboxstore"
+	"github.com/posthorn/posthorn/adapters/postgres/opsstore"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/console"
 	"github.com/posthorn/posthorn/internal/authguard"
@@ -45,9 +47,9 @@ func newConsole(t *testing.T, cfg console.Config) rig {
 	_, ledger := pgtest.Ledger(t)
 	_, consumer := pgtest.Consumer(t)
 	logs := &syncbuf.Buffer{}
-	cfg.Store = postgres.NewConsoleStore(postgres.ConsoleStoreConfig{Ledger: ledger})
-	cfg.Ledger = postgres.NewOpsStore(ledger)
-	cfg.Consumers = []ops.ConsumerSource{{Name: "audit-log", Reader: ops.InboxReader{Inbox: postgres.NewInbox(consumer), Consumer: "audit-log"}}}
+	cfg.Store = consolestore.New(consolestore.Config{Ledger: ledger})
+	cfg.Ledger = opsstore.New(ledger)
+	cfg.Consumers = []ops.ConsumerSource{{Name: "audit-log", Reader: ops.InboxReader{Inbox: inboxstore.New(consumer), Consumer: "audit-log"}}}
 	cfg.Logger = slog.New(slog.NewJSONHandler(logs, nil))
 	c, err := console.New(cfg)
 	if err != nil {

@@ -9,11 +9,11 @@ import (
 )
 
 // Store is what the console reads and the two releases it may run, each
-// the same call as its CLI command (adapters/postgres.ConsoleStore
-// implements it over RelayStore, CDCSource and Inbox), plus the audit log
+// the same call as its CLI command (adapters/consolestore.Store
+// implements it over relaystore.Store, cdcsource.Source and Inbox), plus the audit log
 // its actions are recorded in.
 //
-// Who may implement it: ConsoleStore alone, so that the console's figures
+// Who may implement it: consolestore.Store alone, so that the console's figures
 // and actions are the CLI's own calls; a second implementation would be a
 // second definition of the same figures, which the console must not have.
 type Store interface {

@@ -7,7 +7,7 @@
 // inbox row and the effect commit together in that transaction.
 //
 // The inbox is a port (Inbox) the Registry is given in Config.Inbox;
-// adapters/postgres.Inbox implements it on the consumers' own database.
+// adapters/postgres/inboxstore.Inbox implements it on the consumers' own database.
 // consumers imports no adapter.
 //
 // # Registration

@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/inboxstore"
 	"github.com/posthorn/posthorn/consumers"
 	"github.com/posthorn/posthorn/core"
 )
@@ -31,7 +31,7 @@ func ExampleRegistry() {
 	var sub message.Subscriber // e.g. kafkagroup.Subscriber(brokers, "invoices", logger)
 	reg, err := consumers.New(router, consumers.Config{
 		Pool:        pool,
-		Inbox:       postgres.NewInbox(pool),
+		Inbox:       inboxstore.New(pool),
 		Subscribers: func(string) (message.Subscriber, error) { return sub, nil },
 	})
 	if err != nil {

@@ -11,13 +11,13 @@ import (
 // Inbox is the store the Registry records every delivery in: one inbox row
 // per consumer and event ID, written in the transaction that applies the
 // event, and for an ordered consumer (DependsOnPredecessor) one position per
-// aggregate. adapters/postgres.Inbox implements it on the consumers' own
+// aggregate. adapters/postgres/inboxstore.Inbox implements it on the consumers' own
 // database.
 //
 // Who may implement it: a store that writes the inbox row, the handler's
 // effect and the position in one transaction of the database the effect is
 // in; without that, one effect per event ID does not hold.
-// adapters/postgres.Inbox is the one such implementation, and the SQL
+// adapters/postgres/inboxstore.Inbox is the one such implementation, and the SQL
 // function posthorn_inbox_receive applies the same rule for consumers
 // outside Go.
 //

@@ -15,7 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/inboxstore"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/consumers"
 	"github.com/posthorn/posthorn/core"
@@ -34,7 +34,7 @@ func newRegistry(t *testing.T, cfg consumers.Config) (*pgxpool.Pool, *gochannel.
 		t.Fatal(err)
 	}
 	cfg.Pool = pool
-	cfg.Inbox = postgres.NewInbox(pool)
+	cfg.Inbox = inboxstore.New(pool)
 	cfg.Subscribers = func(string) (message.Subscriber, error) { return ch, nil }
 	reg, err := consumers.New(router, cfg)
 	if err != nil {
@@ -74,7 +74,7 @@ func publish(t *testing.T, ch *gochannel.GoChannel, topic string, msg *message.M
 	}
 }
 
-func waitDisposition(t *testing.T, in *postgres.Inbox, consumer, id string, want core.Disposition) core.InboxRecord {
+func waitDisposition(t *testing.T, in *inboxstore.Inbox, consumer, id string, want core.Disposition) core.InboxRecord {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
@@ -142,17 +142,17 @@ func TestRuntimeKindMismatchIsRejected(t *testing.T) {
 	publish(t, ch, core.TopicEvents, event("acc", 2, core.KindCommand))
 	bad := message.NewMessage("no-headers", []byte("x"))
 	publish(t, ch, core.TopicEvents, bad)
-	rec := waitDisposition(t, postgres.NewInbox(pool), "payouts", "acc-1", core.DispositionRejected)
+	rec := waitDisposition(t, inboxstore.New(pool), "payouts", "acc-1", core.DispositionRejected)
 	t.Logf("reason: %s", rec.Reason)
-	waitDisposition(t, postgres.NewInbox(pool), "audit", "acc-2", core.DispositionRejected)
-	rec = waitDisposition(t, postgres.NewInbox(pool), "audit", "no-headers", core.DispositionRejected)
+	waitDisposition(t, inboxstore.New(pool), "audit", "acc-2", core.DispositionRejected)
+	rec = waitDisposition(t, inboxstore.New(pool), "audit", "no-headers", core.DispositionRejected)
 	t.Logf("reason: %s", rec.Reason)
 	if n := called.Load(); n != 0 {
 		t.Fatalf("handler called %d times for mismatching records", n)
 	}
 	// Control: matching kinds are handled.
 	publish(t, ch, "commands.payouts", event("cmd", 1, core.KindCommand))
-	waitDisposition(t, postgres.NewInbox(pool), "payouts", "cmd-1", core.DispositionApplied)
+	waitDisposition(t, inboxstore.New(pool), "payouts", "cmd-1", core.DispositionApplied)
 }
 
 // A transient handler error (and a panic) is retried with backoff and then
@@ -182,7 +182,7 @@ func TestTransientErrorsAndPanicsAreRetried(t *testing.T) {
 	}
 	run(t, reg)
 	publish(t, ch, core.TopicEvents, event("acc", 1, core.KindEvent))
-	waitDisposition(t, postgres.NewInbox(pool), "flaky", "acc-1", core.DispositionApplied)
+	waitDisposition(t, inboxstore.New(pool), "flaky", "acc-1", core.DispositionApplied)
 	var n int
 	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM fx`).Scan(&n); err != nil || n != 1 {
 		t.Fatalf("effects %d (%v), want 1 after %d attempts", n, err, attempts.Load())
@@ -200,15 +200,15 @@ func TestSweeperRedrivesAfterOutOfProcessRelease(t *testing.T) {
 	}
 	run(t, reg)
 	publish(t, ch, core.TopicEvents, event("acc", 2, core.KindEvent))
-	waitDisposition(t, postgres.NewInbox(pool), "ordered", "acc-2", core.DispositionParkedGap)
+	waitDisposition(t, inboxstore.New(pool), "ordered", "acc-2", core.DispositionParkedGap)
 	publish(t, ch, core.TopicEvents, event("acc", 1, core.KindEvent))
-	waitDisposition(t, postgres.NewInbox(pool), "ordered", "acc-1", core.DispositionParkedGap)
-	other := postgres.NewInbox(pool) // as `posthorn consume release` does
+	waitDisposition(t, inboxstore.New(pool), "ordered", "acc-1", core.DispositionParkedGap)
+	other := inboxstore.New(pool) // as `posthorn consume release` does
 	if n, err := other.Release(context.Background(), "ordered", core.AggregateAccount, "acc"); err != nil || n != 2 {
 		t.Fatalf("release: %d, %v", n, err)
 	}
-	waitDisposition(t, postgres.NewInbox(pool), "ordered", "acc-2", core.DispositionApplied)
-	waitDisposition(t, postgres.NewInbox(pool), "ordered", "acc-1", core.DispositionApplied)
+	waitDisposition(t, inboxstore.New(pool), "ordered", "acc-2", core.DispositionApplied)
+	waitDisposition(t, inboxstore.New(pool), "ordered", "acc-1", core.DispositionApplied)
 }
 
 // The event that fills a gap re-drives the events held behind it at once:
@@ -221,7 +221,7 @@ func TestHeldSuccessorDrainedWithoutTheSweeper(t *testing.T) {
 		t.Fatal(err)
 	}
 	run(t, reg)
-	in := postgres.NewInbox(pool)
+	in := inboxstore.New(pool)
 	publish(t, ch, core.TopicEvents, event("acc", 2, core.KindEvent))
 	waitDisposition(t, in, "ordered", "acc-2", core.DispositionHeld)
 	publish(t, ch, core.TopicEvents, event("acc", 1, core.KindEvent))
@@ -250,7 +250,7 @@ func TestRunClosesTheSubscribersItMade(t *testing.T) {
 			t.Fatal(err)
 		}
 		var made []*closeCounting
-		reg, err := consumers.New(router, consumers.Config{Pool: pool, Inbox: postgres.NewInbox(pool),
+		reg, err := consumers.New(router, consumers.Config{Pool: pool, Inbox: inboxstore.New(pool),
 			Subscribers: func(string) (message.Subscriber, error) {
 				c := &closeCounting{Subscriber: gochannel.NewGoChannel(gochannel.Config{}, nil)}
 				made = append(made, c)

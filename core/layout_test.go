@@ -94,3 +94,27 @@ func TestOnlyTheBinaryReadsConfiguration(t *testing.T) {
 		}
 	}
 }
+
+// TestPostgresBaseImportsOnlyCore: the PostgreSQL adapter's base (pool,
+// migrations, roles, the history watch) is what every store builds on, so
+// it must not reach into a business package or one of the stores.
+func TestPostgresBaseImportsOnlyCore(t *testing.T) {
+	t.Parallel()
+	const base = "adapters/postgres"
+	all := deps(t, base, base+"/ledgerstore")
+	posthorn := func(p string) []string {
+		var out []string
+		for _, d := range all[p] {
+			if strings.HasPrefix(d, module) && !strings.HasPrefix(d, module+base+"/internal/") {
+				out = append(out, strings.TrimPrefix(d, module))
+			}
+		}
+		return out
+	}
+	if got := posthorn(base); !slices.Equal(got, []string{"core"}) {
+		t.Errorf("%s depends on %v, want core alone", base, got)
+	}
+	if got := posthorn(base + "/ledgerstore"); !slices.Contains(got, "api") {
+		t.Fatalf("control: %s/ledgerstore shows no api among its dependencies (%v): the check is broken", base, got)
+	}
+}

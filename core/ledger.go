@@ -51,6 +51,20 @@ type Account struct {
 	Revision int64            `json:"revision"`
 }
 
+// BalancesAtCut is the ledger at one cut: every account's revision and
+// balances, read in one snapshot, so each balance is the sum of exactly
+// the account's events up to its revision.
+type BalancesAtCut struct {
+	Revisions map[string]int64
+	Balances  []AccountBalance
+}
+
+// AccountBalance is one account's balance in one currency.
+type AccountBalance struct {
+	Account, Currency string
+	Balance           int64
+}
+
 // DefaultMetadataMaxBytes bounds, unless configured otherwise
 // (outbox.metadata_max_bytes), the allow-listed metadata of one posting
 // that travels with its events (keys plus values).

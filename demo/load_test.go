@@ -7,7 +7,7 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/api"
 	"github.com/posthorn/posthorn/demo"
@@ -32,7 +32,7 @@ func (l *countingListener) Accept() (net.Conn, error) {
 func loadThroughAPI(t *testing.T, cfg demo.LoadConfig) int64 {
 	t.Helper()
 	_, pool := pgtest.Ledger(t)
-	srv, err := api.New(api.Config{}, postgres.NewLedgerStore(pool, postgres.LedgerConfig{}))
+	srv, err := api.New(api.Config{}, ledgerstore.New(pool, ledgerstore.Config{}))
 	if err != nil {
 		t.Fatal(err)
 	}

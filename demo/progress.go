@@ -6,7 +6,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/opsstore"
 	"github.com/posthorn/posthorn/core"
 )
 
@@ -49,7 +49,7 @@ func (p Progress) Lag() int64 {
 // applied events.
 func ReadProgress(ctx context.Context, ledger, consumer *pgxpool.Pool, consumers []string) (Progress, error) {
 	p := Progress{Applied: make(map[string]int64, len(consumers))}
-	if err := ledger.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE NOT `+postgres.Relayed+`) FROM outbox o WHERE o.topic = $1`,
+	if err := ledger.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE NOT `+opsstore.Relayed+`) FROM outbox o WHERE o.topic = $1`,
 		core.TopicEvents).Scan(&p.Events, &p.Unrelayed); err != nil {
 		return p, fmt.Errorf("progress: outbox: %w", err)
 	}

@@ -9,7 +9,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/inboxstore"
+	"github.com/posthorn/posthorn/adapters/postgres/opsstore"
 	"github.com/posthorn/posthorn/consumers/auditlog"
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
@@ -146,7 +147,7 @@ func Verify(ctx context.Context, ledger, consumer *pgxpool.Pool, o VerifyOptions
 	// The ledger's committed events: an outbox row exists only if its
 	// posting committed.
 	events := map[string]bool{} // event ID → relayed
-	rows, err := ledger.Query(ctx, `SELECT o.event_id::text, `+postgres.Relayed+` FROM outbox o WHERE o.topic = $1`, core.TopicEvents)
+	rows, err := ledger.Query(ctx, `SELECT o.event_id::text, `+opsstore.Relayed+` FROM outbox o WHERE o.topic = $1`, core.TopicEvents)
 	if err != nil {
 		return r, fmt.Errorf("verify: read outbox: %w", err)
 	}
@@ -179,7 +180,7 @@ func Verify(ctx context.Context, ledger, consumer *pgxpool.Pool, o VerifyOptions
 		}
 	}
 
-	in := postgres.NewInbox(consumer)
+	in := inboxstore.New(consumer)
 	for _, name := range o.Consumers {
 		c, err := in.Count(ctx, name)
 		if err != nil {

@@ -13,9 +13,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/posthorn/posthorn/adapters/kafka"
-	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/cdcsource"
 	"github.com/posthorn/posthorn/adapters/postgres/pgcluster"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
+	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
 	"github.com/posthorn/posthorn/adapters/sinktest"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/bridge/cdc"
@@ -41,7 +42,7 @@ func startCDCRelay(t *testing.T, pool *pgxpool.Pool, brokers []string, owner str
 	} else {
 		sink = sinktest.Open(t, kafka.New, kafka.Config{Brokers: brokers})
 	}
-	r, err := cdc.New(postgres.NewRelayStore(pool), postgres.NewCDCSource(pool), sink, cdc.Config{
+	r, err := cdc.New(relaystore.New(pool), cdcsource.New(pool), sink, cdc.Config{
 		Owner: owner, SinkName: "kafka", LeaseTTL: 2 * time.Second, ExactlyOnce: eo,
 		RetryInitial: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})),

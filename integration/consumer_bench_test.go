@@ -17,7 +17,7 @@ import (
 	"github.com/posthorn/posthorn/adapters/kafka"
 	"github.com/posthorn/posthorn/adapters/kafka/kafkagroup"
 	"github.com/posthorn/posthorn/adapters/kfakebroker"
-	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/inboxstore"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
@@ -202,7 +202,7 @@ func benchConsumers(b *testing.B, ctx context.Context, run string, names []strin
 			if !clocks[n].reached(events) {
 				return false
 			}
-			c, err := postgres.NewInbox(pool).Count(ctx, n)
+			c, err := inboxstore.New(pool).Count(ctx, n)
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -16,7 +16,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/posthorn/posthorn/adapters/memory"
-	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/inboxstore"
+	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
+	"github.com/posthorn/posthorn/adapters/postgres/opsstore"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/consumers"
@@ -61,7 +63,7 @@ func (b *lockedBuffer) lines() []map[string]any {
 // in posthorn_consumer_messages_total{disposition="revision_conflict"},
 // logged at ERROR with both event IDs, and named by reconcile with both IDs,
 // never covered. Negative control: with the old rule
-// (NewUnsafeRevisionOnlyInbox) the same run records no conflict, the
+// (inboxstore.NewUnsafeRevisionOnly) the same run records no conflict, the
 // projection absorbs every one as a duplicate and the audit log applies it,
 // nothing is counted or logged, and reconcile names no conflict and counts
 // the projection's duplicates as covered.
@@ -81,11 +83,11 @@ func failoverConflicts(t *testing.T, oldRule bool) {
 	pool := smallConsumerPool(t)
 	sink := memory.New(memory.Config{})
 	t.Cleanup(func() { _ = sink.Close() })
-	r := &opsRig{ledger: ledger, consumer: pool, store: postgres.NewLedgerStore(ledger, postgres.LedgerConfig{}),
-		ops: postgres.NewOpsStore(ledger), sink: sink}
-	inbox := postgres.NewInbox(pool)
+	r := &opsRig{ledger: ledger, consumer: pool, store: ledgerstore.New(ledger, ledgerstore.Config{}),
+		ops: opsstore.New(ledger), sink: sink}
+	inbox := inboxstore.New(pool)
 	if oldRule {
-		inbox = postgres.NewUnsafeRevisionOnlyInbox(pool)
+		inbox = inboxstore.NewUnsafeRevisionOnly(pool)
 	}
 	prom := prometheus.NewRegistry()
 	logs := &lockedBuffer{}
@@ -197,7 +199,7 @@ func failoverConflicts(t *testing.T, oldRule bool) {
 
 	for _, c := range []struct {
 		name   string
-		counts postgres.InboxCounts
+		counts inboxstore.Counts
 	}{{projection.Name, proj}, {auditlog.Name, audit}} {
 		if got := c.counts.Events[core.DispositionRevisionConflict]; got != int64(reissued) {
 			t.Errorf("%s: %d revision_conflict, want %d", c.name, got, reissued)

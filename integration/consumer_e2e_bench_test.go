@@ -19,7 +19,7 @@ import (
 	"github.com/posthorn/posthorn/adapters/kafka"
 	"github.com/posthorn/posthorn/adapters/kafka/kafkagroup"
 	"github.com/posthorn/posthorn/adapters/kfakebroker"
-	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/adapters/sinktest"
 	"github.com/posthorn/posthorn/api"
@@ -138,7 +138,7 @@ func apiAlone(b *testing.B, ctx context.Context) string {
 // ends and returns its URL.
 func serveAPI(b *testing.B, ctx context.Context, pool *pgxpool.Pool) string {
 	b.Helper()
-	srv, err := api.New(api.Config{Logger: relayQuietLog}, postgres.NewLedgerStore(pool, postgres.LedgerConfig{}))
+	srv, err := api.New(api.Config{Logger: relayQuietLog}, ledgerstore.New(pool, ledgerstore.Config{}))
 	if err != nil {
 		b.Fatal(err)
 	}

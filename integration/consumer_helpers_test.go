@@ -20,7 +20,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/posthorn/posthorn/adapters/kafka/kafkagroup"
-	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/inboxstore"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/consumers"
 	"github.com/posthorn/posthorn/consumers/auditlog"
@@ -217,7 +217,7 @@ func newRegistry(tb testing.TB, pool *pgxpool.Pool, closeTimeout time.Duration, 
 	router.AddMiddleware(mw...)
 	cfg.Pool = pool
 	if cfg.Inbox == nil {
-		cfg.Inbox = postgres.NewInbox(pool)
+		cfg.Inbox = inboxstore.New(pool)
 	}
 	cfg.Subscribers = closedAtCleanup(tb, cfg.Subscribers)
 	reg, err := consumers.New(router, cfg)
@@ -340,9 +340,9 @@ func waitFor(t *testing.T, what string, d time.Duration, cond func() (bool, stri
 	}
 }
 
-func counts(t *testing.T, pool *pgxpool.Pool, consumer string) postgres.InboxCounts {
+func counts(t *testing.T, pool *pgxpool.Pool, consumer string) inboxstore.Counts {
 	t.Helper()
-	c, err := postgres.NewInbox(pool).Count(context.Background(), consumer)
+	c, err := inboxstore.New(pool).Count(context.Background(), consumer)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -364,7 +364,7 @@ func balance(t *testing.T, pool *pgxpool.Pool, account, currency string) int64 {
 
 func disposition(t *testing.T, pool *pgxpool.Pool, consumer, eventID string) core.Disposition {
 	t.Helper()
-	recs, err := postgres.NewInbox(pool).Dispositions(context.Background(), consumer, []string{eventID})
+	recs, err := inboxstore.New(pool).Dispositions(context.Background(), consumer, []string{eventID})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,8 +11,9 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
+	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
 	"github.com/posthorn/posthorn/consumers/auditlog"
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
@@ -20,7 +21,7 @@ import (
 )
 
 // The projection's balances equal the ledger's after a few thousand
-// postings: posted through LedgerStore by concurrent writers, their outbox
+// postings: posted through ledgerstore.Store by concurrent writers, their outbox
 // envelopes published to gochannel (which delivers them concurrently, so
 // out of order), a tenth of them twice.
 func TestConsumerProjectionMatchesLedger(t *testing.T) {
@@ -29,7 +30,7 @@ func TestConsumerProjectionMatchesLedger(t *testing.T) {
 	_, ledgerPool := pgtest.Ledger(t)
 	consumerPool := smallConsumerPool(t)
 	ctx := context.Background()
-	store := postgres.NewLedgerStore(ledgerPool, postgres.LedgerConfig{})
+	store := ledgerstore.New(ledgerPool, ledgerstore.Config{})
 
 	accounts := make([]string, 25)
 	for i := range accounts {
@@ -78,7 +79,7 @@ func TestConsumerProjectionMatchesLedger(t *testing.T) {
 	for i := range shards {
 		shards[i] = i
 	}
-	rows, err := postgres.NewRelayStore(ledgerPool).ReadBatch(ctx, shards, 1_000_000, core.OrderByID)
+	rows, err := relaystore.New(ledgerPool).ReadBatch(ctx, shards, 1_000_000, core.OrderByID)
 	if err != nil {
 		t.Fatal(err)
 	}

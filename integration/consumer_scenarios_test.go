@@ -9,7 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/inboxstore"
 	"github.com/posthorn/posthorn/consumers/auditlog"
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
@@ -86,7 +86,7 @@ func TestConsumerDuplicateDeliveryOneEffect(t *testing.T) {
 		if got := balance(t, pool, "acc-dup", "EUR"); got != 1250 {
 			t.Fatalf("balance %d after 3 deliveries, want one effect: 1250", got)
 		}
-		recs, err := postgres.NewInbox(rig.pool).Dispositions(context.Background(), projection.Name, []string{m.UUID})
+		recs, err := inboxstore.New(rig.pool).Dispositions(context.Background(), projection.Name, []string{m.UUID})
 		if err != nil || recs[m.UUID].Disposition != core.DispositionApplied || recs[m.UUID].Duplicates != 2 {
 			t.Fatalf("disposition %+v, %v", recs[m.UUID], err)
 		}
@@ -157,7 +157,7 @@ func TestConsumerMissingPredecessorParkedThenReleased(t *testing.T) {
 		waitFor(t, "the account parked after the hold time", waitLong, func() (bool, string) {
 			var state string
 			for _, c := range []string{projection.Name, probeConsumer} {
-				parked, err := postgres.NewInbox(rig.pool).Parked(ctx, c)
+				parked, err := inboxstore.New(rig.pool).Parked(ctx, c)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -168,7 +168,7 @@ func TestConsumerMissingPredecessorParkedThenReleased(t *testing.T) {
 			}
 			return true, state
 		})
-		parked, _ := postgres.NewInbox(rig.pool).Parked(ctx, projection.Name)
+		parked, _ := inboxstore.New(rig.pool).Parked(ctx, projection.Name)
 		t.Logf("parked: %s", parked[0].Reason)
 		for _, id := range []string{"gap-acc-gap-3", "gap-acc-gap-4"} {
 			if d := disposition(t, pool, projection.Name, id); d != core.DispositionParkedGap {
@@ -267,7 +267,7 @@ func TestConsumerPoisonParksAndRejectsWrongKind(t *testing.T) {
 					c.Events[core.DispositionApplied] == 1 && c.Events[core.DispositionParkedGap]+c.Events[core.DispositionHeld] == 1,
 				fmt.Sprintf("%+v", c)
 		})
-		recs, err := postgres.NewInbox(rig.pool).Dispositions(ctx, projection.Name, []string{bad.UUID, cmd.UUID})
+		recs, err := inboxstore.New(rig.pool).Dispositions(ctx, projection.Name, []string{bad.UUID, cmd.UUID})
 		if err != nil {
 			t.Fatal(err)
 		}

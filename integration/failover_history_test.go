@@ -18,7 +18,9 @@ import (
 
 	"github.com/posthorn/posthorn/adapters/memory"
 	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
+	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
 	"github.com/posthorn/posthorn/adapters/postgres/roles/roletest"
 	"github.com/posthorn/posthorn/api"
 	"github.com/posthorn/posthorn/bridge"
@@ -120,7 +122,7 @@ func TestRelayAndAPIHoldOnAnUnacceptedHistory(t *testing.T) {
 			cfg.History, acfg.History = l.watch, l.watch
 		}
 		bridgetest.Start(t, newRelay(t, l.pool, l.sink, cfg))
-		srv, err := api.New(acfg, postgres.NewLedgerStore(l.pool, postgres.LedgerConfig{}))
+		srv, err := api.New(acfg, ledgerstore.New(l.pool, ledgerstore.Config{}))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -155,7 +157,7 @@ func TestRelayAndAPIHoldOnAnUnacceptedHistory(t *testing.T) {
 	if err := gated.pool.QueryRow(ctx, `SELECT count(*) FROM journals`).Scan(&journals); err != nil || journals != 0 {
 		t.Fatalf("the refused posting wrote %d journals (%v)", journals, err)
 	}
-	st, err := postgres.NewRelayStore(gated.pool).Status(ctx)
+	st, err := relaystore.New(gated.pool).Status(ctx)
 	if err != nil || st.History == nil || st.History.Accepted || st.History.AcceptedTimeline != st.History.Timeline+1 {
 		t.Fatalf("outbox status' history: %+v, %v", st.History, err)
 	}
@@ -297,11 +299,11 @@ func TestFirstPostingAfterAFailoverIsRefused(t *testing.T) {
 		t.Run(fmt.Sprintf("store_checks=%v", storeChecks), func(t *testing.T) {
 			url, owner := pgtest.Ledger(t)
 			pool, watch := watchedPool(t, url)
-			cfg := postgres.LedgerConfig{}
+			cfg := ledgerstore.Config{}
 			if storeChecks {
 				cfg.History = watch
 			}
-			srv, err := api.New(api.Config{Logger: slog.New(slog.DiscardHandler), History: watch}, postgres.NewLedgerStore(pool, cfg))
+			srv, err := api.New(api.Config{Logger: slog.New(slog.DiscardHandler), History: watch}, ledgerstore.New(pool, cfg))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -11,6 +11,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
+	"github.com/posthorn/posthorn/adapters/postgres/opsstore"
 	"github.com/posthorn/posthorn/adapters/postgres/pgcluster"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/consumers/auditlog"
@@ -71,8 +73,8 @@ func failoverRecover(t *testing.T, cdcMode, recover bool) {
 	f := bridgetest.NewFailover(t, pgcluster.Options{Logical: cdcMode})
 	consumer := smallConsumerPool(t)
 	startOpsConsumers(t, f.Sink, consumer)
-	r := &opsRig{ledger: f.Pool, consumer: consumer, store: postgres.NewLedgerStore(f.Pool, postgres.LedgerConfig{}),
-		ops: postgres.NewOpsStore(f.Pool), sink: f.Sink, cdc: cdcMode}
+	r := &opsRig{ledger: f.Pool, consumer: consumer, store: ledgerstore.New(f.Pool, ledgerstore.Config{}),
+		ops: opsstore.New(f.Pool), sink: f.Sink, cdc: cdcMode}
 	before := r.deliver(t, 6)
 
 	// The standby stops; what commits now reaches the world but not it.
@@ -97,8 +99,8 @@ func failoverRecover(t *testing.T, cdcMode, recover bool) {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	nr := &opsRig{ledger: pool, consumer: consumer, store: postgres.NewLedgerStore(pool, postgres.LedgerConfig{}),
-		ops: postgres.NewOpsStore(pool), sink: f.Sink, n: r.n, cdc: cdcMode}
+	nr := &opsRig{ledger: pool, consumer: consumer, store: ledgerstore.New(pool, ledgerstore.Config{}),
+		ops: opsstore.New(pool), sink: f.Sink, n: r.n, cdc: cdcMode}
 	// The relay's and the API's check (every new connection reads the
 	// history) refuses the promoted standby's new timeline.
 	_, watch := watchedPool(t, f.Standby.URL("ledger"))
@@ -125,10 +127,10 @@ func failoverRecover(t *testing.T, cdcMode, recover bool) {
 			wantLost[e.EventID] = want{journal: p.JournalID, account: e.Account, delta: d, revision: e.Revision}
 		}
 	}
-	cfg := ops.FailoverConfig{Ledger: postgres.NewFailoverStore(pool), Margin: 1000, Sources: []ops.SeenSource{
-		postgres.InboxSeen{Pool: consumer, Consumer: projection.Name},
-		postgres.InboxSeen{Pool: consumer, Consumer: auditlog.Name},
-		postgres.AuditLogSeen{Pool: consumer},
+	cfg := ops.FailoverConfig{Ledger: opsstore.NewFailoverStore(pool), Margin: 1000, Sources: []ops.SeenSource{
+		opsstore.InboxSeen{Pool: consumer, Consumer: projection.Name},
+		opsstore.InboxSeen{Pool: consumer, Consumer: auditlog.Name},
+		opsstore.AuditLogSeen{Pool: consumer},
 	}}
 	rep, err := ops.FailoverCheck(ctx, cfg)
 	if err != nil {
@@ -183,7 +185,7 @@ func failoverRecover(t *testing.T, cdcMode, recover bool) {
 				}
 			}
 		}
-		if h, err := postgres.NewFailoverStore(pool).History(ctx); err != nil || !h.Accepted {
+		if h, err := opsstore.NewFailoverStore(pool).History(ctx); err != nil || !h.Accepted {
 			t.Fatalf("history after the recovery: %+v, %v", h, err)
 		}
 		bridgetest.WaitFor(t, 5*time.Second, "the relay's and the API's check to accept the recovered history", func() bool {

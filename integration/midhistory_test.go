@@ -6,13 +6,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/posthorn/posthorn/adapters/kafka/kafkagroup"
-	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/inboxstore"
+	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
+	"github.com/posthorn/posthorn/adapters/postgres/opsstore"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/consumers"
@@ -28,7 +31,7 @@ import (
 // through the ledger's write path (the projection's real payloads).
 func postTransfers(t *testing.T, pool *pgxpool.Pool, prefix string, n, accounts int) {
 	t.Helper()
-	store := postgres.NewLedgerStore(pool, postgres.LedgerConfig{})
+	store := ledgerstore.New(pool, ledgerstore.Config{})
 	for i := range n {
 		amount := int64(100 + i)
 		if _, _, err := store.Post(context.Background(), fmt.Sprintf("%s-%d", prefix, i), core.Posting{Entries: []core.Entry{
@@ -136,7 +139,7 @@ func TestNewConsumerBootstrapByReplay(t *testing.T) {
 
 	pool := smallConsumerPool(t)
 	const bootstrap = "replay." + projection.Name
-	res, err := ops.Replay(context.Background(), ops.ReplayConfig{Ledger: postgres.NewOpsStore(m.ledger), Sink: newKafkaSink(t, m.b.addrs),
+	res, err := ops.Replay(context.Background(), ops.ReplayConfig{Ledger: opsstore.New(m.ledger), Sink: newKafkaSink(t, m.b.addrs),
 		Spec: ops.ReplaySpec{Topic: bootstrap}})
 	if err != nil || res.Sent != total {
 		t.Fatalf("replay to %s: %+v, %v (want %d sent)", bootstrap, res, err, total)
@@ -164,7 +167,7 @@ func TestNewConsumerBaselineAtACut(t *testing.T) {
 	m := startMidHistory(t)
 	postTransfers(t, m.ledger, "before", 40, 6)
 	m.relayed(t)
-	cut, err := postgres.ReadBalancesAtCut(ctx, m.ledger)
+	cut, err := ledgerstore.ReadBalancesAtCut(ctx, m.ledger)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,10 +180,15 @@ func TestNewConsumerBaselineAtACut(t *testing.T) {
 		t.Fatalf("the cut holds %d events, the outbox %d", atCut, before)
 	}
 	pool := smallConsumerPool(t)
-	if err := postgres.BaselineProjection(ctx, pool, projection.Name, cut); err != nil {
+	baseline := func() error {
+		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			return projection.Baseline(ctx, tx, inboxstore.New(pool), projection.Name, cut)
+		})
+	}
+	if err := baseline(); err != nil {
 		t.Fatal(err)
 	}
-	if err := postgres.BaselineProjection(ctx, pool, projection.Name, cut); err == nil {
+	if err := baseline(); err == nil {
 		t.Fatal("a second baseline over the first was accepted")
 	}
 	control := smallConsumerPool(t)

@@ -11,7 +11,9 @@ import (
 
 	"github.com/posthorn/posthorn/adapters/fsarchive"
 	"github.com/posthorn/posthorn/adapters/memory"
-	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/inboxstore"
+	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
+	"github.com/posthorn/posthorn/adapters/postgres/opsstore"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/consumers/auditlog"
 	"github.com/posthorn/posthorn/consumers/projection"
@@ -28,7 +30,7 @@ func BenchmarkOps(b *testing.B) {
 	ctx := context.Background()
 	_, ledger := pgtest.Ledger(b)
 	_, consumer := pgtest.Consumer(b)
-	store := postgres.NewLedgerStore(ledger, postgres.LedgerConfig{})
+	store := ledgerstore.New(ledger, ledgerstore.Config{})
 	var wg sync.WaitGroup
 	for w := range writers {
 		wg.Go(func() {
@@ -50,7 +52,7 @@ func BenchmarkOps(b *testing.B) {
 	if _, err := ledger.Exec(ctx, `DELETE FROM outbox_pending`); err != nil {
 		b.Fatal(err)
 	}
-	opsStore := postgres.NewOpsStore(ledger)
+	opsStore := opsstore.New(ledger)
 	rows, err := opsStore.ReadRows(ctx, ops.RowFilter{EventsOnly: true}, 1_000_000)
 	if err != nil {
 		b.Fatal(err)
@@ -65,7 +67,7 @@ func BenchmarkOps(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	in := postgres.NewInbox(consumer)
+	in := inboxstore.New(consumer)
 	sources := []ops.ConsumerSource{
 		{Name: projection.Name, Reader: ops.InboxReader{Inbox: in, Consumer: projection.Name}},
 		{Name: auditlog.Name, Reader: ops.InboxReader{Inbox: in, Consumer: auditlog.Name}},

@@ -13,8 +13,12 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/posthorn/posthorn/adapters/memory"
-	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/cdcsource"
+	"github.com/posthorn/posthorn/adapters/postgres/inboxstore"
+	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
+	"github.com/posthorn/posthorn/adapters/postgres/opsstore"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
+	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
 	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/bridge/cdc"
@@ -30,8 +34,8 @@ import (
 type opsRig struct {
 	ledger   *pgxpool.Pool
 	consumer *pgxpool.Pool
-	store    *postgres.LedgerStore
-	ops      *postgres.OpsStore
+	store    *ledgerstore.Store
+	ops      *opsstore.Store
 	sink     *memory.Sink
 	posted   []core.PostingResult
 	n        int
@@ -67,8 +71,8 @@ func newOpsRig(t *testing.T) *opsRig {
 	consumer := smallConsumerPool(t)
 	sink := memory.New(memory.Config{})
 	t.Cleanup(func() { _ = sink.Close() })
-	r := &opsRig{ledger: ledger, consumer: consumer, store: postgres.NewLedgerStore(ledger, postgres.LedgerConfig{}),
-		ops: postgres.NewOpsStore(ledger), sink: sink}
+	r := &opsRig{ledger: ledger, consumer: consumer, store: ledgerstore.New(ledger, ledgerstore.Config{}),
+		ops: opsstore.New(ledger), sink: sink}
 	startOpsConsumers(t, sink, consumer)
 	return r
 }
@@ -130,7 +134,7 @@ func (r *opsRig) relay(t *testing.T, hooks *bridge.Hooks) *bridge.Relay {
 // then stops it; the slot stays for the next run.
 func (r *opsRig) relayCDC(t *testing.T) {
 	t.Helper()
-	rel, err := cdc.New(postgres.NewRelayStore(r.ledger), postgres.NewCDCSource(r.ledger), r.sink, cdc.Config{
+	rel, err := cdc.New(relaystore.New(r.ledger), cdcsource.New(r.ledger), r.sink, cdc.Config{
 		Owner: fmt.Sprintf("ops-cdc-%d", time.Now().UnixNano()), SinkName: "memory", Slot: "ops", LeaseTTL: 2 * time.Second,
 		RetryInitial: 10 * time.Millisecond, RetryMax: 100 * time.Millisecond, StatusInterval: 200 * time.Millisecond,
 		HeartbeatInterval: 200 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
@@ -178,7 +182,7 @@ func (r *opsRig) waitDuplicates(t *testing.T, n int64) {
 }
 
 func (r *opsRig) sources() []ops.ConsumerSource {
-	in := postgres.NewInbox(r.consumer)
+	in := inboxstore.New(r.consumer)
 	return []ops.ConsumerSource{
 		{Name: projection.Name, Reader: ops.InboxReader{Inbox: in, Consumer: projection.Name}},
 		{Name: auditlog.Name, Reader: ops.InboxReader{Inbox: in, Consumer: auditlog.Name}},

@@ -10,7 +10,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/inboxstore"
+	"github.com/posthorn/posthorn/adapters/postgres/opsstore"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/consumers"
 	"github.com/posthorn/posthorn/consumers/projection"
@@ -141,7 +142,7 @@ func TestOpsReconcileHoldsTheBalanceViewAgainstTheJournal(t *testing.T) {
 	t.Parallel()
 	r := newOpsRig(t)
 	r.deliver(t, 12)
-	view, err := postgres.NewBalanceView(r.consumer, projection.BalanceView)
+	view, err := opsstore.NewBalanceView(r.consumer, projection.BalanceView)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -182,7 +183,7 @@ func walletConsumer(t *testing.T, r *opsRig) ops.ConsumerSource {
 		t.Fatal(err)
 	}
 	runRegistry(t, reg, t.Errorf)
-	return ops.ConsumerSource{Name: name, Reader: ops.InboxReader{Inbox: postgres.NewInbox(r.consumer), Consumer: name},
+	return ops.ConsumerSource{Name: name, Reader: ops.InboxReader{Inbox: inboxstore.New(r.consumer), Consumer: name},
 		Topics: []string{"events.wallet"}}
 }
 

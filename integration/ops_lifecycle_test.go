@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/posthorn/posthorn/adapters/fsarchive"
-	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/opsstore"
 	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/consumers"
@@ -247,7 +247,7 @@ func TestOpsResendUncertainAfterLostAck(t *testing.T) {
 			t.Fatalf("%d rows uncertain while the lease is still valid", n)
 		}
 	}
-	var rows []postgres.UncertainRow
+	var rows []opsstore.UncertainRow
 	bridgetest.WaitFor(t, 10*time.Second, "the crashed relay's lease to expire", func() bool {
 		var err error
 		var n int64
@@ -263,7 +263,7 @@ func TestOpsResendUncertainAfterLostAck(t *testing.T) {
 	}
 	// Resending only a later revision of an account would overtake its
 	// unrelayed predecessor: refused.
-	var last postgres.UncertainRow
+	var last opsstore.UncertainRow
 	for _, u := range rows {
 		if u.Revision > 1 {
 			last = u

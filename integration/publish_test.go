@@ -21,7 +21,9 @@ import (
 
 	"github.com/posthorn/posthorn/adapters/memory"
 	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
+	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
 	"github.com/posthorn/posthorn/adapters/postgres/roles/roletest"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/consumers"
@@ -631,7 +633,7 @@ func TestVersionedPayloadsGoToTheirHandlers(t *testing.T) {
 }
 
 // TestOutboxRowsAgreeOnEveryWritePath: the Posting API's write path
-// (LedgerStore.Post through Watermill's SQL publisher), the Go publish
+// (ledgerstore.Store.Post through Watermill's SQL publisher), the Go publish
 // library and the SQL functions write one outbox, and every row means the
 // same thing whichever wrote it: the shard is core.ShardOf of the
 // aggregate, the topic follows from kind, type and aggregate (ledger.events
@@ -645,7 +647,7 @@ func TestOutboxRowsAgreeOnEveryWritePath(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	_, pool := pgtest.Ledger(t)
-	store := postgres.NewLedgerStore(pool, postgres.LedgerConfig{MetadataAllowlist: []string{"channel"}})
+	store := ledgerstore.New(pool, ledgerstore.Config{MetadataAllowlist: []string{"channel"}})
 	post := func(key string) {
 		t.Helper()
 		p := core.Posting{Entries: []core.Entry{
@@ -737,7 +739,7 @@ FROM outbox ORDER BY id`)
 	for i := range shards {
 		shards[i] = i
 	}
-	read, err := postgres.NewRelayStore(pool).ReadBatchSkipping(ctx, shards, 100, nil, core.OrderByID)
+	read, err := relaystore.New(pool).ReadBatchSkipping(ctx, shards, 100, nil, core.OrderByID)
 	if err != nil {
 		t.Fatal(err)
 	}

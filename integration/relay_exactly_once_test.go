@@ -12,7 +12,7 @@ import (
 
 	"github.com/posthorn/posthorn/adapters/kafka"
 	"github.com/posthorn/posthorn/adapters/kafka/kafkatest"
-	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/opsstore"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/adapters/sinktest"
 	"github.com/posthorn/posthorn/bridge"
@@ -114,7 +114,7 @@ func TestRelayExactlyOnceResendStillSends(t *testing.T) {
 	startTestRelay(t, pool, sink, "relay-resend", "kafka")
 	bridgetest.WaitFor(t, 30*time.Second, "the outbox drained", func() bool { return bridgetest.Unrelayed(t, pool) == 0 })
 	ctx := context.Background()
-	res, err := ops.Resend(ctx, ops.ResendConfig{Ledger: postgres.NewOpsStore(pool), Sink: sink, EventIDs: []string{posted[0].EventID}})
+	res, err := ops.Resend(ctx, ops.ResendConfig{Ledger: opsstore.New(pool), Sink: sink, EventIDs: []string{posted[0].EventID}})
 	if err != nil || res.Sent != 1 {
 		t.Fatalf("resend: %+v, %v", res, err)
 	}

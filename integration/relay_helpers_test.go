@@ -11,7 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
 	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/core"
@@ -20,7 +20,7 @@ import (
 // newRelay builds a polling relay with cfg on pool's outbox to sink.
 func newRelay(tb testing.TB, pool *pgxpool.Pool, sink core.Sink, cfg bridge.Config) *bridge.Relay {
 	tb.Helper()
-	r, err := bridge.New(postgres.NewRelayStore(pool), sink, cfg)
+	r, err := bridge.New(relaystore.New(pool), sink, cfg)
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -23,8 +23,8 @@ import (
 
 	"github.com/posthorn/posthorn/adapters/kafka"
 	"github.com/posthorn/posthorn/adapters/kafka/kafkatest"
-	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
+	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
 	"github.com/posthorn/posthorn/adapters/sinktest"
 	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
@@ -300,7 +300,7 @@ func recordTooLargeParksOnlyItsAccount(t *testing.T, exactlyOnce bool) {
 			t.Fatalf("a record of the parked account reached Kafka")
 		}
 	}
-	st, err := postgres.NewRelayStore(pool).Status(ctx)
+	st, err := relaystore.New(pool).Status(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,7 +18,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/posthorn/posthorn/adapters/memory"
-	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/api"
 	"github.com/posthorn/posthorn/bridge"
@@ -154,7 +154,7 @@ func TestSecurityMetadataAllowlistOnEverySink(t *testing.T) {
 			_, _ = rand.Read(rb[:])
 			marker := "PRIVATE-" + hex.EncodeToString(rb[:])
 			_, pool := pgtest.Ledger(t)
-			store := postgres.NewLedgerStore(pool, postgres.LedgerConfig{MetadataAllowlist: tc.allow})
+			store := ledgerstore.New(pool, ledgerstore.Config{MetadataAllowlist: tc.allow})
 			postThroughAPI(t, store, postings, fmt.Sprintf(`{"reference":"inv-42","private_note":%q}`, marker))
 
 			var outboxHits int
@@ -184,7 +184,7 @@ func TestSecurityMetadataAllowlistOnEverySink(t *testing.T) {
 					}
 				case string(core.KindCommand):
 					for k := range r.headers {
-						if strings.HasPrefix(k, postgres.MetadataHeaderPrefix) {
+						if strings.HasPrefix(k, ledgerstore.MetadataHeaderPrefix) {
 							t.Errorf("%s: a command carries metadata header %s", r.sink, k)
 						}
 					}
@@ -221,7 +221,7 @@ func TestSecurityMetadataSizeLimit(t *testing.T) {
 	t.Parallel()
 	_, pool := pgtest.Ledger(t)
 	before := pgtest.LedgerState(t, pool)
-	store := postgres.NewLedgerStore(pool, postgres.LedgerConfig{MetadataAllowlist: []string{"reference"}, MetadataMaxBytes: 32})
+	store := ledgerstore.New(pool, ledgerstore.Config{MetadataAllowlist: []string{"reference"}, MetadataMaxBytes: 32})
 	srv, err := api.New(api.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, store)
 	if err != nil {
 		t.Fatal(err)

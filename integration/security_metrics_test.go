@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/cdcsource"
 	"github.com/posthorn/posthorn/adapters/postgres/pgcluster"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/adapters/postgres/roles/roletest"
@@ -128,7 +129,7 @@ func TestOpsKitMetricsAreExposedByRunningComponents(t *testing.T) {
 	}
 	admin.Close(cctx)
 	cdcPool := pgtest.Pool(t, cdcOwnerURL, 2)
-	if err := postgres.NewCDCSource(cdcPool).EnsurePublication(cctx, "posthorn_outbox"); err != nil {
+	if err := cdcsource.New(cdcPool).EnsurePublication(cctx, "posthorn_outbox"); err != nil {
 		t.Fatal(err)
 	}
 	cdcURL, _ := url.Parse(cdcOwnerURL)

@@ -19,7 +19,11 @@ import (
 	"github.com/posthorn/posthorn/adapters/fsarchive"
 	"github.com/posthorn/posthorn/adapters/memory"
 	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/inboxstore"
+	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
+	"github.com/posthorn/posthorn/adapters/postgres/opsstore"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
+	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
 	"github.com/posthorn/posthorn/adapters/postgres/roles/roletest"
 	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
@@ -44,23 +48,23 @@ func TestSecurityEveryComponentUnderItsRole(t *testing.T) {
 	ctx := context.Background()
 	ledgerURL, ledgerOwner := roletest.Ledger(t)
 	consumerURL, consumerOwner := roletest.Consumer(t)
-	as := func(url string, r postgres.Role) *postgres.OpsStore {
-		return postgres.NewOpsStore(roletest.As(t, url, r))
+	as := func(url string, r postgres.Role) *opsstore.Store {
+		return opsstore.New(roletest.As(t, url, r))
 	}
 	apiPool := roletest.As(t, ledgerURL, postgres.RoleAPI)
 	relayPool := roletest.As(t, ledgerURL, postgres.RoleRelay)
 	consPool := roletest.Pool(t, roletest.Consumers(t, consumerURL, "", projection.Name, auditlog.Name))
 	reconciler := as(ledgerURL, postgres.RoleReconciler)
-	recInbox := postgres.NewInbox(roletest.As(t, consumerURL, postgres.RoleReconciler))
+	recInbox := inboxstore.New(roletest.As(t, consumerURL, postgres.RoleReconciler))
 	maintainer := as(ledgerURL, postgres.RoleMaintainer)
-	relayOps := postgres.NewOpsStore(relayPool)
+	relayOps := opsstore.New(relayPool)
 
 	sink := memory.New(memory.Config{})
 	t.Cleanup(func() { _ = sink.Close() })
 	startOpsConsumers(t, sink, consPool)
 
 	// Write path as posthorn_api.
-	store := postgres.NewLedgerStore(apiPool, postgres.LedgerConfig{})
+	store := ledgerstore.New(apiPool, ledgerstore.Config{})
 	events := 0
 	var last core.PostingResult
 	for i := range 30 {
@@ -93,7 +97,7 @@ func TestSecurityEveryComponentUnderItsRole(t *testing.T) {
 	waitAppliedOn(t, consumerOwner, events)
 
 	// outbox status, resend and replay as posthorn_relay.
-	if st, err := postgres.NewRelayStore(relayPool).Status(ctx); err != nil || st.Backlog != 0 {
+	if st, err := relaystore.New(relayPool).Status(ctx); err != nil || st.Backlog != 0 {
 		t.Fatalf("outbox status as posthorn_relay: %+v %v", st, err)
 	}
 	if _, _, err := relayOps.Uncertain(ctx, 10); err != nil {

@@ -14,7 +14,7 @@ import (
 	"github.com/posthorn/posthorn/adapters/amqp/amqptest"
 	"github.com/posthorn/posthorn/adapters/brokers"
 	"github.com/posthorn/posthorn/adapters/nats/natstest"
-	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/adapters/redisstream/redistest"
 	"github.com/posthorn/posthorn/adapters/sqlsink/sqltest"
@@ -147,7 +147,7 @@ func runSinkEndToEnd(t *testing.T, b sinkBroker) (missing, notApplied int) {
 	ctx := context.Background()
 	_, ledgerPool := pgtest.Ledger(t)
 	_, consumerPool := pgtest.Consumer(t)
-	store := postgres.NewLedgerStore(ledgerPool, postgres.LedgerConfig{})
+	store := ledgerstore.New(ledgerPool, ledgerstore.Config{})
 
 	sink, err := brokers.OpenSink(b.sink)
 	if err != nil {

@@ -17,14 +17,14 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/adapters/tracing"
 	"github.com/posthorn/posthorn/api"
 )
 
 // BenchmarkTracingWritePath measures the write path (the Posting API's
-// handler, in process, into LedgerStore.Post on Postgres) with tracing off,
+// handler, in process, into ledgerstore.Store.Post on Postgres) with tracing off,
 // as deployed by default, and on (every request sampled, spans through the
 // batch processor to an exporter that drops them: the SDK's cost, not a
 // collector's), side by side in one run, with 8 concurrent writers.
@@ -82,7 +82,7 @@ func (m *traceBenchMode) setup(b *testing.B, writers, accounts int) {
 	b.Helper()
 	_, pool := pgtest.Ledger(b)
 	srv, err := api.New(api.Config{Logger: slog.New(slog.DiscardHandler), TracerProvider: m.tp},
-		postgres.NewLedgerStore(pool, postgres.LedgerConfig{}))
+		ledgerstore.New(pool, ledgerstore.Config{}))
 	if err != nil {
 		b.Fatal(err)
 	}

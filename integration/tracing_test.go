@@ -27,8 +27,11 @@ import (
 	"github.com/posthorn/posthorn/adapters/kafka/kafkagroup"
 	"github.com/posthorn/posthorn/adapters/kafka/kafkatest"
 	"github.com/posthorn/posthorn/adapters/memory"
-	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/cdcsource"
+	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
+	"github.com/posthorn/posthorn/adapters/postgres/opsstore"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
+	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
 	"github.com/posthorn/posthorn/adapters/tracing"
 	"github.com/posthorn/posthorn/adapters/tracing/tracingtest"
 	"github.com/posthorn/posthorn/api"
@@ -81,7 +84,7 @@ func newTraceRig(t *testing.T, tp trace.TracerProvider, exactlyOnce bool) *trace
 func newTraceRigOn(t *testing.T, pool *pgxpool.Pool, b *relayBroker, inner core.Sink, tp trace.TracerProvider) *traceRig {
 	t.Helper()
 	srv, err := api.New(api.Config{Logger: slog.New(slog.DiscardHandler), TracerProvider: tp},
-		postgres.NewLedgerStore(pool, postgres.LedgerConfig{}))
+		ledgerstore.New(pool, ledgerstore.Config{}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -243,7 +246,7 @@ func TestOneTraceFromAPIToConsumer(t *testing.T) {
 		return len(got[events[0]]) >= 2 && len(got[events[1]]) >= 2, fmt.Sprintf("publish spans %d, %d", len(got[events[0]]), len(got[events[1]]))
 	})
 	// An operator resends the first event.
-	if _, err := ops.Resend(context.Background(), ops.ResendConfig{Ledger: postgres.NewOpsStore(r.pool), Sink: r.sink, EventIDs: events[:1]}); err != nil {
+	if _, err := ops.Resend(context.Background(), ops.ResendConfig{Ledger: opsstore.New(r.pool), Sink: r.sink, EventIDs: events[:1]}); err != nil {
 		t.Fatal(err)
 	}
 	publishes := map[string]int{events[0]: 3, events[1]: 2}
@@ -375,7 +378,7 @@ func TestOneTraceThroughCDC(t *testing.T) {
 	tp, exp := tracingtest.Memory(t)
 	mem := memory.New(memory.Config{})
 	r := newTraceRigOn(t, cdcLedger(t), nil, mem, tp)
-	relay, err := cdc.New(postgres.NewRelayStore(r.pool), postgres.NewCDCSource(r.pool), r.sink, cdc.Config{
+	relay, err := cdc.New(relaystore.New(r.pool), cdcsource.New(r.pool), r.sink, cdc.Config{
 		Owner: "relay-cdc", SinkName: "memory", LeaseTTL: 2 * time.Second, Logger: relayQuietLog})
 	if err != nil {
 		t.Fatal(err)

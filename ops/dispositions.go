@@ -44,7 +44,7 @@ type PrunedReader interface {
 }
 
 // InboxReader reads a consumer's dispositions from its inbox
-// (adapters/postgres.Inbox).
+// (adapters/postgres/inboxstore.Inbox).
 type InboxReader struct {
 	Inbox    Inbox
 	Consumer string

@@ -15,7 +15,7 @@
 //
 // ops imports no adapter: it declares the stores it calls, Store (the
 // ledger database) and Inbox (a consumer's inbox), with the types they
-// exchange, in store.go; adapters/postgres implements both.
+// exchange, in store.go; adapters/postgres/opsstore and inboxstore implement them.
 //
 // # Coverage
 //

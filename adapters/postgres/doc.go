@@ -1,11 +1,21 @@
-// Package postgres is Posthorn's PostgreSQL adapter: the embedded schema
-// migrations of the ledger and of the example consumers, the ledger store
-// that writes a posting and its outbox rows in one transaction, the outbox
-// schema adapter for Watermill's SQL publisher, and the relay's and
-// consumers' stores.
+// Package postgres is the base of Posthorn's PostgreSQL adapter: the
+// connection pool, the embedded schema migrations of the ledger and of the
+// consumers, the per-component roles and consumer identities, the ledger's
+// settings, the names the ledger's writers and the relay share, and the
+// watch over the ledger's history (HistoryWatch). It imports no business
+// package but core.
 //
-// Invariant: every outbox row is inserted after the row lock of its
-// aggregate is taken in the same transaction, so per aggregate the outbox id
-// order equals revision order, and a row can only become visible after all
-// rows of its aggregate with smaller revisions are visible.
+// The stores live in one package per port they serve, each over this base:
+//
+//   - ledgerstore: the ledger store behind the Posting API (api.LedgerStore)
+//     and Watermill's outbox schema adapter on its write path;
+//   - relaystore: the polling relay's store (bridge.Store);
+//   - cdcsource: the CDC relay's source (cdc.Source) and replication stream;
+//   - inboxstore: the consumers' inbox (consumers.Inbox, ops.Inbox);
+//   - opsstore: the operators' store (ops.Store) and the failover store;
+//   - consolestore: the operator console's store (console.Store).
+//
+// Invariant: the schema the migrations create is the only schema any
+// store reads or writes, and a role's grants in roles/ are the whole of
+// what a component may do to it.
 package postgres

@@ -50,7 +50,7 @@ func (w *HistoryWatch) Watch(cfg *pgxpool.Config) {
 				return err
 			}
 		}
-		h, err := readHistory(ctx, c)
+		h, err := ReadHistory(ctx, c)
 		w.set(h, err)
 		return nil
 	}
@@ -83,7 +83,7 @@ func (w *HistoryWatch) Check(ctx context.Context) error {
 		return nil
 	}
 	if stale && pool != nil {
-		h, err := readHistory(ctx, pool)
+		h, err := ReadHistory(ctx, pool)
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
@@ -102,13 +102,13 @@ func (w *HistoryWatch) Check(ctx context.Context) error {
 	return nil
 }
 
-// queryRower is what readHistory needs: a pool or a connection.
-type queryRower interface {
+// QueryRower is what ReadHistory needs: a pool or a connection.
+type QueryRower interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// readHistory reads the server's history and the one accepted last.
-func readHistory(ctx context.Context, q queryRower) (core.LedgerHistory, error) {
+// ReadHistory reads the server's history and the one accepted last.
+func ReadHistory(ctx context.Context, q QueryRower) (core.LedgerHistory, error) {
 	var h core.LedgerHistory
 	err := q.QueryRow(ctx, `SELECT accepted, system_identifier, timeline,
     coalesce(accepted_system_identifier, 0), coalesce(accepted_timeline, 0) FROM posthorn.ledger_history_accepted()`).

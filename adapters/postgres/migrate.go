@@ -56,6 +56,17 @@ func Upgrade(ctx context.Context, dsn string, schema Schema) ([]string, error) {
 	return applied, err
 }
 
+// MigrateTo brings the schema up to version and no further, under the
+// same lock as Migrate: a database as an older release left it, so tests
+// can put rows in place the way that release wrote them before the rest
+// of the migrations run.
+func MigrateTo(ctx context.Context, dsn string, schema Schema, version int64) error {
+	return migrate(ctx, dsn, schema, func(p *goose.Provider) error {
+		_, err := p.UpTo(ctx, version)
+		return err
+	})
+}
+
 // SchemaStatus is what CheckSchema found: whether the schema's version
 // table exists, and the embedded migrations the database has not applied.
 type SchemaStatus struct {

@@ -21,7 +21,7 @@ func TestCheckSchemaAndUpgrade(t *testing.T) {
 	if err != nil || !st.Missing || st.Current() {
 		t.Fatalf("empty database: %+v, %v", st, err)
 	}
-	if err := postgres.MigrateToForTest(ctx, dsn, postgres.LedgerSchema, 6); err != nil {
+	if err := postgres.MigrateTo(ctx, dsn, postgres.LedgerSchema, 6); err != nil {
 		t.Fatal(err)
 	}
 	st, err = postgres.CheckSchema(ctx, pool, postgres.LedgerSchema)

@@ -18,39 +18,15 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/inboxstore"
+	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
+	"github.com/posthorn/posthorn/adapters/postgres/opsstore"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
+	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
 	"github.com/posthorn/posthorn/adapters/postgres/roles/roletest"
 	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/ops"
 )
-
-// refusal is a statement a role must be refused. Each is also run as the
-// tables' owner inside a rolled-back transaction: it must succeed there, so
-// the refusal is the role's doing, not a broken statement (the negative
-// control of every case).
-type refusal struct {
-	what string
-	sql  string
-}
-
-func assertRefused(t *testing.T, owner, role *pgxpool.Pool, cases []refusal) {
-	t.Helper()
-	ctx := context.Background()
-	for _, c := range cases {
-		_, err := role.Exec(ctx, c.sql)
-		if !roletest.Denied(err) {
-			t.Errorf("%s: want permission denied (42501), got %v", c.what, err)
-		}
-		tx, err := owner.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := tx.Exec(ctx, c.sql); err != nil {
-			t.Errorf("%s: control: the owner's run fails too (%v), so the refusal proves nothing", c.what, err)
-		}
-		_ = tx.Rollback(ctx)
-	}
-}
 
 func samplePosting() core.Posting {
 	return core.Posting{
@@ -69,7 +45,7 @@ func TestRolesAPIWritesPostingsButCannotDeleteOrMark(t *testing.T) {
 	url, owner := roletest.Ledger(t)
 	api := roletest.As(t, url, postgres.RoleAPI)
 
-	store := postgres.NewLedgerStore(api, postgres.LedgerConfig{})
+	store := ledgerstore.New(api, ledgerstore.Config{})
 	res, replayed, err := store.Post(ctx, "k-1", samplePosting())
 	if err != nil || replayed {
 		t.Fatalf("post as posthorn_api: %v (replayed %v)", err, replayed)
@@ -86,25 +62,25 @@ func TestRolesAPIWritesPostingsButCannotDeleteOrMark(t *testing.T) {
 
 	// Expired keys it may prune (retention on a schedule in `posthorn
 	// api`), through the function only.
-	if _, err := postgres.NewOpsStore(api).PruneIdempotencyKeys(ctx, time.Now().Add(-time.Hour), 100); err != nil {
+	if _, err := opsstore.New(api).PruneIdempotencyKeys(ctx, time.Now().Add(-time.Hour), 100); err != nil {
 		t.Fatalf("prune expired idempotency keys as posthorn_api: %v", err)
 	}
-	assertRefused(t, owner, api, []refusal{
-		{"delete idempotency keys", `DELETE FROM idempotency_keys`},
-		{"change the database's settings", `UPDATE posthorn.settings SET idempotency_key_ttl = '1 hour'`},
-		{"mark an outbox row relayed", `DELETE FROM outbox_pending`},
-		{"disable the work queue's trigger", `ALTER TABLE outbox DISABLE TRIGGER outbox_enqueue`},
-		{"rewrite an outbox payload", `UPDATE outbox SET payload = '\x00'`},
-		{"delete outbox rows", `DELETE FROM outbox`},
-		{"truncate the outbox", `TRUNCATE outbox CASCADE`},
-		{"delete a journal", `DELETE FROM journals WHERE false`}, // the privilege is checked before any row
-		{"delete journal lines", `DELETE FROM journal_lines`},
-		{"rewrite a journal line", `UPDATE journal_lines SET amount = 1`},
-		{"truncate the idempotency keys", `TRUNCATE idempotency_keys`},
-		{"delete a balance", `DELETE FROM account_balances`},
-		{"read the relay's leases", `SELECT * FROM relay_leases`},
-		{"take a relay lease", `UPDATE relay_leases SET owner = 'api'`},
-		{"write coverage", `INSERT INTO ops_coverage (consumer, cut_sequence, covered_outbox_id) VALUES ('x', 1, 1)`},
+	roletest.AssertRefused(t, owner, api, []roletest.Refusal{
+		{What: "delete idempotency keys", SQL: `DELETE FROM idempotency_keys`},
+		{What: "change the database's settings", SQL: `UPDATE posthorn.settings SET idempotency_key_ttl = '1 hour'`},
+		{What: "mark an outbox row relayed", SQL: `DELETE FROM outbox_pending`},
+		{What: "disable the work queue's trigger", SQL: `ALTER TABLE outbox DISABLE TRIGGER outbox_enqueue`},
+		{What: "rewrite an outbox payload", SQL: `UPDATE outbox SET payload = '\x00'`},
+		{What: "delete outbox rows", SQL: `DELETE FROM outbox`},
+		{What: "truncate the outbox", SQL: `TRUNCATE outbox CASCADE`},
+		{What: "delete a journal", SQL: `DELETE FROM journals WHERE false`}, // the privilege is checked before any row
+		{What: "delete journal lines", SQL: `DELETE FROM journal_lines`},
+		{What: "rewrite a journal line", SQL: `UPDATE journal_lines SET amount = 1`},
+		{What: "truncate the idempotency keys", SQL: `TRUNCATE idempotency_keys`},
+		{What: "delete a balance", SQL: `DELETE FROM account_balances`},
+		{What: "read the relay's leases", SQL: `SELECT * FROM relay_leases`},
+		{What: "take a relay lease", SQL: `UPDATE relay_leases SET owner = 'api'`},
+		{What: "write coverage", SQL: `INSERT INTO ops_coverage (consumer, cut_sequence, covered_outbox_id) VALUES ('x', 1, 1)`},
 	})
 }
 
@@ -113,7 +89,7 @@ func TestRolesRelayReadsOutboxButNotJournalLinesOrBalances(t *testing.T) {
 	ctx := context.Background()
 	url, owner := postedLedgerWithRoles(t)
 	relay := roletest.As(t, url, postgres.RoleRelay)
-	s := postgres.NewRelayStore(relay)
+	s := relaystore.New(relay)
 
 	// Everything the relay does, under its role.
 	if _, err := s.Heartbeat(ctx, "r1", time.Minute); err != nil {
@@ -156,18 +132,18 @@ func TestRolesRelayReadsOutboxButNotJournalLinesOrBalances(t *testing.T) {
 		t.Fatalf("leave: %v", err)
 	}
 
-	assertRefused(t, owner, relay, []refusal{
-		{"read journal lines", `SELECT * FROM journal_lines`},
-		{"read balances", `SELECT * FROM account_balances`},
-		{"change a balance", `UPDATE account_balances SET balance = 0`},
-		{"read accounts", `SELECT * FROM accounts`},
-		{"read journal metadata", `SELECT metadata FROM journals`},
-		{"read idempotency responses", `SELECT * FROM idempotency_keys`},
-		{"rewrite an outbox payload", `UPDATE outbox SET payload = '\x00'`},
-		{"insert an outbox row", `INSERT INTO outbox (event_id, kind, type, topic, aggregate_type, aggregate_id, revision, shard, payload, occurred_at)
+	roletest.AssertRefused(t, owner, relay, []roletest.Refusal{
+		{What: "read journal lines", SQL: `SELECT * FROM journal_lines`},
+		{What: "read balances", SQL: `SELECT * FROM account_balances`},
+		{What: "change a balance", SQL: `UPDATE account_balances SET balance = 0`},
+		{What: "read accounts", SQL: `SELECT * FROM accounts`},
+		{What: "read journal metadata", SQL: `SELECT metadata FROM journals`},
+		{What: "read idempotency responses", SQL: `SELECT * FROM idempotency_keys`},
+		{What: "rewrite an outbox payload", SQL: `UPDATE outbox SET payload = '\x00'`},
+		{What: "insert an outbox row", SQL: `INSERT INTO outbox (event_id, kind, type, topic, aggregate_type, aggregate_id, revision, shard, payload, occurred_at)
 VALUES (gen_random_uuid(), 'event', 't', 't', 'account', 'x', 99, 0, '', now())`},
-		{"delete outbox rows", `DELETE FROM outbox`},
-		{"write coverage", `INSERT INTO ops_coverage (consumer, cut_sequence, covered_outbox_id) VALUES ('x', 1, 1)`},
+		{What: "delete outbox rows", SQL: `DELETE FROM outbox`},
+		{What: "write coverage", SQL: `INSERT INTO ops_coverage (consumer, cut_sequence, covered_outbox_id) VALUES ('x', 1, 1)`},
 	})
 }
 
@@ -205,7 +181,7 @@ func TestRolesSeeOtherRolesTransactions(t *testing.T) {
 	if !sees(relay, "xact_start") {
 		t.Error("posthorn_relay does not see the start of the API's open transaction")
 	}
-	if age, err := postgres.NewRelayStore(relay).OldestOpenTransactionAge(ctx); err != nil || age <= 0 {
+	if age, err := relaystore.New(relay).OldestOpenTransactionAge(ctx); err != nil || age <= 0 {
 		t.Errorf("posthorn_relay: open transaction age %v, %v; want > 0", age, err)
 	}
 	if !sees(roletest.As(t, url, postgres.RoleReconciler), "backend_xid") {
@@ -221,7 +197,7 @@ func TestRolesReconcilerReadsAndRecordsCoverageOnly(t *testing.T) {
 	ctx := context.Background()
 	url, owner := postedLedgerWithRoles(t)
 	rec := roletest.As(t, url, postgres.RoleReconciler)
-	store := postgres.NewOpsStore(rec)
+	store := opsstore.New(rec)
 	cut, err := store.OpenCut(ctx, ops.CutRequest{Settle: 5 * time.Second})
 	if err != nil {
 		t.Fatalf("open cut as posthorn_reconciler: %v", err)
@@ -240,14 +216,14 @@ func TestRolesReconcilerReadsAndRecordsCoverageOnly(t *testing.T) {
 	if _, err := store.RecordCoverage(ctx, "balance-projection", cut.Sequence, covered); err != nil {
 		t.Fatalf("record coverage: %v", err)
 	}
-	assertRefused(t, owner, rec, []refusal{
-		{"change a balance", `UPDATE account_balances SET balance = 0`},
-		{"bump a revision", `UPDATE accounts SET revision = revision + 1`},
-		{"insert a journal", `INSERT INTO journals (id, sequence, posted_at) VALUES (gen_random_uuid(), 999, now())`},
-		{"mark outbox rows", `DELETE FROM outbox_pending`},
-		{"delete outbox rows", `DELETE FROM outbox`},
-		{"move the cleanup floor", `INSERT INTO ops_cleanup (deleted_through_id) VALUES (1)`},
-		{"take a relay lease", `UPDATE relay_leases SET owner = 'rec'`},
+	roletest.AssertRefused(t, owner, rec, []roletest.Refusal{
+		{What: "change a balance", SQL: `UPDATE account_balances SET balance = 0`},
+		{What: "bump a revision", SQL: `UPDATE accounts SET revision = revision + 1`},
+		{What: "insert a journal", SQL: `INSERT INTO journals (id, sequence, posted_at) VALUES (gen_random_uuid(), 999, now())`},
+		{What: "mark outbox rows", SQL: `DELETE FROM outbox_pending`},
+		{What: "delete outbox rows", SQL: `DELETE FROM outbox`},
+		{What: "move the cleanup floor", SQL: `INSERT INTO ops_cleanup (deleted_through_id) VALUES (1)`},
+		{What: "take a relay lease", SQL: `UPDATE relay_leases SET owner = 'rec'`},
 	})
 }
 
@@ -259,7 +235,7 @@ func TestRolesConsumerOwnsItsInboxAndCannotTouchTheLedger(t *testing.T) {
 	login := roletest.Consumers(t, consumerURL, "", "balance-projection")
 	cons := roletest.Pool(t, login)
 
-	in := postgres.NewInbox(cons)
+	in := inboxstore.New(cons)
 	env := core.Envelope{EventID: "0190a000-0000-7000-8000-000000000001", Kind: core.KindEvent, Type: core.TypeAccountPosted,
 		AggregateType: core.AggregateAccount, AggregateID: "acc-alice", Revision: 1, OccurredAt: time.Now()}
 	out, err := in.Receive(ctx, "balance-projection", true, env, func(ctx context.Context, tx pgx.Tx, _ core.Envelope) error {
@@ -275,22 +251,22 @@ func TestRolesConsumerOwnsItsInboxAndCannotTouchTheLedger(t *testing.T) {
 
 	// The same login on the ledger database: nothing.
 	onLedger := roletest.Pool(t, withDatabaseOf(t, login, ledgerURL))
-	assertRefused(t, ledgerOwner, onLedger, []refusal{
-		{"read accounts", `SELECT * FROM accounts`},
-		{"read journal lines", `SELECT * FROM journal_lines`},
-		{"read the outbox", `SELECT * FROM outbox`},
-		{"change a balance", `UPDATE account_balances SET balance = 0`},
-		{"insert a journal", `INSERT INTO journals (id, sequence, posted_at) VALUES (gen_random_uuid(), 999, now())`},
-		{"mark outbox rows", `DELETE FROM outbox_pending`},
+	roletest.AssertRefused(t, ledgerOwner, onLedger, []roletest.Refusal{
+		{What: "read accounts", SQL: `SELECT * FROM accounts`},
+		{What: "read journal lines", SQL: `SELECT * FROM journal_lines`},
+		{What: "read the outbox", SQL: `SELECT * FROM outbox`},
+		{What: "change a balance", SQL: `UPDATE account_balances SET balance = 0`},
+		{What: "insert a journal", SQL: `INSERT INTO journals (id, sequence, posted_at) VALUES (gen_random_uuid(), 999, now())`},
+		{What: "mark outbox rows", SQL: `DELETE FROM outbox_pending`},
 	})
 	// Inbox retention runs as the consumer: it deletes final rows
 	// behind the horizon and records it.
 	if _, err := in.PruneInbox(ctx, "balance-projection", ops.InboxHorizon{Ordered: time.Now().Add(-time.Hour), Unordered: time.Now().Add(-time.Hour)}, 100); err != nil {
 		t.Fatalf("inbox retention as posthorn_consumer: %v", err)
 	}
-	assertRefused(t, consumerOwner, cons, []refusal{
-		{"truncate the inbox", `TRUNCATE consumer_inbox`},
-		{"drop the projection", `TRUNCATE projection_balances`},
+	roletest.AssertRefused(t, consumerOwner, cons, []roletest.Refusal{
+		{What: "truncate the inbox", SQL: `TRUNCATE consumer_inbox`},
+		{What: "drop the projection", SQL: `TRUNCATE projection_balances`},
 	})
 }
 
@@ -449,19 +425,19 @@ func TestRolesMaintainerDeletesOutboxRowsOnly(t *testing.T) {
 	m := roletest.As(t, url, postgres.RoleMaintainer)
 	// `posthorn retention` as the maintainer prunes expired keys through
 	// the function, and may not delete keys itself.
-	if _, err := postgres.NewOpsStore(m).PruneIdempotencyKeys(context.Background(), time.Now().Add(-time.Hour), 100); err != nil {
+	if _, err := opsstore.New(m).PruneIdempotencyKeys(context.Background(), time.Now().Add(-time.Hour), 100); err != nil {
 		t.Fatalf("prune expired idempotency keys as posthorn_maintainer: %v", err)
 	}
-	assertRefused(t, owner, m, []refusal{
-		{"delete idempotency keys", `DELETE FROM idempotency_keys`},
-		{"read journal lines", `SELECT * FROM journal_lines`},
-		{"read balances", `SELECT * FROM account_balances`},
-		{"read journal metadata", `SELECT metadata FROM journals`},
-		{"delete a journal", `DELETE FROM journals WHERE false`},
-		{"mark outbox rows", `DELETE FROM outbox_pending`},
-		{"insert an outbox row", `INSERT INTO outbox (event_id, kind, type, topic, aggregate_type, aggregate_id, revision, shard, payload, occurred_at)
+	roletest.AssertRefused(t, owner, m, []roletest.Refusal{
+		{What: "delete idempotency keys", SQL: `DELETE FROM idempotency_keys`},
+		{What: "read journal lines", SQL: `SELECT * FROM journal_lines`},
+		{What: "read balances", SQL: `SELECT * FROM account_balances`},
+		{What: "read journal metadata", SQL: `SELECT metadata FROM journals`},
+		{What: "delete a journal", SQL: `DELETE FROM journals WHERE false`},
+		{What: "mark outbox rows", SQL: `DELETE FROM outbox_pending`},
+		{What: "insert an outbox row", SQL: `INSERT INTO outbox (event_id, kind, type, topic, aggregate_type, aggregate_id, revision, shard, payload, occurred_at)
 VALUES (gen_random_uuid(), 'event', 't', 't', 'account', 'x', 99, 0, '', now())`},
-		{"write coverage", `INSERT INTO ops_coverage (consumer, cut_sequence, covered_outbox_id) VALUES ('x', 1, 1)`},
+		{What: "write coverage", SQL: `INSERT INTO ops_coverage (consumer, cut_sequence, covered_outbox_id) VALUES ('x', 1, 1)`},
 	})
 }
 
@@ -470,7 +446,7 @@ VALUES (gen_random_uuid(), 'event', 't', 't', 'account', 'x', 99, 0, '', now())`
 func postedLedgerWithRoles(t *testing.T) (string, *pgxpool.Pool) {
 	t.Helper()
 	url, owner := roletest.Ledger(t)
-	if _, _, err := postgres.NewLedgerStore(owner, postgres.LedgerConfig{}).Post(context.Background(), "k-1", samplePosting()); err != nil {
+	if _, _, err := ledgerstore.New(owner, ledgerstore.Config{}).Post(context.Background(), "k-1", samplePosting()); err != nil {
 		t.Fatal(err)
 	}
 	return url, owner

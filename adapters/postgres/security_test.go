@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/adapters/postgres/roles/roletest"
 	"github.com/posthorn/posthorn/publish"
@@ -75,17 +76,17 @@ func TestSecurityPublisherCannotTouchTheLedger(t *testing.T) {
 		t.Fatalf("publishing as posthorn_publisher: %v", err)
 	}
 
-	assertRefused(t, owner, pub, []refusal{
-		{"raise a balance", attackBalance},
-		{"forge an account's event", attackForgedEvent},
-		{"forget the idempotency keys", attackForgetKeys},
-		{"bump an account's revision", `UPDATE accounts SET revision = revision + 1`},
-		{"insert a journal", `INSERT INTO journals (id, sequence, posted_at) VALUES (gen_random_uuid(), 999, now())`},
-		{"rewrite a journal line", `UPDATE journal_lines SET amount = 1`},
-		{"move an aggregate's revision", `UPDATE posthorn_aggregates SET revision = 1`},
-		{"read the idempotency responses", `SELECT * FROM idempotency_keys`},
-		{"prune the idempotency keys", `SELECT posthorn.prune_idempotency_keys(now(), 1000)`},
-		{"change the command topic prefix", `UPDATE posthorn.settings SET command_topic_prefix = 'x.'`},
+	roletest.AssertRefused(t, owner, pub, []roletest.Refusal{
+		{What: "raise a balance", SQL: attackBalance},
+		{What: "forge an account's event", SQL: attackForgedEvent},
+		{What: "forget the idempotency keys", SQL: attackForgetKeys},
+		{What: "bump an account's revision", SQL: `UPDATE accounts SET revision = revision + 1`},
+		{What: "insert a journal", SQL: `INSERT INTO journals (id, sequence, posted_at) VALUES (gen_random_uuid(), 999, now())`},
+		{What: "rewrite a journal line", SQL: `UPDATE journal_lines SET amount = 1`},
+		{What: "move an aggregate's revision", SQL: `UPDATE posthorn_aggregates SET revision = 1`},
+		{What: "read the idempotency responses", SQL: `SELECT * FROM idempotency_keys`},
+		{What: "prune the idempotency keys", SQL: `SELECT posthorn.prune_idempotency_keys(now(), 1000)`},
+		{What: "change the command topic prefix", SQL: `UPDATE posthorn.settings SET command_topic_prefix = 'x.'`},
 	})
 	if _, err := pub.Exec(ctx, `SELECT * FROM posthorn_publish('account', 'acc-bob', 'ledger.account.posted', '{"delta":"100000000"}')`); sqlState(err) != "22023" ||
 		!strings.HasPrefix(err.(*pgconn.PgError).Message, "aggregate_type:") {
@@ -118,7 +119,7 @@ func TestSecurityIdempotencyKeysOutliveAStolenAPICredential(t *testing.T) {
 	ctx := context.Background()
 	url, owner := postedLedgerWithRoles(t) // key k-1
 	api := roletest.As(t, url, postgres.RoleAPI)
-	store := postgres.NewLedgerStore(api, postgres.LedgerConfig{})
+	store := ledgerstore.New(api, ledgerstore.Config{})
 	if _, _, err := store.Post(ctx, "k-old", samplePosting()); err != nil {
 		t.Fatal(err)
 	}
@@ -155,11 +156,11 @@ func oldLedger(t *testing.T) (string, *pgxpool.Pool) {
 	t.Helper()
 	ctx := context.Background()
 	u := pgtest.NewDatabase(t)
-	if err := postgres.MigrateToForTest(ctx, u, postgres.LedgerSchema, 8); err != nil {
+	if err := postgres.MigrateTo(ctx, u, postgres.LedgerSchema, 8); err != nil {
 		t.Fatal(err)
 	}
 	owner := pgtest.SmallPool(t, u, 2)
-	if _, _, err := postgres.NewLedgerStore(owner, postgres.LedgerConfig{}).Post(ctx, "k-1", samplePosting()); err != nil {
+	if _, _, err := ledgerstore.New(owner, ledgerstore.Config{}).Post(ctx, "k-1", samplePosting()); err != nil {
 		t.Fatal(err)
 	}
 	roletest.Ledger(t) // the cluster's group roles exist

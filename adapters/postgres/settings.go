@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/posthorn/posthorn/adapters/postgres/internal/pgrows"
 )
 
 // Settings are the parts of the configuration the ledger database's own
@@ -87,8 +88,8 @@ func WriteSettings(ctx context.Context, dsn string, s Settings) error {
 // role can shadow a built-in function or operator for anyone whose
 // search_path has public first; Posthorn's own definer functions no longer
 // look there, but other code in the database may.
-func PublicSchemaCreators(ctx context.Context, q querier) ([]string, error) {
-	names, err := queryRows(ctx, q, pgx.RowTo[string], `
+func PublicSchemaCreators(ctx context.Context, q pgrows.Querier) ([]string, error) {
+	names, err := pgrows.Query(ctx, q, pgx.RowTo[string], `
 SELECT CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE pg_catalog.pg_get_userbyid(a.grantee) END
 FROM pg_catalog.pg_namespace AS n,
      pg_catalog.aclexplode(coalesce(n.nspacl, pg_catalog.acldefault('n', n.nspowner))) AS a

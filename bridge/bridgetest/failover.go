@@ -13,6 +13,7 @@ import (
 	"github.com/posthorn/posthorn/adapters/memory"
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/pgcluster"
+	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
 	"github.com/posthorn/posthorn/internal/promset/promtest"
 )
 
@@ -113,7 +114,7 @@ func RunFailover(t *testing.T, run RunRelay, required bool, opts pgcluster.Optio
 	during := MustPostTransfers(t, f.Pool, 20, 8, 5)
 	// (The standby's WAL sender may outlive it by a moment.)
 	WaitFor(t, 30*time.Second, "the relay's probe to see no standby while it is down", func() bool {
-		st, err := postgres.NewRelayStore(f.Pool).StandbyStatus(ctx)
+		st, err := relaystore.New(f.Pool).StandbyStatus(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -17,8 +17,11 @@ import (
 
 	"github.com/posthorn/posthorn/adapters/memory"
 	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/cdcsource"
+	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
 	"github.com/posthorn/posthorn/adapters/postgres/pgcluster"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
+	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
 	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/bridge/cdc"
@@ -132,7 +135,7 @@ func benchMode(b *testing.B, c *pgcluster.Cluster, mode string) modeResult {
 	if os.Getenv("POSTHORN_BENCH_LOG") != "" {
 		quiet = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
-	store := postgres.NewRelayStore(relayPool)
+	store := relaystore.New(relayPool)
 	var stop func()
 	switch mode {
 	case "polling":
@@ -150,7 +153,7 @@ func benchMode(b *testing.B, c *pgcluster.Cluster, mode string) modeResult {
 		if os.Getenv("POSTHORN_BENCH_LOG") != "" {
 			out = io.MultiWriter(logs, os.Stderr)
 		}
-		r, err := cdc.New(store, postgres.NewCDCSource(relayPool), sink, cdc.Config{Owner: "bench", SinkName: "memory", Slot: randName("bench_"),
+		r, err := cdc.New(store, cdcsource.New(relayPool), sink, cdc.Config{Owner: "bench", SinkName: "memory", Slot: randName("bench_"),
 			Logger: slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: slog.LevelInfo}))})
 		if err != nil {
 			b.Fatal(err)
@@ -184,7 +187,7 @@ func benchMode(b *testing.B, c *pgcluster.Cluster, mode string) modeResult {
 		committed = map[string]time.Time{}
 		postings  int
 	)
-	waker := postgres.NewRelayWaker(writer)
+	waker := ledgerstore.NewRelayWaker(writer)
 	load := func() {
 		tokens := make(chan struct{}, benchRate)
 		done := make(chan struct{})
@@ -205,7 +208,7 @@ func benchMode(b *testing.B, c *pgcluster.Cluster, mode string) modeResult {
 					if err != nil {
 						continue // a deadlock victim; the load generator moves on
 					}
-					// As LedgerStore does after commit: the polling relay
+					// As ledgerstore.Store does after commit: the polling relay
 					// listens for it (the CDC relay ignores it).
 					waker.Wake()
 					mu.Lock()

@@ -11,7 +11,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/cdcsource"
 	"github.com/posthorn/posthorn/adapters/postgres/pgcluster"
+	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/bridge/cdc"
 	"github.com/posthorn/posthorn/internal/promset/promtest"
@@ -58,8 +60,8 @@ func TestCDCRelayNamesWhatItPublishedPastTheBranchPoint(t *testing.T) {
 			t.Cleanup(pool.Close)
 			logs := &syncbuf.Buffer{}
 			reg := prometheus.NewRegistry()
-			store := postgres.NewRelayStore(pool)
-			r, err := cdc.New(store, postgres.NewCDCSource(pool), f.Sink, failoverCDCConfig("branch", store, logs, reg, required))
+			store := relaystore.New(pool)
+			r, err := cdc.New(store, cdcsource.New(pool), f.Sink, failoverCDCConfig("branch", store, logs, reg, required))
 			if err != nil {
 				t.Fatal(err)
 			}

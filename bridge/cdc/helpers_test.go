@@ -19,8 +19,10 @@ import (
 
 	"github.com/posthorn/posthorn/adapters/memory"
 	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/cdcsource"
 	"github.com/posthorn/posthorn/adapters/postgres/pgcluster"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
+	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/bridge/cdc"
 	"github.com/posthorn/posthorn/core"
@@ -103,8 +105,8 @@ type fixture struct {
 	t       *testing.T
 	cluster *pgcluster.Cluster
 	pool    *pgxpool.Pool
-	store   *postgres.RelayStore
-	source  *postgres.CDCSource
+	store   *relaystore.Store
+	source  *cdcsource.Source
 	sink    *memory.Sink
 	slot    string
 	logs    *syncbuf.Buffer // the relays' logs, so tests can check what they say
@@ -118,7 +120,7 @@ func newFixture(t *testing.T, c *pgcluster.Cluster) *fixture {
 	pool := ledgerDB(t, c)
 	s := memory.New(memory.Config{})
 	t.Cleanup(func() { _ = s.Close() })
-	f := &fixture{t: t, cluster: c, pool: pool, store: postgres.NewRelayStore(pool), source: postgres.NewCDCSource(pool), sink: s,
+	f := &fixture{t: t, cluster: c, pool: pool, store: relaystore.New(pool), source: cdcsource.New(pool), sink: s,
 		slot: randName("slot_"), logs: &syncbuf.Buffer{}}
 	t.Cleanup(func() {
 		if t.Failed() {

@@ -8,8 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/cdcsource"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
+	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/bridge/cdc"
 	"github.com/posthorn/posthorn/core"
@@ -62,7 +63,7 @@ func TestDeliversEveryCommittedEventInOrderUnderLoad(t *testing.T) {
 func TestCheckNamesWalLevel(t *testing.T) {
 	t.Parallel()
 	_, pool := pgtest.Ledger(t)
-	r, err := cdc.New(postgres.NewRelayStore(pool), postgres.NewCDCSource(pool), nil, cdc.Config{})
+	r, err := cdc.New(relaystore.New(pool), cdcsource.New(pool), nil, cdc.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,7 +84,7 @@ func TestCheckNamesReplicationAttribute(t *testing.T) {
 	}
 	url := fmt.Sprintf("postgres://%s@127.0.0.1:%d/%s?sslmode=disable", role, f.cluster.Port(), f.pool.Config().ConnConfig.Database)
 	pool := pgtest.Pool(t, url, 2)
-	r, err := cdc.New(postgres.NewRelayStore(pool), postgres.NewCDCSource(pool), nil, cdc.Config{})
+	r, err := cdc.New(relaystore.New(pool), cdcsource.New(pool), nil, cdc.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

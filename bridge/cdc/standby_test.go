@@ -11,8 +11,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/cdcsource"
 	"github.com/posthorn/posthorn/adapters/postgres/pgcluster"
+	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
 	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/bridge/cdc"
@@ -37,8 +38,8 @@ func runCDC(logs *syncbuf.Buffer) bridgetest.RunRelay {
 	return func(t testing.TB, f *bridgetest.Failover, required bool) (prometheus.Gatherer, func()) {
 		t.Helper()
 		reg := prometheus.NewRegistry()
-		store := postgres.NewRelayStore(f.Pool)
-		r, err := cdc.New(store, postgres.NewCDCSource(f.Pool), f.Sink, failoverCDCConfig("failover", store, logs, reg, required))
+		store := relaystore.New(f.Pool)
+		r, err := cdc.New(store, cdcsource.New(f.Pool), f.Sink, failoverCDCConfig("failover", store, logs, reg, required))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -7,6 +7,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
 	"github.com/posthorn/posthorn/api"
 	"github.com/posthorn/posthorn/configs"
 )
@@ -40,7 +41,7 @@ func runAPI(ctx context.Context, args []string) error {
 
 // ledgerStore is the Posting API's store on pool, as configured (the demo's
 // API uses it too).
-func ledgerStore(cfg configs.Config, pool *pgxpool.Pool, history *postgres.HistoryWatch) *postgres.LedgerStore {
-	return postgres.NewLedgerStore(pool, postgres.LedgerConfig{CommandTopicPrefix: cfg.Sink.CommandTopicPrefix,
+func ledgerStore(cfg configs.Config, pool *pgxpool.Pool, history *postgres.HistoryWatch) *ledgerstore.Store {
+	return ledgerstore.New(pool, ledgerstore.Config{CommandTopicPrefix: cfg.Sink.CommandTopicPrefix,
 		MetadataAllowlist: cfg.Outbox.MetadataAllowlist, MetadataMaxBytes: cfg.Outbox.MetadataMaxBytes, History: history})
 }

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/opsstore"
 	"github.com/posthorn/posthorn/ops"
 )
 
@@ -19,7 +19,7 @@ func runArchive(ctx context.Context, args []string) error {
 		return err
 	}
 	defer p.close()
-	ledger, store := postgres.NewOpsStore(p.ledger), p.archive
+	ledger, store := opsstore.New(p.ledger), p.archive
 	if *verify {
 		res, err := ops.VerifyArchive(ctx, ledger, store)
 		if err != nil {

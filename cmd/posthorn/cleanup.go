@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/opsstore"
 	"github.com/posthorn/posthorn/ops"
 )
 
@@ -22,7 +22,7 @@ func runCleanup(ctx context.Context, args []string) error {
 	defer p.close()
 	cfg := p.cfg
 	res, err := ops.Cleanup(ctx, ops.CleanupConfig{
-		Ledger: postgres.NewOpsStore(p.ledger), Archive: p.archive, Required: requiredConsumers(cfg),
+		Ledger: opsstore.New(p.ledger), Archive: p.archive, Required: requiredConsumers(cfg),
 		ReplayWindow: cfg.Cleanup.ReplayWindow, BatchSize: cfg.Cleanup.BatchSize, DryRun: *dry,
 	})
 	if err != nil {

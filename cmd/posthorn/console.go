@@ -9,6 +9,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/consolestore"
+	"github.com/posthorn/posthorn/adapters/postgres/opsstore"
 	"github.com/posthorn/posthorn/configs"
 	"github.com/posthorn/posthorn/console"
 	"github.com/posthorn/posthorn/core"
@@ -86,9 +88,9 @@ func openConsole(ctx context.Context, cfg configs.Config, ledger *pgxpool.Pool, 
 		}
 	}
 	c, err := console.New(console.Config{
-		Store: postgres.NewConsoleStore(postgres.ConsoleStoreConfig{Ledger: ledger, Slot: cfg.Relay.CDC.Slot,
+		Store: consolestore.New(consolestore.Config{Ledger: ledger, Slot: cfg.Relay.CDC.Slot,
 			Inboxes: inboxes, Release: release}),
-		Ledger:       postgres.NewOpsStore(ledger),
+		Ledger:       opsstore.New(ledger),
 		Consumers:    sources,
 		Archive:      archive,
 		Required:     requiredConsumers(cfg),

@@ -18,7 +18,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/posthorn/posthorn/adapters/memory"
-	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/inboxstore"
+	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
 	"github.com/posthorn/posthorn/configs"
 	"github.com/posthorn/posthorn/console"
 	"github.com/posthorn/posthorn/core"
@@ -172,7 +173,7 @@ func TestConsoleLagIsTheMetricsLag(t *testing.T) {
 			rd.console[n] = s.Lag[i][len(s.Lag[i])-1]
 		}
 		for _, n := range names {
-			c, err := postgres.NewInbox(r.consumer).Count(ctx, n)
+			c, err := inboxstore.New(r.consumer).Count(ctx, n)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -219,7 +220,7 @@ func TestConsoleLagIsTheMetricsLag(t *testing.T) {
 	if err := r.ledger.QueryRow(ctx, `SELECT max(id) FROM outbox`).Scan(&maxID); err != nil {
 		t.Fatal(err)
 	}
-	st, err := postgres.NewRelayStore(r.ledger).Status(ctx)
+	st, err := relaystore.New(r.ledger).Status(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,8 +24,10 @@ import (
 
 	"github.com/posthorn/posthorn/adapters/memory"
 	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/cdcsource"
 	"github.com/posthorn/posthorn/adapters/postgres/pgcluster"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
+	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
 	"github.com/posthorn/posthorn/adapters/postgres/roles/roletest"
 	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/configs"
@@ -186,7 +188,7 @@ func (r *consoleRig) parkBoth() string {
 			break
 		}
 	}
-	if _, err := postgres.NewRelayStore(r.ledger).Park(context.Background(), core.ParkedAggregate{
+	if _, err := relaystore.New(r.ledger).Park(context.Background(), core.ParkedAggregate{
 		AggregateType: core.AggregateAccount, AggregateID: "acc-2", EventID: acc2, Reason: "sink rejected it for good: test",
 	}); err != nil {
 		r.t.Fatal(err)
@@ -336,7 +338,7 @@ func TestConsoleActionsRunAndAreAudited(t *testing.T) {
 	}
 	// Aggregates a team publishes (posthorn_publish) park and are released
 	// the same way as the ledger's accounts.
-	if _, err := postgres.NewRelayStore(r.ledger).Park(context.Background(), core.ParkedAggregate{
+	if _, err := relaystore.New(r.ledger).Park(context.Background(), core.ParkedAggregate{
 		AggregateType: "wallet", AggregateID: "w-1", EventID: acc2, Reason: "sink rejected it for good: test",
 	}); err != nil {
 		t.Fatal(err)
@@ -573,7 +575,7 @@ func TestConsoleShowsTheCDCSlot(t *testing.T) {
 	if p := page(); strings.Contains(p, `id="cdc"`) {
 		t.Fatalf("a CDC section without a slot:\n%s", p)
 	}
-	if _, err := postgres.NewCDCSource(pool).CreateSlot(ctx, cfg.Relay.CDC.Slot); err != nil {
+	if _, err := cdcsource.New(pool).CreateSlot(ctx, cfg.Relay.CDC.Slot); err != nil {
 		t.Fatal(err)
 	}
 	p := page()
@@ -640,7 +642,7 @@ func TestConsoleShowsTheCleanupBoundary(t *testing.T) {
 // called.
 func startRigRelay(t *testing.T, ctx context.Context, ledger *pgxpool.Pool, sink core.Sink, owner, sinkName string, poll time.Duration) (stop func()) {
 	t.Helper()
-	relay, err := bridge.New(postgres.NewRelayStore(ledger), sink, bridge.Config{Owner: owner, SinkName: sinkName, PollInterval: poll})
+	relay, err := bridge.New(relaystore.New(ledger), sink, bridge.Config{Owner: owner, SinkName: sinkName, PollInterval: poll})
 	if err != nil {
 		t.Fatal(err)
 	}

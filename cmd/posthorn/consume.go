@@ -19,6 +19,7 @@ import (
 	"github.com/posthorn/posthorn/adapters/brokers"
 	"github.com/posthorn/posthorn/adapters/metricshttp"
 	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/inboxstore"
 	"github.com/posthorn/posthorn/configs"
 	"github.com/posthorn/posthorn/consumers"
 	"github.com/posthorn/posthorn/consumers/auditlog"
@@ -131,7 +132,7 @@ func runConsumers(ctx context.Context, cfg configs.Config, o consumeOptions) err
 	}
 	registry, err := consumers.New(router, consumers.Config{
 		Pool:               pool,
-		Inbox:              postgres.NewInbox(pool),
+		Inbox:              inboxstore.New(pool),
 		Subscribers:        factory,
 		Registerer:         reg,
 		Logger:             log,
@@ -224,7 +225,7 @@ func runConsumeRelease(ctx context.Context, args []string) error {
 		return err
 	}
 	defer p.close()
-	n, err := postgres.NewInbox(p.consumer).Release(ctx, *consumer, *aggType, *account)
+	n, err := inboxstore.New(p.consumer).Release(ctx, *consumer, *aggType, *account)
 	if err != nil {
 		return err
 	}
@@ -261,7 +262,7 @@ func runConsumeStatus(ctx context.Context, args []string) error {
 		return err
 	}
 	defer p.close()
-	in := postgres.NewInbox(p.consumer)
+	in := inboxstore.New(p.consumer)
 	names := exampleNames()
 	if *consumer != "" {
 		names = []string{*consumer}

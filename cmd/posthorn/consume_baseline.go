@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/jackc/pgx/v5"
+	"github.com/posthorn/posthorn/adapters/postgres/inboxstore"
+	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
 	"github.com/posthorn/posthorn/configs"
 	"github.com/posthorn/posthorn/consumers/projection"
 )
@@ -19,7 +21,7 @@ func runBaseline(ctx context.Context, args []string) error {
 	asJSON := fs.Bool("json", false, "print one JSON object")
 	p, err := fs.start(ctx, args, needs{ledger: 2, consumer: true, check: func(*configs.Config) error {
 		if *consumer != projection.Name {
-			return fmt.Errorf("--consumer %q: only %s can start from the ledger's balances; another consumer writes its own snapshot and calls postgres.Inbox.SetPositions in the same transaction", *consumer, projection.Name)
+			return fmt.Errorf("--consumer %q: only %s can start from the ledger's balances; another consumer writes its own snapshot and calls inboxstore.Inbox.SetPositions in the same transaction", *consumer, projection.Name)
 		}
 		return nil
 	}})
@@ -27,11 +29,14 @@ func runBaseline(ctx context.Context, args []string) error {
 		return err
 	}
 	defer p.close()
-	cut, err := postgres.ReadBalancesAtCut(ctx, p.ledger)
+	cut, err := ledgerstore.ReadBalancesAtCut(ctx, p.ledger)
 	if err != nil {
 		return err
 	}
-	if err := postgres.BaselineProjection(ctx, p.consumer, *consumer, cut); err != nil {
+	inbox := inboxstore.New(p.consumer)
+	if err := pgx.BeginFunc(ctx, p.consumer, func(tx pgx.Tx) error {
+		return projection.Baseline(ctx, tx, inbox, *consumer, cut)
+	}); err != nil {
 		return err
 	}
 	var events int64

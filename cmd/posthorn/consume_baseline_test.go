@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/core"
 )
@@ -19,7 +19,7 @@ func TestConsumeBaselineCLI(t *testing.T) {
 	t.Parallel()
 	ledgerURL, ledger := pgtest.Ledger(t)
 	consumerURL, _ := pgtest.Consumer(t)
-	store := postgres.NewLedgerStore(ledger, postgres.LedgerConfig{})
+	store := ledgerstore.New(ledger, ledgerstore.Config{})
 	for i, acc := range []string{"acc-a", "acc-b", "acc-a"} {
 		if _, _, err := store.Post(context.Background(), "k-"+acc+string(rune('0'+i)), core.Posting{Entries: []core.Entry{
 			{Account: acc, Direction: core.Debit, Amount: 10, Currency: "EUR"},

@@ -8,7 +8,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/opsstore"
 	"github.com/posthorn/posthorn/demo"
 	"github.com/posthorn/posthorn/ops"
 )
@@ -42,7 +42,7 @@ func (d *demoRun) check(ctx context.Context) (demoSummary, error) {
 		}
 		sources = append(sources, src)
 	}
-	d.reconcile, err = ops.Reconcile(ctx, ops.ReconcileConfig{Ledger: postgres.NewOpsStore(d.ledger), Consumers: sources})
+	d.reconcile, err = ops.Reconcile(ctx, ops.ReconcileConfig{Ledger: opsstore.New(d.ledger), Consumers: sources})
 	if err != nil {
 		return sum, fmt.Errorf("reconcile: %w", err)
 	}

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/posthorn/posthorn/adapters/kafka"
-	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/opsstore"
 	"github.com/posthorn/posthorn/configs"
 	"github.com/posthorn/posthorn/consumers/auditlog"
 	"github.com/posthorn/posthorn/core"
@@ -68,9 +68,9 @@ func runFailover(ctx context.Context, name string, args []string) error {
 		if err != nil {
 			return couldNotRun(err)
 		}
-		sources = append(sources, postgres.InboxSeen{Pool: pool, Consumer: c.Name})
+		sources = append(sources, opsstore.InboxSeen{Pool: pool, Consumer: c.Name})
 		if c.Name == auditlog.Name {
-			sources = append(sources, postgres.AuditLogSeen{Pool: pool})
+			sources = append(sources, opsstore.AuditLogSeen{Pool: pool})
 		}
 	}
 	if *sinkSince > 0 {
@@ -87,7 +87,7 @@ func runFailover(ctx context.Context, name string, args []string) error {
 			sources = append(sources, s)
 		}
 	}
-	cfg := ops.FailoverConfig{Ledger: postgres.NewFailoverStore(p.ledger), Sources: sources, Margin: *margin}
+	cfg := ops.FailoverConfig{Ledger: opsstore.NewFailoverStore(p.ledger), Sources: sources, Margin: *margin}
 	var rep ops.FailoverReport
 	if dryRun == nil {
 		rep, err = ops.FailoverCheck(ctx, cfg)

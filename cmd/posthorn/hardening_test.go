@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/configs"
 	"github.com/posthorn/posthorn/core"
@@ -92,7 +92,7 @@ func TestDemoRefusesALiveLedger(t *testing.T) {
 	t.Parallel()
 	url, pool := pgtest.Ledger(t)
 	ctx := context.Background()
-	if _, _, err := postgres.NewLedgerStore(pool, postgres.LedgerConfig{}).Post(ctx, "live-1", core.Posting{Entries: []core.Entry{
+	if _, _, err := ledgerstore.New(pool, ledgerstore.Config{}).Post(ctx, "live-1", core.Posting{Entries: []core.Entry{
 		{Account: "acc-alice", Direction: core.Debit, Amount: 10, Currency: "EUR"},
 		{Account: "acc-bob", Direction: core.Credit, Amount: 10, Currency: "EUR"},
 	}}); err != nil {

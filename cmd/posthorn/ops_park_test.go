@@ -12,8 +12,11 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/inboxstore"
+	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
+	"github.com/posthorn/posthorn/adapters/postgres/opsstore"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
+	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
 	"github.com/posthorn/posthorn/consumers"
 	"github.com/posthorn/posthorn/consumers/auditlog"
 	"github.com/posthorn/posthorn/consumers/projection"
@@ -29,7 +32,7 @@ type opsCLIRig struct {
 	env        []string
 	ledger     *pgxpool.Pool
 	consumer   *pgxpool.Pool
-	store      *postgres.LedgerStore
+	store      *ledgerstore.Store
 	archiveDir string
 	n          int
 	lastID     int64 // outbox rows up to this id were delivered
@@ -40,7 +43,7 @@ func newOpsCLIRig(t *testing.T) *opsCLIRig {
 	ledgerURL, ledger := pgtest.Ledger(t)
 	consumerURL, consumer := pgtest.Consumer(t)
 	r := &opsCLIRig{t: t, ledger: ledger, consumer: consumer, archiveDir: t.TempDir(),
-		store: postgres.NewLedgerStore(ledger, postgres.LedgerConfig{})}
+		store: ledgerstore.New(ledger, ledgerstore.Config{})}
 	r.env = []string{
 		"POSTHORN_DATABASE__URL=" + ledgerURL,
 		"POSTHORN_CONSUMER__DATABASE__URL=" + consumerURL,
@@ -118,11 +121,11 @@ func (r *opsCLIRig) run(args ...string) string {
 func (r *opsCLIRig) deliver(park string) (parked []string) {
 	r.t.Helper()
 	ctx := context.Background()
-	rows, err := postgres.NewOpsStore(r.ledger).ReadRows(ctx, ops.RowFilter{EventsOnly: true, AfterID: r.lastID}, 1000)
+	rows, err := opsstore.New(r.ledger).ReadRows(ctx, ops.RowFilter{EventsOnly: true, AfterID: r.lastID}, 1000)
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	inbox := postgres.NewInbox(r.consumer)
+	inbox := inboxstore.New(r.consumer)
 	for _, row := range rows {
 		r.lastID = max(r.lastID, row.ID)
 		e := row.Envelope
@@ -234,7 +237,7 @@ func TestReconcileParkedIsNotCovered(t *testing.T) {
 
 	// Release and apply: clean, covered, and cleanup takes the rest.
 	r.run("consume", "release", "--consumer", projection.Name, "--account", "acc-1")
-	outs, err := postgres.NewInbox(r.consumer).Drain(ctx, projection.Name, true, core.AggregateAccount, "acc-1", projection.Handle)
+	outs, err := inboxstore.New(r.consumer).Drain(ctx, projection.Name, true, core.AggregateAccount, "acc-1", projection.Handle)
 	if err != nil || len(outs) != len(parked) {
 		t.Fatalf("drain after release: %d outcomes, %v; want %d", len(outs), err, len(parked))
 	}
@@ -320,7 +323,7 @@ func TestOutboxReleaseParkedCommandJournal(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	r := newOpsCLIRig(t)
-	store := postgres.NewRelayStore(r.ledger)
+	store := relaystore.New(r.ledger)
 	const journal = "0190c0de-0000-7000-8000-00000000c0de"
 	for _, p := range []core.ParkedAggregate{
 		{AggregateType: core.AggregateJournal, AggregateID: journal, EventID: "0190c0de-0000-7000-8000-000000000001", Reason: "unroutable"},

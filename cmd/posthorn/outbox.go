@@ -15,6 +15,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/opsstore"
+	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
 	"github.com/posthorn/posthorn/bridge/cdc"
 	"github.com/posthorn/posthorn/configs"
 	"github.com/posthorn/posthorn/core"
@@ -63,11 +65,11 @@ func connectWatched(ctx context.Context, dsn string, conns int32, history *postg
 // rows, …) are added as fields and as sections of printStatus.
 type outboxStatus struct {
 	core.OutboxStatus
-	// UncertainCount counts the uncertain rows (postgres.OpsStore.Uncertain:
+	// UncertainCount counts the uncertain rows (opsstore.Store.Uncertain:
 	// unrelayed rows of a shard whose lease expired while owned, created
 	// before it expired); Uncertain lists the first of them.
 	UncertainCount int64                   `json:"uncertain_count"`
-	Uncertain      []postgres.UncertainRow `json:"uncertain"`
+	Uncertain      []opsstore.UncertainRow `json:"uncertain"`
 	// CDC is the replication slot of relay.cdc.slot, when it exists.
 	CDC *cdc.SlotStatus `json:"cdc,omitempty"`
 }
@@ -81,7 +83,7 @@ func runOutboxStatus(ctx context.Context, args []string) error {
 	}
 	defer p.close()
 	pool := p.ledger
-	st, err := postgres.NewRelayStore(pool).Status(ctx)
+	st, err := relaystore.New(pool).Status(ctx)
 	if err != nil {
 		return err
 	}
@@ -89,7 +91,7 @@ func runOutboxStatus(ctx context.Context, args []string) error {
 	if report.CDC, err = cdcSlotStatus(ctx, pool, p.cfg.Relay.CDC.Slot); err != nil {
 		return err
 	}
-	if report.Uncertain, report.UncertainCount, err = postgres.NewOpsStore(pool).Uncertain(ctx, 20); err != nil {
+	if report.Uncertain, report.UncertainCount, err = opsstore.New(pool).Uncertain(ctx, 20); err != nil {
 		return err
 	}
 	if *asJSON {
@@ -169,7 +171,7 @@ func runOutboxRelease(ctx context.Context, args []string) error {
 		return err
 	}
 	defer p.close()
-	if err := postgres.NewRelayStore(p.ledger).Release(ctx, typ, id); err != nil {
+	if err := relaystore.New(p.ledger).Release(ctx, typ, id); err != nil {
 		return err
 	}
 	fmt.Printf("%s %s released; the relay sends its records again from the one that was parked\n", printable(typ), printable(id))
@@ -215,7 +217,7 @@ func runOutboxResend(ctx context.Context, args []string) error {
 		return err
 	}
 	defer p.close()
-	res, err := ops.Resend(ctx, ops.ResendConfig{Ledger: postgres.NewOpsStore(p.ledger), Sink: p.sink, EventIDs: *ids, FromID: *from, ToID: *to})
+	res, err := ops.Resend(ctx, ops.ResendConfig{Ledger: opsstore.New(p.ledger), Sink: p.sink, EventIDs: *ids, FromID: *from, ToID: *to})
 	if err != nil {
 		return err
 	}

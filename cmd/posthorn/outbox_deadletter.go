@@ -7,7 +7,7 @@ import (
 	"os"
 	"os/user"
 
-	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
 	"github.com/posthorn/posthorn/configs"
 	"github.com/posthorn/posthorn/core"
 )
@@ -15,7 +15,7 @@ import (
 // runOutboxDeadLetter moves the record the relay parked for an aggregate,
 // one the sink can never take, to the dead_letters table and lets the
 // aggregate's later events flow behind a skip marker
-// (RelayStore.DeadLetter); the decision goes into the audit log with the
+// (relaystore.Store.DeadLetter); the decision goes into the audit log with the
 // operator's name.
 func runOutboxDeadLetter(ctx context.Context, args []string) error {
 	fs := newFlags("outbox dead-letter", "database.url")
@@ -42,7 +42,7 @@ func runOutboxDeadLetter(ctx context.Context, args []string) error {
 	}
 	defer p.close()
 	host, _ := os.Hostname()
-	d, err := postgres.NewRelayStore(p.ledger).DeadLetter(ctx, *aggType, *aggID, *eventID, *operator, "cli@"+host, true)
+	d, err := relaystore.New(p.ledger).DeadLetter(ctx, *aggType, *aggID, *eventID, *operator, "cli@"+host, true)
 	if err != nil {
 		return err
 	}

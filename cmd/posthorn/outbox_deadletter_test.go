@@ -14,6 +14,7 @@ import (
 
 	"github.com/posthorn/posthorn/adapters/memory"
 	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/inboxstore"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/configs"
@@ -85,7 +86,7 @@ func TestOutboxDeadLetterLetsTheAggregateFlow(t *testing.T) {
 		return r.count(false, `SELECT count(*) FROM relay_parked WHERE aggregate_id = 'acc-dl'`) == 1
 	}
 	position := func(consumer string) int64 {
-		last, err := postgres.NewInbox(r.consumer).LastRevision(ctx, consumer, core.AggregateAccount, "acc-dl")
+		last, err := inboxstore.New(r.consumer).LastRevision(ctx, consumer, core.AggregateAccount, "acc-dl")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -114,7 +115,7 @@ func TestOutboxDeadLetterLetsTheAggregateFlow(t *testing.T) {
 		var rec core.InboxRecord
 		var ok bool
 		waitFor(t, 15*time.Second, c+" to record the skip marker", func() bool {
-			recs, err := postgres.NewInbox(r.consumer).Dispositions(ctx, c, []string{big.EventID})
+			recs, err := inboxstore.New(r.consumer).Dispositions(ctx, c, []string{big.EventID})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -15,6 +15,8 @@ import (
 
 	"github.com/posthorn/posthorn/adapters/fsarchive"
 	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/inboxstore"
+	"github.com/posthorn/posthorn/adapters/postgres/opsstore"
 	"github.com/posthorn/posthorn/configs"
 	"github.com/posthorn/posthorn/consumers/auditlog"
 	"github.com/posthorn/posthorn/consumers/projection"
@@ -58,10 +60,10 @@ func exampleReconcileConsumers(dsn string) []configs.ReconcileConsumer {
 
 // consumerSource is how reconciliation reads consumer c through pool.
 func consumerSource(c configs.ReconcileConsumer, pool *pgxpool.Pool) (ops.ConsumerSource, error) {
-	src := ops.ConsumerSource{Name: c.Name, Reader: ops.InboxReader{Inbox: postgres.NewInbox(pool), Consumer: c.Name},
+	src := ops.ConsumerSource{Name: c.Name, Reader: ops.InboxReader{Inbox: inboxstore.New(pool), Consumer: c.Name},
 		RejectedFinal: c.RejectedFinal, Topics: c.Topics}
 	if c.BalanceView != "" {
-		v, err := postgres.NewBalanceView(pool, c.BalanceView)
+		v, err := opsstore.NewBalanceView(pool, c.BalanceView)
 		if err != nil {
 			return src, fmt.Errorf("consumer %s: %w", c.Name, err)
 		}
@@ -189,7 +191,7 @@ func runReconcile(ctx context.Context, args []string) error {
 		sources = append(sources, src)
 	}
 	rep, err := ops.Reconcile(ctx, ops.ReconcileConfig{
-		Ledger: postgres.NewOpsStore(p.ledger), Consumers: sources, Archive: p.archive, Cut: req, Cap: *limit, Record: !*noRecord,
+		Ledger: opsstore.New(p.ledger), Consumers: sources, Archive: p.archive, Cut: req, Cap: *limit, Record: !*noRecord,
 	})
 	if err != nil {
 		return couldNotRun(err)

@@ -12,6 +12,7 @@ import (
 	"github.com/posthorn/posthorn/adapters/brokers"
 	"github.com/posthorn/posthorn/adapters/metricshttp"
 	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
 	"github.com/posthorn/posthorn/adapters/tracing"
 	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/configs"
@@ -51,7 +52,7 @@ func runRelay(ctx context.Context, args []string) error {
 	cfg := p.cfg
 	postgres.WarnIfSuperuser(ctx, p.ledger, p.log, "relay", postgres.RoleRelay)
 	parkAttempts, parkAfter := cfg.Relay.RetryPark()
-	store := postgres.NewRelayStore(p.ledger)
+	store := relaystore.New(p.ledger)
 	standby := cfg.Relay.StandbyFlushConfig(store)
 	if err := bridge.CheckStandbys(ctx, standby, p.log); err != nil {
 		return fmt.Errorf("config key relay.standby_flush: %w", err)

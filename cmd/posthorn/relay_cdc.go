@@ -9,6 +9,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/cdcsource"
+	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
 	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/bridge/cdc"
 	"github.com/posthorn/posthorn/internal/units"
@@ -21,12 +23,12 @@ func runCDCRelay(ctx context.Context, p *prelude) error {
 	cfg := p.cfg
 	postgres.WarnIfSuperuser(ctx, p.ledger, p.log, "relay", postgres.RoleRelayCDC)
 	parkAttempts, parkAfter := cfg.Relay.RetryPark()
-	store := postgres.NewRelayStore(p.ledger)
+	store := relaystore.New(p.ledger)
 	standby := cfg.Relay.StandbyFlushConfig(store)
 	if err := bridge.CheckStandbys(ctx, standby, p.log); err != nil {
 		return fmt.Errorf("config key relay.standby_flush: %w", err)
 	}
-	relay, err := cdc.New(store, postgres.NewCDCSource(p.ledger), p.sink, cdc.Config{
+	relay, err := cdc.New(store, cdcsource.New(p.ledger), p.sink, cdc.Config{
 		ParkAfterAttempts: parkAttempts,
 		ParkAfter:         parkAfter,
 		Owner:             cfg.Relay.Owner,
@@ -57,7 +59,7 @@ func runCDCRelay(ctx context.Context, p *prelude) error {
 // cdcSlotStatus reads the CDC slot for `outbox status`; nil when there is
 // no such slot (polling mode, or CDC never started).
 func cdcSlotStatus(ctx context.Context, pool *pgxpool.Pool, slot string) (*cdc.SlotStatus, error) {
-	st, err := postgres.NewCDCSource(pool).SlotStatus(ctx, slot)
+	st, err := cdcsource.New(pool).SlotStatus(ctx, slot)
 	if err != nil {
 		return nil, err
 	}

@@ -10,7 +10,7 @@ import (
 
 	"github.com/schollz/progressbar/v3"
 
-	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/opsstore"
 	"github.com/posthorn/posthorn/configs"
 	"github.com/posthorn/posthorn/ops"
 )
@@ -81,7 +81,7 @@ func runReplay(ctx context.Context, args []string) error {
 		}
 	}
 	res, err := ops.Replay(ctx, ops.ReplayConfig{
-		Ledger: postgres.NewOpsStore(p.ledger), Archive: p.archive, Sink: p.sink, Spec: spec, Name: *resume,
+		Ledger: opsstore.New(p.ledger), Archive: p.archive, Sink: p.sink, Spec: spec, Name: *resume,
 		Rate: *ratePerSec, Batch: *batch, Progress: progress,
 	})
 	if bar != nil {

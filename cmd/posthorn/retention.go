@@ -11,7 +11,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/inboxstore"
+	"github.com/posthorn/posthorn/adapters/postgres/opsstore"
 	"github.com/posthorn/posthorn/configs"
 	"github.com/posthorn/posthorn/ops"
 )
@@ -87,10 +88,10 @@ func retentionConfig(cfg configs.Config, consumerPool, ledgerPool *pgxpool.Pool)
 		KeyTTL: cfg.Retention.IdempotencyKeyTTL, BatchSize: cfg.Retention.BatchSize,
 	}
 	if consumerPool != nil {
-		rc.Inbox = postgres.NewInbox(consumerPool)
+		rc.Inbox = inboxstore.New(consumerPool)
 	}
 	if ledgerPool != nil {
-		rc.Ledger = postgres.NewOpsStore(ledgerPool)
+		rc.Ledger = opsstore.New(ledgerPool)
 	}
 	return rc
 }

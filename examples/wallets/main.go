@@ -28,7 +28,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/posthorn/posthorn/adapters/kafka/kafkagroup"
-	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/inboxstore"
 	"github.com/posthorn/posthorn/consumers"
 	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/publish"
@@ -168,7 +168,7 @@ func StartStatements(ctx context.Context, cons *pgxpool.Pool, brokerAddrs []stri
 		return nil, err
 	}
 	reg, err := consumers.New(router, consumers.Config{
-		Pool: cons, Inbox: postgres.NewInbox(cons),
+		Pool: cons, Inbox: inboxstore.New(cons),
 		Subscribers: func(name string) (message.Subscriber, error) {
 			return kafkagroup.Subscriber(brokerAddrs, name, watermill.NopLogger{})
 		},

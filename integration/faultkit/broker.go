@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/posthorn/posthorn/adapters/kafka/kafkatest"
-	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/opsstore"
 	"github.com/posthorn/posthorn/core"
 )
 
@@ -52,7 +52,7 @@ func RelayedNotOnBroker(ctx context.Context, ledger *pgxpool.Pool, addr string) 
 	if err != nil {
 		return nil, err
 	}
-	rows, err := ledger.Query(ctx, `SELECT o.event_id::text FROM outbox o WHERE o.topic = $1 AND `+postgres.Relayed, core.TopicEvents)
+	rows, err := ledger.Query(ctx, `SELECT o.event_id::text FROM outbox o WHERE o.topic = $1 AND `+opsstore.Relayed, core.TopicEvents)
 	if err != nil {
 		return nil, err
 	}
@@ -75,7 +75,7 @@ func RelayedNotOnBroker(ctx context.Context, ledger *pgxpool.Pool, addr string) 
 // that a group has committed past were lost by the consumer, events not on
 // it by the relay or the broker. It lists their inbox dispositions too.
 func (s *System) MissingReport(ctx context.Context, consumer string) (string, error) {
-	rows, err := s.Ledger.Query(ctx, `SELECT o.event_id::text, o.aggregate_id, o.revision FROM outbox o WHERE o.topic = $1 AND `+postgres.Relayed, core.TopicEvents)
+	rows, err := s.Ledger.Query(ctx, `SELECT o.event_id::text, o.aggregate_id, o.revision FROM outbox o WHERE o.topic = $1 AND `+opsstore.Relayed, core.TopicEvents)
 	if err != nil {
 		return "", fmt.Errorf("relayed events: %w", err)
 	}

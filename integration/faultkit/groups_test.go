@@ -9,7 +9,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/core"
 )
@@ -19,7 +19,7 @@ import (
 func TestRelayReport(t *testing.T) {
 	_, pool := pgtest.Ledger(t)
 	ctx := context.Background()
-	store := postgres.NewLedgerStore(pool, postgres.LedgerConfig{})
+	store := ledgerstore.New(pool, ledgerstore.Config{})
 	if _, _, err := store.Post(ctx, "k1", core.Posting{Entries: []core.Entry{
 		{Account: "report-a", Direction: core.Debit, Amount: 5, Currency: "EUR"},
 		{Account: "report-b", Direction: core.Credit, Amount: 5, Currency: "EUR"},
@@ -47,7 +47,7 @@ func TestMissingReport(t *testing.T) {
 	_, ledger := pgtest.Ledger(t)
 	_, consumer := pgtest.Consumer(t)
 	ctx := context.Background()
-	res, _, err := postgres.NewLedgerStore(ledger, postgres.LedgerConfig{}).Post(ctx, "k1", core.Posting{Entries: []core.Entry{
+	res, _, err := ledgerstore.New(ledger, ledgerstore.Config{}).Post(ctx, "k1", core.Posting{Entries: []core.Entry{
 		{Account: "miss-a", Direction: core.Debit, Amount: 5, Currency: "EUR"},
 		{Account: "miss-b", Direction: core.Credit, Amount: 5, Currency: "EUR"},
 	}})

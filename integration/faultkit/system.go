@@ -23,6 +23,7 @@ import (
 	"github.com/posthorn/posthorn/adapters/kafka/kafkacluster"
 	"github.com/posthorn/posthorn/adapters/kafka/kafkagroup"
 	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
 	"github.com/posthorn/posthorn/consumers"
 	"github.com/posthorn/posthorn/core"
 )
@@ -92,7 +93,7 @@ type System struct {
 	// Ledger and Consumer are the suite's pools (application name
 	// posthorn-fault, never terminated by the faults).
 	Ledger, Consumer *pgxpool.Pool
-	store            *postgres.LedgerStore
+	store            *ledgerstore.Store
 	// outages counts the broker outages, to pick the next node of Kafka.
 	outages atomic.Int64
 }
@@ -103,7 +104,7 @@ type System struct {
 // rows, so it can hold that transaction open (metadata fault_hold_seconds)
 // or roll it back (metadata fault_rollback), naming the outbox event IDs
 // the transaction wrote in the error. The suite posts such postings through
-// postgres.LedgerStore — the very write path of the API — so the
+// ledgerstore.Store — the very write path of the API — so the
 // lock-then-insert invariant holds as in production.
 const faultHooks = `
 CREATE OR REPLACE FUNCTION posthorn_fault_hook() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -150,7 +151,7 @@ func StartSystem(ctx context.Context, cfg SystemConfig) (*System, error) {
 	if _, err := s.Ledger.Exec(ctx, faultHooks); err != nil {
 		return nil, fmt.Errorf("install fault hooks: %w", err)
 	}
-	s.store = postgres.NewLedgerStore(s.Ledger, postgres.LedgerConfig{})
+	s.store = ledgerstore.New(s.Ledger, ledgerstore.Config{})
 
 	apiPort, err := FreePort()
 	if err != nil {

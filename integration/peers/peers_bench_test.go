@@ -25,8 +25,11 @@ import (
 	"github.com/posthorn/posthorn/adapters/kafka"
 	"github.com/posthorn/posthorn/adapters/kfakebroker"
 	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/cdcsource"
+	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
 	"github.com/posthorn/posthorn/adapters/postgres/pgcluster"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
+	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
 	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/bridge/cdc"
@@ -123,7 +126,7 @@ func runPosthorn(b *testing.B, c *pgcluster.Cluster, brokers []string, name, mod
 		b.Fatal(err)
 	}
 	defer func() { _ = sink.Close() }()
-	store := postgres.NewRelayStore(relayPool)
+	store := relaystore.New(relayPool)
 	logs := &syncbuf.Buffer{}
 	logger := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	slot := "bench_" + strings.ReplaceAll(uuid.NewString()[:8], "-", "")
@@ -139,7 +142,7 @@ func runPosthorn(b *testing.B, c *pgcluster.Cluster, brokers []string, name, mod
 			}
 			return func() { _ = r.Stop(ctx) }
 		default:
-			r, err := cdc.New(store, postgres.NewCDCSource(relayPool), sink, cdc.Config{Owner: "bench", SinkName: "kafka", Slot: slot, Logger: logger})
+			r, err := cdc.New(store, cdcsource.New(relayPool), sink, cdc.Config{Owner: "bench", SinkName: "kafka", Slot: slot, Logger: logger})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -176,7 +179,7 @@ func runPosthorn(b *testing.B, c *pgcluster.Cluster, brokers []string, name, mod
 		waitSlotCaughtUp(b, pool, slot)
 	}
 
-	waker := postgres.NewRelayWaker(pool)
+	waker := ledgerstore.NewRelayWaker(pool)
 	commit := func(i int) ([]string, error) {
 		a, bb := fmt.Sprintf("acc-%d", i%1000), fmt.Sprintf("acc-%d", (i+500)%1000)
 		ps, err := bridgetest.Commit(ctx, pool, a, bb)
@@ -330,7 +333,7 @@ func runKfakeDrain(b *testing.B, c *pgcluster.Cluster) float64 {
 	rd := newReader(b, fake.Addrs(), core.TopicEvents, core.HeaderEventID)
 	defer rd.close()
 	began := time.Now()
-	r, err := bridge.New(postgres.NewRelayStore(relayPool), sink, bridge.Config{Owner: "bench", SinkName: "kafka",
+	r, err := bridge.New(relaystore.New(relayPool), sink, bridge.Config{Owner: "bench", SinkName: "kafka",
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		b.Fatal(err)

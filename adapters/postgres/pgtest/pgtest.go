@@ -10,6 +10,7 @@ import (
 	"encoding/hex"
 	"net/url"
 	"os"
+	"strconv"
 	"testing"
 	"time"
 
@@ -205,4 +206,18 @@ func Require1M(b testing.TB, what string) {
 	if os.Getenv("POSTHORN_BENCH_1M") == "" {
 		b.Skip("set POSTHORN_BENCH_1M=1: " + what)
 	}
+}
+
+// EnvInt reads a benchmark's size from the environment variable name,
+// def when it is unset; anything but a positive integer fails tb.
+func EnvInt(tb testing.TB, name string, def int) int {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		tb.Fatalf("%s=%q: want a positive integer", name, v)
+	}
+	return n
 }

@@ -124,3 +124,33 @@ func Denied(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == "42501"
 }
+
+// Refusal is a statement a role must be refused. Each is also run as the
+// tables' owner inside a rolled-back transaction: it must succeed there, so
+// the refusal is the role's doing, not a broken statement (the negative
+// control of every case).
+type Refusal struct {
+	What string
+	SQL  string
+}
+
+// AssertRefused runs each case as role, which must be refused (42501),
+// and as owner in a rolled-back transaction, which must succeed.
+func AssertRefused(t *testing.T, owner, role *pgxpool.Pool, cases []Refusal) {
+	t.Helper()
+	ctx := context.Background()
+	for _, c := range cases {
+		_, err := role.Exec(ctx, c.SQL)
+		if !Denied(err) {
+			t.Errorf("%s: want permission denied (42501), got %v", c.What, err)
+		}
+		tx, err := owner.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, c.SQL); err != nil {
+			t.Errorf("%s: control: the owner's run fails too (%v), so the refusal proves nothing", c.What, err)
+		}
+		_ = tx.Rollback(ctx)
+	}
+}

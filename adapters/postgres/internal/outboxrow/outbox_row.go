@@ -1,0 +1,112 @@
+// Package outboxrow is one outbox row as every reader reads it: the
+// columns selected, the scan targets and the decoding into a core.OutboxRow,
+// so a row means the same envelope whichever path read it.
+package outboxrow
+
+import (
+	"encoding/json"
+	"fmt"
+
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/posthorn/posthorn/core"
+)
+
+// Columns are the outbox columns every reader of outbox rows selects,
+// in the order Scan.Dest scans them.
+const Columns = `o.id, o.shard, o.event_id::text, o.kind, o.type, o.topic, o.aggregate_type,
+       o.aggregate_id, o.revision, o.journal_id::text, o.headers, o.payload, o.occurred_at, o.ledger_timeline`
+
+// Scan is one outbox row as read, before decoding. The relay's batch
+// read (ReadBatch), the operator's row reads (opsstore.Store.ReadRows: resend,
+// replay, archive) and the CDC stream all fill one and decode it, so a row
+// means the same envelope whichever path read it.
+type Scan struct {
+	core.OutboxRow
+	kind      string
+	journalID pgtype.Text
+	headers   []byte
+	// timeline is NULL on rows written before timelines were recorded.
+	timeline pgtype.Int4
+}
+
+// Dest returns the scan targets of Columns, in order.
+func (r *Scan) Dest() []any {
+	e := &r.Envelope
+	return []any{&r.ID, &r.Shard, &e.EventID, &r.kind, &e.Type, &e.Topic, &e.AggregateType,
+		&e.AggregateID, &e.Revision, &r.journalID, &r.headers, &e.Payload, &e.OccurredAt, &r.timeline}
+}
+
+// Column returns the scan target of the outbox column name (the CDC
+// stream's tuples name their columns), nil for a column no reader uses.
+func (r *Scan) Column(name string) any {
+	e := &r.Envelope
+	switch name {
+	case "id":
+		return &r.ID
+	case "shard":
+		return &r.Shard
+	case "event_id":
+		return &e.EventID
+	case "kind":
+		return &r.kind
+	case "type":
+		return &e.Type
+	case "topic":
+		return &e.Topic
+	case "aggregate_type":
+		return &e.AggregateType
+	case "aggregate_id":
+		return &e.AggregateID
+	case "revision":
+		return &e.Revision
+	case "journal_id":
+		return &r.journalID
+	case "headers":
+		return &r.headers
+	case "payload":
+		return &e.Payload
+	case "occurred_at":
+		return &e.OccurredAt
+	case "ledger_timeline":
+		return &r.timeline
+	}
+	return nil
+}
+
+// Decode finishes the row: the kind, the journal (empty for none), the
+// headers, and the replay flag they carry.
+func (r *Scan) Decode() (core.OutboxRow, error) {
+	e := &r.Envelope
+	e.Kind = core.Kind(r.kind)
+	e.JournalID = r.journalID.String
+	e.LedgerTimeline = r.timeline.Int32
+	if len(r.headers) > 0 && string(r.headers) != "{}" {
+		if err := json.Unmarshal(r.headers, &e.Headers); err != nil {
+			return core.OutboxRow{}, fmt.Errorf("outbox row %d: headers: %w", r.ID, err)
+		}
+	}
+	e.Replay = e.Headers[core.HeaderReplay] == "true"
+	return r.OutboxRow, nil
+}
+
+// contractHeaders are stored in their own columns, not in headers.
+var contractHeaders = map[string]bool{
+	core.HeaderEventID: true, core.HeaderKind: true, core.HeaderType: true,
+	core.HeaderAggregateType: true, core.HeaderAggregateID: true, core.HeaderRevision: true,
+	core.HeaderJournalID: true, core.HeaderOccurredAt: true, core.HeaderReplay: true,
+	core.HeaderLedgerTimeline: true,
+}
+
+// defaultHeader reports a versioning header at its default, which the row
+// need not store: Envelope.WireHeaders puts it back on the wire. So the
+// ledger's rows (version 1, JSON) cost no byte more for carrying it.
+func defaultHeader(k, v string) bool {
+	return (k == core.HeaderSchemaVersion && v == "1") || (k == core.HeaderContentType && v == core.ContentTypeJSON)
+}
+
+// Stored reports whether the header k: v is kept in the row's headers
+// column: neither one of the contract's own columns nor a default.
+func Stored(k, v string) bool {
+	return !contractHeaders[k] && !defaultHeader(k, v)
+}

@@ -1,0 +1,497 @@
+package ledgerstore
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/posthorn/posthorn/core"
+)
+
+// This file is the ledger's write path: the steps of Store.Post.
+
+// line is one journal line with its place in the account's history.
+type line struct {
+	core.Entry
+	revision int64
+	eventID  uuid.UUID
+}
+
+// post writes p in one transaction, in the steps Post lists.
+func (s *Store) post(ctx context.Context, key string, hash [32]byte, p core.Posting) (core.PostingResult, error) {
+	wireMD, err := s.wireMetadata(p.Metadata)
+	if err != nil {
+		return core.PostingResult{}, err
+	}
+	traceMD := core.TraceHeaders(ctx)
+	if traceMD != nil {
+		wireMD = withTrace(wireMD, traceMD)
+	}
+	plan, err := planPosting(p)
+	if err != nil {
+		return core.PostingResult{}, err
+	}
+	// The transaction is two round trips: BEGIN travels with step 1's
+	// batch and COMMIT with the final one. An error aborts the
+	// transaction, and the statements queued after it are not run.
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return core.PostingResult{}, fmt.Errorf("begin posting: %w", err)
+	}
+	defer func() {
+		if conn.Conn().PgConn().TxStatus() != 'I' {
+			// Roll back an aborted or unfinished transaction, so the
+			// connection goes back to the pool clean.
+			_, _ = conn.Exec(context.WithoutCancel(ctx), "ROLLBACK")
+		}
+		conn.Release()
+	}()
+	tx := connTx{conn.Conn()}
+	if s.cfg.History != nil {
+		if err := s.cfg.History.Check(ctx); err != nil {
+			return core.PostingResult{}, err
+		}
+	}
+
+	newRevision, err := lockAccounts(ctx, tx, plan)
+	if err != nil {
+		return core.PostingResult{}, err
+	}
+	res, lines, err := assignIDs(p, plan, newRevision)
+	if err != nil {
+		return core.PostingResult{}, err
+	}
+
+	// Step 2: the outbox, after every lock of step 1. The publisher's
+	// INSERTs are queued on the final batch, not sent: they travel in one
+	// round trip with step 3 and the COMMIT, in this order, and an error in
+	// any of them aborts the transaction before the journal is written.
+	final := &pgx.Batch{}
+	if err := s.writeOutbox(ctx, batchExecutor{final}, res, lines, p.Commands, wireMD, traceMD); err != nil {
+		return core.PostingResult{}, err
+	}
+	outboxStatements := final.Len()
+	if err := queueJournal(final, key, hash, p, res, lines); err != nil {
+		return core.PostingResult{}, err
+	}
+	final.Queue("COMMIT")
+	sequence, err := sendFinal(ctx, tx, final, outboxStatements)
+	if err != nil {
+		return core.PostingResult{}, err
+	}
+	s.waker.Wake()
+	res.Sequence = sequence
+	return res, nil
+}
+
+// postingPlan is what a posting changes per account, in lock order.
+type postingPlan struct {
+	// accounts are the posting's accounts sorted by bytes, which gives
+	// every transaction the same lock order; bumps[i] is how many lines
+	// accounts[i] has (its revision bump).
+	accounts []string
+	bumps    []int64
+	counts   map[string]int64
+	// The net delta per account and currency, sorted the same way.
+	balAccounts, balCurrencies []string
+	balDeltas                  []int64
+	journalID                  uuid.UUID
+	// postedAt is in microseconds: what timestamptz keeps, so a read-back
+	// compares equal.
+	postedAt time.Time
+}
+
+func planPosting(p core.Posting) (postingPlan, error) {
+	journalID, err := uuid.NewV7()
+	if err != nil {
+		return postingPlan{}, err
+	}
+	plan := postingPlan{counts: make(map[string]int64), journalID: journalID,
+		postedAt: time.Now().UTC().Truncate(time.Microsecond)}
+	type balKey struct{ account, currency string }
+	deltas := make(map[balKey]int64)
+	var balOrder []balKey
+	for _, e := range p.Entries {
+		plan.counts[e.Account]++
+		k := balKey{e.Account, e.Currency}
+		if _, ok := deltas[k]; !ok {
+			balOrder = append(balOrder, k)
+		}
+		// Validation bounds each currency's credits and debits by
+		// MaxInt64, so a net delta cannot overflow; checked regardless.
+		d, ok := addInt64(deltas[k], e.Delta())
+		if !ok {
+			return postingPlan{}, &core.InputError{Field: "entries", Detail: fmt.Sprintf("the net %s change of account %q overflows a 64-bit integer", e.Currency, e.Account)}
+		}
+		deltas[k] = d
+	}
+	for a := range plan.counts {
+		plan.accounts = append(plan.accounts, a)
+	}
+	slices.Sort(plan.accounts)
+	plan.bumps = make([]int64, len(plan.accounts))
+	for i, a := range plan.accounts {
+		plan.bumps[i] = plan.counts[a]
+	}
+	slices.SortFunc(balOrder, func(a, b balKey) int {
+		if c := strings.Compare(a.account, b.account); c != 0 {
+			return c
+		}
+		return strings.Compare(a.currency, b.currency)
+	})
+	plan.balAccounts = make([]string, len(balOrder))
+	plan.balCurrencies = make([]string, len(balOrder))
+	plan.balDeltas = make([]int64, len(balOrder))
+	for i, k := range balOrder {
+		plan.balAccounts[i], plan.balCurrencies[i], plan.balDeltas[i] = k.account, k.currency, deltas[k]
+	}
+	return plan, nil
+}
+
+// lockAccounts is step 1: it creates the missing accounts, locks every
+// account of the posting in plan's order, bumps their revisions and
+// updates the balances, in one round trip, and returns each account's new
+// revision. Inserting missing accounts comes before any row lock: an insert
+// waits for a concurrent insert of the same ID, and waiting on that while
+// holding row locks could deadlock.
+func lockAccounts(ctx context.Context, tx connTx, plan postingPlan) (map[string]int64, error) {
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue(`INSERT INTO accounts (id) SELECT id FROM unnest($1::text[]) AS u(id) ORDER BY id COLLATE "C" ON CONFLICT DO NOTHING`, plan.accounts)
+	b.Queue(`SELECT id FROM accounts WHERE id = ANY($1) ORDER BY id COLLATE "C" FOR UPDATE`, plan.accounts)
+	b.Queue(`UPDATE accounts AS a SET revision = a.revision + u.n
+FROM unnest($1::text[], $2::bigint[]) AS u(id, n) WHERE a.id = u.id
+RETURNING a.id, a.revision`, plan.accounts, plan.bumps)
+	b.Queue(`INSERT INTO account_balances AS b (account_id, currency, balance)
+SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[])
+ON CONFLICT (account_id, currency) DO UPDATE SET balance = b.balance + EXCLUDED.balance`, plan.balAccounts, plan.balCurrencies, plan.balDeltas)
+	newRevision := make(map[string]int64, len(plan.accounts))
+	br := tx.SendBatch(ctx, b)
+	defer br.Close()
+	if _, err := br.Exec(); err != nil {
+		return nil, fmt.Errorf("begin posting: %w", err)
+	}
+	if _, err := br.Exec(); err != nil {
+		return nil, fmt.Errorf("create accounts: %w", err)
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return nil, fmt.Errorf("lock accounts: %w", err)
+	}
+	locked := 0
+	for rows.Next() {
+		locked++
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("lock accounts: %w", err)
+	}
+	if locked != len(plan.accounts) {
+		return nil, fmt.Errorf("lock accounts: locked %d of %d", locked, len(plan.accounts))
+	}
+	rows, err = br.Query()
+	if err != nil {
+		return nil, fmt.Errorf("bump revisions: %w", err)
+	}
+	for rows.Next() {
+		var id string
+		var rev int64
+		if err := rows.Scan(&id, &rev); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("bump revisions: %w", err)
+		}
+		newRevision[id] = rev
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("bump revisions: %w", err)
+	}
+	if _, err := br.Exec(); err != nil {
+		return nil, fmt.Errorf("update balances: %w", err)
+	}
+	return newRevision, br.Close()
+}
+
+// assignIDs gives every line its revision and event ID and every command
+// its event ID. An account's lines take its new revisions in line order,
+// ending at the revision the update returned.
+func assignIDs(p core.Posting, plan postingPlan, newRevision map[string]int64) (core.PostingResult, []line, error) {
+	next := make(map[string]int64, len(newRevision))
+	for a, rev := range newRevision {
+		next[a] = rev - plan.counts[a] + 1
+	}
+	lines := make([]line, len(p.Entries))
+	res := core.PostingResult{
+		JournalID: plan.journalID.String(),
+		Events:    make([]core.PostedEvent, len(p.Entries)),
+		Commands:  make([]core.PostedCommand, len(p.Commands)),
+		PostedAt:  plan.postedAt,
+	}
+	for i, e := range p.Entries {
+		id, err := uuid.NewV7()
+		if err != nil {
+			return core.PostingResult{}, nil, err
+		}
+		lines[i] = line{Entry: e, revision: next[e.Account], eventID: id}
+		next[e.Account]++
+		res.Events[i] = core.PostedEvent{EventID: id.String(), Account: e.Account, Revision: lines[i].revision}
+	}
+	for i, c := range p.Commands {
+		id, err := uuid.NewV7()
+		if err != nil {
+			return core.PostingResult{}, nil, err
+		}
+		res.Commands[i] = core.PostedCommand{EventID: id.String(), Type: c.Type}
+	}
+	return res, lines, nil
+}
+
+// queueJournal is step 3: the journal, its lines and the idempotency key
+// with the response, in the last statement of final.
+func queueJournal(final *pgx.Batch, key string, hash [32]byte, p core.Posting, res core.PostingResult, lines []line) error {
+	metadata := p.Metadata
+	if metadata == nil {
+		metadata = map[string]string{}
+	}
+	mdJSON, err := json.Marshal(metadata)
+	if err != nil {
+		return err
+	}
+	response, err := json.Marshal(res)
+	if err != nil {
+		return err
+	}
+	n := len(lines)
+	lineNo, lAccount, lDirection, lCurrency := make([]int32, n), make([]string, n), make([]string, n), make([]string, n)
+	lAmount, lRevision := make([]int64, n), make([]int64, n)
+	for i, l := range lines {
+		lineNo[i], lAccount[i], lDirection[i], lCurrency[i] = int32(i+1), l.Account, string(l.Direction), l.Currency
+		lAmount[i], lRevision[i] = l.Amount, l.revision
+	}
+	final.Queue(`WITH j AS (
+    INSERT INTO journals (id, sequence, metadata, posted_at)
+    VALUES ($1::text::uuid, nextval('journal_sequence'), $2::jsonb, $3)
+    RETURNING sequence
+), l AS (
+    INSERT INTO journal_lines (journal_id, line_no, account_id, direction, amount, currency, revision)
+    SELECT $1::text::uuid, u.* FROM unnest($4::int[], $5::text[], $6::text[], $7::bigint[], $8::text[], $9::bigint[]) AS u
+)
+INSERT INTO idempotency_keys (key, request_hash, journal_id, response)
+SELECT $10, $11, $1::text::uuid, jsonb_set($12::jsonb, '{sequence}', to_jsonb(j.sequence)) FROM j
+RETURNING (response->>'sequence')::bigint`,
+		res.JournalID, string(mdJSON), res.PostedAt,
+		lineNo, lAccount, lDirection, lAmount, lCurrency, lRevision,
+		key, hash[:], string(response),
+	)
+	return nil
+}
+
+// sendFinal sends steps 2 and 3 and the COMMIT in one round trip and
+// returns the journal's sequence, or errKeyTaken when the key was committed
+// meanwhile (the insert of the key fails, and with it the transaction).
+func sendFinal(ctx context.Context, tx connTx, final *pgx.Batch, outboxStatements int) (int64, error) {
+	var sequence int64
+	br := tx.SendBatch(ctx, final)
+	defer br.Close()
+	for i := 0; i < outboxStatements; i++ {
+		if _, err := br.Exec(); err != nil {
+			return 0, fmt.Errorf("write outbox: %w", err)
+		}
+	}
+	err := br.QueryRow().Scan(&sequence)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "idempotency_keys_pkey" {
+		return 0, errKeyTaken
+	}
+	if err != nil {
+		return 0, fmt.Errorf("insert journal: %w", err)
+	}
+	if _, err := br.Exec(); err != nil {
+		return 0, fmt.Errorf("commit posting: %w", err)
+	}
+	return sequence, br.Close()
+}
+
+// connTx is the connection a posting's transaction runs on, between the
+// BEGIN and the COMMIT it sends itself.
+type connTx struct{ *pgx.Conn }
+
+// batchExecutor is what Watermill's SQL publisher writes the outbox
+// through: its ExecContext queues the adapter's INSERT on the posting's
+// final batch instead of sending it, so the outbox rows cost no round trip
+// of their own, and the statement's error surfaces when the batch is sent,
+// still inside the transaction, and fails the posting. The publisher only
+// executes; a query has nothing to answer from a batch not yet sent, so
+// QueryContext refuses.
+type batchExecutor struct{ batch *pgx.Batch }
+
+var _ wsql.ContextExecutor = batchExecutor{}
+
+// errQueuedOnly is what a batchExecutor answers where it would need the
+// batch's results before the batch is sent.
+var errQueuedOnly = errors.New("the outbox executor queues statements on the posting's batch: their results come when the batch is sent")
+
+func (e batchExecutor) ExecContext(_ context.Context, query string, args ...any) (wsql.Result, error) {
+	e.batch.Queue(query, args...)
+	return queued{}, nil
+}
+
+func (batchExecutor) QueryContext(context.Context, string, ...any) (wsql.Rows, error) {
+	return nil, errQueuedOnly
+}
+
+// queued is the result of a statement queued, not yet sent.
+type queued struct{}
+
+func (queued) RowsAffected() (int64, error) { return 0, errQueuedOnly }
+
+// writeOutbox publishes the posting's events and commands through
+// Watermill's SQL publisher on exec. Events go in one Publish (one INSERT);
+// commands in one Publish per topic, in request order within it. Events
+// carry the headers md (allow-listed metadata and the trace context);
+// commands carry only the trace context, tc.
+func (s *Store) writeOutbox(ctx context.Context, exec batchExecutor, res core.PostingResult, lines []line, cmds []core.CommandSpec, md, tc map[string]string) error {
+	pub, err := wsql.NewPublisher(exec, wsql.PublisherConfig{SchemaAdapter: s.schema}, s.cfg.Logger)
+	if err != nil {
+		return fmt.Errorf("outbox publisher: %w", err)
+	}
+	defer func() { _ = pub.Close() }() // only marks it closed; the tx stays open
+	events := make([]*message.Message, len(lines))
+	for i, l := range lines {
+		payload, err := json.Marshal(core.AccountPosted{
+			EventID:   l.eventID.String(),
+			JournalID: res.JournalID,
+			Account:   l.Account,
+			Revision:  l.revision,
+			Currency:  l.Currency,
+			Delta:     formatDelta(l.Delta()),
+			PostedAt:  res.PostedAt,
+		})
+		if err != nil {
+			return err
+		}
+		env := core.Envelope{
+			EventID:       l.eventID.String(),
+			Kind:          core.KindEvent,
+			Type:          core.TypeAccountPosted,
+			Topic:         core.TopicEvents,
+			AggregateType: core.AggregateAccount,
+			AggregateID:   l.Account,
+			Revision:      l.revision,
+			JournalID:     res.JournalID,
+			OccurredAt:    res.PostedAt,
+			SchemaVersion: core.AccountPostedVersion,
+			Headers:       md,
+			Payload:       payload,
+		}
+		events[i] = env.ToMessage()
+		events[i].SetContext(ctx) // the publisher executes with the first message's context
+	}
+	if err := pub.Publish(core.TopicEvents, events...); err != nil {
+		return fmt.Errorf("write outbox events: %w", err)
+	}
+	if len(cmds) == 0 {
+		return nil
+	}
+	var topics []string
+	byTopic := make(map[string][]*message.Message)
+	for i, c := range cmds {
+		topic := core.CommandTopic(s.cfg.CommandTopicPrefix, c.Type)
+		env := core.Envelope{
+			EventID:       res.Commands[i].EventID,
+			Kind:          core.KindCommand,
+			Type:          c.Type,
+			Topic:         topic,
+			AggregateType: core.AggregateJournal,
+			AggregateID:   res.JournalID,
+			// Commands are ordered within their journal: 1..n in request order.
+			Revision:   int64(i + 1),
+			JournalID:  res.JournalID,
+			OccurredAt: res.PostedAt,
+			Headers:    tc,
+			Payload:    c.Payload,
+		}
+		msg := env.ToMessage()
+		msg.SetContext(ctx)
+		if _, ok := byTopic[topic]; !ok {
+			topics = append(topics, topic)
+		}
+		byTopic[topic] = append(byTopic[topic], msg)
+	}
+	for _, t := range topics {
+		if err := pub.Publish(t, byTopic[t]...); err != nil {
+			return fmt.Errorf("write outbox commands to %s: %w", t, err)
+		}
+	}
+	return nil
+}
+
+// formatDelta renders a signed amount; credit positive.
+func formatDelta(d int64) string { return strconv.FormatInt(d, 10) }
+
+func addInt64(a, b int64) (int64, bool) {
+	if (b > 0 && a > math.MaxInt64-b) || (b < 0 && a < math.MinInt64-b) {
+		return 0, false
+	}
+	return a + b, true
+}
+
+// isOutOfRange reports Postgres's numeric_value_out_of_range, which the
+// balance upsert raises when a balance would leave the bigint range.
+func isOutOfRange(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "22003"
+}
+
+// explainOverflow turns a rejected balance update into an error naming the
+// first entry whose account and currency would overflow. It reads the
+// balances after the rollback, so under concurrent writes it may miss; the
+// generic detail then still names the field.
+func (s *Store) explainOverflow(ctx context.Context, p core.Posting) error {
+	generic := &core.InputError{Field: "entries", Detail: "the posting would take a balance beyond the 64-bit range"}
+	rows, err := s.pool.Query(ctx, `SELECT account_id, currency, balance FROM account_balances WHERE account_id = ANY($1)`, accountsOf(p))
+	if err != nil {
+		return generic
+	}
+	balances := make(map[[2]string]int64)
+	for rows.Next() {
+		var a, c string
+		var bal int64
+		if err := rows.Scan(&a, &c, &bal); err != nil {
+			rows.Close()
+			return generic
+		}
+		balances[[2]string{a, c}] = bal
+	}
+	if rows.Err() != nil {
+		return generic
+	}
+	for i, e := range p.Entries {
+		k := [2]string{e.Account, e.Currency}
+		v, ok := addInt64(balances[k], e.Delta())
+		if !ok {
+			return &core.InputError{Field: fmt.Sprintf("entries[%d].amount", i), Detail: fmt.Sprintf("would take the %s balance of account %q beyond the 64-bit range", e.Currency, e.Account)}
+		}
+		balances[k] = v
+	}
+	return generic
+}
+
+func accountsOf(p core.Posting) []string {
+	out := make([]string, 0, len(p.Entries))
+	for _, e := range p.Entries {
+		out = append(out, e.Account)
+	}
+	return out
+}

@@ -1,0 +1,99 @@
+package ledgerstore_test
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
+	"github.com/posthorn/posthorn/adapters/postgres/roles/roletest"
+)
+
+// BenchmarkPublishFunction measures what the hardened publishing functions
+// cost a service's write path: posthorn_publish and posthorn_send_command
+// calls per second, side by side in one run, in
+//
+//	version8   the previous release's functions (definer in public,
+//	           search_path public, pg_temp, the caller's prefix), called by
+//	           the tables' owner as that release's services did
+//	hardened   this release's (invoker wrappers over posthorn.write,
+//	           owned by posthorn_definer, the configured prefix read from
+//	           posthorn.settings), called by a posthorn_publisher login
+//
+// Each transaction makes POSTHORN_BENCH_CALLS calls (default 50; half
+// events, half commands, each on its own aggregate), so the functions'
+// own work is not hidden behind one commit's flush per call. The modes
+// alternate in chunks of transactions, POSTHORN_BENCH_CHUNKS times
+// (default 10), rotating which goes first, so both see the same drift of a
+// shared machine. The workload is fixed and b.N ignored (make bench runs
+// -benchtime 1x).
+func BenchmarkPublishFunction(b *testing.B) {
+	calls := pgtest.EnvInt(b, "POSTHORN_BENCH_CALLS", 50)
+	chunks := pgtest.EnvInt(b, "POSTHORN_BENCH_CHUNKS", 10)
+	const txPerChunk = 20
+	ctx := context.Background()
+
+	oldURL := pgtest.NewDatabase(b)
+	if err := postgres.MigrateTo(ctx, oldURL, postgres.LedgerSchema, 8); err != nil {
+		b.Fatal(err)
+	}
+	newURL, _ := roletest.Ledger(b)
+	modes := []*publishMode{
+		{name: "version8", pool: pgtest.SmallPool(b, oldURL, 1)},
+		{name: "hardened", pool: roletest.As(b, newURL, postgres.RolePublisher)},
+	}
+	for _, m := range modes {
+		m.run(b, "warm", txPerChunk, calls) // plans cached, aggregates' pages in memory
+		m.elapsed, m.calls = 0, 0
+	}
+	b.ResetTimer()
+	for c := range chunks {
+		for i := range modes {
+			m := modes[(c+i)%len(modes)]
+			m.run(b, "c"+strconv.Itoa(c), txPerChunk, calls)
+		}
+	}
+	b.StopTimer()
+	for _, m := range modes {
+		b.ReportMetric(float64(m.calls)/m.elapsed.Seconds(), m.name+"_calls/s")
+	}
+	b.ReportMetric(modes[1].elapsed.Seconds()/float64(modes[1].calls)/(modes[0].elapsed.Seconds()/float64(modes[0].calls)), "hardened/version8_time")
+}
+
+type publishMode struct {
+	name    string
+	pool    *pgxpool.Pool
+	elapsed time.Duration
+	calls   int
+}
+
+func (m *publishMode) run(b *testing.B, tag string, txs, calls int) {
+	ctx := context.Background()
+	start := time.Now()
+	for t := range txs {
+		err := pgx.BeginFunc(ctx, m.pool, func(tx pgx.Tx) error {
+			for i := range calls {
+				id := fmt.Sprintf("w-%s-%d-%d", tag, t, i)
+				q := `SELECT * FROM posthorn_publish('wallet', $1, 'wallet.credited', '{"amount":"12.50"}')`
+				if i%2 == 1 {
+					q = `SELECT * FROM posthorn_send_command('wallet', $1, 'payouts.payout.execute', '{"amount":"12.50"}')`
+				}
+				if _, err := tx.Exec(ctx, q, id); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			b.Fatalf("%s: %v", m.name, err)
+		}
+	}
+	m.elapsed += time.Since(start)
+	m.calls += txs * calls
+}

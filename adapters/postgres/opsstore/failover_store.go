@@ -1,0 +1,261 @@
+package opsstore
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/internal/outboxrow"
+	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/ops"
+)
+
+// FailoverStore is ops.FailoverStore on the ledger database. Its reads
+// need what roles/ledger.sql grants posthorn_maintainer; its one write,
+// Recover, goes through the definer functions of migration 00012.
+type FailoverStore struct{ pool *pgxpool.Pool }
+
+var _ ops.FailoverStore = (*FailoverStore)(nil)
+
+// NewFailoverStore returns the failover store of the ledger on pool.
+func NewFailoverStore(pool *pgxpool.Pool) *FailoverStore { return &FailoverStore{pool: pool} }
+
+// History reads the server's history and the one accepted last.
+func (s *FailoverStore) History(ctx context.Context) (ops.LedgerHistory, error) {
+	return postgres.ReadHistory(ctx, s.pool)
+}
+
+// Inspect says, per seen event, whether the ledger holds it (its event ID
+// in the outbox, or its journal's line at its account and revision), what
+// holds its revision otherwise, and whether a recovery recorded it lost.
+func (s *FailoverStore) Inspect(ctx context.Context, seen []ops.SeenEvent) (map[string]ops.EventState, error) {
+	n := len(seen)
+	ids, types, aggs, journals := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	revs := make([]int64, n)
+	for i, e := range seen {
+		ids[i], types[i], aggs[i], revs[i] = e.EventID, e.AggregateType, e.AggregateID, e.Revision
+		if _, err := uuid.Parse(e.JournalID); err == nil {
+			journals[i] = e.JournalID
+		}
+	}
+	rows, err := s.pool.Query(ctx, `
+SELECT u.id::text,
+       EXISTS (SELECT 1 FROM outbox AS o WHERE o.event_id = u.id)
+       OR (u.t = 'account' AND u.j <> '' AND EXISTS (SELECT 1 FROM journal_lines AS l
+               WHERE l.journal_id = u.j::uuid AND l.account_id = u.a AND l.revision = u.r)),
+       coalesce((SELECT 'journal ' || l.journal_id::text FROM journal_lines AS l
+                 WHERE u.t = 'account' AND l.account_id = u.a AND l.revision = u.r),
+                (SELECT 'outbox event ' || o.event_id::text FROM outbox AS o
+                 WHERE o.aggregate_type = u.t AND o.aggregate_id = u.a AND o.revision = u.r), ''),
+       coalesce((SELECT f.reason FROM posthorn.failover_lost AS f WHERE f.event_id = u.id), '')
+FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bigint[], $5::text[]) AS u(id, t, a, r, j)`,
+		ids, types, aggs, revs, journals)
+	if err != nil {
+		return nil, fmt.Errorf("inspect the seen events: %w", err)
+	}
+	out := make(map[string]ops.EventState, n)
+	var id string
+	var st ops.EventState
+	_, err = pgx.ForEachRow(rows, []any{&id, &st.Held, &st.TakenBy, &st.Recorded}, func() error {
+		out[id] = st
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("inspect the seen events: %w", err)
+	}
+	return out, nil
+}
+
+// Revisions reads each aggregate's revision: the ledger's accounts, a
+// service's aggregates in posthorn_aggregates.
+func (s *FailoverStore) Revisions(ctx context.Context, aggs []ops.AggregateKey) (map[ops.AggregateKey]int64, error) {
+	types, ids := make([]string, len(aggs)), make([]string, len(aggs))
+	for i, k := range aggs {
+		types[i], ids[i] = k.Type, k.ID
+	}
+	rows, err := s.pool.Query(ctx, `
+SELECT u.t, u.i, coalesce(CASE WHEN u.t = 'account' THEN (SELECT a.revision FROM accounts AS a WHERE a.id = u.i)
+       ELSE (SELECT p.revision FROM posthorn_aggregates AS p WHERE p.aggregate_type = u.t AND p.aggregate_id = u.i) END, 0)
+FROM unnest($1::text[], $2::text[]) AS u(t, i)`, types, ids)
+	if err != nil {
+		return nil, fmt.Errorf("read revisions: %w", err)
+	}
+	out := make(map[ops.AggregateKey]int64, len(aggs))
+	var k ops.AggregateKey
+	var rev int64
+	if _, err := pgx.ForEachRow(rows, []any{&k.Type, &k.ID, &rev}, func() error {
+		out[k] = rev
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("read revisions: %w", err)
+	}
+	return out, nil
+}
+
+// Sequences reads the last values the outbox ids and the journal sequence
+// gave out.
+func (s *FailoverStore) Sequences(ctx context.Context) (int64, int64, error) {
+	var outboxID, journal int64
+	err := s.pool.QueryRow(ctx, `
+SELECT (SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM outbox_id_seq),
+       (SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM journal_sequence)`).Scan(&outboxID, &journal)
+	if err != nil {
+		return 0, 0, fmt.Errorf("read the sequences: %w", err)
+	}
+	return outboxID, journal, nil
+}
+
+// Recover writes plan and accepts the server's history, in one
+// transaction: the relay resumes only once nothing can be reissued.
+func (s *FailoverStore) Recover(ctx context.Context, plan ops.RecoveryPlan, note string) (ops.RecoveryResult, error) {
+	var res ops.RecoveryResult
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		// The sequences move first, so the re-committed journals take
+		// sequence numbers past any the old primary gave out.
+		n := len(plan.Moves)
+		types, ids, revs := make([]string, n), make([]string, n), make([]int64, n)
+		for i, m := range plan.Moves {
+			types[i], ids[i], revs[i] = m.AggregateType, m.AggregateID, m.Seen
+		}
+		if err := tx.QueryRow(ctx, `SELECT sequences_moved, aggregates_moved FROM posthorn.failover_advance($1, $2, $3, $4, $5)`,
+			plan.OutboxIDPast, plan.JournalSequencePast, types, ids, revs).Scan(&res.SequencesMoved, &res.AggregatesMoved); err != nil {
+			return fmt.Errorf("move sequences and revisions: %w", err)
+		}
+		for _, j := range plan.Rebuild {
+			lines := make([]ops.RebuildLine, len(j.Lines))
+			for i, l := range j.Lines {
+				l.Headers = extraHeaders(l.Headers)
+				lines[i] = l
+			}
+			doc, err := json.Marshal(lines)
+			if err != nil {
+				return err
+			}
+			var seq *int64
+			if err := tx.QueryRow(ctx, `SELECT posthorn.failover_recommit($1::text::uuid, $2, $3::jsonb)`,
+				j.JournalID, j.PostedAt, string(doc)).Scan(&seq); err != nil {
+				return fmt.Errorf("re-commit journal %s: %w", j.JournalID, err)
+			}
+			if seq != nil {
+				res.Rebuilt = append(res.Rebuilt, j.JournalID)
+				res.JournalSequences = append(res.JournalSequences, *seq)
+			}
+		}
+		for _, l := range plan.Record {
+			var journal *string
+			if _, err := uuid.Parse(l.JournalID); err == nil {
+				journal = &l.JournalID
+			}
+			var fresh bool
+			if err := tx.QueryRow(ctx, `SELECT posthorn.failover_record_lost($1::text::uuid, $2, $3, $4, $5::text::uuid, $6, $7)`,
+				l.EventID, l.AggregateType, l.AggregateID, l.Revision, journal, l.Reason, joinSources(l.SeenBy)).Scan(&fresh); err != nil {
+				return fmt.Errorf("record lost event %s: %w", l.EventID, err)
+			}
+			if fresh {
+				res.Recorded++
+			}
+		}
+		if _, err := tx.Exec(ctx, `SELECT posthorn.failover_accept($1)`, note); err != nil {
+			return fmt.Errorf("accept the ledger's history: %w", err)
+		}
+		res.HistoryAccepted = true
+		return nil
+	})
+	if err != nil {
+		return ops.RecoveryResult{}, err
+	}
+	return res, nil
+}
+
+// extraHeaders are h without the contract's headers, which the outbox keeps
+// in columns of their own; never nil.
+func extraHeaders(h map[string]string) map[string]string {
+	out := map[string]string{}
+	for k, v := range h {
+		if outboxrow.Stored(k, v) {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+func joinSources(s []string) string {
+	b, _ := json.Marshal(s)
+	return string(b)
+}
+
+// InboxSeen is what one consumer's inbox holds (table consumer_inbox):
+// every event ID it recorded, with its aggregate and revision. The inbox
+// keeps an event's headers and payload only while it is held or parked,
+// so for an applied event it gives neither journal nor amount.
+type InboxSeen struct {
+	Pool     *pgxpool.Pool
+	Consumer string
+}
+
+// SourceName names the source in reports.
+func (s InboxSeen) SourceName() string { return "inbox of " + s.Consumer }
+
+// Seen reads every event of the consumer's inbox.
+func (s InboxSeen) Seen(ctx context.Context) ([]ops.SeenEvent, error) {
+	rows, err := s.Pool.Query(ctx, `
+SELECT event_id, kind, type, aggregate_type, aggregate_id, revision, headers, payload
+FROM consumer_inbox WHERE consumer = $1 AND aggregate_id <> ''`, s.Consumer)
+	if err != nil {
+		return nil, err
+	}
+	var out []ops.SeenEvent
+	var e ops.SeenEvent
+	var headers []byte
+	var payload []byte
+	_, err = pgx.ForEachRow(rows, []any{&e.EventID, &e.Kind, &e.Type, &e.AggregateType, &e.AggregateID, &e.Revision, &headers, &payload}, func() error {
+		ev := e
+		ev.Headers, ev.Payload = nil, nil
+		if len(headers) > 0 {
+			if err := json.Unmarshal(headers, &ev.Headers); err != nil {
+				return fmt.Errorf("event %q: headers: %w", ev.EventID, err)
+			}
+			ev.JournalID = ev.Headers[core.HeaderJournalID]
+		}
+		if payload != nil {
+			ev.Payload = append([]byte(nil), payload...)
+		}
+		out = append(out, ev)
+		return nil
+	})
+	return out, err
+}
+
+// AuditLogSeen is what the example consumer audit-log keeps: every event
+// it applied, whole (table audit_log: journal and payload), so it gives
+// the amounts of the events the inboxes no longer keep.
+type AuditLogSeen struct {
+	Pool *pgxpool.Pool
+}
+
+// SourceName names the source in reports.
+func (AuditLogSeen) SourceName() string { return "audit_log table" }
+
+// Seen reads every event of the audit log.
+func (s AuditLogSeen) Seen(ctx context.Context) ([]ops.SeenEvent, error) {
+	rows, err := s.Pool.Query(ctx, `
+SELECT event_id, type, aggregate_type, aggregate_id, revision, coalesce(journal_id, ''), payload::text FROM audit_log`)
+	if err != nil {
+		return nil, err
+	}
+	var out []ops.SeenEvent
+	var e ops.SeenEvent
+	var payload string
+	_, err = pgx.ForEachRow(rows, []any{&e.EventID, &e.Type, &e.AggregateType, &e.AggregateID, &e.Revision, &e.JournalID, &payload}, func() error {
+		ev := e
+		ev.Payload = []byte(payload)
+		out = append(out, ev)
+		return nil
+	})
+	return out, err
+}

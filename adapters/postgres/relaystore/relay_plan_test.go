@@ -1,0 +1,101 @@
+package relaystore_test
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
+	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
+)
+
+// The relay's read must probe the outbox row by row even with a plan made
+// while the tables looked empty: the server keeps such a generic plan for
+// the prepared statement, and autovacuum may not analyze a fast-growing
+// outbox for a minute. A plan that read the whole outbox per read cost the
+// relay seconds per read at the start of a busy run (BufFileRead waits of a
+// Materialize node in pg_stat_activity). The read's OFFSET 0 fence leaves
+// the planner no join to choose. The controls write the same read as a
+// plain join, with the read's settings and with sorts off only (as it
+// first ran): planned on a near-empty outbox, both scan all of it.
+func TestRelayReadPlanProbesTheOutboxWhateverTheStatistics(t *testing.T) {
+	t.Parallel()
+	joined := strings.Replace(relaystore.ReadByIDForTest,
+		"CROSS JOIN LATERAL (SELECT * FROM outbox o WHERE o.id = p.id OFFSET 0) o", "JOIN outbox o ON o.id = p.id", 1)
+	if joined == relaystore.ReadByIDForTest {
+		t.Fatal("the control's rewrite did not apply")
+	}
+	for _, c := range []struct {
+		name, query, settings string
+		wantProbe             bool
+	}{
+		{"relay read", relaystore.ReadByIDForTest, relaystore.ReadSettingsForTest, true},
+		{"control: plain join", joined, relaystore.ReadSettingsForTest, false},
+		{"control: plain join, sorts off only", joined,
+			`SELECT set_config('enable_sort', 'off', true), set_config('jit', 'off', true)`, false},
+	} {
+		_, pool := pgtest.Ledger(t)
+		fill := func(from, to int) {
+			t.Helper()
+			if _, err := pool.Exec(context.Background(), `
+INSERT INTO outbox (event_id, kind, type, topic, aggregate_type, aggregate_id, revision, shard, payload, occurred_at)
+SELECT gen_random_uuid(), 'event', 't', 't', 'account', 'acc-' || g, 1, g % 16, '', now() FROM generate_series($1::int, $2::int) g`, from, to); err != nil {
+				t.Fatal(err)
+			}
+		}
+		fill(1, 4)
+		plan := genericPlan(t, pool, c.query, c.settings, func() { fill(5, 20000) })
+		probe := strings.Contains(plan, `"Index Name":"outbox_pkey"`) && strings.Contains(plan, `"Index Cond":"(id = p.id)"`)
+		if probe != c.wantProbe {
+			t.Errorf("%s: probes the outbox by id = %v, want %v; plan: %s", c.name, probe, c.wantProbe, plan)
+		}
+	}
+}
+
+// genericPlan plans query on one connection while the tables are as they
+// are, lets grow add rows, and returns the cached generic plan as compact
+// JSON, under settings.
+func genericPlan(t *testing.T, pool *pgxpool.Pool, query, settings string, grow func()) string {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	var plan []byte
+	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, settings); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `SET LOCAL plan_cache_mode = force_generic_plan`); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `PREPARE relay_read(int[], int, bigint[]) AS `+query); err != nil {
+			return err
+		}
+		// A generic plan is made at the first EXECUTE, and then kept.
+		const explain = `EXPLAIN (FORMAT JSON, COSTS OFF) EXECUTE relay_read(ARRAY[0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15], 313, '{}')`
+		if _, err := tx.Exec(ctx, explain); err != nil {
+			return err
+		}
+		grow()
+		return tx.QueryRow(ctx, explain).Scan(&plan)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, `DEALLOCATE relay_read`); err != nil {
+		t.Fatal(err)
+	}
+	var v any
+	if err := json.Unmarshal(plan, &v); err != nil {
+		t.Fatal(err)
+	}
+	compact, _ := json.Marshal(v)
+	return string(compact)
+}
