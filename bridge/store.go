@@ -12,7 +12,7 @@ import (
 // statement or transaction; none holds a transaction across calls, and all
 // are safe for concurrent use.
 //
-// Who may implement it: adapters/relaystore.Store is the one
+// Who may implement it: adapters/postgres/relaystore.Store is the one
 // implementation the relay's guarantees are proven against. Another must
 // return each shard's rows in the order they were committed, hide none that
 // committed, and mark rows only under the lease it was given.

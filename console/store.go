@@ -9,7 +9,7 @@ import (
 )
 
 // Store is what the console reads and the two releases it may run, each
-// the same call as its CLI command (adapters/consolestore.Store
+// the same call as its CLI command (adapters/postgres/consolestore.Store
 // implements it over relaystore.Store, cdcsource.Source and Inbox), plus the audit log
 // its actions are recorded in.
 //

@@ -42,7 +42,7 @@ type Config struct {
 	// transactions on it. Required.
 	Pool TxBeginner
 	// Inbox is the store on Pool that records every delivery
-	// (adapters/inboxstore.New). Required.
+	// (adapters/postgres/inboxstore.New). Required.
 	Inbox Inbox
 	// Subscribers gives each consumer its subscriber. Required unless every
 	// handler is registered WithSubscriber.

@@ -10,8 +10,8 @@ import (
 
 // The ops store's port: what the operators' commands read and write in the
 // ledger database (Store) and in a consumer's inbox (Inbox), and the types
-// they exchange. adapters/postgres/opsstore and adapters/postgres/inboxstore implement them, and only they may: a
-// cut's proof, coverage and cleanup's floor are statements about one
+// they exchange. adapters/postgres/opsstore and adapters/postgres/inboxstore
+// implement them, and only they may: a cut's proof, coverage and cleanup's floor are statements about one
 // PostgreSQL snapshot of the ledger, which a second implementation would
 // have to reproduce exactly for reconcile's verdict to mean anything.
 
@@ -138,7 +138,7 @@ type CutRequest struct {
 // Cut is a consistent, provably complete view of the ledger up to journal
 // sequence Sequence: every journal with sequence <= Sequence that will ever
 // commit is visible in it, and so is every outbox row with id <=
-// OutboxIDLimit (adapters/opsstore.Store.OpenCut says how that is
+// OutboxIDLimit (adapters/postgres/opsstore.Store.OpenCut says how that is
 // proven).
 type Cut struct {
 	// CutReader reads the cut's snapshot; Close ends it.

@@ -7,6 +7,7 @@ import (
 
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
+	"github.com/posthorn/posthorn/consumers/projection"
 )
 
 // CheckSchema tells a database without the schema, one behind the binary
@@ -41,5 +42,41 @@ func TestCheckSchemaAndUpgrade(t *testing.T) {
 	// The consumer schema has its own version table: still missing here.
 	if st, err = postgres.CheckSchema(ctx, pool, postgres.ConsumerSchema); err != nil || !st.Missing {
 		t.Fatalf("consumer schema in a ledger-only database: %+v, %v", st, err)
+	}
+}
+
+// The consumer schema is Posthorn's own tables alone; a consumer's tables
+// migrate from its own files under a version table named after its role,
+// and a set without a consumer's name or files is refused before the
+// database is touched.
+func TestConsumerTablesBesideTheConsumerSchema(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn := pgtest.NewDatabase(t)
+	if err := postgres.Migrate(ctx, dsn, postgres.ConsumerSchema); err != nil {
+		t.Fatal(err)
+	}
+	pool := pgtest.Pool(t, dsn, 2)
+	tables := postgres.Tables{Consumer: projection.Name, FS: projection.Tables()}
+	if got := pgtest.Column[bool](t, pool, `SELECT to_regclass('projection_balances') IS NULL`); !got[0] {
+		t.Fatal("the consumer schema created projection_balances")
+	}
+	if st, err := postgres.CheckTables(ctx, pool, tables); err != nil || !st.Missing {
+		t.Fatalf("before: %+v, %v", st, err)
+	}
+	applied, err := postgres.UpgradeTables(ctx, dsn, tables)
+	if err != nil || len(applied) != 1 || applied[0] != "00001_projection_balances.sql" {
+		t.Fatalf("upgrade applied %v, %v", applied, err)
+	}
+	if got := pgtest.Column[string](t, pool, `SELECT to_regclass('posthorn_consumer_balance_projection_migrations')::text`); got[0] == "" {
+		t.Fatal("no version table named after the consumer's role")
+	}
+	if st, err := postgres.CheckTables(ctx, pool, tables); err != nil || !st.Current() {
+		t.Fatalf("after: %+v, %v", st, err)
+	}
+	for _, bad := range []postgres.Tables{{FS: projection.Tables()}, {Consumer: projection.Name}} {
+		if _, err := postgres.UpgradeTables(ctx, dsn, bad); err == nil {
+			t.Errorf("%+v: accepted", bad)
+		}
 	}
 }

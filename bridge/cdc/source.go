@@ -15,7 +15,7 @@ import (
 // stream. Every method but OpenStream is one short statement and safe for
 // concurrent use.
 //
-// Who may implement it: adapters/cdcsource.Source alone; the relay's
+// Who may implement it: adapters/postgres/cdcsource.Source alone; the relay's
 // reasoning about slots, confirmed positions and timelines is PostgreSQL's
 // logical replication, not a general stream's.
 type Source interface {

@@ -27,10 +27,60 @@ import (
 	"github.com/posthorn/posthorn/core"
 )
 
+// exampleConsumer is a built-in consumer: how it registers its handler,
+// and its own tables, which `posthorn migrate --consumer` applies beside
+// the consumer schema.
+type exampleConsumer struct {
+	register func(*consumers.Registry, string, ...consumers.Option) error
+	tables   postgres.Tables
+}
+
 // exampleConsumers are the built-in consumers, by name.
-var exampleConsumers = map[string]func(*consumers.Registry, string, ...consumers.Option) error{
-	projection.Name: projection.Register,
-	auditlog.Name:   auditlog.Register,
+var exampleConsumers = map[string]exampleConsumer{
+	projection.Name: {projection.Register, postgres.Tables{Consumer: projection.Name, FS: projection.Tables()}},
+	auditlog.Name:   {auditlog.Register, postgres.Tables{Consumer: auditlog.Name, FS: auditlog.Tables()}},
+}
+
+// migrateConsumerDatabase brings the consumer schema and then every
+// example consumer's tables up to date; progress, when set, hears what
+// each applied (the consumer schema's under "", the tables' under the
+// consumer's name).
+func migrateConsumerDatabase(ctx context.Context, dsn string, progress func(consumer string, applied []string)) error {
+	applied, err := postgres.Upgrade(ctx, dsn, postgres.ConsumerSchema)
+	if err != nil {
+		return err
+	}
+	if progress != nil {
+		progress("", applied)
+	}
+	for _, n := range exampleNames() {
+		if applied, err = postgres.UpgradeTables(ctx, dsn, exampleConsumers[n].tables); err != nil {
+			return fmt.Errorf("the tables of %s: %w", n, err)
+		}
+		if progress != nil {
+			progress(n, applied)
+		}
+	}
+	return nil
+}
+
+// requireConsumerDatabase is requireSchema for the consumer schema and
+// every example consumer's tables.
+func requireConsumerDatabase(ctx context.Context, pool *pgxpool.Pool) error {
+	if err := requireSchema(ctx, pool, postgres.ConsumerSchema); err != nil {
+		return err
+	}
+	for _, n := range exampleNames() {
+		st, err := postgres.CheckTables(ctx, pool, exampleConsumers[n].tables)
+		if err != nil {
+			return fmt.Errorf("config key consumer.database.url: %w", err)
+		}
+		if !st.Current() {
+			return fmt.Errorf("the tables of the example consumer %s are missing or older than this posthorn in the database of consumer.database.url%s: run `posthorn migrate --consumer` first",
+				n, pendingList(st))
+		}
+	}
+	return nil
 }
 
 func exampleNames() []string {
@@ -152,14 +202,14 @@ func runConsumers(ctx context.Context, cfg configs.Config, o consumeOptions) err
 	// them (debezium-outbox: outbox.event.account).
 	topic := cfg.Sink.WireFormat().Topic(core.KindEvent, core.TopicEvents, core.AggregateAccount)
 	for _, n := range names {
-		if err := exampleConsumers[n](registry, topic, handlerOpts...); err != nil {
+		if err := exampleConsumers[n].register(registry, topic, handlerOpts...); err != nil {
 			return err
 		}
 		// The history from the replay's topic and the live topic, side by
 		// side: the inbox holds a live event until its predecessors come
 		// from the replay and absorbs the overlap.
 		if o.bootstrap != "" {
-			if err := exampleConsumers[n](registry, o.bootstrap, handlerOpts...); err != nil {
+			if err := exampleConsumers[n].register(registry, o.bootstrap, handlerOpts...); err != nil {
 				return err
 			}
 		}
@@ -203,7 +253,7 @@ func openConsumerPool(ctx context.Context, cfg configs.Config) (*pgxpool.Pool, e
 	if err != nil {
 		return nil, fmt.Errorf("config key consumer.database.url: %w", err)
 	}
-	if err := requireSchema(ctx, pool, postgres.ConsumerSchema); err != nil {
+	if err := requireConsumerDatabase(ctx, pool); err != nil {
 		pool.Close()
 		return nil, err
 	}

@@ -120,8 +120,8 @@ func (d *demoRun) databases(ctx context.Context) (cleanup func(), err error) {
 	if err := postgres.Migrate(ctx, d.ledgerURL, postgres.LedgerSchema); err != nil {
 		return cleanup, fmt.Errorf("migrate the ledger schema: %w", err)
 	}
-	if err := postgres.Migrate(ctx, d.consumerURL, postgres.ConsumerSchema); err != nil {
-		return cleanup, fmt.Errorf("migrate the consumer schema: %w", err)
+	if err := migrateConsumerDatabase(ctx, d.consumerURL, nil); err != nil {
+		return cleanup, fmt.Errorf("migrate the consumer database: %w", err)
 	}
 	if d.ledger, err = postgres.Connect(ctx, d.ledgerURL, 2); err != nil {
 		return cleanup, err

@@ -34,11 +34,15 @@ func runMigrate(ctx context.Context, args []string) error {
 		if err := cfg.RequireConsumerDatabase(); err != nil {
 			return err
 		}
-		applied, err := postgres.Upgrade(ctx, cfg.Consumer.Database.URL, postgres.ConsumerSchema)
-		if err != nil {
+		if err := migrateConsumerDatabase(ctx, cfg.Consumer.Database.URL, func(consumer string, applied []string) {
+			if consumer == "" {
+				printApplied(string(postgres.ConsumerSchema)+" schema", false, applied)
+			} else {
+				printApplied("the tables of "+consumer, true, applied)
+			}
+		}); err != nil {
 			return err
 		}
-		printApplied(postgres.ConsumerSchema, applied)
 		if err := warnWritablePublic(ctx, p, cfg.Consumer.Database.URL); err != nil {
 			return err
 		}
@@ -60,7 +64,7 @@ func runMigrate(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	printApplied(postgres.LedgerSchema, applied)
+	printApplied(string(postgres.LedgerSchema)+" schema", false, applied)
 	// The SQL functions obey these, not their callers (docs/security.md).
 	settings := postgres.Settings{CommandTopicPrefix: cfg.Sink.CommandTopicPrefix, IdempotencyKeyTTL: cfg.Retention.IdempotencyKeyTTL,
 		MaxRecordBytes: sinkMaxRecordBytes(cfg.Sink)}
@@ -115,14 +119,19 @@ func warnWritablePublic(ctx context.Context, p *prelude, dsn string) error {
 	return nil
 }
 
-// printApplied says what migrate did: the migrations it applied, or that
-// there was nothing to apply.
-func printApplied(schema postgres.Schema, applied []string) {
+// printApplied says what migrate did to what (a schema, or a consumer's
+// tables when plural): the migrations it applied, or that there was
+// nothing to apply.
+func printApplied(what string, plural bool, applied []string) {
 	if len(applied) == 0 {
-		fmt.Printf("%s schema is up to date: no migration to apply\n", schema)
+		verb := "is"
+		if plural {
+			verb = "are"
+		}
+		fmt.Printf("%s %s up to date: no migration to apply\n", what, verb)
 		return
 	}
-	fmt.Printf("%s schema: applied %d migration(s): %s\n", schema, len(applied), strings.Join(applied, ", "))
+	fmt.Printf("%s: applied %d migration(s): %s\n", what, len(applied), strings.Join(applied, ", "))
 }
 
 // migrateRoles applies the per-component roles to schema (--roles) and,

@@ -257,6 +257,15 @@ func requireSchema(ctx context.Context, pool *pgxpool.Pool, schema postgres.Sche
 	return nil
 }
 
+// pendingList is ": N migration(s) pending (a, b)" for a status with
+// pending migrations, and empty otherwise.
+func pendingList(st postgres.SchemaStatus) string {
+	if len(st.Pending) == 0 {
+		return ""
+	}
+	return fmt.Sprintf(": %d migration(s) pending (%s)", len(st.Pending), strings.Join(st.Pending, ", "))
+}
+
 // close releases what start opened.
 func (p *prelude) close() {
 	for i := len(p.closers) - 1; i >= 0; i-- {

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 )
 
@@ -68,5 +69,54 @@ func TestCommandsNameTheMigrationOnAnUnmigratedDatabase(t *testing.T) {
 	code, _, stderr = runCLI(t, []string{ledger}, "outbox", "status")
 	if code != 1 || !strings.Contains(stderr, "1 migration(s) pending ("+last+"_") || !strings.Contains(stderr, "run `posthorn migrate` first") {
 		t.Fatalf("a schema one migration behind: code %d, stderr %q", code, stderr)
+	}
+}
+
+// The example consumers' tables migrate from files beside those consumers,
+// with version tables of their own. A consumer database an older release
+// migrated has the schema and the tables (its first migration created
+// them) but not those version tables: the consumer commands name the
+// migration to run, and `migrate --consumer` records the tables without
+// touching their rows.
+func TestConsumerCommandsNameTheExampleTablesTheyLack(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := pgtest.NewDatabase(t)
+	consumer := "POSTHORN_CONSUMER__DATABASE__URL=" + url
+	if err := postgres.Migrate(ctx, url, postgres.ConsumerSchema); err != nil {
+		t.Fatal(err)
+	}
+	pool := pgtest.Pool(t, url, 1)
+	// What the older release's first consumer migration left, with a row.
+	if _, err := pool.Exec(ctx, `CREATE TABLE projection_balances (account text NOT NULL, currency text NOT NULL,
+		balance numeric(38, 0) NOT NULL DEFAULT 0, revision bigint NOT NULL, updated_at timestamptz NOT NULL DEFAULT now(),
+		PRIMARY KEY (account, currency));
+		INSERT INTO projection_balances (account, currency, balance, revision) VALUES ('acc-kept', 'EUR', 4200, 7)`); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"consume", "status"}, {"consume", "--sink.kind", "memory"}} {
+		code, _, stderr := runCLI(t, []string{consumer}, args...)
+		if code != 1 || !strings.Contains(stderr, "the tables of the example consumer audit-log are missing or older than this posthorn") ||
+			!strings.Contains(stderr, "run `posthorn migrate --consumer` first") {
+			t.Errorf("%v without the example tables' migrations: code %d, stderr %q", args, code, stderr)
+		}
+	}
+	code, stdout, stderr := runCLI(t, []string{consumer}, "migrate", "--consumer")
+	for _, want := range []string{"consumer schema is up to date: no migration to apply",
+		"the tables of audit-log: applied 1 migration(s): 00001_audit_log.sql",
+		"the tables of balance-projection: applied 1 migration(s): 00001_projection_balances.sql"} {
+		if code != 0 || !strings.Contains(stdout, want) {
+			t.Fatalf("migrate --consumer: code %d, stdout %q, stderr %q; want %q", code, stdout, stderr, want)
+		}
+	}
+	if got := pgtest.Column[string](t, pool, `SELECT account || ' ' || balance || ' ' || revision FROM projection_balances`); len(got) != 1 || got[0] != "acc-kept 4200 7" {
+		t.Fatalf("the older release's balances after the migration: %q", got)
+	}
+	if code, _, stderr := runCLI(t, []string{consumer}, "consume", "status"); code != 0 {
+		t.Fatalf("consume status after migrate --consumer: code %d, %s", code, stderr)
+	}
+	code, stdout, _ = runCLI(t, []string{consumer}, "migrate", "--consumer")
+	if code != 0 || !strings.Contains(stdout, "the tables of balance-projection are up to date: no migration to apply") {
+		t.Fatalf("second migrate --consumer: code %d, stdout %q", code, stdout)
 	}
 }

@@ -1,7 +1,8 @@
 // Package auditlog is the example consumer audit-log: it stores every
-// event as received (table audit_log). Each row stands alone, so it does
-// not depend on the predecessor: events are applied as they come, in any
-// order, each exactly once through the inbox.
+// event as received (table audit_log, whose migrations it keeps beside it:
+// Tables). Each row stands alone, so it does not depend on the
+// predecessor: events are applied as they come, in any order, each exactly
+// once through the inbox.
 package auditlog
 
 import (

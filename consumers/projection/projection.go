@@ -1,6 +1,6 @@
 // Package projection is the example consumer balance-projection: it keeps
 // each account's balance per currency in the consumer's own database
-// (table projection_balances, created by the consumer schema migration).
+// (table projection_balances, whose migrations it keeps beside it: Tables).
 //
 // A balance is a running sum, so the handler depends on its predecessor:
 // it is registered with consumers.DependsOnPredecessor, and the inbox

@@ -19,6 +19,8 @@ import (
 
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/pgcluster"
+	"github.com/posthorn/posthorn/consumers/auditlog"
+	"github.com/posthorn/posthorn/consumers/projection"
 )
 
 // DefaultURL is the server the tests use when POSTHORN_TEST_DATABASE_URL is unset.
@@ -72,9 +74,27 @@ func Ledger(t testing.TB) (string, *pgxpool.Pool) {
 	return migrated(t, postgres.LedgerSchema)
 }
 
-// Consumer returns the URL and a pool of a fresh database with the consumer schema.
+// Consumer returns the URL and a pool of a fresh database with the consumer
+// schema and the example consumers' tables, as `posthorn migrate --consumer`
+// leaves it.
 func Consumer(t testing.TB) (string, *pgxpool.Pool) {
-	return migrated(t, postgres.ConsumerSchema)
+	t.Helper()
+	dsn, pool := migrated(t, postgres.ConsumerSchema)
+	for _, tables := range ExampleTables() {
+		if _, err := postgres.UpgradeTables(context.Background(), dsn, tables); err != nil {
+			t.Fatalf("pgtest: %v", err)
+		}
+	}
+	return dsn, pool
+}
+
+// ExampleTables are the example consumers' own tables, as the posthorn
+// binary migrates them.
+func ExampleTables() []postgres.Tables {
+	return []postgres.Tables{
+		{Consumer: projection.Name, FS: projection.Tables()},
+		{Consumer: auditlog.Name, FS: auditlog.Tables()},
+	}
 }
 
 func migrated(t testing.TB, s postgres.Schema) (string, *pgxpool.Pool) {

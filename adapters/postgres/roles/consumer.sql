@@ -1,5 +1,6 @@
--- Privileges on the CONSUMER database (run in it after the consumer
--- migrations; re-runnable, revoke-then-grant like ledger.sql).
+-- Privileges on the CONSUMER database (run in it after the consumer schema
+-- and the example consumers' tables are migrated; re-runnable,
+-- revoke-then-grant like ledger.sql).
 --   posthorn_consumer    the inbox's tables and functions, but only the rows
 --                        of consumers whose role the caller is a member of
 --                        (row-level security below); nothing in the ledger
@@ -33,13 +34,14 @@ BEGIN
             EXECUTE format('GRANT posthorn_consumer TO %I', r);
         END IF;
         EXECUTE format('REVOKE ALL ON TABLE consumer_inbox, consumer_positions, consumer_retention, consumer_identities, '
-                       'projection_balances, audit_log, posthorn_consumer_migrations FROM %I', r);
+                       'projection_balances, audit_log, posthorn_consumer_migrations, '
+                       'posthorn_consumer_balance_projection_migrations, posthorn_consumer_audit_log_migrations FROM %I', r);
     END LOOP;
 END
 $identities$;
 
 REVOKE ALL ON TABLE consumer_inbox, consumer_positions, consumer_retention, consumer_identities, projection_balances, audit_log,
-    posthorn_consumer_migrations
+    posthorn_consumer_migrations, posthorn_consumer_balance_projection_migrations, posthorn_consumer_audit_log_migrations
     FROM posthorn_api, posthorn_relay, posthorn_relay_cdc, posthorn_reconciler, posthorn_maintainer, posthorn_consumer;
 
 GRANT USAGE ON SCHEMA public TO posthorn_consumer, posthorn_reconciler;

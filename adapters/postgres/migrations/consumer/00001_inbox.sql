@@ -1,7 +1,10 @@
 -- +goose Up
--- The consumers' inbox, their per-aggregate positions, and the tables of the
--- two example consumers (balance projection, audit log). Everything a
--- consumer writes for one event commits in one transaction with its inbox row.
+-- The consumers' inbox and their per-aggregate positions. Everything a
+-- consumer writes for one event commits in one transaction with its inbox
+-- row. The example consumers' own tables (projection_balances, audit_log)
+-- were created here too; they now migrate from files beside those consumers
+-- (consumers/projection/tables, consumers/auditlog/tables), which create
+-- them only where this migration did not.
 
 -- One row per (consumer, event ID): the event's disposition. The primary key
 -- is what makes "apply once" hold when two instances of a consumer receive
@@ -56,33 +59,6 @@ CREATE TABLE consumer_positions (
 
 CREATE INDEX consumer_positions_parked ON consumer_positions (consumer) WHERE parked;
 
--- Example consumer balance-projection: balances per account and currency,
--- in minor units, credit positive (the ledger's convention).
-CREATE TABLE projection_balances (
-    account    text           NOT NULL,
-    currency   text           NOT NULL,
-    balance    numeric(38, 0) NOT NULL DEFAULT 0,
-    revision   bigint         NOT NULL,
-    updated_at timestamptz    NOT NULL DEFAULT now(),
-    PRIMARY KEY (account, currency)
-);
-
--- Example consumer audit-log: every event as received.
-CREATE TABLE audit_log (
-    event_id       text        PRIMARY KEY,
-    type           text        NOT NULL,
-    aggregate_type text        NOT NULL,
-    aggregate_id   text        NOT NULL,
-    revision       bigint      NOT NULL,
-    journal_id     text,
-    occurred_at    timestamptz,
-    replay         boolean     NOT NULL DEFAULT false,
-    payload        jsonb       NOT NULL,
-    recorded_at    timestamptz NOT NULL DEFAULT now()
-);
-
 -- +goose Down
-DROP TABLE audit_log;
-DROP TABLE projection_balances;
 DROP TABLE consumer_positions;
 DROP TABLE consumer_inbox;
