@@ -66,7 +66,8 @@ func MigrateTo(ctx context.Context, dsn string, schema Schema, version int64) er
 type Tables struct {
 	// Consumer is the consumer the tables belong to.
 	Consumer string
-	// FS holds the set's goose SQL files (NNNNN_what.sql) at its root.
+	// FS holds the set's goose SQL files (NNNNN_what.sql) in its folder
+	// tables/, as a consumer package embeds them beside its code.
 	FS fs.FS
 }
 
@@ -96,7 +97,11 @@ func (t Tables) set() (migrationSet, error) {
 	if t.FS == nil {
 		return migrationSet{}, fmt.Errorf("the tables of %s: no migration files", t.Consumer)
 	}
-	return migrationSet{name: "tables of " + t.Consumer, fsys: t.FS, table: string(role) + "_migrations",
+	sub, err := fs.Sub(t.FS, "tables")
+	if err != nil {
+		return migrationSet{}, fmt.Errorf("the tables of %s: %w", t.Consumer, err)
+	}
+	return migrationSet{name: "tables of " + t.Consumer, fsys: sub, table: string(role) + "_migrations",
 		lock: lockID(ConsumerSchema)}, nil
 }
 

@@ -57,7 +57,7 @@ func TestConsumerTablesBesideTheConsumerSchema(t *testing.T) {
 		t.Fatal(err)
 	}
 	pool := pgtest.Pool(t, dsn, 2)
-	tables := postgres.Tables{Consumer: projection.Name, FS: projection.Tables()}
+	tables := postgres.Tables{Consumer: projection.Name, FS: projection.Tables}
 	if got := pgtest.Column[bool](t, pool, `SELECT to_regclass('projection_balances') IS NULL`); !got[0] {
 		t.Fatal("the consumer schema created projection_balances")
 	}
@@ -74,7 +74,7 @@ func TestConsumerTablesBesideTheConsumerSchema(t *testing.T) {
 	if st, err := postgres.CheckTables(ctx, pool, tables); err != nil || !st.Current() {
 		t.Fatalf("after: %+v, %v", st, err)
 	}
-	for _, bad := range []postgres.Tables{{FS: projection.Tables()}, {Consumer: projection.Name}} {
+	for _, bad := range []postgres.Tables{{FS: projection.Tables}, {Consumer: projection.Name}} {
 		if _, err := postgres.UpgradeTables(ctx, dsn, bad); err == nil {
 			t.Errorf("%+v: accepted", bad)
 		}

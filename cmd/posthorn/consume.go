@@ -37,8 +37,8 @@ type exampleConsumer struct {
 
 // exampleConsumers are the built-in consumers, by name.
 var exampleConsumers = map[string]exampleConsumer{
-	projection.Name: {projection.Register, postgres.Tables{Consumer: projection.Name, FS: projection.Tables()}},
-	auditlog.Name:   {auditlog.Register, postgres.Tables{Consumer: auditlog.Name, FS: auditlog.Tables()}},
+	projection.Name: {projection.Register, postgres.Tables{Consumer: projection.Name, FS: projection.Tables}},
+	auditlog.Name:   {auditlog.Register, postgres.Tables{Consumer: auditlog.Name, FS: auditlog.Tables}},
 }
 
 // migrateConsumerDatabase brings the consumer schema and then every

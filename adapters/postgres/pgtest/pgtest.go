@@ -92,8 +92,8 @@ func Consumer(t testing.TB) (string, *pgxpool.Pool) {
 // binary migrates them.
 func ExampleTables() []postgres.Tables {
 	return []postgres.Tables{
-		{Consumer: projection.Name, FS: projection.Tables()},
-		{Consumer: auditlog.Name, FS: auditlog.Tables()},
+		{Consumer: projection.Name, FS: projection.Tables},
+		{Consumer: auditlog.Name, FS: auditlog.Tables},
 	}
 }
 
