@@ -27,7 +27,9 @@ type Schema string
 const (
 	// LedgerSchema is the ledger, the outbox and the relay's tables.
 	LedgerSchema Schema = "ledger"
-	// ConsumerSchema is the example consumers' inbox and projections.
+	// ConsumerSchema is the consumers' inbox, positions, retention
+	// horizons and identities; each consumer's own tables migrate from
+	// its own files (Tables).
 	ConsumerSchema Schema = "consumer"
 )
 
