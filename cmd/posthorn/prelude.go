@@ -251,8 +251,7 @@ func requireSchema(ctx context.Context, pool *pgxpool.Pool, schema postgres.Sche
 	case st.Missing:
 		return fmt.Errorf("the %s schema is missing from the database of %s: run `%s` first", schema, key, cmd)
 	case len(st.Pending) > 0:
-		return fmt.Errorf("the %s schema of %s is older than this posthorn: %d migration(s) pending (%s): run `%s` first",
-			schema, key, len(st.Pending), strings.Join(st.Pending, ", "), cmd)
+		return fmt.Errorf("the %s schema of %s is older than this posthorn%s: run `%s` first", schema, key, pendingList(st), cmd)
 	}
 	return nil
 }
