@@ -451,3 +451,36 @@ func postedLedgerWithRoles(t *testing.T) (string, *pgxpool.Pool) {
 	}
 	return url, owner
 }
+
+// The example consumers' tables' version tables are the owner's alone: a
+// consumer that could delete their rows would make migrate --consumer
+// re-run the tables' first migration, and consume believe them missing.
+// Applying the roles revokes a stray grant on them; the control is the
+// same delete succeeding while that grant is in place.
+func TestRolesRevokeStrayGrantsOnTheExampleTablesVersionTables(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	consumerURL, owner := roletest.Consumer(t)
+	cons := roletest.Pool(t, roletest.Consumers(t, consumerURL, "", "balance-projection"))
+	deletes := []roletest.Refusal{
+		{What: "delete the projection's tables' versions", SQL: `DELETE FROM posthorn_consumer_balance_projection_migrations`},
+		{What: "delete the audit log's tables' versions", SQL: `DELETE FROM posthorn_consumer_audit_log_migrations`},
+	}
+	roletest.AssertRefused(t, owner, cons, deletes)
+	for _, d := range deletes {
+		table := strings.Fields(d.SQL)[2]
+		if _, err := owner.Exec(ctx, `GRANT DELETE ON `+table+` TO posthorn_consumer_balance_projection`); err != nil {
+			t.Fatal(err)
+		}
+		tx, err := cons.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, d.SQL); err != nil {
+			t.Fatalf("control: %s with a stray grant fails (%v), so the revoke below proves nothing", d.What, err)
+		}
+		_ = tx.Rollback(ctx)
+	}
+	roletest.Apply(t, consumerURL, postgres.ConsumerSchema)
+	roletest.AssertRefused(t, owner, cons, deletes)
+}
