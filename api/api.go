@@ -70,7 +70,10 @@ const TokenHashPrefix = core.TokenHashPrefix
 // Store is what the API needs from the ledger (the Postgres adapter's
 // ledgerstore.Store implements it). Readers answer core.ErrNotFound for an
 // unknown journal or account; Post answers core.ErrIdempotencyConflict for
-// a key used with a different request.
+// a key used with a different request, and an error wrapping
+// core.ErrIdempotencyKeyLost (an *core.IdempotencyKeyLostError) for a
+// retry of a posting a ledger failover lost and its recovery could not
+// re-commit; a retry of one it re-committed is answered as replayed.
 //
 // Who may implement it: ledgerstore.Store is the one implementation, and the
 // API's guarantees are proven against it. Another implementation must
@@ -349,6 +352,17 @@ func (s *Server) handlePost(w http.ResponseWriter, r *http.Request) {
 	case errors.Is(err, core.ErrInvalidPosting):
 		s.inputProblem(w, r, err)
 		return
+	case errors.Is(err, core.ErrIdempotencyKeyLost):
+		var journal string
+		if lost, ok := errors.AsType[*core.IdempotencyKeyLostError](err); ok {
+			journal = lost.JournalID
+		}
+		s.log.Warn("a retry of a posting lost in a ledger failover was refused", "journal_id", journal)
+		s.writeProblem(w, r, Problem{Type: ProblemTypePrefix + "idempotency-key-lost-in-failover", Title: "Idempotency Key Lost In Failover",
+			Status: http.StatusConflict, Field: "Idempotency-Key", JournalID: journal,
+			Detail: fmt.Sprintf("this Idempotency-Key was answered with journal %s before a ledger failover lost that posting, and the recovery could not re-commit it; "+
+				"posting it again could move the money twice, so it is refused: ask the ledger's operators (posthorn failover check names the journal)", journal)})
+		return
 	default:
 		s.internal(w, r, "post", err)
 		return
@@ -479,6 +493,9 @@ type Problem struct {
 	// Field names the JSON path (entries[1].amount), header
 	// (Idempotency-Key) or path parameter (account) at fault.
 	Field string `json:"field,omitempty"`
+	// JournalID names the posting a refused retry belongs to
+	// (idempotency-key-lost-in-failover).
+	JournalID string `json:"journal_id,omitempty"`
 }
 
 // ProblemTypePrefix prefixes every problem type; the suffix is stable.
@@ -502,11 +519,15 @@ func (s *Server) inputProblem(w http.ResponseWriter, r *http.Request, err error)
 }
 
 func (s *Server) problem(w http.ResponseWriter, r *http.Request, status int, slug, title, field, detail string) {
-	s.log.Debug("request refused", "method", r.Method, "path", r.URL.Path, "status", status, "field", field, "detail", detail)
+	s.writeProblem(w, r, Problem{Type: ProblemTypePrefix + slug, Title: title, Status: status, Detail: detail, Field: field})
+}
+
+func (s *Server) writeProblem(w http.ResponseWriter, r *http.Request, p Problem) {
+	s.log.Debug("request refused", "method", r.Method, "path", r.URL.Path, "status", p.Status, "field", p.Field, "detail", p.Detail)
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.Header().Set("Cache-Control", "no-store")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(Problem{Type: ProblemTypePrefix + slug, Title: title, Status: status, Detail: detail, Field: field})
+	w.WriteHeader(p.Status)
+	_ = json.NewEncoder(w).Encode(p)
 }
 
 // internal answers 500 without details (they may contain SQL or values)

@@ -21,6 +21,7 @@ import (
 	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/api"
+	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/internal/syncbuf"
 )
 
@@ -415,4 +416,52 @@ func serve(t *testing.T, cfg api.Config) (ln net.Listener, cancel context.Cancel
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ctx, ln) }()
 	return ln, cancel, served
+}
+
+// A retry of a key a ledger failover recovery recorded: restored, it
+// answers 200 with the re-committed journal and writes nothing; lost, 409
+// idempotency-key-lost-in-failover, naming the journal in the problem, and
+// writes nothing. (The store's side, and its control, are in
+// adapters/postgres/opsstore.)
+func TestRetryOfAKeyALedgerFailoverRecorded(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	p, err := core.ParsePosting([]byte(validPosting))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hash := core.PostingHash(p)
+	var journal string
+	if err := json.Unmarshal(e.create(t, request{body: validPosting, key: "k-orig"}).body, &struct {
+		JournalID *string `json:"journal_id"`
+	}{&journal}); err != nil {
+		t.Fatal(err)
+	}
+	const lostJournal = "0193a5b0-0000-7000-8000-000000000001"
+	if _, err := e.pool.Exec(ctx, `INSERT INTO posthorn.failover_keys (digest, journal_id, restored, reason, expires_at)
+VALUES ($1, $2, true, '', now() + interval '1 hour'), ($3, $4, false, 'journal does not balance', now() + interval '1 hour')`,
+		core.IdempotencyDigest("k-restored", hash), journal, core.IdempotencyDigest("k-lost", hash), lostJournal); err != nil {
+		t.Fatal(err)
+	}
+	journals := func() int {
+		var n int
+		if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM journals`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	before := journals()
+	restored := e.do(t, request{body: validPosting, key: "k-restored"})
+	if restored.status != http.StatusOK || !strings.Contains(string(restored.body), journal) || restored.header.Get("Location") != "/v1/postings/"+journal {
+		t.Fatalf("retry of a restored key: %d %s, want 200 with journal %s", restored.status, restored.body, journal)
+	}
+	lost := e.do(t, request{body: validPosting, key: "k-lost"})
+	if lost.status != http.StatusConflict || lost.problem.Type != api.ProblemTypePrefix+"idempotency-key-lost-in-failover" ||
+		lost.problem.JournalID != lostJournal || lost.problem.Field != "Idempotency-Key" || !strings.Contains(lost.problem.Detail, lostJournal) {
+		t.Fatalf("retry of a lost key: %d %s, want 409 idempotency-key-lost-in-failover naming %s", lost.status, lost.body, lostJournal)
+	}
+	if n := journals(); n != before {
+		t.Fatalf("the retries wrote %d journals", n-before)
+	}
 }

@@ -67,6 +67,12 @@ const (
 	// record's outbox row was written on (Envelope.LedgerTimeline); absent
 	// on rows written before timelines were recorded.
 	HeaderLedgerTimeline = "ledger_timeline"
+	// HeaderIdempotencyDigest is on every ledger event: the posting's
+	// IdempotencyDigest, so a ledger failover that loses the posting does
+	// not lose what its key answers (posthorn failover recover restores it
+	// from the events the world kept). Not the key itself: the digest
+	// reveals neither the key nor the request.
+	HeaderIdempotencyDigest = "idempotency_digest"
 )
 
 // AccountPostedVersion is the schema version of TypeAccountPosted payloads
@@ -177,7 +183,8 @@ func (e Envelope) MediaType() string {
 // contract header; such a record can never be applied and is rejected.
 var ErrBadEnvelope = errors.New("bad envelope")
 
-// EnvelopeFromHeaders rebuilds an envelope from wire headers and payload.
+// EnvelopeFromHeaders rebuilds an envelope from wire headers and payload:
+// the contract's headers into their fields, the others into Headers.
 // Topic is left empty: the receiver knows which topic it read.
 func EnvelopeFromHeaders(h map[string]string, payload []byte) (Envelope, error) {
 	e := Envelope{
@@ -228,7 +235,25 @@ func EnvelopeFromHeaders(h map[string]string, payload []byte) (Envelope, error) 
 		}
 		e.LedgerTimeline = int32(v)
 	}
+	for k, v := range h {
+		if envelopeField[k] {
+			continue
+		}
+		if e.Headers == nil {
+			e.Headers = make(map[string]string, len(h)-len(envelopeField))
+		}
+		e.Headers[k] = v
+	}
 	return e, nil
+}
+
+// envelopeField are the headers EnvelopeFromHeaders reads into the
+// envelope's own fields; every other header stays in Headers (as
+// WireHeaders put it there, or as a transport added it).
+var envelopeField = map[string]bool{
+	HeaderEventID: true, HeaderKind: true, HeaderType: true, HeaderAggregateType: true, HeaderAggregateID: true,
+	HeaderRevision: true, HeaderJournalID: true, HeaderOccurredAt: true, HeaderReplay: true,
+	HeaderSchemaVersion: true, HeaderContentType: true, HeaderLedgerTimeline: true,
 }
 
 // ToMessage converts an envelope to a Watermill message whose UUID is the

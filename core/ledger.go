@@ -3,6 +3,7 @@ package core
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"time"
 )
 
@@ -69,3 +70,23 @@ type AccountBalance struct {
 // (outbox.metadata_max_bytes), the allow-listed metadata of one posting
 // that travels with its events (keys plus values).
 const DefaultMetadataMaxBytes = 1024
+
+// ErrIdempotencyKeyLost is returned for a retry of a posting that a ledger
+// failover lost and the recovery could not re-commit: the client was told
+// the posting succeeded, the ledger no longer holds it, and a new posting
+// under the same key would move the money a second time if the lost one
+// reappears. Errors that wrap it are *IdempotencyKeyLostError.
+var ErrIdempotencyKeyLost = errors.New("idempotency key lost in a ledger failover")
+
+// IdempotencyKeyLostError names the lost posting a retried key belongs to.
+type IdempotencyKeyLostError struct {
+	JournalID string
+	// Reason is why the recovery could not re-commit it.
+	Reason string
+}
+
+func (e *IdempotencyKeyLostError) Error() string {
+	return fmt.Sprintf("%s: journal %s was lost and not re-committed (%s)", ErrIdempotencyKeyLost, e.JournalID, e.Reason)
+}
+
+func (e *IdempotencyKeyLostError) Unwrap() error { return ErrIdempotencyKeyLost }

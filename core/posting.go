@@ -2,6 +2,7 @@ package core
 
 import (
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"time"
@@ -110,3 +111,17 @@ func CanonicalPosting(p Posting) []byte {
 
 // PostingHash is the SHA-256 of CanonicalPosting.
 func PostingHash(p Posting) [32]byte { return sha256.Sum256(CanonicalPosting(p)) }
+
+// IdempotencyDigest is what a posting's events carry of its idempotency
+// key (HeaderIdempotencyDigest): the SHA-256 of the key and the request's
+// PostingHash, base64url without padding (43 characters). A retry of the
+// same request under the same key has the same digest; the key itself
+// never leaves the ledger.
+func IdempotencyDigest(key string, hash [32]byte) string {
+	h := sha256.New()
+	h.Write([]byte("posthorn idempotency digest v1\x00"))
+	h.Write([]byte(key))
+	h.Write([]byte{0})
+	h.Write(hash[:])
+	return base64.RawURLEncoding.EncodeToString(h.Sum(nil))
+}

@@ -1,6 +1,7 @@
 package ops
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -35,9 +36,19 @@ import (
 //     primary's last values are not known).
 //   - A lost event that cannot be rebuilt is named with its reason and
 //     recorded on the ledger once, so a second recovery has nothing to do.
+//   - A lost posting's idempotency key is never lost in silence: its
+//     events carry the key's digest (core.HeaderIdempotencyDigest), and a
+//     recovery records it with the posting's fate, restored (a retry
+//     answers the re-committed journal and writes nothing) or lost (a
+//     retry is refused, naming the journal). A journal whose digest no
+//     source kept is named, since a retry of its key would post again.
+//   - A re-committed event stores only the headers the ledger's write
+//     path stores (the store's rule), never what a transport added.
 //   - The check and a dry run write nothing. A recovery writes in one
 //     transaction, last of all accepting the ledger's new history, so the
-//     relay resumes only once nothing can be reissued.
+//     relay resumes only once nothing can be reissued; it then reports
+//     what is still not whole (parked aggregates, unrelayed rows, keys it
+//     could not restore).
 
 // SeenEvent is an event the world holds, as a source read it. Fields a
 // source does not keep are empty.
@@ -91,6 +102,33 @@ type FailoverStore interface {
 	Sequences(ctx context.Context) (outboxID, journalSequence int64, err error)
 	// Recover applies plan in one transaction and accepts the history.
 	Recover(ctx context.Context, plan RecoveryPlan, note string) (RecoveryResult, error)
+	// Backlog reads the relay's side of what is still not whole: its
+	// parked aggregates and the unrelayed rows.
+	Backlog(ctx context.Context) (RelayBacklog, error)
+}
+
+// RelayBacklog is the relay's side of the ledger after a recovery.
+type RelayBacklog struct {
+	Parked []core.ParkedAggregate `json:"relay_parked"`
+	// Unrelayed counts the outbox rows no sink has ACKed, the oldest
+	// OldestSeconds old.
+	Unrelayed     int64   `json:"unrelayed"`
+	OldestSeconds float64 `json:"oldest_unrelayed_seconds"`
+}
+
+// ParkedSource is a source that also knows the aggregates its consumer
+// parked (a consumer's inbox).
+type ParkedSource interface {
+	SeenSource
+	Parked(ctx context.Context) ([]ConsumerParked, error)
+}
+
+// ConsumerParked is an aggregate a consumer parked.
+type ConsumerParked struct {
+	Consumer      string `json:"consumer"`
+	AggregateType string `json:"aggregate_type"`
+	AggregateID   string `json:"aggregate_id"`
+	Reason        string `json:"reason"`
 }
 
 // RebuildLine is one line of a lost posting, from its published event.
@@ -109,6 +147,26 @@ type RebuildJournal struct {
 	JournalID string        `json:"journal_id"`
 	PostedAt  time.Time     `json:"posted_at"`
 	Lines     []RebuildLine `json:"lines"`
+}
+
+// LostKey is the idempotency key of a lost posting, known by its digest:
+// Restored when the recovery re-commits the posting (a retry answers it),
+// otherwise the posting is lost for good and a retry is refused with
+// Reason.
+type LostKey struct {
+	Digest    string    `json:"digest"`
+	JournalID string    `json:"journal_id"`
+	Restored  bool      `json:"restored"`
+	Reason    string    `json:"reason,omitempty"`
+	PostedAt  time.Time `json:"posted_at"`
+}
+
+// UnknownKey is a lost posting whose idempotency digest no source kept: a
+// client's retry of its key cannot be recognised and would post again.
+type UnknownKey struct {
+	JournalID string `json:"journal_id"`
+	Rebuilt   bool   `json:"rebuilt"`
+	Reason    string `json:"reason"`
 }
 
 // LostEvent is an event the world has and the ledger does not.
@@ -144,6 +202,8 @@ type RecoveryPlan struct {
 	Moves               []AggregateMove `json:"moves"`
 	// Record are the lost events that cannot be rebuilt, to be recorded.
 	Record []LostEvent `json:"record"`
+	// Keys are the lost postings' idempotency keys, to be recorded.
+	Keys []LostKey `json:"keys"`
 }
 
 // RecoveryResult is what a recovery wrote.
@@ -152,8 +212,29 @@ type RecoveryResult struct {
 	SequencesMoved   int      `json:"sequences_moved"`
 	AggregatesMoved  int      `json:"aggregates_moved"`
 	Recorded         int      `json:"recorded"`
+	KeysRestored     int      `json:"keys_restored"`
+	KeysLost         int      `json:"keys_lost"`
 	HistoryAccepted  bool     `json:"history_accepted"`
 	JournalSequences []int64  `json:"journal_sequences"`
+}
+
+// NotWhole is what is still not whole after a recovery, for the operator:
+// the relay's parked aggregates and unrelayed rows, the consumers' parked
+// aggregates, and the lost postings whose keys a retry cannot be answered
+// from (lost for good, or unknown).
+type NotWhole struct {
+	RelayBacklog
+	ConsumerParked []ConsumerParked `json:"consumer_parked"`
+	KeysLost       []LostKey        `json:"keys_lost"`
+	KeysUnknown    []UnknownKey     `json:"keys_unknown"`
+	// NotRebuilt counts the lost events recorded as not rebuildable.
+	NotRebuilt int `json:"not_rebuilt"`
+}
+
+// Whole reports that nothing is left for the operator.
+func (n NotWhole) Whole() bool {
+	return len(n.Parked) == 0 && n.Unrelayed == 0 && len(n.ConsumerParked) == 0 && len(n.KeysLost) == 0 &&
+		len(n.KeysUnknown) == 0 && n.NotRebuilt == 0
 }
 
 // SourceRead is how many events a source gave.
@@ -172,8 +253,14 @@ type FailoverReport struct {
 	NotLedger int          `json:"not_ledger_ids"`
 	Lost      []LostEvent  `json:"lost"`
 	Plan      RecoveryPlan `json:"plan"`
+	// KeysUnknown are the lost postings whose idempotency digest no source
+	// kept.
+	KeysUnknown []UnknownKey `json:"keys_unknown"`
 	// Recovery is set by Recover when it wrote.
 	Recovery *RecoveryResult `json:"recovery,omitempty"`
+	// Remaining is set by FailoverRecover (not a dry run): what is still
+	// not whole once it ran.
+	Remaining *NotWhole `json:"remaining,omitempty"`
 }
 
 // Clean reports that nothing is lost, nothing is to be moved and the
@@ -183,7 +270,7 @@ func (r FailoverReport) Clean() bool { return r.History.Accepted && r.NothingToD
 // NothingToDo reports that a recovery would write nothing but the
 // acceptance of the history.
 func (r FailoverReport) NothingToDo() bool {
-	return len(r.Plan.Rebuild) == 0 && len(r.Plan.Moves) == 0 && len(r.Plan.Record) == 0
+	return len(r.Plan.Rebuild) == 0 && len(r.Plan.Moves) == 0 && len(r.Plan.Record) == 0 && len(r.Plan.Keys) == 0
 }
 
 // FailoverConfig configures FailoverCheck and FailoverRecover.
@@ -193,6 +280,13 @@ type FailoverConfig struct {
 	// Margin is how far past their last values, beyond one per lost event
 	// or journal, the outbox ids and the journal sequence move.
 	Margin int64
+	// Settle is how long FailoverRecover waits, once the history is
+	// accepted, for the relay to send the unrelayed rows before it reports
+	// what is still not whole; 0 reports at once.
+	Settle time.Duration
+	// Now is the clock (time.Now when nil): a lost key's lifetime runs
+	// from its posting's time, or from now when no source kept it.
+	Now func() time.Time
 }
 
 // ErrNoSources is returned when no source is configured.
@@ -259,6 +353,11 @@ func FailoverCheck(ctx context.Context, cfg FailoverConfig) (FailoverReport, err
 			rep.Plan.Record = append(rep.Plan.Record, *l)
 		}
 	}
+	now := time.Now
+	if cfg.Now != nil {
+		now = cfg.Now
+	}
+	rep.Plan.Keys, rep.KeysUnknown = planKeys(rep.Lost, now())
 	if err := planMoves(ctx, cfg, seen, &rep); err != nil {
 		return rep, err
 	}
@@ -271,17 +370,140 @@ func FailoverCheck(ctx context.Context, cfg FailoverConfig) (FailoverReport, err
 // not accepted yet).
 func FailoverRecover(ctx context.Context, cfg FailoverConfig, dryRun bool) (FailoverReport, error) {
 	rep, err := FailoverCheck(ctx, cfg)
-	if err != nil || dryRun || rep.Clean() {
+	if err != nil || dryRun {
 		return rep, err
 	}
-	note := fmt.Sprintf("%d lost events: %d journals re-committed, %d recorded as not rebuildable, %d aggregates moved",
-		len(rep.Lost), len(rep.Plan.Rebuild), len(rep.Plan.Record), len(rep.Plan.Moves))
-	res, err := cfg.Ledger.Recover(ctx, rep.Plan, note)
+	if !rep.Clean() {
+		note := fmt.Sprintf("%d lost events: %d journals re-committed, %d recorded as not rebuildable, %d aggregates moved, %d idempotency keys recorded",
+			len(rep.Lost), len(rep.Plan.Rebuild), len(rep.Plan.Record), len(rep.Plan.Moves), len(rep.Plan.Keys))
+		res, err := cfg.Ledger.Recover(ctx, rep.Plan, note)
+		if err != nil {
+			return rep, err
+		}
+		rep.Recovery = &res
+	}
+	remaining, err := notWhole(ctx, cfg, rep)
 	if err != nil {
-		return rep, err
+		return rep, fmt.Errorf("recovered, but could not read what is still not whole: %w", err)
 	}
-	rep.Recovery = &res
+	rep.Remaining = &remaining
 	return rep, nil
+}
+
+// notWhole reads what is left for the operator once the history is
+// accepted: after waiting up to cfg.Settle for the relay to send the
+// unrelayed rows, the relay's backlog and parked aggregates, the
+// consumers' parked aggregates, and the lost postings whose keys a retry
+// cannot be answered from.
+func notWhole(ctx context.Context, cfg FailoverConfig, rep FailoverReport) (NotWhole, error) {
+	var n NotWhole
+	deadline := time.Now().Add(cfg.Settle)
+	for {
+		b, err := cfg.Ledger.Backlog(ctx)
+		if err != nil {
+			return n, err
+		}
+		n.RelayBacklog = b
+		if b.Unrelayed == 0 || !time.Now().Before(deadline) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return n, ctx.Err()
+		case <-time.After(settlePoll):
+		}
+	}
+	for _, s := range cfg.Sources {
+		ps, ok := s.(ParkedSource)
+		if !ok {
+			continue
+		}
+		parked, err := ps.Parked(ctx)
+		if err != nil {
+			return n, fmt.Errorf("read %s: %w", s.SourceName(), err)
+		}
+		n.ConsumerParked = append(n.ConsumerParked, parked...)
+	}
+	for _, k := range rep.Plan.Keys {
+		if !k.Restored {
+			n.KeysLost = append(n.KeysLost, k)
+		}
+	}
+	n.KeysUnknown = rep.KeysUnknown
+	for _, l := range rep.Lost {
+		if !l.Rebuild {
+			n.NotRebuilt++
+		}
+	}
+	return n, nil
+}
+
+// settlePoll is how often notWhole reads the relay's backlog while it
+// waits for it to drain.
+const settlePoll = 250 * time.Millisecond
+
+// planKeys gives each lost posting's idempotency key its fate: restored
+// when the journal is rebuilt, lost otherwise; a journal whose events
+// carry no digest (or disagreeing ones) is unknown. Events an earlier
+// recovery recorded are left out: their keys were recorded then.
+func planKeys(lost []LostEvent, now time.Time) ([]LostKey, []UnknownKey) {
+	type journal struct {
+		digests  map[string]bool
+		rebuilt  bool
+		reason   string
+		postedAt time.Time
+	}
+	byJournal := map[string]*journal{}
+	var order []string
+	for _, l := range lost {
+		if l.Recorded || l.AggregateType != core.AggregateAccount || l.JournalID == "" {
+			continue
+		}
+		j, ok := byJournal[l.JournalID]
+		if !ok {
+			j = &journal{digests: map[string]bool{}, rebuilt: true}
+			byJournal[l.JournalID] = j
+			order = append(order, l.JournalID)
+		}
+		if d := l.Headers[core.HeaderIdempotencyDigest]; d != "" {
+			j.digests[d] = true
+		}
+		if !l.Rebuild {
+			j.rebuilt = false
+			if j.reason == "" {
+				j.reason = l.Reason
+			}
+		}
+		var p core.AccountPosted
+		if json.Unmarshal(l.Payload, &p) == nil && !p.PostedAt.IsZero() && j.postedAt.IsZero() {
+			j.postedAt = p.PostedAt
+		}
+	}
+	var keys []LostKey
+	var unknown []UnknownKey
+	for _, id := range order {
+		j := byJournal[id]
+		if len(j.digests) != 1 {
+			why := "its events carry no idempotency digest (posted before events carried one, or no source kept the header): a retry of its key would post it again"
+			if len(j.digests) > 1 {
+				why = "its events carry different idempotency digests: a retry of its key cannot be recognised and would post it again"
+			}
+			unknown = append(unknown, UnknownKey{JournalID: id, Rebuilt: j.rebuilt, Reason: why})
+			continue
+		}
+		k := LostKey{JournalID: id, Restored: j.rebuilt, PostedAt: j.postedAt}
+		for d := range j.digests {
+			k.Digest = d
+		}
+		if !j.rebuilt {
+			k.Reason = cmp.Or(j.reason, "the posting could not be re-committed")
+		}
+		if k.PostedAt.IsZero() {
+			k.PostedAt = now
+		}
+		keys = append(keys, k)
+	}
+	return keys, unknown
 }
 
 // merge fills what have lacks from e, which another source read.
@@ -301,8 +523,13 @@ func merge(have *SeenEvent, e SeenEvent, source string) {
 	if have.Payload == nil {
 		have.Payload = e.Payload
 	}
-	if have.Headers == nil {
-		have.Headers = e.Headers
+	if have.Headers == nil && e.Headers != nil {
+		have.Headers = map[string]string{}
+	}
+	for k, v := range e.Headers {
+		if _, ok := have.Headers[k]; !ok {
+			have.Headers[k] = v
+		}
 	}
 }
 

@@ -41,6 +41,8 @@ func (fakeFailoverStore) Recover(context.Context, RecoveryPlan, string) (Recover
 	return RecoveryResult{}, nil
 }
 
+func (fakeFailoverStore) Backlog(context.Context) (RelayBacklog, error) { return RelayBacklog{}, nil }
+
 type fakeSource struct {
 	name string
 	evs  []SeenEvent
@@ -122,5 +124,143 @@ func TestFailoverCheckRebuildsOnlyWholePostings(t *testing.T) {
 	// 5 lost events; journals: whole, half, and the unknown ones.
 	if rep.Plan.OutboxIDPast != 50+5+100 || rep.Plan.JournalSequencePast <= 20+2+100 {
 		t.Errorf("sequences past %d and %d", rep.Plan.OutboxIDPast, rep.Plan.JournalSequencePast)
+	}
+}
+
+// Each lost posting's idempotency key gets its fate from its events'
+// digest: restored with a rebuilt journal, lost with one that cannot be
+// rebuilt (with its reason), unknown when no event carries a digest or
+// they disagree; a digest only one source kept is merged in; an event an
+// earlier recovery recorded plans nothing.
+func TestFailoverCheckPlansTheLostPostingsKeys(t *testing.T) {
+	digest := func(key string) string { return core.IdempotencyDigest(key, [32]byte{1}) }
+	withDigest := func(e SeenEvent, d string) SeenEvent {
+		e.Headers = map[string]string{core.HeaderIdempotencyDigest: d, "_watermill_message_uuid": e.EventID}
+		return e
+	}
+	restored, lost, unknown, torn := uuid.Must(uuid.NewV7()).String(), uuid.Must(uuid.NewV7()).String(),
+		uuid.Must(uuid.NewV7()).String(), uuid.Must(uuid.NewV7()).String()
+	r1, r2 := posted(t, restored, "a", 1, "-5"), posted(t, restored, "b", 1, "5")
+	l1 := posted(t, lost, "a", 2, "-3") // its credit was read by no source: not rebuilt
+	u1, u2 := posted(t, unknown, "c", 1, "-2"), posted(t, unknown, "d", 1, "2")
+	t1, t2 := withDigest(posted(t, torn, "e", 1, "-1"), digest("k1")), withDigest(posted(t, torn, "f", 1, "1"), digest("k2"))
+	// The sink kept r1's digest, the log r2's; r2 reaches the report
+	// through the merge.
+	sink := []SeenEvent{withDigest(r1, digest("restored")), withDigest(l1, digest("lost")), t1, t2}
+	log := []SeenEvent{r1, withDigest(r2, digest("restored")), l1, u1, u2}
+	now := time.Date(2026, 12, 5, 0, 0, 0, 0, time.UTC)
+	rep, err := FailoverCheck(context.Background(), FailoverConfig{Ledger: fakeFailoverStore{},
+		Sources: []SeenSource{fakeSource{"sink", sink}, fakeSource{"log", log}}, Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := map[string]LostKey{}
+	for _, k := range rep.Plan.Keys {
+		keys[k.JournalID] = k
+	}
+	if k := keys[restored]; len(keys) != 2 || !k.Restored || k.Digest != digest("restored") || k.Reason != "" || k.PostedAt.IsZero() || k.PostedAt.Equal(now) {
+		t.Fatalf("keys %+v: want the rebuilt journal's restored under its digest, at its posting's time", keys)
+	}
+	if k := keys[lost]; k.Restored || k.Digest != digest("lost") || !strings.Contains(k.Reason, "does not balance") {
+		t.Fatalf("the lost journal's key %+v: want lost, with the reason it was not rebuilt", k)
+	}
+	why := map[string]UnknownKey{}
+	for _, u := range rep.KeysUnknown {
+		why[u.JournalID] = u
+	}
+	if len(why) != 2 || !strings.Contains(why[unknown].Reason, "no idempotency digest") || !why[unknown].Rebuilt ||
+		!strings.Contains(why[torn].Reason, "different idempotency digests") {
+		t.Fatalf("unknown keys %+v: want the journal without a digest and the one with two", rep.KeysUnknown)
+	}
+	if rep.NothingToDo() {
+		t.Fatal("a plan with keys to record has nothing to do")
+	}
+	for _, j := range rep.Plan.Rebuild {
+		if j.JournalID != restored {
+			continue
+		}
+		for _, l := range j.Lines {
+			if l.Headers[core.HeaderIdempotencyDigest] != digest("restored") {
+				t.Fatalf("rebuilt line %+v lacks the digest", l)
+			}
+		}
+	}
+
+	recorded := fakeRecorded{fakeFailoverStore{}, map[string]bool{l1.EventID: true}}
+	again, err := FailoverCheck(context.Background(), FailoverConfig{Ledger: recorded, Sources: []SeenSource{fakeSource{"sink", []SeenEvent{withDigest(l1, digest("lost"))}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(again.Plan.Keys) != 0 || len(again.KeysUnknown) != 0 {
+		t.Fatalf("an event an earlier recovery recorded plans keys again: %+v %+v", again.Plan.Keys, again.KeysUnknown)
+	}
+}
+
+// fakeRecorded is a ledger on which an earlier recovery recorded the
+// events in recorded as lost.
+type fakeRecorded struct {
+	fakeFailoverStore
+	recorded map[string]bool
+}
+
+func (f fakeRecorded) Inspect(_ context.Context, seen []SeenEvent) (map[string]EventState, error) {
+	out := map[string]EventState{}
+	for _, e := range seen {
+		if f.recorded[e.EventID] {
+			out[e.EventID] = EventState{Recorded: "recorded earlier"}
+		}
+	}
+	return out, nil
+}
+
+// drainingLedger has unrelayed rows until its relay has been asked for
+// them `drainAfter` times, and one parked aggregate.
+type drainingLedger struct {
+	fakeFailoverStore
+	asked      *int
+	drainAfter int
+}
+
+func (d drainingLedger) History(context.Context) (LedgerHistory, error) {
+	return LedgerHistory{Accepted: true, Timeline: 2, AcceptedTimeline: 2}, nil
+}
+
+func (d drainingLedger) Backlog(context.Context) (RelayBacklog, error) {
+	*d.asked++
+	b := RelayBacklog{Parked: []core.ParkedAggregate{{AggregateType: "account", AggregateID: "p"}}}
+	if *d.asked < d.drainAfter {
+		b.Unrelayed, b.OldestSeconds = 7, 3
+	}
+	return b, nil
+}
+
+type parkingSource struct{ fakeSource }
+
+func (parkingSource) Parked(context.Context) ([]ConsumerParked, error) {
+	return []ConsumerParked{{Consumer: "c", AggregateType: "account", AggregateID: "q", Reason: "gap"}}, nil
+}
+
+// A recovery with nothing to write still reports what is not whole: it
+// waits up to Settle for the relay's backlog to drain, then names the
+// relay's and the consumers' parked aggregates; with no settle time it
+// reports the backlog as it found it.
+func TestFailoverRecoverReportsWhatIsNotWhole(t *testing.T) {
+	for _, tc := range []struct {
+		settle    time.Duration
+		unrelayed int64
+	}{{5 * time.Second, 0}, {0, 7}} {
+		asked := 0
+		rep, err := FailoverRecover(context.Background(), FailoverConfig{Ledger: drainingLedger{asked: &asked, drainAfter: 3},
+			Sources: []SeenSource{parkingSource{fakeSource{name: "inbox"}}}, Settle: tc.settle}, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := rep.Remaining
+		if rep.Recovery != nil || n == nil || n.Whole() || n.Unrelayed != tc.unrelayed || len(n.Parked) != 1 || len(n.ConsumerParked) != 1 {
+			t.Fatalf("settle %s: recovery %+v, remaining %+v; want nothing written, %d unrelayed, both parks named", tc.settle, rep.Recovery, n, tc.unrelayed)
+		}
+	}
+	if !(NotWhole{}).Whole() {
+		t.Fatal("an empty report is not whole")
 	}
 }

@@ -161,6 +161,11 @@ const (
 	// EventKeepalive is the server's keepalive; LSN is the WAL end it has
 	// sent up to: every transaction committed before it was already sent.
 	EventKeepalive
+	// EventRelayedRows says that the open transaction inserted outbox rows
+	// as relayed (a failover recovery re-committing what the world already
+	// has): its rows are sent only if they still lack their marker. It
+	// comes before the transaction's rows.
+	EventRelayedRows
 )
 
 // Event is one decoded item of the replication stream.

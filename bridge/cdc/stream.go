@@ -212,6 +212,9 @@ type txn struct {
 	commitTime time.Time
 	// delivered counts the rows delivered before its end arrived.
 	delivered int
+	// relayed: the transaction inserted rows as relayed
+	// (EventRelayedRows); each of its rows is checked for its marker.
+	relayed bool
 }
 
 func (r *Relay) heartbeatOn() bool { return r.cfg.HeartbeatInterval > 0 }
@@ -316,6 +319,11 @@ func (r *Relay) streamLoop(ctx context.Context) error {
 				r.advance(open.end)
 			}
 			open = nil
+		case EventRelayedRows:
+			if open == nil {
+				return errors.New("replication stream: relayed rows outside a transaction")
+			}
+			open.relayed = true
 		case EventHeartbeat:
 			if open == nil && len(pending) == 0 && r.heartbeatOn() {
 				r.advance(ev.LSN)
@@ -369,8 +377,10 @@ func (r *Relay) flush(ctx context.Context, pending []txn) error {
 }
 
 // deliverReceived delivers the received rows of txns, in order, but those
-// of parked aggregates and, where a transaction committed before the
-// catch-up ended, those the catch-up already marked.
+// of parked aggregates and those already marked: the catch-up's, where a
+// transaction committed before the catch-up ended, and the rows a
+// transaction inserted as relayed (a failover recovery's re-committed
+// events, which the world has: sent again they would only be repeats).
 func (r *Relay) deliverReceived(ctx context.Context, txns []txn) error {
 	var rows []core.OutboxRow
 	var check []int64
@@ -384,7 +394,7 @@ func (r *Relay) deliverReceived(ctx context.Context, txns []txn) error {
 			ends[row.ID] = t.end
 			// final is before end: this checks at least every row whose
 			// transaction ended by filterUntil.
-			if t.final <= r.filterUntil {
+			if t.final <= r.filterUntil || t.relayed {
 				check = append(check, row.ID)
 			}
 		}

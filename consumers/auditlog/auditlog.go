@@ -29,7 +29,7 @@ func Register(reg *consumers.Registry, topic string, opts ...consumers.Option) e
 func HandleBatch(ctx context.Context, tx pgx.Tx, es []core.Envelope) error {
 	var (
 		ids, types, aggTypes, aggIDs, payloads []string
-		journals                               []*string
+		journals, digests                      []*string
 		occurred                               []*time.Time
 		revisions                              []int64
 		replays                                []bool
@@ -49,16 +49,27 @@ func HandleBatch(ctx context.Context, tx pgx.Tx, es []core.Envelope) error {
 			t := e.OccurredAt
 			o = &t
 		}
-		journals, occurred = append(journals, j), append(occurred, o)
+		journals, occurred, digests = append(journals, j), append(occurred, o), append(digests, digestOf(e))
 	}
 	_, err := tx.Exec(ctx, `
-		INSERT INTO audit_log (event_id, type, aggregate_type, aggregate_id, revision, journal_id, occurred_at, replay, payload)
-		SELECT u.event_id, u.type, u.aggregate_type, u.aggregate_id, u.revision, u.journal_id, u.occurred_at, u.replay, u.payload::jsonb
-		FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[], $7::timestamptz[], $8::boolean[], $9::text[])
-		     AS u(event_id, type, aggregate_type, aggregate_id, revision, journal_id, occurred_at, replay, payload)
+		INSERT INTO audit_log (event_id, type, aggregate_type, aggregate_id, revision, journal_id, occurred_at, replay, payload,
+		                       idempotency_digest)
+		SELECT u.event_id, u.type, u.aggregate_type, u.aggregate_id, u.revision, u.journal_id, u.occurred_at, u.replay, u.payload::jsonb,
+		       u.digest
+		FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[], $7::timestamptz[], $8::boolean[], $9::text[],
+		            $10::text[])
+		     AS u(event_id, type, aggregate_type, aggregate_id, revision, journal_id, occurred_at, replay, payload, digest)
 		ON CONFLICT (event_id) DO NOTHING`,
-		ids, types, aggTypes, aggIDs, revisions, journals, occurred, replays, payloads)
+		ids, types, aggTypes, aggIDs, revisions, journals, occurred, replays, payloads, digests)
 	return err
+}
+
+// digestOf is e's idempotency digest (a ledger event's), nil if it has none.
+func digestOf(e core.Envelope) *string {
+	if d, ok := e.Headers[core.HeaderIdempotencyDigest]; ok && d != "" {
+		return &d
+	}
+	return nil
 }
 
 // Handle stores one event. A payload that is not JSON can never be stored
@@ -78,9 +89,10 @@ func Handle(ctx context.Context, tx pgx.Tx, e core.Envelope) error {
 	// The inbox already guarantees one row per event; the primary key is a
 	// second line of defence, not the mechanism.
 	_, err := tx.Exec(ctx, `
-		INSERT INTO audit_log (event_id, type, aggregate_type, aggregate_id, revision, journal_id, occurred_at, replay, payload)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::jsonb)
+		INSERT INTO audit_log (event_id, type, aggregate_type, aggregate_id, revision, journal_id, occurred_at, replay, payload,
+		                       idempotency_digest)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::jsonb, $10)
 		ON CONFLICT (event_id) DO NOTHING`,
-		e.EventID, e.Type, e.AggregateType, e.AggregateID, e.Revision, journal, occurred, e.Replay, string(e.Payload))
+		e.EventID, e.Type, e.AggregateType, e.AggregateID, e.Revision, journal, occurred, e.Replay, string(e.Payload), digestOf(e))
 	return err
 }

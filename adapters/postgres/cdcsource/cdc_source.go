@@ -24,6 +24,13 @@ import (
 // relay emits on an idle database, so the slot has a position to confirm.
 const HeartbeatPrefix = "posthorn.heartbeat"
 
+// RelayedPrefix is the prefix of the transactional logical decoding
+// message a transaction emits before it inserts outbox rows already marked
+// relayed (posthorn.failover_rebuild, migration 00015): the stream says so
+// (cdc.EventRelayedRows), and the relay checks those rows' markers instead
+// of sending them as new.
+const RelayedPrefix = "posthorn.relayed"
+
 // Source keeps the CDC relay's lease, markers and slot. Every method is
 // one short statement and safe for concurrent use.
 type Source struct {

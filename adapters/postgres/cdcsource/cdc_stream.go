@@ -179,8 +179,11 @@ func (c *Stream) decode(data []byte) error {
 			}
 			c.pending = append(c.pending, cdc.Event{Kind: cdc.EventRow, LSN: cdc.LSN(xld.WALStart), Row: row})
 		case *pglogrepl.LogicalDecodingMessage:
-			if !m.Transactional && m.Prefix == HeartbeatPrefix {
+			switch {
+			case !m.Transactional && m.Prefix == HeartbeatPrefix:
 				c.pending = append(c.pending, cdc.Event{Kind: cdc.EventHeartbeat, LSN: cdc.LSN(m.LSN)})
+			case m.Transactional && m.Prefix == RelayedPrefix:
+				c.pending = append(c.pending, cdc.Event{Kind: cdc.EventRelayedRows, LSN: cdc.LSN(m.LSN)})
 			}
 		}
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/internal/outboxrow"
 	"github.com/posthorn/posthorn/api"
 	"github.com/posthorn/posthorn/core"
 )
@@ -44,7 +45,7 @@ type Config struct {
 
 // MetadataHeaderPrefix prefixes the header of an allow-listed metadata key
 // on the wire, so metadata can never pose as a contract header.
-const MetadataHeaderPrefix = "meta_"
+const MetadataHeaderPrefix = outboxrow.MetadataHeaderPrefix
 
 // wireMetadata returns the headers of p's allow-listed metadata (nil when
 // none), or an input error when they exceed the size limit.
@@ -131,6 +132,10 @@ func (s *Store) Post(ctx context.Context, key string, p core.Posting) (core.Post
 	if err == nil {
 		return res, false, nil
 	}
+	if rk, ok := errors.AsType[*restoredKeyError](err); ok {
+		res, err := s.restoredResult(ctx, rk.journalID)
+		return res, err == nil, err
+	}
 	// A repeated request may fail for reasons of today's state (a balance
 	// that would now overflow) although it succeeded before: the stored
 	// answer wins whenever the key exists.
@@ -153,6 +158,35 @@ func (s *Store) Post(ctx context.Context, key string, p core.Posting) (core.Post
 		return core.PostingResult{}, false, fmt.Errorf("idempotency key disappeared during the request; retry: %w", err)
 	}
 	return core.PostingResult{}, false, err
+}
+
+// restoredKeyError means the posting's key was restored by a failover
+// recovery: the old primary committed the posting as journalID, and the
+// recovery re-committed it.
+type restoredKeyError struct{ journalID string }
+
+func (e *restoredKeyError) Error() string {
+	return "idempotency key restored by a failover recovery: journal " + e.journalID
+}
+
+// restoredResult answers a retry of a key a failover recovery restored:
+// the re-committed journal as the ledger holds it now (its sequence
+// number is the one the recovery gave it; commands are not re-committed,
+// so it lists none).
+func (s *Store) restoredResult(ctx context.Context, journalID string) (core.PostingResult, error) {
+	p, err := s.Posting(ctx, journalID)
+	if err != nil {
+		return core.PostingResult{}, fmt.Errorf("read the posting a restored idempotency key names: %w", err)
+	}
+	res := core.PostingResult{JournalID: p.JournalID, Sequence: p.Sequence, PostedAt: p.PostedAt,
+		Events: make([]core.PostedEvent, len(p.Entries)), Commands: make([]core.PostedCommand, len(p.Commands))}
+	for i, l := range p.Entries {
+		res.Events[i] = core.PostedEvent{EventID: l.EventID, Account: l.Account, Revision: l.Revision}
+	}
+	for i, c := range p.Commands {
+		res.Commands[i] = core.PostedCommand{EventID: c.EventID, Type: c.Type}
+	}
+	return res, nil
 }
 
 // lookupKey reads a stored key: found with the stored result when the hash

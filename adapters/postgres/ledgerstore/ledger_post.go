@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"strconv"
@@ -40,6 +41,12 @@ func (s *Store) post(ctx context.Context, key string, hash [32]byte, p core.Post
 	if traceMD != nil {
 		wireMD = withTrace(wireMD, traceMD)
 	}
+	// Every event carries the key's digest: a failover that loses the
+	// posting keeps, in what the world saw, what a retry of the key must
+	// answer.
+	eventMD := make(map[string]string, len(wireMD)+1)
+	maps.Copy(eventMD, wireMD)
+	eventMD[core.HeaderIdempotencyDigest] = core.IdempotencyDigest(key, hash)
 	plan, err := planPosting(p)
 	if err != nil {
 		return core.PostingResult{}, err
@@ -66,7 +73,7 @@ func (s *Store) post(ctx context.Context, key string, hash [32]byte, p core.Post
 		}
 	}
 
-	newRevision, err := lockAccounts(ctx, tx, plan)
+	newRevision, err := lockAccounts(ctx, tx, plan, eventMD[core.HeaderIdempotencyDigest])
 	if err != nil {
 		return core.PostingResult{}, err
 	}
@@ -80,7 +87,7 @@ func (s *Store) post(ctx context.Context, key string, hash [32]byte, p core.Post
 	// round trip with step 3 and the COMMIT, in this order, and an error in
 	// any of them aborts the transaction before the journal is written.
 	final := &pgx.Batch{}
-	if err := s.writeOutbox(ctx, batchExecutor{final}, res, lines, p.Commands, wireMD, traceMD); err != nil {
+	if err := s.writeOutbox(ctx, batchExecutor{final}, res, lines, p.Commands, eventMD, traceMD); err != nil {
 		return core.PostingResult{}, err
 	}
 	outboxStatements := final.Len()
@@ -167,9 +174,17 @@ func planPosting(p core.Posting) (postingPlan, error) {
 // revision. Inserting missing accounts comes before any row lock: an insert
 // waits for a concurrent insert of the same ID, and waiting on that while
 // holding row locks could deadlock.
-func lockAccounts(ctx context.Context, tx connTx, plan postingPlan) (map[string]int64, error) {
+//
+// The same round trip looks digest up among the keys a failover recovery
+// restored or recorded lost (posthorn.failover_keys): a retry of a posting
+// the old primary committed is answered from there (errRestoredKey, or an
+// *core.IdempotencyKeyLostError) and writes nothing, instead of posting
+// the money a second time. The table is empty but after a recovery, so
+// the probe costs one index lookup.
+func lockAccounts(ctx context.Context, tx connTx, plan postingPlan, digest string) (map[string]int64, error) {
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
+	b.Queue(`SELECT journal_id::text, restored, reason FROM posthorn.failover_keys WHERE digest = $1 AND expires_at > now()`, digest)
 	b.Queue(`INSERT INTO accounts (id) SELECT id FROM unnest($1::text[]) AS u(id) ORDER BY id COLLATE "C" ON CONFLICT DO NOTHING`, plan.accounts)
 	b.Queue(`SELECT id FROM accounts WHERE id = ANY($1) ORDER BY id COLLATE "C" FOR UPDATE`, plan.accounts)
 	b.Queue(`UPDATE accounts AS a SET revision = a.revision + u.n
@@ -183,6 +198,16 @@ ON CONFLICT (account_id, currency) DO UPDATE SET balance = b.balance + EXCLUDED.
 	defer br.Close()
 	if _, err := br.Exec(); err != nil {
 		return nil, fmt.Errorf("begin posting: %w", err)
+	}
+	var journal, reason string
+	var restored bool
+	switch err := br.QueryRow().Scan(&journal, &restored, &reason); {
+	case err == nil && restored:
+		return nil, &restoredKeyError{journalID: journal}
+	case err == nil:
+		return nil, &core.IdempotencyKeyLostError{JournalID: journal, Reason: reason}
+	case !errors.Is(err, pgx.ErrNoRows):
+		return nil, fmt.Errorf("read the keys a failover recovery restored: %w", err)
 	}
 	if _, err := br.Exec(); err != nil {
 		return nil, fmt.Errorf("create accounts: %w", err)
@@ -359,8 +384,8 @@ func (queued) RowsAffected() (int64, error) { return 0, errQueuedOnly }
 // writeOutbox publishes the posting's events and commands through
 // Watermill's SQL publisher on exec. Events go in one Publish (one INSERT);
 // commands in one Publish per topic, in request order within it. Events
-// carry the headers md (allow-listed metadata and the trace context);
-// commands carry only the trace context, tc.
+// carry the headers md (allow-listed metadata, the trace context and the
+// idempotency digest); commands carry only the trace context, tc.
 func (s *Store) writeOutbox(ctx context.Context, exec batchExecutor, res core.PostingResult, lines []line, cmds []core.CommandSpec, md, tc map[string]string) error {
 	pub, err := wsql.NewPublisher(exec, wsql.PublisherConfig{SchemaAdapter: s.schema}, s.cfg.Logger)
 	if err != nil {

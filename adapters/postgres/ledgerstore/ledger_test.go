@@ -78,9 +78,12 @@ func TestPostWritesJournalLinesRevisionsAndOutboxTogether(t *testing.T) {
 	if len(got) != 4 {
 		t.Fatalf("outbox has %d rows, want 2 events + 2 commands", len(got))
 	}
+	// Each event carries the key's digest (so a failover that loses the
+	// posting keeps what its key answers); metadata only by allow-list.
+	digest := fmt.Sprintf(`{"idempotency_digest": %q}`, core.IdempotencyDigest("key-1", core.PostingHash(p)))
 	for i, acc := range []string{"acc-alice", "acc-bob"} {
 		r := got[i]
-		want := outboxRow{res.Events[i].EventID, "event", core.TypeAccountPosted, core.TopicEvents, core.AggregateAccount, acc, 1, core.ShardOf(acc), res.JournalID, "{}", nil}
+		want := outboxRow{res.Events[i].EventID, "event", core.TypeAccountPosted, core.TopicEvents, core.AggregateAccount, acc, 1, core.ShardOf(acc), res.JournalID, digest, nil}
 		r.payload = nil
 		if fmt.Sprint(r) != fmt.Sprint(want) {
 			t.Errorf("event row %d = %+v, want %+v", i, r, want)

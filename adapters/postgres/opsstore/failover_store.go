@@ -20,7 +20,10 @@ import (
 // Recover, goes through the definer functions of migration 00012.
 type FailoverStore struct{ pool *pgxpool.Pool }
 
-var _ ops.FailoverStore = (*FailoverStore)(nil)
+var (
+	_ ops.FailoverStore = (*FailoverStore)(nil)
+	_ ops.ParkedSource  = InboxSeen{}
+)
 
 // NewFailoverStore returns the failover store of the ledger on pool.
 func NewFailoverStore(pool *pgxpool.Pool) *FailoverStore { return &FailoverStore{pool: pool} }
@@ -129,7 +132,7 @@ func (s *FailoverStore) Recover(ctx context.Context, plan ops.RecoveryPlan, note
 		for _, j := range plan.Rebuild {
 			lines := make([]ops.RebuildLine, len(j.Lines))
 			for i, l := range j.Lines {
-				l.Headers = extraHeaders(l.Headers)
+				l.Headers = ledgerHeaders(l.Headers)
 				lines[i] = l
 			}
 			doc, err := json.Marshal(lines)
@@ -137,7 +140,7 @@ func (s *FailoverStore) Recover(ctx context.Context, plan ops.RecoveryPlan, note
 				return err
 			}
 			var seq *int64
-			if err := tx.QueryRow(ctx, `SELECT posthorn.failover_recommit($1::text::uuid, $2, $3::jsonb)`,
+			if err := tx.QueryRow(ctx, `SELECT posthorn.failover_rebuild($1::text::uuid, $2, $3::jsonb)`,
 				j.JournalID, j.PostedAt, string(doc)).Scan(&seq); err != nil {
 				return fmt.Errorf("re-commit journal %s: %w", j.JournalID, err)
 			}
@@ -160,6 +163,19 @@ func (s *FailoverStore) Recover(ctx context.Context, plan ops.RecoveryPlan, note
 				res.Recorded++
 			}
 		}
+		for _, k := range plan.Keys {
+			var fresh bool
+			if err := tx.QueryRow(ctx, `SELECT posthorn.failover_record_key($1, $2::text::uuid, $3, $4, $5)`,
+				k.Digest, k.JournalID, k.Restored, k.Reason, k.PostedAt).Scan(&fresh); err != nil {
+				return fmt.Errorf("record the idempotency key of journal %s: %w", k.JournalID, err)
+			}
+			switch {
+			case fresh && k.Restored:
+				res.KeysRestored++
+			case fresh:
+				res.KeysLost++
+			}
+		}
 		if _, err := tx.Exec(ctx, `SELECT posthorn.failover_accept($1)`, note); err != nil {
 			return fmt.Errorf("accept the ledger's history: %w", err)
 		}
@@ -172,16 +188,41 @@ func (s *FailoverStore) Recover(ctx context.Context, plan ops.RecoveryPlan, note
 	return res, nil
 }
 
-// extraHeaders are h without the contract's headers, which the outbox keeps
-// in columns of their own; never nil.
-func extraHeaders(h map[string]string) map[string]string {
+// ledgerHeaders are the headers of h the ledger's write path stores on an
+// account's event (outboxrow.LedgerEventHeader); never nil. A record read
+// back from a sink carries more (the contract's headers, which have
+// columns, and whatever the transport added), none of which the row may
+// store: the relay would send it again, and a sink refuse it for good.
+func ledgerHeaders(h map[string]string) map[string]string {
 	out := map[string]string{}
 	for k, v := range h {
-		if outboxrow.Stored(k, v) {
+		if outboxrow.LedgerEventHeader(k) {
 			out[k] = v
 		}
 	}
 	return out
+}
+
+// Backlog reads the relay's parked aggregates and how many outbox rows
+// are unrelayed, and the oldest one's age.
+func (s *FailoverStore) Backlog(ctx context.Context) (ops.RelayBacklog, error) {
+	var b ops.RelayBacklog
+	err := s.pool.QueryRow(ctx, `
+SELECT count(*), coalesce(extract(epoch FROM now() - min(o.created_at)), 0)::float8
+FROM outbox_pending p CROSS JOIN LATERAL (SELECT created_at FROM outbox o WHERE o.id = p.id OFFSET 0) o`).
+		Scan(&b.Unrelayed, &b.OldestSeconds)
+	if err != nil {
+		return b, fmt.Errorf("read the relay's backlog: %w", err)
+	}
+	rows, err := s.pool.Query(ctx, `
+SELECT aggregate_type, aggregate_id, event_id::text, reason, parked_at FROM relay_parked ORDER BY parked_at, aggregate_id`)
+	if err != nil {
+		return b, fmt.Errorf("read the relay's parked aggregates: %w", err)
+	}
+	if b.Parked, err = pgx.CollectRows(rows, pgx.RowToStructByPos[core.ParkedAggregate]); err != nil {
+		return b, fmt.Errorf("read the relay's parked aggregates: %w", err)
+	}
+	return b, nil
 }
 
 func joinSources(s []string) string {
@@ -200,6 +241,17 @@ type InboxSeen struct {
 
 // SourceName names the source in reports.
 func (s InboxSeen) SourceName() string { return "inbox of " + s.Consumer }
+
+// Parked lists the aggregates the consumer parked, with their reasons.
+func (s InboxSeen) Parked(ctx context.Context) ([]ops.ConsumerParked, error) {
+	rows, err := s.Pool.Query(ctx, `
+SELECT consumer, aggregate_type, aggregate_id, coalesce(parked_reason, '') FROM consumer_positions
+WHERE consumer = $1 AND parked ORDER BY parked_at, aggregate_id`, s.Consumer)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowToStructByPos[ops.ConsumerParked])
+}
 
 // Seen reads every event of the consumer's inbox.
 func (s InboxSeen) Seen(ctx context.Context) ([]ops.SeenEvent, error) {
@@ -232,8 +284,9 @@ FROM consumer_inbox WHERE consumer = $1 AND aggregate_id <> ''`, s.Consumer)
 }
 
 // AuditLogSeen is what the example consumer audit-log keeps: every event
-// it applied, whole (table audit_log: journal and payload), so it gives
-// the amounts of the events the inboxes no longer keep.
+// it applied, whole (table audit_log: journal, payload and idempotency
+// digest), so it gives the amounts and keys of the events the inboxes no
+// longer keep.
 type AuditLogSeen struct {
 	Pool *pgxpool.Pool
 }
@@ -244,16 +297,20 @@ func (AuditLogSeen) SourceName() string { return "audit_log table" }
 // Seen reads every event of the audit log.
 func (s AuditLogSeen) Seen(ctx context.Context) ([]ops.SeenEvent, error) {
 	rows, err := s.Pool.Query(ctx, `
-SELECT event_id, type, aggregate_type, aggregate_id, revision, coalesce(journal_id, ''), payload::text FROM audit_log`)
+SELECT event_id, type, aggregate_type, aggregate_id, revision, coalesce(journal_id, ''), payload::text,
+       coalesce(idempotency_digest, '') FROM audit_log`)
 	if err != nil {
 		return nil, err
 	}
 	var out []ops.SeenEvent
 	var e ops.SeenEvent
-	var payload string
-	_, err = pgx.ForEachRow(rows, []any{&e.EventID, &e.Type, &e.AggregateType, &e.AggregateID, &e.Revision, &e.JournalID, &payload}, func() error {
+	var payload, digest string
+	_, err = pgx.ForEachRow(rows, []any{&e.EventID, &e.Type, &e.AggregateType, &e.AggregateID, &e.Revision, &e.JournalID, &payload, &digest}, func() error {
 		ev := e
 		ev.Payload = []byte(payload)
+		if digest != "" {
+			ev.Headers = map[string]string{core.HeaderIdempotencyDigest: digest}
+		}
 		out = append(out, ev)
 		return nil
 	})

@@ -3,6 +3,7 @@ package opsstore_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"strconv"
 	"strings"
 	"testing"
@@ -116,5 +117,130 @@ UNION ALL SELECT revision FROM posthorn_aggregates WHERE aggregate_type = 'order
 	roletest.AssertRefused(t, owner, roletest.As(t, url, postgres.RoleRelay), []roletest.Refusal{
 		{What: "accept the history", SQL: `SELECT posthorn.failover_accept('relay')`},
 		{What: "move the sequences", SQL: `SELECT posthorn.failover_advance(0, 0, '{}', '{}', '{}')`},
+	})
+}
+
+// A re-committed event stores only the headers the ledger's write path
+// stores: what a record read back from a sink also carries (Watermill's
+// message UUID, which the Kafka and Redis sinks refuse for good, a wire
+// format's headers, the old history's ledger_timeline) is left out, and
+// posthorn.failover_rebuild refuses it outright, naming the line, so no
+// path can store a header the relay could not send. The maintainer may no
+// longer call the unchecked posthorn.failover_recommit. Control: that
+// function, which the previous recovery called, stores the header.
+func TestFailoverStoreKeepsOnlyTheLedgersHeaders(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url, owner := roletest.Ledger(t)
+	m := roletest.As(t, url, postgres.RoleMaintainer)
+	digest := core.IdempotencyDigest("k-1", [32]byte{1})
+	j := lostJournal(t, "acc-a", "acc-b", 1, 1, 500)
+	for i := range j.Lines {
+		j.Lines[i].Headers = map[string]string{"_watermill_message_uuid": j.Lines[i].EventID, "ce_id": j.Lines[i].EventID,
+			core.HeaderLedgerTimeline: "1", core.HeaderEventID: j.Lines[i].EventID, "meta_reference": "inv-1",
+			"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", core.HeaderIdempotencyDigest: digest}
+	}
+	if _, err := opsstore.NewFailoverStore(m).Recover(ctx, ops.RecoveryPlan{Rebuild: []ops.RebuildJournal{j}}, "test"); err != nil {
+		t.Fatal(err)
+	}
+	want := `{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "meta_reference": "inv-1", "idempotency_digest": "` + digest + `"}`
+	if got := pgtest.Column[string](t, owner, `SELECT headers::text FROM outbox ORDER BY id`); len(got) != 2 || got[0] != want || got[1] != want {
+		t.Fatalf("re-committed rows store headers %v, want only the ledger's %s", got, want)
+	}
+
+	// lines is a lost journal's ID and lines, every line with headers h.
+	lines := func(h map[string]string) (string, string) {
+		l := lostJournal(t, "acc-c", "acc-d", 1, 1, 5)
+		for i := range l.Lines {
+			l.Lines[i].Headers = h
+		}
+		doc, err := json.Marshal(l.Lines)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l.JournalID, string(doc)
+	}
+	journals := pgtest.Column[int64](t, owner, `SELECT count(*) FROM journals`)[0]
+	for h, field := range map[string]string{"_watermill_message_uuid": "lines[0].headers: key '_watermill_message_uuid'",
+		core.HeaderLedgerTimeline: "lines[0].headers: key 'ledger_timeline' is a contract header"} {
+		id, doc := lines(map[string]string{h: "x"})
+		_, err := m.Exec(ctx, `SELECT posthorn.failover_rebuild($1::uuid, now(), $2::jsonb)`, id, doc)
+		if err == nil || !strings.Contains(err.Error(), field) {
+			t.Errorf("failover_rebuild with header %s: %v, want a refusal naming %q", h, err, field)
+		}
+	}
+	if n := pgtest.Column[int64](t, owner, `SELECT count(*) FROM journals`)[0]; n != journals {
+		t.Fatalf("refused rebuilds wrote %d journals", n-journals)
+	}
+	// Control: the unchecked function, which the maintainer may not call,
+	// stores what a transport added when the owner calls it.
+	id, doc := lines(map[string]string{"_watermill_message_uuid": "x"})
+	roletest.AssertRefused(t, owner, m, []roletest.Refusal{
+		{What: "re-commit without the header check", SQL: `SELECT posthorn.failover_recommit('` + id + `', now(), '` + doc + `')`},
+	})
+	if _, err := owner.Exec(ctx, `SELECT posthorn.failover_recommit($1::uuid, now(), $2::jsonb)`, id, doc); err != nil {
+		t.Fatal(err)
+	}
+	if n := pgtest.Column[int64](t, owner, `SELECT count(*) FROM outbox WHERE headers ? '_watermill_message_uuid'`)[0]; n != 2 {
+		t.Fatalf("control: the unchecked re-commit stored the transport's header on %d rows, want 2", n)
+	}
+}
+
+// A retry of a key the recovery recorded writes nothing: restored, it
+// answers the re-committed journal (replayed); lost, it is refused with
+// the journal's ID (core.IdempotencyKeyLostError); past the key's lifetime
+// it is a new posting, as any expired key. The Posting API's role reads
+// the table and may not write it. Control: the same retry with no record
+// posts the money a second time.
+func TestFailoverKeysAnswerAClientsRetry(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url, owner := roletest.Ledger(t)
+	m := roletest.As(t, url, postgres.RoleMaintainer)
+	apiPool := roletest.As(t, url, postgres.RoleAPI)
+	store := ledgerstore.New(apiPool, ledgerstore.Config{})
+	posting := func(amount int64) core.Posting {
+		return core.Posting{Entries: []core.Entry{{Account: "acc-a", Direction: core.Debit, Amount: amount, Currency: "EUR"},
+			{Account: "acc-b", Direction: core.Credit, Amount: amount, Currency: "EUR"}}}
+	}
+	restored := lostJournal(t, "acc-a", "acc-b", 1, 1, 500)
+	lostID := uuid.Must(uuid.NewV7()).String()
+	digest := func(key string, amount int64) string {
+		return core.IdempotencyDigest(key, core.PostingHash(posting(amount)))
+	}
+	plan := ops.RecoveryPlan{Rebuild: []ops.RebuildJournal{restored}, Keys: []ops.LostKey{
+		{Digest: digest("k-restored", 500), JournalID: restored.JournalID, Restored: true, PostedAt: restored.PostedAt},
+		{Digest: digest("k-lost", 7), JournalID: lostID, Reason: "journal does not balance", PostedAt: time.Now()},
+		{Digest: digest("k-expired", 9), JournalID: lostID, Reason: "old", PostedAt: time.Now().Add(-800 * time.Hour)},
+	}}
+	res, err := opsstore.NewFailoverStore(m).Recover(ctx, plan, "test")
+	if err != nil || res.KeysRestored != 1 || res.KeysLost != 2 {
+		t.Fatalf("recover: %+v, %v; want 1 key restored and 2 lost", res, err)
+	}
+	journals := func() int64 { return pgtest.Column[int64](t, owner, `SELECT count(*) FROM journals`)[0] }
+	before := journals()
+
+	got, replayed, err := store.Post(ctx, "k-restored", posting(500))
+	if err != nil || !replayed || got.JournalID != restored.JournalID || len(got.Events) != 2 || got.Events[0].EventID != restored.Lines[0].EventID {
+		t.Fatalf("retry of a restored key: %+v, replayed %v, %v; want the re-committed journal %s", got, replayed, err, restored.JournalID)
+	}
+	_, _, err = store.Post(ctx, "k-lost", posting(7))
+	lost, ok := errors.AsType[*core.IdempotencyKeyLostError](err)
+	if !ok || lost.JournalID != lostID || !strings.Contains(lost.Reason, "does not balance") {
+		t.Fatalf("retry of a lost key: %v, want the lost journal %s named", err, lostID)
+	}
+	if n := journals(); n != before {
+		t.Fatalf("the retries wrote %d journals", n-before)
+	}
+	if _, replayed, err := store.Post(ctx, "k-expired", posting(9)); err != nil || replayed {
+		t.Fatalf("a retry past the key's lifetime: replayed %v, %v; want a new posting", replayed, err)
+	}
+	// Control: a key the recovery did not record posts again.
+	if _, replayed, err := store.Post(ctx, "k-unrecorded", posting(11)); err != nil || replayed || journals() != before+2 {
+		t.Fatalf("control: replayed %v, %v, %d journals", replayed, err, journals()-before)
+	}
+	roletest.AssertRefused(t, owner, apiPool, []roletest.Refusal{
+		{What: "forget a lost key", SQL: `DELETE FROM posthorn.failover_keys`},
+		{What: "restore a key by hand", SQL: `SELECT posthorn.failover_record_key('` + strings.Repeat("a", 43) + `', gen_random_uuid(), true, '', now())`},
 	})
 }

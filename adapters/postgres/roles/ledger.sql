@@ -38,7 +38,7 @@
 REVOKE ALL ON TABLE accounts, account_balances, journals, journal_lines, idempotency_keys, outbox, outbox_pending,
     relay_leases, relay_members, relay_parked, relay_cdc_leases,
     ops_coverage, ops_archive_segments, ops_cleanup, ops_replay_progress, console_audit, posthorn_aggregates,
-    posthorn_ledger_migrations, posthorn.settings, posthorn.ledger_timelines, dead_letters
+    posthorn_ledger_migrations, posthorn.settings, posthorn.ledger_timelines, posthorn.failover_keys, dead_letters
     FROM posthorn_api, posthorn_relay, posthorn_relay_cdc, posthorn_reconciler, posthorn_maintainer, posthorn_consumer,
         posthorn_publisher, posthorn_definer;
 REVOKE ALL ON SEQUENCE journal_sequence, outbox_id_seq, relay_fencing_token, console_audit_id_seq
@@ -78,6 +78,9 @@ GRANT SELECT, INSERT ON journals, journal_lines, idempotency_keys TO posthorn_ap
 -- DELETE of its own would let a stolen API credential forget a key a
 -- client is still retrying with, and turn the retry into a second posting.
 GRANT EXECUTE ON FUNCTION posthorn.prune_idempotency_keys(timestamptz, integer) TO posthorn_api;
+-- A retry of a key a failover recovery restored or recorded lost is
+-- answered from posthorn.failover_keys (migration 00015): read only.
+GRANT SELECT ON posthorn.failover_keys TO posthorn_api;
 GRANT USAGE ON SEQUENCE journal_sequence, outbox_id_seq TO posthorn_api;
 -- The outbox: insert the row (never its marker), read it back for
 -- GET /v1/postings. No UPDATE and no DELETE at all.
@@ -167,28 +170,35 @@ GRANT SELECT, DELETE ON outbox TO posthorn_maintainer;
 GRANT SELECT ON outbox_pending TO posthorn_maintainer;
 GRANT SELECT ON SEQUENCE outbox_id_seq TO posthorn_maintainer;
 GRANT SELECT ON ops_coverage, relay_leases TO posthorn_maintainer;
+-- failover recover reports the aggregates the relay parked.
+GRANT SELECT ON relay_parked TO posthorn_maintainer;
 GRANT SELECT, INSERT, UPDATE ON ops_archive_segments, ops_cleanup TO posthorn_maintainer;
 -- `posthorn retention` as the maintainer: expired idempotency keys,
 -- through the same function as the API.
 GRANT EXECUTE ON FUNCTION posthorn.prune_idempotency_keys(timestamptz, integer) TO posthorn_maintainer;
 
--- posthorn failover check and recover (migration 00012), run as the
--- maintainer: the check reads which events the ledger holds and where its
--- sequences and revisions stand; the recovery writes only through the
--- functions, which re-commit a lost posting from its published events,
--- move sequences and revisions forward, record what cannot be rebuilt and
--- accept the server's own history.
+-- posthorn failover check and recover (migrations 00012, 00015), run as
+-- the maintainer: the check reads which events the ledger holds and where
+-- its sequences and revisions stand; the recovery writes only through the
+-- functions, which re-commit a lost posting from its published events
+-- (posthorn.failover_rebuild, which checks the headers and calls
+-- posthorn.failover_recommit: the maintainer may not call the latter
+-- itself), move sequences and revisions forward, record what cannot be
+-- rebuilt and the lost postings' idempotency digests, and accept the
+-- server's own history.
 REVOKE ALL ON TABLE posthorn.failover_lost
     FROM posthorn_api, posthorn_relay, posthorn_relay_cdc, posthorn_reconciler, posthorn_maintainer, posthorn_consumer,
         posthorn_publisher, posthorn_definer;
 GRANT SELECT (journal_id, account_id, revision) ON journal_lines TO posthorn_maintainer;
 GRANT SELECT (id, revision) ON accounts TO posthorn_maintainer;
-GRANT SELECT ON posthorn_aggregates, posthorn.ledger_timelines, posthorn.failover_lost TO posthorn_maintainer;
+GRANT SELECT ON posthorn_aggregates, posthorn.ledger_timelines, posthorn.failover_lost, posthorn.failover_keys
+    TO posthorn_maintainer;
 GRANT SELECT ON SEQUENCE journal_sequence TO posthorn_maintainer;
 GRANT EXECUTE ON FUNCTION posthorn.ledger_history(), posthorn.ledger_history_accepted(),
-    posthorn.failover_recommit(uuid, timestamptz, jsonb),
+    posthorn.failover_rebuild(uuid, timestamptz, jsonb),
     posthorn.failover_advance(bigint, bigint, text[], text[], bigint[]),
     posthorn.failover_record_lost(uuid, text, text, bigint, uuid, text, text),
+    posthorn.failover_record_key(text, uuid, boolean, text, timestamptz),
     posthorn.failover_accept(text) TO posthorn_maintainer;
 -- What the functions write, as their owner.
 GRANT SELECT, INSERT ON accounts, journals, journal_lines TO posthorn_definer;
@@ -198,11 +208,13 @@ GRANT UPDATE (balance) ON account_balances TO posthorn_definer;
 GRANT INSERT (journal_id) ON outbox TO posthorn_definer;
 GRANT DELETE ON outbox_pending TO posthorn_definer;
 GRANT SELECT, UPDATE ON SEQUENCE journal_sequence, outbox_id_seq TO posthorn_definer;
-GRANT SELECT, INSERT ON posthorn.failover_lost TO posthorn_definer;
+GRANT SELECT, INSERT ON posthorn.failover_lost, posthorn.failover_keys TO posthorn_definer;
 GRANT SELECT, INSERT ON posthorn.ledger_timelines TO posthorn_definer;
 GRANT EXECUTE ON FUNCTION posthorn.ledger_history(), posthorn.accept_ledger_history(text, text) TO posthorn_definer;
 GRANT CREATE ON SCHEMA posthorn TO posthorn_definer;
 ALTER FUNCTION posthorn.failover_recommit(uuid, timestamptz, jsonb) OWNER TO posthorn_definer;
+ALTER FUNCTION posthorn.failover_rebuild(uuid, timestamptz, jsonb) OWNER TO posthorn_definer;
+ALTER FUNCTION posthorn.failover_record_key(text, uuid, boolean, text, timestamptz) OWNER TO posthorn_definer;
 ALTER FUNCTION posthorn.failover_advance(bigint, bigint, text[], text[], bigint[]) OWNER TO posthorn_definer;
 ALTER FUNCTION posthorn.failover_record_lost(uuid, text, text, bigint, uuid, text, text) OWNER TO posthorn_definer;
 ALTER FUNCTION posthorn.failover_accept(text) OWNER TO posthorn_definer;

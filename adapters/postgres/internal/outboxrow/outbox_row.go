@@ -6,6 +6,7 @@ package outboxrow
 import (
 	"encoding/json"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5/pgtype"
 
@@ -109,4 +110,24 @@ func defaultHeader(k, v string) bool {
 // column: neither one of the contract's own columns nor a default.
 func Stored(k, v string) bool {
 	return !contractHeaders[k] && !defaultHeader(k, v)
+}
+
+// MetadataHeaderPrefix prefixes the header of an allow-listed metadata key
+// on the wire, so metadata can never pose as a contract header.
+const MetadataHeaderPrefix = "meta_"
+
+// LedgerEventHeader reports whether k is a header the ledger's write path
+// stores on an account's event: allow-listed metadata, the trace context
+// and the idempotency digest. A ledger event rebuilt from what the world
+// saw keeps these and nothing else: a record read back from a sink also
+// carries what the transport added (Watermill's message UUID, a wire
+// format's own headers, the old history's ledger_timeline), which the
+// row must not store, or the relay would send it again and a sink refuse
+// it for good.
+func LedgerEventHeader(k string) bool {
+	switch k {
+	case "traceparent", "tracestate", core.HeaderIdempotencyDigest:
+		return true
+	}
+	return strings.HasPrefix(k, MetadataHeaderPrefix) && len(k) > len(MetadataHeaderPrefix)
 }
