@@ -256,7 +256,7 @@ func printNotWhole(w io.Writer, n ops.NotWhole) {
 	}
 	fmt.Fprintln(w, "\nSTILL NOT WHOLE (exit 1):")
 	if n.Unrelayed > 0 {
-		fmt.Fprintf(w, "  %d outbox rows unrelayed, the oldest %.0fs old: is a relay running on the new primary? (posthorn outbox status)\n", n.Unrelayed, n.OldestSeconds)
+		fmt.Fprintf(w, "  %d outbox rows unrelayed, the oldest %.0fs old: is a relay running on the new primary, and, with relay.standby_flush: required, a standby streaming from it? (posthorn outbox status)\n", n.Unrelayed, n.OldestSeconds)
 	}
 	for _, p := range n.Parked {
 		fmt.Fprintf(w, "  relay parked %q %q at event %q: %q (posthorn outbox release, or dead-letter)\n", p.AggregateType, p.AggregateID, p.EventID, p.Reason)

@@ -77,6 +77,9 @@ type SystemConfig struct {
 	Kafka *kafkacluster.Cluster
 	// Format is the relays' sink.format (empty: the default, posthorn).
 	Format string
+	// RelayEnv is added to the relays' environment (relay.mode, standby
+	// settings).
+	RelayEnv []string
 }
 
 // System is the running set of processes plus the suite's own pools.
@@ -188,7 +191,7 @@ func StartSystem(ctx context.Context, cfg SystemConfig) (*System, error) {
 			Env: append([]string{"POSTHORN_DATABASE__URL=" + cfg.LedgerURL,
 				fmt.Sprintf("POSTHORN_RELAY__OWNER=relay-%c", 'A'+i),
 				"POSTHORN_RELAY__LEASE_TTL=" + cfg.LeaseTTL.String(),
-				"POSTHORN_RELAY__POLL_INTERVAL=200ms"}, sinkEnv...)})
+				"POSTHORN_RELAY__POLL_INTERVAL=200ms"}, append(sinkEnv, cfg.RelayEnv...)...)})
 		if err := p.Start(ctx); err != nil {
 			return nil, err
 		}
