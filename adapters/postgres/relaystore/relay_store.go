@@ -22,15 +22,19 @@ import (
 // short statement (or one short transaction) and is safe for concurrent use.
 type Store struct {
 	pool *pgxpool.Pool
+	// low is each shard's low-water mark (lowwater.go); nil scans every
+	// shard's queue from its start.
+	low *lowWater
 }
 
 // New returns a store over pool.
-func New(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }
+func New(pool *pgxpool.Pool) *Store { return &Store{pool: pool, low: newLowWater()} }
 
 // readByID is one round trip over every owned shard; each lateral subquery is
-// a range scan of the work queue outbox_pending (shard, id), each row probed
-// in the outbox's primary key, so its cost follows the batch, not the
-// backlog. The probe is a lateral subquery behind OFFSET 0 so that the
+// a range scan of the work queue outbox_pending (shard, id) from the shard's
+// low-water mark ($4, lowwater.go), each row probed in the outbox's primary
+// key, so its cost follows the batch, not the backlog, nor the queue's
+// deleted entries that a long snapshot keeps from VACUUM. The probe is a lateral subquery behind OFFSET 0 so that the
 // planner cannot turn it into a join of its choosing: planned while the
 // outbox looked nearly empty (a busy start, before autovacuum analyzes it;
 // pgx prepares the statement and the server keeps a generic plan), a join
@@ -57,22 +61,36 @@ var readByID = readPending("p.shard = ANY (ARRAY[s.shard])", "p.shard, p.id", "o
 var readByXID = readPending("p.shard = s.shard", "o.xid, o.id", "o.xid, o.id")
 
 // readPending is the read of readByID and readByXID: up to $2 pending rows
-// of each shard in $1 that matches shard, in order per shard, then in
-// order overall, skipping parked aggregates and the ids in $3.
+// of each shard in $1 that matches shard, from the shard's mark in $4 on,
+// in order per shard, then in order overall, skipping parked aggregates
+// and the ids in $3.
 func readPending(shard, order, overall string) string {
 	return `
 SELECT ` + outboxrow.Columns + `
-FROM unnest($1::int[]) AS s(shard)
+FROM unnest($1::int[], $4::bigint[]) AS s(shard, low)
 CROSS JOIN LATERAL (
     SELECT o.* FROM outbox_pending p
     CROSS JOIN LATERAL (SELECT * FROM outbox o WHERE o.id = p.id OFFSET 0) o
-    WHERE ` + shard + `
+    WHERE ` + shard + ` AND p.id >= s.low
       AND (o.aggregate_type, o.aggregate_id) NOT IN (SELECT aggregate_type, aggregate_id FROM relay_parked)
       AND p.id NOT IN (SELECT unnest($3::bigint[]))
     ORDER BY ` + order + `
     LIMIT $2) o
 ORDER BY ` + overall
 }
+
+// readHorizon is read before the batch, in the same transaction: the
+// oldest transaction still running (every one below it has ended), the
+// last outbox id the sequence gave out, and the release generation
+// (lowwater.go).
+const readHorizon = `SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint,
+       (SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM outbox_id_seq),
+       (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM relay_release_seq)`
+
+// readNextXID is read after the batch: the next transaction ID to be
+// assigned, which every transaction that took an id up to the last one
+// readHorizon saw is below.
+const readNextXID = `SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint`
 
 // readSettings are set for the read's transaction only (see ReadBatchSkipping).
 const readSettings = `SELECT set_config('enable_sort', 'off', true), set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)`
@@ -93,28 +111,57 @@ func (s *Store) ReadBatchSkipping(ctx context.Context, shards []int, perShard in
 	if skip == nil {
 		skip = []int64{}
 	}
-	var out []core.OutboxRow
-	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
-		// enable_sort off: see readByID. enable_seqscan off: with statistics
-		// from a nearly empty table (a busy start; autovacuum may not analyze
-		// for a minute) the planner would otherwise probe the outbox with a
-		// scan of the whole table for each row. jit off as well: the price
-		// put on disabled plans would otherwise push the plan's cost over
-		// jit_above_cost, and compiling takes longer than the read.
-		if _, err := tx.Exec(ctx, readSettings); err != nil {
-			return err
-		}
-		rows, err := tx.Query(ctx, q, toInt32(shards), perShard, skip)
-		if err != nil {
-			return err
-		}
-		out, err = scanOutboxRows(rows)
-		return err
-	})
+	out, h, err := s.readBatch(ctx, q, shards, perShard, skip, s.low.marks(shards))
 	if err != nil {
 		return nil, fmt.Errorf("read outbox batch: %w", err)
 	}
+	s.low.advance(shards, out, skip, h)
 	return out, nil
+}
+
+// readBatch runs the read in one read-only transaction, sent in one round
+// trip: the settings, readHorizon, the batch from the marks lows, and
+// readNextXID.
+func (s *Store) readBatch(ctx context.Context, q string, shards []int, perShard int, skip, lows []int64) ([]core.OutboxRow, horizon, error) {
+	var h horizon
+	b := &pgx.Batch{}
+	b.Queue("BEGIN READ ONLY")
+	// enable_sort off: see readByID. enable_seqscan off: with statistics
+	// from a nearly empty table (a busy start; autovacuum may not analyze
+	// for a minute) the planner would otherwise probe the outbox with a
+	// scan of the whole table for each row. jit off as well: the price
+	// put on disabled plans would otherwise push the plan's cost over
+	// jit_above_cost, and compiling takes longer than the read.
+	b.Queue(readSettings)
+	b.Queue(readHorizon)
+	b.Queue(q, toInt32(shards), perShard, skip, lows)
+	b.Queue(readNextXID)
+	b.Queue("COMMIT")
+	br := s.pool.SendBatch(ctx, b)
+	defer br.Close()
+	for range 2 {
+		if _, err := br.Exec(); err != nil {
+			return nil, h, err
+		}
+	}
+	if err := br.QueryRow().Scan(&h.xmin, &h.last, &h.release); err != nil {
+		return nil, h, err
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return nil, h, err
+	}
+	out, err := scanOutboxRows(rows)
+	if err != nil {
+		return nil, h, err
+	}
+	if err := br.QueryRow().Scan(&h.next); err != nil {
+		return nil, h, err
+	}
+	if _, err := br.Exec(); err != nil {
+		return nil, h, err
+	}
+	return out, h, br.Close()
 }
 
 func scanOutboxRows(rows pgx.Rows) ([]core.OutboxRow, error) {

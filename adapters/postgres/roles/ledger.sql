@@ -41,7 +41,7 @@ REVOKE ALL ON TABLE accounts, account_balances, journals, journal_lines, idempot
     posthorn_ledger_migrations, posthorn.settings, posthorn.ledger_timelines, posthorn.failover_keys, dead_letters
     FROM posthorn_api, posthorn_relay, posthorn_relay_cdc, posthorn_reconciler, posthorn_maintainer, posthorn_consumer,
         posthorn_publisher, posthorn_definer;
-REVOKE ALL ON SEQUENCE journal_sequence, outbox_id_seq, relay_fencing_token, console_audit_id_seq
+REVOKE ALL ON SEQUENCE journal_sequence, outbox_id_seq, relay_fencing_token, console_audit_id_seq, relay_release_seq
     FROM posthorn_api, posthorn_relay, posthorn_relay_cdc, posthorn_reconciler, posthorn_maintainer, posthorn_consumer,
         posthorn_publisher, posthorn_definer;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA posthorn FROM PUBLIC, posthorn_api, posthorn_relay, posthorn_relay_cdc,
@@ -137,6 +137,13 @@ GRANT UPDATE (owner, token, expires_at) ON relay_leases TO posthorn_relay;
 GRANT USAGE ON SEQUENCE relay_fencing_token TO posthorn_relay;
 GRANT SELECT, INSERT, UPDATE, DELETE ON relay_members TO posthorn_relay;
 GRANT SELECT, INSERT, DELETE ON relay_parked TO posthorn_relay;
+-- The read's low-water mark (migration 00016): the relay reads the last
+-- outbox id given out and the release generation, which a release (a
+-- delete of a park, by the relay or posthorn.dead_letter) moves through
+-- the trigger on relay_parked.
+GRANT SELECT ON SEQUENCE outbox_id_seq TO posthorn_relay;
+GRANT SELECT, USAGE ON SEQUENCE relay_release_seq TO posthorn_relay;
+GRANT USAGE ON SEQUENCE relay_release_seq TO posthorn_definer;
 -- outbox dead-letter (and the console's Dead-letter) goes through the
 -- function only: the relay cannot rewrite an outbox row itself.
 GRANT EXECUTE ON FUNCTION posthorn.dead_letter(text, text, uuid, text, text, boolean) TO posthorn_relay;

@@ -1,0 +1,146 @@
+package relaystore
+
+import (
+	"slices"
+	"sync"
+
+	"github.com/posthorn/posthorn/core"
+)
+
+// lowWater keeps, per shard, the id below which every outbox row is
+// relayed or belongs to a parked aggregate, so a read starts its range
+// scan there instead of at the shard's first queue entry: the entries the
+// markers deleted below it stay out of the read, however long a snapshot
+// keeps VACUUM from removing them.
+//
+// Invariant: a mark is raised only to an id that the read proves is the
+// lowest unrelayed, unparked row of its shard, and never past the last id
+// L of a completed tick. A tick is (L, M), read as two points in time: L,
+// the last id the sequence had given out, then M, the next transaction ID
+// to be assigned. Every transaction that took an id up to L had its
+// transaction ID first (migration 00016's column default), hence below M.
+// Once a read's snapshot shows the oldest running transaction at or past
+// M, every such transaction has ended, so each row with an id up to L is
+// committed and visible to the read, or rolled back: no late commit can
+// appear below a mark. A row the read skips because its marker is still
+// in flight (skip) is unrelayed too, so no mark passes it.
+//
+// Parked aggregates' rows are not read and may lie below a mark; when a
+// park is deleted (a release or a dead-letter), the trigger on
+// relay_parked moves relay_release_seq, and the next read after the move
+// drops every mark: the released rows are read again, one read later. The
+// marks are a property of the ledger, not of a relay, so one store may
+// serve several relays and a relay may lose and take back a shard.
+type lowWater struct {
+	mu    sync.Mutex
+	mark  map[int]int64
+	ticks []tick
+	// release is the generation of relay_release_seq the marks were made
+	// under; -1 before the first read.
+	release int64
+	// unsafe switches a rule off for the tests' negative controls.
+	unsafe unsafeLowWater
+}
+
+// unsafeLowWater are the rules a negative control switches off; the zero
+// value is production.
+type unsafeLowWater struct {
+	// trustEveryRead raises marks after every read, as if each read saw
+	// every transaction that took an id ended: a late commit falls below
+	// a mark.
+	trustEveryRead bool
+	// ignoreReleases keeps the marks when a park is deleted: the released
+	// aggregate's rows below them are never read again.
+	ignoreReleases bool
+}
+
+// tick is an outbox id given out (last) and a transaction ID assigned after
+// it was read (next).
+type tick struct{ last, next int64 }
+
+// horizon is what a read returns besides its rows.
+type horizon struct {
+	// xmin is the oldest running transaction at the start of the read.
+	xmin int64
+	// last is the last outbox id given out, next the next transaction ID
+	// assigned after last was read: a new tick.
+	last, next int64
+	// release is relay_release_seq's value.
+	release int64
+}
+
+// maxTicks bounds the ticks kept while none completes (a transaction that
+// holds a transaction ID stays open): the newest replaces the last kept,
+// which only delays a mark, never moves one too far.
+const maxTicks = 64
+
+func newLowWater() *lowWater { return &lowWater{mark: map[int]int64{}, release: -1} }
+
+// marks returns the marks of shards (0 for none), aligned with shards; a
+// nil lowWater reads every shard from its start.
+func (w *lowWater) marks(shards []int) []int64 {
+	out := make([]int64, len(shards))
+	if w == nil {
+		return out
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for i, s := range shards {
+		out[i] = w.mark[s]
+	}
+	return out
+}
+
+// advance raises the marks of shards after a read that returned rows
+// (each shard's lowest unrelayed, unparked rows not in skip, in id order)
+// and saw h.
+func (w *lowWater) advance(shards []int, rows []core.OutboxRow, skip []int64, h horizon) {
+	if w == nil {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if h.release != w.release && !(w.unsafe.ignoreReleases && w.release >= 0) {
+		// A park was deleted since the marks were made (or this is the
+		// first read): the released rows may lie below them.
+		clear(w.mark)
+		w.ticks = w.ticks[:0]
+		w.release = h.release
+	}
+	done, proved := int64(0), false
+	for len(w.ticks) > 0 && (w.ticks[0].next <= h.xmin || w.unsafe.trustEveryRead) {
+		done, proved = w.ticks[0].last, true
+		w.ticks = w.ticks[1:]
+	}
+	switch {
+	case len(w.ticks) > 0 && w.ticks[len(w.ticks)-1].last >= h.last:
+	case len(w.ticks) < maxTicks:
+		w.ticks = append(w.ticks, tick{last: h.last, next: h.next})
+	default:
+		w.ticks[len(w.ticks)-1] = tick{last: h.last, next: h.next}
+	}
+	if !proved {
+		return
+	}
+	// The lowest row each shard still has to send: the first the read
+	// returned, or one whose marker is in flight.
+	floor := done + 1
+	if len(skip) > 0 {
+		floor = min(floor, slices.Min(skip))
+	}
+	first := make(map[int]int64, len(shards))
+	for _, r := range rows {
+		if f, ok := first[r.Shard]; !ok || r.ID < f {
+			first[r.Shard] = r.ID
+		}
+	}
+	for _, s := range shards {
+		m := floor
+		if f, ok := first[s]; ok {
+			m = min(m, f)
+		}
+		if m > w.mark[s] {
+			w.mark[s] = m
+		}
+	}
+}
