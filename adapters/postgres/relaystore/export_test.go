@@ -1,6 +1,11 @@
 package relaystore
 
-import "github.com/jackc/pgx/v5/pgxpool"
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
 
 // The relay's read and its settings, for the plan test.
 var (
@@ -33,3 +38,32 @@ func NewIgnoringReleases(pool *pgxpool.Pool) *Store {
 
 // Marks returns the store's marks of shards.
 func (s *Store) Marks(shards []int) []int64 { return s.low.marks(shards) }
+
+// ReadBuffers is what one read of shards from the store's marks costs the
+// server: the buffers its plan touched (EXPLAIN ANALYZE BUFFERS).
+func (s *Store) ReadBuffers(ctx context.Context, shards []int, perShard int) (int64, error) {
+	var plan []map[string]any
+	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, readSettings); err != nil {
+			return err
+		}
+		return tx.QueryRow(ctx, `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) `+readByID,
+			toInt32(shards), perShard, []int64{}, s.low.marks(shards)).Scan(&plan)
+	})
+	if err != nil || len(plan) == 0 {
+		return 0, err
+	}
+	top, _ := plan[0]["Plan"].(map[string]any)
+	hit, _ := top["Shared Hit Blocks"].(float64)
+	read, _ := top["Shared Read Blocks"].(float64)
+	return int64(hit + read), nil
+}
+
+// NewWaitingForEveryTransaction completes a tick only once the oldest
+// running transaction of the server has passed it: the control of the
+// test with an unrelated open transaction.
+func NewWaitingForEveryTransaction(pool *pgxpool.Pool) *Store {
+	s := New(pool)
+	s.low.unsafe.ignoreWriters = true
+	return s
+}

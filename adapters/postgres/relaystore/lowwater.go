@@ -25,6 +25,13 @@ import (
 // appear below a mark. A row the read skips because its marker is still
 // in flight (skip) is unrelayed too, so no mark passes it.
 //
+// A transaction that holds a transaction ID somewhere on the server keeps
+// the oldest running one from moving: then the tick of the newest read is
+// complete as soon as no transaction that writes the outbox (holds its
+// write lock, which an insert takes before its id and keeps to its end) is
+// older than its M; that is asked only while the marks are stuck, since
+// it reads the server's lock table.
+//
 // Parked aggregates' rows are not read and may lie below a mark; when a
 // park is deleted (a release or a dead-letter), the trigger on
 // relay_parked moves relay_release_seq, and the next read after the move
@@ -35,6 +42,8 @@ type lowWater struct {
 	mu    sync.Mutex
 	mark  map[int]int64
 	ticks []tick
+	// stuck: the last read completed no tick although one was pending.
+	stuck bool
 	// release is the generation of relay_release_seq the marks were made
 	// under; -1 before the first read.
 	release int64
@@ -42,8 +51,9 @@ type lowWater struct {
 	unsafe unsafeLowWater
 }
 
-// unsafeLowWater are the rules a negative control switches off; the zero
-// value is production.
+// unsafeLowWater are the rules a negative control switches off (the first
+// two make the marks unsafe, the last one makes them slow); the zero value
+// is production.
 type unsafeLowWater struct {
 	// trustEveryRead raises marks after every read, as if each read saw
 	// every transaction that took an id ended: a late commit falls below
@@ -52,6 +62,10 @@ type unsafeLowWater struct {
 	// ignoreReleases keeps the marks when a park is deleted: the released
 	// aggregate's rows below them are never read again.
 	ignoreReleases bool
+	// ignoreWriters completes a tick only once the oldest running
+	// transaction has passed it, whatever it writes: any open transaction
+	// that holds a transaction ID stops the marks (safe, and slow).
+	ignoreWriters bool
 }
 
 // tick is an outbox id given out (last) and a transaction ID assigned after
@@ -67,6 +81,11 @@ type horizon struct {
 	last, next int64
 	// release is relay_release_seq's value.
 	release int64
+	// writersBefore is the transaction ID the read asked about
+	// (lowWater.writersBefore), 0 for none; noWriterBefore: no transaction
+	// that writes the outbox is older than it.
+	writersBefore  int64
+	noWriterBefore bool
 }
 
 // maxTicks bounds the ticks kept while none completes (a transaction that
@@ -75,6 +94,21 @@ type horizon struct {
 const maxTicks = 64
 
 func newLowWater() *lowWater { return &lowWater{mark: map[int]int64{}, release: -1} }
+
+// writersBefore is the transaction ID to ask the next read about (the
+// newest pending tick's next), or 0 while the ticks complete as they
+// should.
+func (w *lowWater) writersBefore() int64 {
+	if w == nil {
+		return 0
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.stuck || len(w.ticks) == 0 {
+		return 0
+	}
+	return w.ticks[len(w.ticks)-1].next
+}
 
 // marks returns the marks of shards (0 for none), aligned with shards; a
 // nil lowWater reads every shard from its start.
@@ -108,10 +142,12 @@ func (w *lowWater) advance(shards []int, rows []core.OutboxRow, skip []int64, h 
 		w.release = h.release
 	}
 	done, proved := int64(0), false
-	for len(w.ticks) > 0 && (w.ticks[0].next <= h.xmin || w.unsafe.trustEveryRead) {
+	for len(w.ticks) > 0 && (w.ticks[0].next <= h.xmin || w.unsafe.trustEveryRead ||
+		(h.noWriterBefore && w.ticks[0].next <= h.writersBefore && !w.unsafe.ignoreWriters)) {
 		done, proved = w.ticks[0].last, true
 		w.ticks = w.ticks[1:]
 	}
+	w.stuck = !proved && len(w.ticks) > 0
 	switch {
 	case len(w.ticks) > 0 && w.ticks[len(w.ticks)-1].last >= h.last:
 	case len(w.ticks) < maxTicks:

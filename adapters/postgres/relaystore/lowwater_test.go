@@ -175,3 +175,134 @@ func TestLowWaterMarkRereadsAReleasedAggregate(t *testing.T) {
 		})
 	}
 }
+
+// While a long snapshot keeps VACUUM from removing the markers' deleted
+// queue entries (a report, pg_dump, a standby's feedback: a REPEATABLE
+// READ transaction that holds no transaction ID), the read's cost stays
+// that of the rows it returns: the marks still rise, since the snapshot
+// holds no transaction that could take an id. 20,000 events are drained
+// (each read and marked as the relay does) under the snapshot, and the
+// read that follows is measured in buffers. Control: the store that scans
+// each shard's queue from its start touches every deleted entry again.
+func TestReadCostUnderALongSnapshot(t *testing.T) {
+	t.Parallel()
+	cost := map[bool]int64{}
+	for _, control := range []bool{false, true} {
+		ctx := context.Background()
+		_, pool := pgtest.Ledger(t)
+		store := relaystore.New(pool)
+		if control {
+			store = relaystore.NewWalkingFromStart(pool)
+		}
+		leases := takeAllShards(t, store, "r")
+		snapshot, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := snapshot.Exec(ctx, `SET TRANSACTION ISOLATION LEVEL REPEATABLE READ`); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := snapshot.Exec(ctx, `SELECT count(*) FROM outbox`); err != nil { // takes the snapshot
+			t.Fatal(err)
+		}
+		const events = 20000
+		var read int
+		for i := 0; i < events; i += 1000 {
+			if _, err := pool.Exec(ctx, `
+INSERT INTO outbox (event_id, kind, type, topic, aggregate_type, aggregate_id, revision, shard, payload, occurred_at)
+SELECT gen_random_uuid(), 'event', 't', 't', 'account', 'acc-' || (g % 64), g, ('x' || substr(md5('acc-' || (g % 64)), 1, 8))::bit(32)::int & 15, '{}', now()
+FROM generate_series($1::int, $2::int) g`, i+1, i+1000); err != nil {
+				t.Fatal(err)
+			}
+			read += len(drainBatches(t, store, leases, 500))
+		}
+		if read != events {
+			t.Fatalf("control %v: drained %d of %d events", control, read, events)
+		}
+		if !control {
+			// The last reads' ticks complete once every transaction of the
+			// server running then has ended (other tests' too).
+			last := pgtest.Column[int64](t, pool, `SELECT max(id) FROM outbox`)[0]
+			for shard := range core.Shards {
+				raised(t, store, leases, shard, last+1)
+			}
+		}
+		buffers, err := store.ReadBuffers(ctx, allShards(), 500)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = snapshot.Rollback(ctx)
+		cost[control] = buffers
+	}
+	t.Logf("one read after 20,000 events were marked under a long snapshot: %d buffers with the marks, %d scanning each shard from its start",
+		cost[false], cost[true])
+	if cost[false] > 100 || cost[true] < 10*cost[false] {
+		t.Fatalf("read cost %d buffers with the marks, %d without: want a small read, and the control at least 10 times as costly", cost[false], cost[true])
+	}
+}
+
+// drainBatches is drain with reads of up to perShard rows of each shard.
+func drainBatches(t *testing.T, store *relaystore.Store, leases []core.Lease, perShard int) []int64 {
+	t.Helper()
+	ctx := context.Background()
+	var ids []int64
+	for {
+		rows, err := store.ReadBatch(ctx, allShards(), perShard, core.OrderByID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(rows) == 0 {
+			return ids
+		}
+		refs := make([]core.RowRef, len(rows))
+		for i, r := range rows {
+			refs[i], ids = core.RowRef{ID: r.ID, Shard: r.Shard}, append(ids, r.ID)
+		}
+		if _, refused, err := store.MarkRelayed(ctx, refs, leases); err != nil || refused != 0 {
+			t.Fatalf("marker: %d refused, %v", refused, err)
+		}
+	}
+}
+
+// A transaction that holds a transaction ID but writes no outbox row (an
+// application's open transaction, a long update elsewhere) cannot commit a
+// row below a mark: the marks still rise past the ids taken after it
+// began, since no transaction that writes the outbox is that old. Control:
+// waiting for the oldest running transaction to end, the marks stop for as
+// long as it stays open.
+func TestLowWaterMarkRisesPastAnOpenTransactionThatWritesNoOutbox(t *testing.T) {
+	t.Parallel()
+	for _, control := range []bool{false, true} {
+		t.Run(fmt.Sprintf("control=%v", control), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			_, pool := pgtest.Ledger(t)
+			store := relaystore.New(pool)
+			if control {
+				store = relaystore.NewWaitingForEveryTransaction(pool)
+			}
+			leases := takeAllShards(t, store, "r")
+			open, err := pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer open.Rollback(ctx) //nolint:errcheck
+			if _, err := open.Exec(ctx, `INSERT INTO accounts (id) VALUES ('acc-elsewhere')`); err != nil {
+				t.Fatal(err)
+			}
+			const shard = 7
+			ids := commitRows(t, pool, sameShard("acc", shard, 10)...)
+			last := ids[len(ids)-1].ID
+			deadline := time.Now().Add(5 * time.Second)
+			for time.Now().Before(deadline) && store.Marks([]int{shard})[0] <= last {
+				drain(t, store, leases)
+				time.Sleep(20 * time.Millisecond) // the relay's shortest poll
+			}
+			mark := store.Marks([]int{shard})[0]
+			t.Logf("control %v: mark of shard %d after 5 s of reads with an unrelated transaction open: %d (last id %d)", control, shard, mark, last)
+			if (mark > last) == control {
+				t.Fatalf("control %v: the mark is %d, the last id %d", control, mark, last)
+			}
+		})
+	}
+}

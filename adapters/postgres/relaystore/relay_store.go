@@ -81,11 +81,20 @@ ORDER BY ` + overall
 
 // readHorizon is read before the batch, in the same transaction: the
 // oldest transaction still running (every one below it has ended), the
-// last outbox id the sequence gave out, and the release generation
-// (lowwater.go).
+// last outbox id the sequence gave out, the release generation, and, when
+// $1 is a transaction ID, whether no transaction that holds the outbox's
+// write lock is older than it (lowwater.go). A transaction that took an
+// outbox id holds that lock, which an insert takes before its id, until it
+// ends; one whose transaction ID is not older than $1 took it after the
+// tick's last id was read, so only older ones can still hold an id below.
 const readHorizon = `SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint,
        (SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM outbox_id_seq),
-       (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM relay_release_seq)`
+       (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM relay_release_seq),
+       $1::bigint > 0 AND NOT EXISTS (
+           SELECT 1 FROM pg_locks AS r JOIN pg_locks AS x ON x.virtualtransaction = r.virtualtransaction
+           WHERE r.locktype = 'relation' AND r.relation = 'outbox'::regclass AND r.mode = 'RowExclusiveLock'
+             AND r.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+             AND x.locktype = 'transactionid' AND age(x.transactionid) > age($1::text::xid8::xid))`
 
 // readNextXID is read after the batch: the next transaction ID to be
 // assigned, which every transaction that took an id up to the last one
@@ -111,7 +120,7 @@ func (s *Store) ReadBatchSkipping(ctx context.Context, shards []int, perShard in
 	if skip == nil {
 		skip = []int64{}
 	}
-	out, h, err := s.readBatch(ctx, q, shards, perShard, skip, s.low.marks(shards))
+	out, h, err := s.readBatch(ctx, q, shards, perShard, skip, s.low.marks(shards), s.low.writersBefore())
 	if err != nil {
 		return nil, fmt.Errorf("read outbox batch: %w", err)
 	}
@@ -120,9 +129,10 @@ func (s *Store) ReadBatchSkipping(ctx context.Context, shards []int, perShard in
 }
 
 // readBatch runs the read in one read-only transaction, sent in one round
-// trip: the settings, readHorizon, the batch from the marks lows, and
+// trip: the settings, readHorizon (asking about the outbox's writers older
+// than writersBefore, unless it is 0), the batch from the marks lows, and
 // readNextXID.
-func (s *Store) readBatch(ctx context.Context, q string, shards []int, perShard int, skip, lows []int64) ([]core.OutboxRow, horizon, error) {
+func (s *Store) readBatch(ctx context.Context, q string, shards []int, perShard int, skip, lows []int64, writersBefore int64) ([]core.OutboxRow, horizon, error) {
 	var h horizon
 	b := &pgx.Batch{}
 	b.Queue("BEGIN READ ONLY")
@@ -133,7 +143,7 @@ func (s *Store) readBatch(ctx context.Context, q string, shards []int, perShard 
 	// put on disabled plans would otherwise push the plan's cost over
 	// jit_above_cost, and compiling takes longer than the read.
 	b.Queue(readSettings)
-	b.Queue(readHorizon)
+	b.Queue(readHorizon, writersBefore)
 	b.Queue(q, toInt32(shards), perShard, skip, lows)
 	b.Queue(readNextXID)
 	b.Queue("COMMIT")
@@ -144,7 +154,8 @@ func (s *Store) readBatch(ctx context.Context, q string, shards []int, perShard 
 			return nil, h, err
 		}
 	}
-	if err := br.QueryRow().Scan(&h.xmin, &h.last, &h.release); err != nil {
+	h.writersBefore = writersBefore
+	if err := br.QueryRow().Scan(&h.xmin, &h.last, &h.release, &h.noWriterBefore); err != nil {
 		return nil, h, err
 	}
 	rows, err := br.Query()
