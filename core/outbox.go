@@ -104,6 +104,9 @@ type OutboxStatus struct {
 	// History is the ledger's history and the accepted one; while they
 	// differ the relay publishes nothing and the API takes no posting.
 	History *LedgerHistory `json:"ledger_history,omitempty"`
+	// Horizon is what holds the ledger database's MVCC horizon back the
+	// furthest, if anything does.
+	Horizon *LedgerHorizon `json:"ledger_horizon,omitempty"`
 }
 
 // ErrHistoryNotAccepted is returned while the ledger runs on a history
@@ -134,4 +137,32 @@ func (h LedgerHistory) String() string {
 	}
 	return fmt.Sprintf("system %d, timeline %d, NOT the accepted history (system %d, timeline %d)",
 		h.SystemIdentifier, h.Timeline, h.AcceptedSystemIdentifier, h.AcceptedTimeline)
+}
+
+// LedgerHorizon is what holds the ledger database's MVCC horizon back the
+// furthest: row versions deleted or updated after it began cannot be
+// removed by VACUUM while it lives, so tables that churn (the relay's
+// queue, per-aggregate revisions, balances) keep their dead versions. The
+// zero value (Kind "") is nothing beyond the running transactions.
+type LedgerHorizon struct {
+	// Kind is session (a backend's snapshot or transaction: a report,
+	// pg_dump, an idle-in-transaction connection), prepared (a two-phase
+	// transaction), slot (a replication slot's xmin: a standby's
+	// hot_standby_feedback through its slot) or standby (a standby's
+	// feedback without a slot).
+	Kind string `json:"kind"`
+	// Holder names it: the session's application name (or user) and pid,
+	// the prepared transaction's gid, the slot's name, the standby's
+	// application name and its WAL sender's pid.
+	Holder string `json:"holder"`
+	// State is a session's state (active, idle in transaction …).
+	State string `json:"state,omitempty"`
+	// XIDAge is how many transactions the horizon is behind.
+	XIDAge int64 `json:"xid_age"`
+	// Xmin is the horizon itself (a 32-bit transaction ID).
+	Xmin int64 `json:"xmin"`
+	// AgeSeconds is how long it has held the horizon: a session's or a
+	// prepared transaction's age; for a slot or a standby, how long the
+	// reader has seen this xmin (a lower bound). Negative while unknown.
+	AgeSeconds float64 `json:"age_seconds"`
 }

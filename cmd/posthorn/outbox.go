@@ -110,6 +110,7 @@ func printStatus(w io.Writer, st outboxStatus) {
 			fmt.Fprintln(w, "  the relay publishes nothing and the API takes no posting until it is accepted: posthorn failover check, then posthorn failover recover")
 		}
 	}
+	printHorizon(w, st.Horizon)
 	fmt.Fprintf(w, "backlog: %d unrelayed events\n", st.Backlog)
 	fmt.Fprintf(w, "oldest unrelayed: %s\n", (time.Duration(st.OldestUnrelayedAge * float64(time.Second))).Round(time.Millisecond))
 	fmt.Fprintln(w, "\nshards:")
@@ -139,6 +140,31 @@ func printStatus(w io.Writer, st outboxStatus) {
 	}
 	printUncertain(w, st)
 	printCDCStatus(w, st.CDC)
+}
+
+// horizonWarnAge is when status calls a held horizon out: past it, the
+// tables that churn keep minutes of dead versions.
+const horizonWarnAge = 5 * time.Minute
+
+// printHorizon says what holds the ledger's MVCC horizon back, if
+// anything does.
+func printHorizon(w io.Writer, h *core.LedgerHorizon) {
+	if h == nil {
+		fmt.Fprintln(w, "ledger horizon: held by nothing but running statements")
+		return
+	}
+	age := "age unknown"
+	if h.AgeSeconds >= 0 {
+		age = (time.Duration(h.AgeSeconds * float64(time.Second))).Round(time.Second).String() + " old"
+	}
+	fmt.Fprintf(w, "ledger horizon: held by %s %s, %s, %d transactions behind", h.Kind, printable(h.Holder), age, h.XIDAge)
+	if h.State != "" {
+		fmt.Fprintf(w, " (%s)", printable(h.State))
+	}
+	fmt.Fprintln(w)
+	if h.AgeSeconds >= horizonWarnAge.Seconds() {
+		fmt.Fprintln(w, "  rows deleted or updated since it began cannot be vacuumed: end it if it is not needed (docs/operations.md, the ledger's horizon)")
+	}
 }
 
 func runOutboxRelease(ctx context.Context, args []string) error {

@@ -412,6 +412,13 @@ ORDER BY l.shard`)
 		return st, fmt.Errorf("outbox status: %w", err)
 	}
 	st.History = &h
+	hz, err := s.Horizon(ctx)
+	if err != nil {
+		return st, fmt.Errorf("outbox status: %w", err)
+	}
+	if hz.Kind != "" {
+		st.Horizon = &hz
+	}
 	return st, nil
 }
 
