@@ -3,8 +3,8 @@ package configs
 import (
 	"time"
 
-	"github.com/posthorn/posthorn/bridge/cdc"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/relay/cdc"
 )
 
 // CDC configures the relay's CDC mode (relay.mode: cdc): the replication

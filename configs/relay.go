@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/posthorn/posthorn/bridge"
+	"github.com/posthorn/posthorn/relay/polling"
 )
 
 // Relay configures the bridge from the outbox to the sink.
@@ -48,11 +48,11 @@ type Relay struct {
 func defaultRelay() Relay {
 	return Relay{
 		Mode:              "polling",
-		BatchSize:         bridge.BatchSizeDefault,
-		PollInterval:      bridge.PollIntervalDefault,
-		LeaseTTL:          bridge.LeaseTTLDefault,
-		ParkAfterAttempts: bridge.ParkAfterAttemptsDefault,
-		ParkAfter:         bridge.ParkAfterDefault,
+		BatchSize:         polling.BatchSizeDefault,
+		PollInterval:      polling.PollIntervalDefault,
+		LeaseTTL:          polling.LeaseTTLDefault,
+		ParkAfterAttempts: polling.ParkAfterAttemptsDefault,
+		ParkAfter:         polling.ParkAfterDefault,
 		StandbyFlush:      "off",
 		CDC:               defaultCDC(),
 	}
@@ -109,8 +109,8 @@ func (r Relay) validateStandby() error {
 // StandbyFlushConfig returns relay.standby_flush, standby_names and
 // standby_count as both relay modes take them, reading the standbys
 // through probe (which also serves the warning at start when it is off).
-func (r Relay) StandbyFlushConfig(probe bridge.StandbyProbe) bridge.StandbyFlush {
-	return bridge.StandbyFlush{Required: r.StandbyFlush == "required", Names: r.StandbyNames, Count: r.StandbyCount, Probe: probe}
+func (r Relay) StandbyFlushConfig(probe polling.StandbyProbe) polling.StandbyFlush {
+	return polling.StandbyFlush{Required: r.StandbyFlush == "required", Names: r.StandbyNames, Count: r.StandbyCount, Probe: probe}
 }
 
 // offIfZero maps a configuration bound where 0 means "off" to the relay's,
@@ -122,7 +122,7 @@ func offIfZero[T ~int | ~int64](v T) T {
 	return v
 }
 
-// RetryPark returns ParkAfterAttempts and ParkAfter as bridge.Config and
+// RetryPark returns ParkAfterAttempts and ParkAfter as polling.Config and
 // cdc.Config take them (0 there means the default, negative off).
 func (r Relay) RetryPark() (attempts int, after time.Duration) {
 	return offIfZero(r.ParkAfterAttempts), offIfZero(r.ParkAfter)

@@ -19,12 +19,12 @@ import (
 	"github.com/posthorn/posthorn/adapters/kfakebroker"
 	"github.com/posthorn/posthorn/adapters/postgres/inboxstore"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
-	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/consumers"
 	"github.com/posthorn/posthorn/consumers/auditlog"
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/relay/polling"
 )
 
 // The consumer benchmark's backlog: the 10,000 postings' worth of
@@ -96,7 +96,7 @@ func relayBacklog(b *testing.B, ctx context.Context, brokers []string, prefix st
 		b.Fatal(err)
 	}
 	defer sink.Close()
-	r := startRelay(b, pool, sink, bridge.Config{
+	r := startRelay(b, pool, sink, polling.Config{
 		Owner: "bench", SinkName: "kafka", Logger: relayQuietLog, Registerer: prometheus.NewRegistry(), StatsInterval: time.Minute,
 	})
 	defer r.Stop(ctx)

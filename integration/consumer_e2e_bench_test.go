@@ -23,13 +23,13 @@ import (
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/adapters/sinktest"
 	"github.com/posthorn/posthorn/api"
-	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/consumers"
 	"github.com/posthorn/posthorn/consumers/auditlog"
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/demo"
 	"github.com/posthorn/posthorn/integration/faultkit"
+	"github.com/posthorn/posthorn/relay/polling"
 )
 
 // effectClock records, per event ID, when each consumer's handling of it
@@ -102,7 +102,7 @@ func startE2EPath(b *testing.B, ctx context.Context) *e2ePath {
 
 	relayPool := pgtest.Pool(b, faultkit.WithAppName(ledgerURL, e2eAppRelay), 4)
 	sink := sinktest.Open(b, kafka.New, kafka.Config{Brokers: brokers})
-	r := startRelay(b, relayPool, sink, bridge.Config{
+	r := startRelay(b, relayPool, sink, polling.Config{
 		Owner: "e2e", SinkName: "kafka", Logger: relayQuietLog, Registerer: prometheus.NewRegistry()})
 	b.Cleanup(func() { r.Stop(ctx) }) // runs before the sink closes: cleanups run last registered first
 

@@ -19,14 +19,14 @@ import (
 	"github.com/posthorn/posthorn/adapters/postgres/opsstore"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
-	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
-	"github.com/posthorn/posthorn/bridge/cdc"
 	"github.com/posthorn/posthorn/consumers"
 	"github.com/posthorn/posthorn/consumers/auditlog"
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/ops"
+	"github.com/posthorn/posthorn/relay/cdc"
+	"github.com/posthorn/posthorn/relay/polling"
 )
 
 // opsRig is a ledger, the memory sink as the broker, and the two example
@@ -109,13 +109,13 @@ func (r *opsRig) post(t *testing.T, n int) int {
 }
 
 // relay runs the bridge until the outbox has no unrelayed row, then stops it.
-func (r *opsRig) relay(t *testing.T, hooks *bridge.Hooks) *bridge.Relay {
+func (r *opsRig) relay(t *testing.T, hooks *polling.Hooks) *polling.Relay {
 	t.Helper()
 	if r.cdc {
 		r.relayCDC(t)
 		return nil
 	}
-	rel := startRelay(t, r.ledger, r.sink, bridge.Config{
+	rel := startRelay(t, r.ledger, r.sink, polling.Config{
 		Owner: fmt.Sprintf("ops-relay-%d", time.Now().UnixNano()), BatchSize: 200, LeaseTTL: time.Second,
 		PollInterval: 50 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Hooks: hooks,
 	})

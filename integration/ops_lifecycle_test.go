@@ -11,13 +11,13 @@ import (
 
 	"github.com/posthorn/posthorn/adapters/fsarchive"
 	"github.com/posthorn/posthorn/adapters/postgres/opsstore"
-	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/consumers"
 	"github.com/posthorn/posthorn/consumers/auditlog"
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/ops"
+	"github.com/posthorn/posthorn/relay/polling"
 )
 
 var required = []string{projection.Name, auditlog.Name}
@@ -225,7 +225,7 @@ func TestOpsResendUncertainAfterLostAck(t *testing.T) {
 	ctx := context.Background()
 	r := newOpsRig(t)
 	events := r.post(t, 6)
-	crashed := r.relay(t, &bridge.Hooks{AfterAck: func([]core.Envelope) error { return errors.New("crash after ACK") }})
+	crashed := r.relay(t, &polling.Hooks{AfterAck: func([]core.Envelope) error { return errors.New("crash after ACK") }})
 	select {
 	case <-crashed.Stopped():
 	case <-time.After(30 * time.Second):

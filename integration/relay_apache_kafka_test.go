@@ -13,10 +13,10 @@ import (
 	"github.com/posthorn/posthorn/adapters/kafka/kafkacluster"
 	"github.com/posthorn/posthorn/adapters/kafka/saramacontrol"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
-	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/integration/faultkit"
+	"github.com/posthorn/posthorn/relay/polling"
 )
 
 // apacheDrain is what one drain through a real cluster's faults saw.
@@ -50,7 +50,7 @@ func drainThroughApacheFaults(t *testing.T, k *kafkacluster.Cluster, name string
 	}
 	d := apacheDrain{backlog: accounts * perAccount}
 	began := time.Now()
-	r := startRelay(t, pool, sink, bridge.Config{
+	r := startRelay(t, pool, sink, polling.Config{
 		Owner: name, SinkName: "kafka", Logger: relayQuietLog, Registerer: prometheus.NewRegistry(),
 		BatchSize: 1000, RetryInitial: 20 * time.Millisecond, RetryMax: 500 * time.Millisecond,
 	})

@@ -15,11 +15,11 @@ import (
 	"github.com/posthorn/posthorn/adapters/postgres/opsstore"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/adapters/sinktest"
-	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
-	"github.com/posthorn/posthorn/bridge/cdc"
 	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/ops"
+	"github.com/posthorn/posthorn/relay/cdc"
+	"github.com/posthorn/posthorn/relay/polling"
 )
 
 // newExactlyOnceSink is the Kafka sink in exactly-once mode on brokers,
@@ -33,13 +33,13 @@ func newExactlyOnceSink(t *testing.T, brokers []string) *kafka.ExactlyOnceSink {
 // the broker committed its first batch (no marker), and starts a second
 // relay, with hooks, that drains the outbox. It returns the posted events
 // and how often a read_committed reader received each, in the order read.
-func ackThenCrash(t *testing.T, hooks *bridge.Hooks) ([]bridgetest.Posted, map[string]int, []*kgo.Record) {
+func ackThenCrash(t *testing.T, hooks *polling.Hooks) ([]bridgetest.Posted, map[string]int, []*kgo.Record) {
 	t.Helper()
 	_, pool := pgtest.Ledger(t)
 	b := startRelayBroker(t)
 	posted := bridgetest.MustPostTransfers(t, pool, 60, 11, 3)
 	crashed, _ := startTestRelay(t, pool, newExactlyOnceSink(t, b.addrs), "relay-crashing", "kafka",
-		&bridge.Hooks{AfterAck: func([]core.Envelope) error { return errors.New("crash after the commit") }})
+		&polling.Hooks{AfterAck: func([]core.Envelope) error { return errors.New("crash after the commit") }})
 	<-crashed.Stopped()
 	if n := bridgetest.Unrelayed(t, pool); n != len(posted) {
 		t.Fatalf("after a crash before the marker %d rows are unrelayed, want all %d", n, len(posted))
@@ -90,7 +90,7 @@ func TestRelayExactlyOnceAckThenCrash(t *testing.T) {
 // read_committed reader receives the crashed batch twice.
 func TestRelayExactlyOnceControlWithoutPositions(t *testing.T) {
 	t.Parallel()
-	posted, count, _ := ackThenCrash(t, &bridge.Hooks{UnsafeSkipPositions: true})
+	posted, count, _ := ackThenCrash(t, &polling.Hooks{UnsafeSkipPositions: true})
 	repeats := 0
 	for _, p := range posted {
 		repeats += count[p.EventID] - 1

@@ -26,10 +26,10 @@ import (
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
 	"github.com/posthorn/posthorn/adapters/sinktest"
-	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/internal/promset/promtest"
+	"github.com/posthorn/posthorn/relay/polling"
 )
 
 var relayQuietLog = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
@@ -128,7 +128,7 @@ func (b *relayBroker) recordsHolding(eventIDs []string, d time.Duration) []*kgo.
 	return out
 }
 
-func startKafkaRelay(t *testing.T, pool *pgxpool.Pool, brokers []string, owner string) (*bridge.Relay, *prometheus.Registry) {
+func startKafkaRelay(t *testing.T, pool *pgxpool.Pool, brokers []string, owner string) (*polling.Relay, *prometheus.Registry) {
 	t.Helper()
 	return startTestRelay(t, pool, newKafkaSink(t, brokers), owner, "kafka")
 }

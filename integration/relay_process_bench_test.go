@@ -10,9 +10,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
-	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/integration/faultkit"
+	"github.com/posthorn/posthorn/relay/polling"
 )
 
 // BenchmarkRelayDrainProcessFactors takes apart why `posthorn relay` as its
@@ -52,12 +52,12 @@ func BenchmarkRelayDrainProcessFactors(b *testing.B) {
 		conns int32
 		// stats is the in-process relay's StatsInterval: make bench's
 		// relay refreshes its backlog gauges once a minute, posthorn relay
-		// every bridge.StatsIntervalDefault.
+		// every polling.StatsIntervalDefault.
 		stats time.Duration
 	}{
 		{"in-process relay, pool of 16, kfake in-process, stats 1 min (make bench)", inMemory, 16, time.Minute},
 		{"in-process relay, pool of 4 (as posthorn relay's)", inMemory, 4, time.Minute},
-		{"in-process relay, stats every 2 s (as posthorn relay's)", inMemory, 16, bridge.StatsIntervalDefault},
+		{"in-process relay, stats every 2 s (as posthorn relay's)", inMemory, 16, polling.StatsIntervalDefault},
 		{"posthorn relay process, kfake in-process", inMemory, 0, 0},
 		{"in-process relay, dev broker process in memory", devBroker(false), 16, time.Minute},
 		{"in-process relay, dev broker process on a data dir", devBroker(true), 16, time.Minute},
@@ -96,7 +96,7 @@ func drainFactor(b *testing.B, brokers []string, conns int32, stats time.Duratio
 			b.Fatal(err)
 		}
 		defer sink.Close()
-		r := startRelay(b, pgtest.SmallPool(b, url, conns), sink, bridge.Config{Owner: "bench", SinkName: "kafka", Logger: relayQuietLog,
+		r := startRelay(b, pgtest.SmallPool(b, url, conns), sink, polling.Config{Owner: "bench", SinkName: "kafka", Logger: relayQuietLog,
 			Registerer: prometheus.NewRegistry(), StatsInterval: stats})
 		defer r.Stop(ctx)
 	}

@@ -21,9 +21,9 @@ import (
 	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/api"
-	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/relay/polling"
 )
 
 // wireRecord is one record as a sink holds it: key (Kafka), headers, payload.
@@ -82,7 +82,7 @@ func relayToMemory(t *testing.T, pool *pgxpool.Pool) []wireRecord {
 	t.Helper()
 	sink := memory.New(memory.Config{})
 	defer sink.Close()
-	rel := startRelay(t, pool, sink, bridge.Config{
+	rel := startRelay(t, pool, sink, polling.Config{
 		Owner: "md-relay-memory", PollInterval: 50 * time.Millisecond, LeaseTTL: 5 * time.Second, Logger: relayQuietLog,
 	})
 	bridgetest.WaitFor(t, 60*time.Second, "outbox relayed to memory", func() bool { return bridgetest.Unrelayed(t, pool) == 0 })

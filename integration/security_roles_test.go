@@ -25,12 +25,12 @@ import (
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
 	"github.com/posthorn/posthorn/adapters/postgres/roles/roletest"
-	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/consumers/auditlog"
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/ops"
+	"github.com/posthorn/posthorn/relay/polling"
 )
 
 // TestSecurityEveryComponentUnderItsRole runs the whole life of a posting
@@ -84,7 +84,7 @@ func TestSecurityEveryComponentUnderItsRole(t *testing.T) {
 	}
 
 	// Relay as posthorn_relay.
-	rel := startRelay(t, relayPool, sink, bridge.Config{
+	rel := startRelay(t, relayPool, sink, polling.Config{
 		Owner: "roles-relay", PollInterval: 50 * time.Millisecond, LeaseTTL: 5 * time.Second,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})

@@ -35,13 +35,13 @@ import (
 	"github.com/posthorn/posthorn/adapters/tracing"
 	"github.com/posthorn/posthorn/adapters/tracing/tracingtest"
 	"github.com/posthorn/posthorn/api"
-	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
-	"github.com/posthorn/posthorn/bridge/cdc"
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/ops"
 	"github.com/posthorn/posthorn/publish"
+	"github.com/posthorn/posthorn/relay/cdc"
+	"github.com/posthorn/posthorn/relay/polling"
 )
 
 // The caller of the Posting API in these tests sends this traceparent: the
@@ -57,7 +57,7 @@ const (
 // the Kafka sink, and the balance projection reading it with the Kafka
 // subscriber into its own database. tp nil is tracing off, wired as cmd
 // wires it (tracing.Sink returns the bare sink); exactlyOnce selects the
-// Kafka sink's exactly-once mode (a bridge.FencedSink).
+// Kafka sink's exactly-once mode (a polling.FencedSink).
 type traceRig struct {
 	pool   *pgxpool.Pool
 	broker *relayBroker
@@ -228,7 +228,7 @@ func TestOneTraceFromAPIToConsumer(t *testing.T) {
 	// The first relay crashes after the broker's ACK, before the marker;
 	// the second takes the expired leases over and publishes again.
 	var crashed atomic.Bool
-	first, _ := startTestRelay(t, r.pool, r.sink, "relay-crashes", "kafka", &bridge.Hooks{AfterAck: func([]core.Envelope) error {
+	first, _ := startTestRelay(t, r.pool, r.sink, "relay-crashes", "kafka", &polling.Hooks{AfterAck: func([]core.Envelope) error {
 		crashed.Store(true)
 		return errors.New("crash between ACK and marker")
 	}})
@@ -328,11 +328,11 @@ func TestOneTraceExactlyOnce(t *testing.T) {
 	t.Parallel()
 	tp, exp := tracingtest.Memory(t)
 	r := newTraceRig(t, tp, true)
-	if _, ok := r.sink.(bridge.FencedSink); !ok {
+	if _, ok := r.sink.(polling.FencedSink); !ok {
 		t.Fatal("the traced exactly-once sink is not a FencedSink")
 	}
 	res := r.post(t)
-	first, _ := startTestRelay(t, r.pool, r.sink, "relay-crashes", "kafka", &bridge.Hooks{AfterAck: func([]core.Envelope) error {
+	first, _ := startTestRelay(t, r.pool, r.sink, "relay-crashes", "kafka", &polling.Hooks{AfterAck: func([]core.Envelope) error {
 		return errors.New("crash between ACK and marker")
 	}})
 	select {

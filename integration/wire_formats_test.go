@@ -24,12 +24,12 @@ import (
 	"github.com/posthorn/posthorn/adapters/brokers"
 	"github.com/posthorn/posthorn/adapters/kafka/kafkatest"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
-	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/consumers"
 	"github.com/posthorn/posthorn/consumers/auditlog"
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/relay/polling"
 )
 
 // documentedHeaders reads docs/sinks.md's table of the headers per wire
@@ -111,7 +111,7 @@ func TestWireFormatsReadByKcat(t *testing.T) {
 			} else {
 				sink = newKafkaSink(t, b.addrs)
 			}
-			startTestRelay(t, pool, bridge.Formatted(sink, wf), "relay-"+string(format), "kafka")
+			startTestRelay(t, pool, polling.Formatted(sink, wf), "relay-"+string(format), "kafka")
 			bridgetest.WaitFor(t, 30*time.Second, "the outbox drained", func() bool { return bridgetest.Unrelayed(t, pool) == 0 })
 
 			recs := kafkatest.MustReadTopic(t, b.addrs, topic, exactlyOnce)

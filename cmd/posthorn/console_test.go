@@ -29,12 +29,12 @@ import (
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
 	"github.com/posthorn/posthorn/adapters/postgres/roles/roletest"
-	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/configs"
 	"github.com/posthorn/posthorn/console"
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/ops"
+	"github.com/posthorn/posthorn/relay/polling"
 )
 
 // consoleToken is the console.token of the tests' consoles.
@@ -642,7 +642,7 @@ func TestConsoleShowsTheCleanupBoundary(t *testing.T) {
 // called.
 func startRigRelay(t *testing.T, ctx context.Context, ledger *pgxpool.Pool, sink core.Sink, owner, sinkName string, poll time.Duration) (stop func()) {
 	t.Helper()
-	relay, err := bridge.New(relaystore.New(ledger), sink, bridge.Config{Owner: owner, SinkName: sinkName, PollInterval: poll})
+	relay, err := polling.New(relaystore.New(ledger), sink, polling.Config{Owner: owner, SinkName: sinkName, PollInterval: poll})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,8 +11,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
-	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/relay/polling"
 )
 
 // startRelay starts a new relay instance with its own sink connection
@@ -29,7 +29,7 @@ func (d *demoRun) startRelay(pool *pgxpool.Pool) error {
 	}
 	d.relayN++
 	cut := new(atomic.Bool)
-	r, err := bridge.New(relaystore.New(pool), sink, bridge.Config{
+	r, err := polling.New(relaystore.New(pool), sink, polling.Config{
 		Owner:        fmt.Sprintf("demo-relay-%d", d.relayN),
 		SinkName:     d.cfg.Sink.Kind,
 		BatchSize:    d.cfg.Relay.BatchSize,

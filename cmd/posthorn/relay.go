@@ -14,9 +14,9 @@ import (
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
 	"github.com/posthorn/posthorn/adapters/tracing"
-	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/configs"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/relay/polling"
 )
 
 // openSink returns the sink configured by sink.* (brokers.go), decorated
@@ -33,7 +33,7 @@ func openSink(c configs.Sink, tp trace.TracerProvider) (core.Sink, error) {
 // publish span (tracing.*; none when tp is nil). The span sees the record
 // as it goes out: its format's topic and headers.
 func decorateSink(s core.Sink, c configs.Sink, tp trace.TracerProvider) core.Sink {
-	return bridge.Formatted(tracing.Sink(s, tp, c.Kind), c.WireFormat())
+	return polling.Formatted(tracing.Sink(s, tp, c.Kind), c.WireFormat())
 }
 
 func runRelay(ctx context.Context, args []string) error {
@@ -54,10 +54,10 @@ func runRelay(ctx context.Context, args []string) error {
 	parkAttempts, parkAfter := cfg.Relay.RetryPark()
 	store := relaystore.New(p.ledger)
 	standby := cfg.Relay.StandbyFlushConfig(store)
-	if err := bridge.CheckStandbys(ctx, standby, p.log); err != nil {
+	if err := polling.CheckStandbys(ctx, standby, p.log); err != nil {
 		return fmt.Errorf("config key relay.standby_flush: %w", err)
 	}
-	relay, err := bridge.New(store, p.sink, bridge.Config{
+	relay, err := polling.New(store, p.sink, polling.Config{
 		ParkAfterAttempts: parkAttempts,
 		ParkAfter:         parkAfter,
 		Owner:             cfg.Relay.Owner,
@@ -135,10 +135,10 @@ func serveRelay(ctx context.Context, p *prelude, relay runningRelay, started []a
 
 // unsafeRelayHooks returns the hooks of --unsafe-mark-before-ack (nil
 // without it), which only the fault suite's negative control sets.
-func unsafeRelayHooks(markBeforeAck bool, log *slog.Logger) *bridge.Hooks {
+func unsafeRelayHooks(markBeforeAck bool, log *slog.Logger) *polling.Hooks {
 	if !markBeforeAck {
 		return nil
 	}
 	log.Warn("UNSAFE --unsafe-mark-before-ack: markers are written before the broker ACK, so a crash loses events; for negative-control tests only")
-	return &bridge.Hooks{UnsafeMarkBeforeAck: true}
+	return &polling.Hooks{UnsafeMarkBeforeAck: true}
 }

@@ -11,9 +11,9 @@ import (
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/cdcsource"
 	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
-	"github.com/posthorn/posthorn/bridge"
-	"github.com/posthorn/posthorn/bridge/cdc"
 	"github.com/posthorn/posthorn/internal/units"
+	"github.com/posthorn/posthorn/relay/cdc"
+	"github.com/posthorn/posthorn/relay/polling"
 )
 
 // runCDCRelay runs `posthorn relay` with relay.mode cdc: the outbox is
@@ -25,7 +25,7 @@ func runCDCRelay(ctx context.Context, p *prelude) error {
 	parkAttempts, parkAfter := cfg.Relay.RetryPark()
 	store := relaystore.New(p.ledger)
 	standby := cfg.Relay.StandbyFlushConfig(store)
-	if err := bridge.CheckStandbys(ctx, standby, p.log); err != nil {
+	if err := polling.CheckStandbys(ctx, standby, p.log); err != nil {
 		return fmt.Errorf("config key relay.standby_flush: %w", err)
 	}
 	relay, err := cdc.New(store, cdcsource.New(p.ledger), p.sink, cdc.Config{

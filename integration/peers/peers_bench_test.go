@@ -30,11 +30,11 @@ import (
 	"github.com/posthorn/posthorn/adapters/postgres/pgcluster"
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
-	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
-	"github.com/posthorn/posthorn/bridge/cdc"
 	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/internal/syncbuf"
+	"github.com/posthorn/posthorn/relay/cdc"
+	"github.com/posthorn/posthorn/relay/polling"
 )
 
 const (
@@ -133,7 +133,7 @@ func runPosthorn(b *testing.B, c *pgcluster.Cluster, brokers []string, name, mod
 	start := func() func() {
 		switch mode {
 		case "polling":
-			r, err := bridge.New(store, sink, bridge.Config{Owner: "bench", SinkName: "kafka", Logger: logger})
+			r, err := polling.New(store, sink, polling.Config{Owner: "bench", SinkName: "kafka", Logger: logger})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -333,7 +333,7 @@ func runKfakeDrain(b *testing.B, c *pgcluster.Cluster) float64 {
 	rd := newReader(b, fake.Addrs(), core.TopicEvents, core.HeaderEventID)
 	defer rd.close()
 	began := time.Now()
-	r, err := bridge.New(relaystore.New(relayPool), sink, bridge.Config{Owner: "bench", SinkName: "kafka",
+	r, err := polling.New(relaystore.New(relayPool), sink, polling.Config{Owner: "bench", SinkName: "kafka",
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		b.Fatal(err)
