@@ -8,12 +8,12 @@ import (
 // relay.standby_flush is off by default; required, standby_names and
 // standby_count reach the relay's config from the file and the environment.
 func TestStandbyFlushKeys(t *testing.T) {
-	if sf := loadEnv(t).Relay.StandbyFlushConfig(nil); sf.Required || sf.Names != nil || sf.Count != 0 {
+	if sf := loadEnv(t).Relay.StandbyFlush; sf.Required() || sf.Names != nil || sf.Count != 0 {
 		t.Fatalf("default standby flush %+v, want off", sf)
 	}
 	sf := loadEnv(t, "POSTHORN_RELAY__STANDBY_FLUSH=required", "POSTHORN_RELAY__STANDBY_NAMES=eu_1, eu_2",
-		"POSTHORN_RELAY__STANDBY_COUNT=1").Relay.StandbyFlushConfig(nil)
-	if !sf.Required || !slices.Equal(sf.Names, []string{"eu_1", "eu_2"}) || sf.Count != 1 {
+		"POSTHORN_RELAY__STANDBY_COUNT=1").Relay.StandbyFlush
+	if !sf.Required() || !slices.Equal(sf.Names, []string{"eu_1", "eu_2"}) || sf.Count != 1 {
 		t.Fatalf("standby flush from env %+v", sf)
 	}
 	file := writeFile(t, "relay:\n  standby_flush: required\n  standby_names: [eu_1]\n")
@@ -21,7 +21,7 @@ func TestStandbyFlushKeys(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if sf := cfg.Relay.StandbyFlushConfig(nil); !sf.Required || !slices.Equal(sf.Names, []string{"eu_1"}) {
+	if sf := cfg.Relay.StandbyFlush; !sf.Required() || !slices.Equal(sf.Names, []string{"eu_1"}) {
 		t.Fatalf("standby flush from file %+v", sf)
 	}
 }

@@ -11,8 +11,8 @@ const module = "github.com/posthorn/posthorn/"
 
 // businessPackages hold Posthorn's logic; they declare the ports they call
 // and never import an adapter (docs/architecture.md).
-var businessPackages = []string{"core", "api", "bridge", "bridge/cdc", "ops", "consumers",
-	"consumers/auditlog", "consumers/projection", "console"}
+var businessPackages = []string{"core", "api", "relay", "relay/polling", "relay/cdc", "bridge", "bridge/cdc",
+	"ops", "consumers", "consumers/auditlog", "consumers/projection", "console"}
 
 // forbidden reports the dependencies of deps that a business package must
 // not have: an adapter, or the libraries only adapters and cmd use.
@@ -91,6 +91,29 @@ func TestOnlyTheBinaryReadsConfiguration(t *testing.T) {
 	for _, p := range readers {
 		if p != "cmd/posthorn" && p != "configs" {
 			t.Errorf("%s depends on configs or koanf; only cmd/posthorn maps the configuration", p)
+		}
+	}
+}
+
+// The relay's two modes stand side by side over package relay, neither
+// importing the other, and relay itself (the vocabulary both use) imports
+// neither mode nor its own internals. Control: the polling relay is found
+// to import relay, so the check can fail.
+func TestRelayModesAreSiblings(t *testing.T) {
+	t.Parallel()
+	all := deps(t, "relay", "relay/polling", "relay/cdc")
+	has := func(p, dep string) bool { return slices.Contains(all[p], module+dep) }
+	if !has("relay/polling", "relay") {
+		t.Fatalf("control: relay/polling shows no relay among its dependencies (%v): the check is broken", all["relay/polling"])
+	}
+	for p, dep := range map[string]string{"relay/polling": "relay/cdc", "relay/cdc": "relay/polling"} {
+		if has(p, dep) {
+			t.Errorf("%s depends on %s: the modes must be siblings", p, dep)
+		}
+	}
+	for _, d := range all["relay"] {
+		if strings.HasPrefix(d, module+"relay/") {
+			t.Errorf("relay depends on %s: the shared vocabulary must not depend on a mode or an internal package", d)
 		}
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/posthorn/posthorn/adapters/sinktest"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/relay"
 	"github.com/posthorn/posthorn/relay/cdc"
 )
 
@@ -42,12 +43,11 @@ func startCDCRelay(t *testing.T, pool *pgxpool.Pool, brokers []string, owner str
 	} else {
 		sink = sinktest.Open(t, kafka.New, kafka.Config{Brokers: brokers})
 	}
-	r, err := cdc.New(relaystore.New(pool), cdcsource.New(pool), sink, cdc.Config{
+	r, err := cdc.NewWithHooks(relaystore.New(pool), cdcsource.New(pool), sink, relay.Settings{
 		Owner: owner, SinkName: "kafka", LeaseTTL: 2 * time.Second, ExactlyOnce: eo,
 		RetryInitial: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})),
-		Hooks:  hooks,
-	})
+	}, hooks)
 	if err != nil {
 		t.Fatal(err)
 	}

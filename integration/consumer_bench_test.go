@@ -24,7 +24,7 @@ import (
 	"github.com/posthorn/posthorn/consumers/auditlog"
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
-	"github.com/posthorn/posthorn/relay/polling"
+	"github.com/posthorn/posthorn/relay"
 )
 
 // The consumer benchmark's backlog: the 10,000 postings' worth of
@@ -96,7 +96,7 @@ func relayBacklog(b *testing.B, ctx context.Context, brokers []string, prefix st
 		b.Fatal(err)
 	}
 	defer sink.Close()
-	r := startRelay(b, pool, sink, polling.Config{
+	r := startRelay(b, pool, sink, relay.Settings{
 		Owner: "bench", SinkName: "kafka", Logger: relayQuietLog, Registerer: prometheus.NewRegistry(), StatsInterval: time.Minute,
 	})
 	defer r.Stop(ctx)

@@ -29,7 +29,7 @@ import (
 	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/demo"
 	"github.com/posthorn/posthorn/integration/faultkit"
-	"github.com/posthorn/posthorn/relay/polling"
+	"github.com/posthorn/posthorn/relay"
 )
 
 // effectClock records, per event ID, when each consumer's handling of it
@@ -102,7 +102,7 @@ func startE2EPath(b *testing.B, ctx context.Context) *e2ePath {
 
 	relayPool := pgtest.Pool(b, faultkit.WithAppName(ledgerURL, e2eAppRelay), 4)
 	sink := sinktest.Open(b, kafka.New, kafka.Config{Brokers: brokers})
-	r := startRelay(b, relayPool, sink, polling.Config{
+	r := startRelay(b, relayPool, sink, relay.Settings{
 		Owner: "e2e", SinkName: "kafka", Logger: relayQuietLog, Registerer: prometheus.NewRegistry()})
 	b.Cleanup(func() { r.Stop(ctx) }) // runs before the sink closes: cleanups run last registered first
 

@@ -28,7 +28,7 @@ import (
 	"github.com/posthorn/posthorn/integration/faultkit"
 	"github.com/posthorn/posthorn/internal/promset/promtest"
 	"github.com/posthorn/posthorn/internal/syncbuf"
-	"github.com/posthorn/posthorn/relay/polling"
+	"github.com/posthorn/posthorn/relay"
 )
 
 // watchedPool opens a pool on url whose every connection reads the
@@ -115,7 +115,7 @@ func TestRelayAndAPIHoldOnAnUnacceptedHistory(t *testing.T) {
 		l := &ledger{sink: memory.New(memory.Config{}), reg: prometheus.NewRegistry(), accept: unacceptHistory(t, owner)}
 		t.Cleanup(func() { _ = l.sink.Close() })
 		l.pool, l.watch = watchedPool(t, url)
-		cfg := polling.Config{Owner: fmt.Sprintf("gated-%v", gated), SinkName: "memory", PollInterval: 50 * time.Millisecond,
+		cfg := relay.Settings{Owner: fmt.Sprintf("gated-%v", gated), SinkName: "memory", PollInterval: 50 * time.Millisecond,
 			LeaseTTL: 5 * time.Second, Registerer: l.reg, Logger: slog.New(slog.NewTextHandler(&log, nil))}
 		acfg := api.Config{Logger: slog.New(slog.NewTextHandler(&log, nil))}
 		if gated {

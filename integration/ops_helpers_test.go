@@ -25,6 +25,7 @@ import (
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/ops"
+	"github.com/posthorn/posthorn/relay"
 	"github.com/posthorn/posthorn/relay/cdc"
 	"github.com/posthorn/posthorn/relay/polling"
 )
@@ -108,17 +109,17 @@ func (r *opsRig) post(t *testing.T, n int) int {
 	return events
 }
 
-// relay runs the bridge until the outbox has no unrelayed row, then stops it.
+// relay runs the polling relay until the outbox has no unrelayed row, then stops it.
 func (r *opsRig) relay(t *testing.T, hooks *polling.Hooks) *polling.Relay {
 	t.Helper()
 	if r.cdc {
 		r.relayCDC(t)
 		return nil
 	}
-	rel := startRelay(t, r.ledger, r.sink, polling.Config{
+	rel := startRelay(t, r.ledger, r.sink, relay.Settings{
 		Owner: fmt.Sprintf("ops-relay-%d", time.Now().UnixNano()), BatchSize: 200, LeaseTTL: time.Second,
-		PollInterval: 50 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Hooks: hooks,
-	})
+		PollInterval: 50 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	}, hooks)
 	if hooks == nil {
 		bridgetest.WaitFor(t, 60*time.Second, "outbox relayed", func() bool { return bridgetest.Unrelayed(t, r.ledger) == 0 })
 		stopCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -134,10 +135,10 @@ func (r *opsRig) relay(t *testing.T, hooks *polling.Hooks) *polling.Relay {
 // then stops it; the slot stays for the next run.
 func (r *opsRig) relayCDC(t *testing.T) {
 	t.Helper()
-	rel, err := cdc.New(relaystore.New(r.ledger), cdcsource.New(r.ledger), r.sink, cdc.Config{
-		Owner: fmt.Sprintf("ops-cdc-%d", time.Now().UnixNano()), SinkName: "memory", Slot: "ops", LeaseTTL: 2 * time.Second,
-		RetryInitial: 10 * time.Millisecond, RetryMax: 100 * time.Millisecond, StatusInterval: 200 * time.Millisecond,
-		HeartbeatInterval: 200 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	rel, err := cdc.New(relaystore.New(r.ledger), cdcsource.New(r.ledger), r.sink, relay.Settings{
+		Owner: fmt.Sprintf("ops-cdc-%d", time.Now().UnixNano()), SinkName: "memory", LeaseTTL: 2 * time.Second,
+		RetryInitial: 10 * time.Millisecond, RetryMax: 100 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		CDC: relay.CDC{Slot: "ops", StatusInterval: 200 * time.Millisecond, HeartbeatInterval: 200 * time.Millisecond},
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -129,7 +129,7 @@ func wallet(id string, rev int64) publish.Message {
 }
 
 // TestPublishTransactionIDInversionKeepsRevisionOrder is the ledger path's
-// deterministic inversion (bridge's TestTransactionIDInversionKeepsRevisionOrder)
+// deterministic inversion (relay/polling's TestTransactionIDInversionKeepsRevisionOrder)
 // run through each writer: T2 takes its transaction ID first (a write on
 // wallet B), T1 publishes revision 1 of wallet A, T2 publishes revision 2
 // of A, which waits for T1's aggregate lock, and commits after T1. So

@@ -16,7 +16,7 @@ import (
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/integration/faultkit"
-	"github.com/posthorn/posthorn/relay/polling"
+	"github.com/posthorn/posthorn/relay"
 )
 
 // apacheDrain is what one drain through a real cluster's faults saw.
@@ -50,7 +50,7 @@ func drainThroughApacheFaults(t *testing.T, k *kafkacluster.Cluster, name string
 	}
 	d := apacheDrain{backlog: accounts * perAccount}
 	began := time.Now()
-	r := startRelay(t, pool, sink, polling.Config{
+	r := startRelay(t, pool, sink, relay.Settings{
 		Owner: name, SinkName: "kafka", Logger: relayQuietLog, Registerer: prometheus.NewRegistry(),
 		BatchSize: 1000, RetryInitial: 20 * time.Millisecond, RetryMax: 500 * time.Millisecond,
 	})

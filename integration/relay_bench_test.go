@@ -23,7 +23,7 @@ import (
 	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/core"
-	"github.com/posthorn/posthorn/relay/polling"
+	"github.com/posthorn/posthorn/relay"
 )
 
 const (
@@ -55,7 +55,7 @@ func BenchmarkRelayDrainVsStockForwarder(b *testing.B) {
 	ctx := context.Background()
 	relayRate := benchRelayDrain(b, ctx, kafkaSink)
 	stockRate := benchStockDrain(b, ctx)
-	fmt.Printf("relay drain: %d events in backlog, %.0f events/s (kafka sink, batches of %d)\n", drainEvents, relayRate, polling.BatchSizeDefault)
+	fmt.Printf("relay drain: %d events in backlog, %.0f events/s (kafka sink, batches of %d)\n", drainEvents, relayRate, relay.BatchSizeDefault)
 	fmt.Printf("stock forwarder drain: %d events in backlog, first %d forwarded, %.0f events/s\n", drainEvents, stockDrainEvents, stockRate)
 	fmt.Printf("relay drain speedup vs stock forwarder: %.1fx\n", relayRate/stockRate)
 	b.ReportMetric(relayRate, "relay-events/s")
@@ -106,8 +106,8 @@ func benchRelayDrain(b *testing.B, ctx context.Context, newSink func([]string) (
 	}
 	defer sink.Close()
 	reg := prometheus.NewRegistry()
-	cfg := polling.Config{Owner: "bench", SinkName: "kafka", Logger: relayQuietLog, Registerer: reg, StatsInterval: time.Minute}
-	_, cfg.ExactlyOnce = sink.(polling.FencedSink)
+	cfg := relay.Settings{Owner: "bench", SinkName: "kafka", Logger: relayQuietLog, Registerer: reg, StatsInterval: time.Minute}
+	_, cfg.ExactlyOnce = sink.(relay.FencedSink)
 	r := newRelay(b, pool, sink, cfg)
 	start := time.Now()
 	if err := r.Start(ctx); err != nil {
@@ -287,7 +287,7 @@ func relayCommitToAck(b *testing.B, exactlyOnce bool) ackLatency {
 		sink = times
 	}
 	defer sink.Close()
-	r := startRelay(b, pool, sink, polling.Config{Owner: "bench", SinkName: "kafka", Logger: relayQuietLog, ExactlyOnce: exactlyOnce})
+	r := startRelay(b, pool, sink, relay.Settings{Owner: "bench", SinkName: "kafka", Logger: relayQuietLog, ExactlyOnce: exactlyOnce})
 	defer r.Stop(ctx)
 	bridgetest.MustPost(b, pool, "acc-warmup")
 

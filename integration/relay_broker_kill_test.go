@@ -14,7 +14,7 @@ import (
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/integration/faultkit"
-	"github.com/posthorn/posthorn/relay/polling"
+	"github.com/posthorn/posthorn/relay"
 )
 
 // brokerKillDrain is the operator's view of the Kafka sink's ACK: a backlog
@@ -44,7 +44,7 @@ func brokerKillDrain(t *testing.T, newSink func([]string) (core.Sink, error), ev
 		t.Fatal(err)
 	}
 	defer sink.Close()
-	r := startRelay(t, pool, sink, polling.Config{
+	r := startRelay(t, pool, sink, relay.Settings{
 		Owner: "kill-drain", SinkName: "kafka", Logger: relayQuietLog, Registerer: prometheus.NewRegistry(),
 		RetryInitial: 20 * time.Millisecond, RetryMax: 500 * time.Millisecond,
 	})

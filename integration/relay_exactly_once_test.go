@@ -59,7 +59,7 @@ func ackThenCrash(t *testing.T, hooks *polling.Hooks) ([]bridgetest.Posted, map[
 // shards, reads the positions and marks what was committed, so a
 // read_committed reader receives every event exactly once, per account in
 // revision order. (Without exactly-once the same crash sends the batch
-// again: bridge's TestCrashAfterAckBeforeMarkerResends.)
+// again: relay/polling's TestCrashAfterAckBeforeMarkerResends.)
 func TestRelayExactlyOnceAckThenCrash(t *testing.T) {
 	t.Parallel()
 	posted, count, recs := ackThenCrash(t, nil)

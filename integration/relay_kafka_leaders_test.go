@@ -19,7 +19,7 @@ import (
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/integration/faultkit"
-	"github.com/posthorn/posthorn/relay/polling"
+	"github.com/posthorn/posthorn/relay"
 )
 
 // TestRelayKafkaLeadershipMoves: against a three-node kfake cluster, while
@@ -67,7 +67,7 @@ func TestRelayKafkaLeadershipMoves(t *testing.T) {
 		t.Fatal(err)
 	}
 	sink := sinktest.Open(t, kafka.New, kafka.Config{Brokers: cluster.ListenAddrs()})
-	r := startRelay(t, pool, sink, polling.Config{
+	r := startRelay(t, pool, sink, relay.Settings{
 		Owner: "leaders", SinkName: "kafka", Logger: relayQuietLog, Registerer: prometheus.NewRegistry(),
 		BatchSize: 1000, RetryInitial: 20 * time.Millisecond, RetryMax: 300 * time.Millisecond,
 	})

@@ -23,7 +23,7 @@ import (
 	"github.com/posthorn/posthorn/api"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/core"
-	"github.com/posthorn/posthorn/relay/polling"
+	"github.com/posthorn/posthorn/relay"
 )
 
 // wireRecord is one record as a sink holds it: key (Kafka), headers, payload.
@@ -76,13 +76,13 @@ func postThroughAPI(t *testing.T, store api.Store, n int, md string) {
 	}
 }
 
-// relayToMemory runs the bridge into a fresh memory sink until the outbox
+// relayToMemory runs the relay into a fresh memory sink until the outbox
 // is drained and returns every record it holds.
 func relayToMemory(t *testing.T, pool *pgxpool.Pool) []wireRecord {
 	t.Helper()
 	sink := memory.New(memory.Config{})
 	defer sink.Close()
-	rel := startRelay(t, pool, sink, polling.Config{
+	rel := startRelay(t, pool, sink, relay.Settings{
 		Owner: "md-relay-memory", PollInterval: 50 * time.Millisecond, LeaseTTL: 5 * time.Second, Logger: relayQuietLog,
 	})
 	bridgetest.WaitFor(t, 60*time.Second, "outbox relayed to memory", func() bool { return bridgetest.Unrelayed(t, pool) == 0 })
@@ -100,7 +100,7 @@ func relayToMemory(t *testing.T, pool *pgxpool.Pool) []wireRecord {
 	return out
 }
 
-// relayToKafka runs the bridge into a kfake broker over real sockets and
+// relayToKafka runs the relay into a kfake broker over real sockets and
 // reads every topic back from the start with franz-go.
 func relayToKafka(t *testing.T, pool *pgxpool.Pool, want int) []wireRecord {
 	t.Helper()

@@ -30,7 +30,7 @@ import (
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/ops"
-	"github.com/posthorn/posthorn/relay/polling"
+	"github.com/posthorn/posthorn/relay"
 )
 
 // TestSecurityEveryComponentUnderItsRole runs the whole life of a posting
@@ -84,7 +84,7 @@ func TestSecurityEveryComponentUnderItsRole(t *testing.T) {
 	}
 
 	// Relay as posthorn_relay.
-	rel := startRelay(t, relayPool, sink, polling.Config{
+	rel := startRelay(t, relayPool, sink, relay.Settings{
 		Owner: "roles-relay", PollInterval: 50 * time.Millisecond, LeaseTTL: 5 * time.Second,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})

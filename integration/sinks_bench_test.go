@@ -19,7 +19,7 @@ import (
 	"github.com/posthorn/posthorn/adapters/redisstream/redistest"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/core"
-	"github.com/posthorn/posthorn/relay/polling"
+	"github.com/posthorn/posthorn/relay"
 )
 
 const sinkDrainEvents = 100_000
@@ -40,7 +40,7 @@ func BenchmarkSinksDrain(b *testing.B) {
 	}
 	// The machine is shared: a busy one slows every sink, so say how busy.
 	fmt.Printf("relay drain of a %d-event backlog, batches of %d, one run (load average %s before, %s after):\n",
-		sinkDrainEvents, polling.BatchSizeDefault, loadBefore, loadAvg())
+		sinkDrainEvents, relay.BatchSizeDefault, loadBefore, loadAvg())
 	for _, kind := range kinds {
 		fmt.Printf("  %-8s %8.0f events/s drained; inside Publish alone %8.0f events/s\n", kind, rates[kind], sinkRates[kind])
 		b.ReportMetric(rates[kind], kind+"-events/s")
@@ -117,7 +117,7 @@ func benchSinkDrain(b *testing.B, kind string) (drain, publish float64) {
 	}
 	defer sink.Close()
 	clock := &publishClock{Sink: sink}
-	r := newRelay(b, pool, clock, polling.Config{
+	r := newRelay(b, pool, clock, relay.Settings{
 		Owner: "bench-" + kind, SinkName: kind, Logger: relayQuietLog, Registerer: prometheus.NewRegistry(), StatsInterval: time.Minute,
 	})
 	start := time.Now()

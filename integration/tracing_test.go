@@ -40,6 +40,7 @@ import (
 	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/ops"
 	"github.com/posthorn/posthorn/publish"
+	"github.com/posthorn/posthorn/relay"
 	"github.com/posthorn/posthorn/relay/cdc"
 	"github.com/posthorn/posthorn/relay/polling"
 )
@@ -57,7 +58,7 @@ const (
 // the Kafka sink, and the balance projection reading it with the Kafka
 // subscriber into its own database. tp nil is tracing off, wired as cmd
 // wires it (tracing.Sink returns the bare sink); exactlyOnce selects the
-// Kafka sink's exactly-once mode (a polling.FencedSink).
+// Kafka sink's exactly-once mode (a relay.FencedSink).
 type traceRig struct {
 	pool   *pgxpool.Pool
 	broker *relayBroker
@@ -328,7 +329,7 @@ func TestOneTraceExactlyOnce(t *testing.T) {
 	t.Parallel()
 	tp, exp := tracingtest.Memory(t)
 	r := newTraceRig(t, tp, true)
-	if _, ok := r.sink.(polling.FencedSink); !ok {
+	if _, ok := r.sink.(relay.FencedSink); !ok {
 		t.Fatal("the traced exactly-once sink is not a FencedSink")
 	}
 	res := r.post(t)
@@ -378,12 +379,12 @@ func TestOneTraceThroughCDC(t *testing.T) {
 	tp, exp := tracingtest.Memory(t)
 	mem := memory.New(memory.Config{})
 	r := newTraceRigOn(t, cdcLedger(t), nil, mem, tp)
-	relay, err := cdc.New(relaystore.New(r.pool), cdcsource.New(r.pool), r.sink, cdc.Config{
+	rel, err := cdc.New(relaystore.New(r.pool), cdcsource.New(r.pool), r.sink, relay.Settings{
 		Owner: "relay-cdc", SinkName: "memory", LeaseTTL: 2 * time.Second, Logger: relayQuietLog})
 	if err != nil {
 		t.Fatal(err)
 	}
-	bridgetest.Start(t, relay)
+	bridgetest.Start(t, rel)
 	res := r.post(t)
 	want := len(res.Events) + len(res.Commands)
 	waitFor(t, "the CDC relay to publish the posting", 30*time.Second, func() (bool, string) {

@@ -29,7 +29,7 @@ import (
 	"github.com/posthorn/posthorn/consumers/auditlog"
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
-	"github.com/posthorn/posthorn/relay/polling"
+	"github.com/posthorn/posthorn/relay"
 )
 
 // documentedHeaders reads docs/sinks.md's table of the headers per wire
@@ -111,7 +111,7 @@ func TestWireFormatsReadByKcat(t *testing.T) {
 			} else {
 				sink = newKafkaSink(t, b.addrs)
 			}
-			startTestRelay(t, pool, polling.Formatted(sink, wf), "relay-"+string(format), "kafka")
+			startTestRelay(t, pool, relay.Formatted(sink, wf), "relay-"+string(format), "kafka")
 			bridgetest.WaitFor(t, 30*time.Second, "the outbox drained", func() bool { return bridgetest.Unrelayed(t, pool) == 0 })
 
 			recs := kafkatest.MustReadTopic(t, b.addrs, topic, exactlyOnce)

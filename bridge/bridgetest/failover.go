@@ -15,6 +15,7 @@ import (
 	"github.com/posthorn/posthorn/adapters/postgres/pgcluster"
 	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
 	"github.com/posthorn/posthorn/internal/promset/promtest"
+	"github.com/posthorn/posthorn/relay"
 )
 
 // StandbyName is the application_name of Failover's standby.
@@ -215,4 +216,14 @@ func (f *Failover) ghosts(t testing.TB, ctx context.Context) FailoverResult {
 		}
 	}
 	return res
+}
+
+// StandbyFlush is relay.standby_flush required (or off) through probe,
+// waiting 200ms before a hold is logged.
+func StandbyFlush(required bool, probe relay.StandbyProbe) relay.StandbyFlush {
+	sf := relay.StandbyFlush{Policy: relay.StandbyOff, Probe: probe, WarnAfter: 200 * time.Millisecond}
+	if required {
+		sf.Policy = relay.StandbyRequired
+	}
+	return sf
 }

@@ -34,6 +34,7 @@ import (
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/ops"
+	"github.com/posthorn/posthorn/relay"
 	"github.com/posthorn/posthorn/relay/polling"
 )
 
@@ -642,7 +643,7 @@ func TestConsoleShowsTheCleanupBoundary(t *testing.T) {
 // called.
 func startRigRelay(t *testing.T, ctx context.Context, ledger *pgxpool.Pool, sink core.Sink, owner, sinkName string, poll time.Duration) (stop func()) {
 	t.Helper()
-	relay, err := polling.New(relaystore.New(ledger), sink, polling.Config{Owner: owner, SinkName: sinkName, PollInterval: poll})
+	relay, err := polling.New(relaystore.New(ledger), sink, relay.Settings{Owner: owner, SinkName: sinkName, PollInterval: poll})
 	if err != nil {
 		t.Fatal(err)
 	}

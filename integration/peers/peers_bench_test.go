@@ -33,6 +33,7 @@ import (
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/internal/syncbuf"
+	"github.com/posthorn/posthorn/relay"
 	"github.com/posthorn/posthorn/relay/cdc"
 	"github.com/posthorn/posthorn/relay/polling"
 )
@@ -133,7 +134,7 @@ func runPosthorn(b *testing.B, c *pgcluster.Cluster, brokers []string, name, mod
 	start := func() func() {
 		switch mode {
 		case "polling":
-			r, err := polling.New(store, sink, polling.Config{Owner: "bench", SinkName: "kafka", Logger: logger})
+			r, err := polling.New(store, sink, relay.Settings{Owner: "bench", SinkName: "kafka", Logger: logger})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -142,7 +143,7 @@ func runPosthorn(b *testing.B, c *pgcluster.Cluster, brokers []string, name, mod
 			}
 			return func() { _ = r.Stop(ctx) }
 		default:
-			r, err := cdc.New(store, cdcsource.New(relayPool), sink, cdc.Config{Owner: "bench", SinkName: "kafka", Slot: slot, Logger: logger})
+			r, err := cdc.New(store, cdcsource.New(relayPool), sink, relay.Settings{Owner: "bench", SinkName: "kafka", CDC: relay.CDC{Slot: slot}, Logger: logger})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -333,7 +334,7 @@ func runKfakeDrain(b *testing.B, c *pgcluster.Cluster) float64 {
 	rd := newReader(b, fake.Addrs(), core.TopicEvents, core.HeaderEventID)
 	defer rd.close()
 	began := time.Now()
-	r, err := polling.New(relaystore.New(relayPool), sink, polling.Config{Owner: "bench", SinkName: "kafka",
+	r, err := polling.New(relaystore.New(relayPool), sink, relay.Settings{Owner: "bench", SinkName: "kafka",
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		b.Fatal(err)

@@ -24,6 +24,7 @@ import (
 	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/internal/syncbuf"
+	"github.com/posthorn/posthorn/relay"
 	"github.com/posthorn/posthorn/relay/cdc"
 	"github.com/posthorn/posthorn/relay/polling"
 )
@@ -139,7 +140,7 @@ func benchMode(b *testing.B, c *pgcluster.Cluster, mode string) modeResult {
 	var stop func()
 	switch mode {
 	case "polling":
-		r, err := polling.New(store, sink, polling.Config{Owner: "bench", SinkName: "memory", Logger: quiet})
+		r, err := polling.New(store, sink, relay.Settings{Owner: "bench", SinkName: "memory", Logger: quiet})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -153,7 +154,7 @@ func benchMode(b *testing.B, c *pgcluster.Cluster, mode string) modeResult {
 		if os.Getenv("POSTHORN_BENCH_LOG") != "" {
 			out = io.MultiWriter(logs, os.Stderr)
 		}
-		r, err := cdc.New(store, cdcsource.New(relayPool), sink, cdc.Config{Owner: "bench", SinkName: "memory", Slot: randName("bench_"),
+		r, err := cdc.New(store, cdcsource.New(relayPool), sink, relay.Settings{Owner: "bench", SinkName: "memory", CDC: relay.CDC{Slot: randName("bench_")},
 			Logger: slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: slog.LevelInfo}))})
 		if err != nil {
 			b.Fatal(err)

@@ -85,7 +85,7 @@ func (r *Relay) sameTimeline(ctx context.Context) error {
 // highest commit it published with the new history's branch point and
 // names, at ERROR, every event it remembers publishing past it. Those
 // events are on the wire and not in the ledger; the relay's history gate
-// (Config.History) holds publishing until posthorn failover recover.
+// (Settings.History) holds publishing until posthorn failover recover.
 func (r *Relay) checkBranch(ctx context.Context) error {
 	tl, err := r.store.Timeline(ctx)
 	if err != nil {

@@ -53,8 +53,8 @@ func (r *Relay) deliverBatch(ctx context.Context, rows []core.OutboxRow) error {
 			return err
 		}
 		batch := core.Envelopes(rows)
-		if h := r.cfg.Hooks; h != nil && h.BeforePublish != nil {
-			if err := h.BeforePublish(batch); err != nil {
+		if h := r.hooks.BeforePublish; h != nil {
+			if err := h(batch); err != nil {
 				return errCrash
 			}
 		}
@@ -74,8 +74,8 @@ func (r *Relay) deliverBatch(ctx context.Context, rows []core.OutboxRow) error {
 		s, _ := delivery.Settle(batch, err)
 		r.bm.Published(len(batch), s.Acked, time.Since(start))
 		if s.Acked > 0 {
-			if h := r.cfg.Hooks; h != nil && h.AfterAck != nil {
-				if herr := h.AfterAck(batch); herr != nil {
+			if h := r.hooks.AfterAck; h != nil {
+				if herr := h(batch); herr != nil {
 					return errCrash
 				}
 			}
@@ -294,7 +294,7 @@ func (r *Relay) refreshStats(ctx context.Context) {
 		if age, err := r.outbx.OldestOpenTransactionAge(ctx); err == nil {
 			r.bm.SetHeldByOpenTransaction(age)
 		}
-		if st, err := r.store.SlotStatus(ctx, r.cfg.Slot); err == nil {
+		if st, err := r.store.SlotStatus(ctx, r.cfg.CDC.Slot); err == nil {
 			r.m.setSlot(st)
 		} else if ctx.Err() == nil {
 			r.log.Warn("slot status", "err", err)

@@ -2,7 +2,8 @@
 // inserts into the outbox table through logical replication (pgoutput, a
 // publication on the outbox table only) and publishes them to the same
 // sinks, with the same batching, failure classification, parking, markers
-// and metrics as the polling relay (package bridge).
+// and metrics as the polling relay (relay/polling, its sibling; what both
+// share is package relay's).
 //
 // # Confirm only what is durably delivered
 //
@@ -89,7 +90,7 @@
 //
 // # Exactly once on the wire
 //
-// With Config.ExactlyOnce the sink is a bridge.FencedSink and every batch
+// With Settings.ExactlyOnce the sink is a relay.FencedSink and every batch
 // goes out as one transaction per shard (delivery.Fences). Each session
 // starts by fencing all shards and marking what their newest committed
 // transactions hold, before the outbox catch-up, so the catch-up and the
@@ -101,7 +102,7 @@
 //
 // # Standbys
 //
-// With Config.StandbyFlush required (bridge/internal/standbygate), the rows of
+// With Settings.StandbyFlush required (relay/internal/standbygate), the rows of
 // received transactions are published only once enough of the ledger's
 // physical standbys have flushed past the last one's commit (its end LSN
 // from the stream; for a large transaction delivered before its end

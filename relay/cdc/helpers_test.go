@@ -27,6 +27,7 @@ import (
 	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/internal/promset/promtest"
 	"github.com/posthorn/posthorn/internal/syncbuf"
+	"github.com/posthorn/posthorn/relay"
 	"github.com/posthorn/posthorn/relay/cdc"
 )
 
@@ -135,27 +136,31 @@ type relayHandle struct {
 	reg *prometheus.Registry
 }
 
-func (f *fixture) start(owner string, mod func(*cdc.Config)) relayHandle {
+// start starts a CDC relay named owner on the fixture's slot, with the
+// fixture's settings changed by mod (nil: none), and hooks (nil: none).
+func (f *fixture) start(owner string, mod func(*relay.Settings), hooks ...*cdc.Hooks) relayHandle {
 	f.t.Helper()
 	reg := prometheus.NewRegistry()
-	cfg := cdc.Config{
-		Owner:             owner,
-		SinkName:          "memory",
-		Slot:              f.slot,
-		BatchSize:         500,
-		LeaseTTL:          2 * time.Second,
-		RetryInitial:      10 * time.Millisecond,
-		RetryMax:          100 * time.Millisecond,
-		StatusInterval:    200 * time.Millisecond,
-		HeartbeatInterval: 200 * time.Millisecond,
-		StatsInterval:     100 * time.Millisecond,
-		Logger:            slog.New(slog.NewTextHandler(f.logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
-		Registerer:        reg,
+	cfg := relay.Settings{
+		Owner:         owner,
+		SinkName:      "memory",
+		CDC:           relay.CDC{Slot: f.slot, StatusInterval: 200 * time.Millisecond, HeartbeatInterval: 200 * time.Millisecond},
+		BatchSize:     500,
+		LeaseTTL:      2 * time.Second,
+		RetryInitial:  10 * time.Millisecond,
+		RetryMax:      100 * time.Millisecond,
+		StatsInterval: 100 * time.Millisecond,
+		Logger:        slog.New(slog.NewTextHandler(f.logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
+		Registerer:    reg,
 	}
 	if mod != nil {
 		mod(&cfg)
 	}
-	r, err := cdc.New(f.store, f.source, f.sink, cfg)
+	var h *cdc.Hooks
+	if len(hooks) > 0 {
+		h = hooks[0]
+	}
+	r, err := cdc.NewWithHooks(f.store, f.source, f.sink, cfg, h)
 	if err != nil {
 		f.t.Fatal(err)
 	}

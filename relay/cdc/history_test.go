@@ -9,7 +9,7 @@ import (
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/internal/promset/promtest"
-	"github.com/posthorn/posthorn/relay/cdc"
+	"github.com/posthorn/posthorn/relay"
 )
 
 // TestCDCRelayHoldsOnAnUnacceptedHistory: while the ledger runs on a
@@ -44,7 +44,7 @@ SELECT system_identifier, timeline + 1, 'test', 'another history', now() + inter
 	watch.Recheck(watched)
 
 	control.start("control", nil)
-	h := gated.start("gated", func(c *cdc.Config) { c.History = watch })
+	h := gated.start("gated", func(c *relay.Settings) { c.History = watch })
 	control.waitStreaming()
 	gated.waitStreaming()
 	for _, f := range []*fixture{control, gated} {

@@ -44,11 +44,7 @@ func TestIdleSlotDoesNotRetainWAL(t *testing.T) {
 	for _, heartbeat := range []bool{true, false} {
 		t.Run(fmt.Sprintf("heartbeat=%v", heartbeat), func(t *testing.T) {
 			f := newFixture(t, c)
-			r := f.start("relay-a", func(c *cdc.Config) {
-				if !heartbeat {
-					c.HeartbeatInterval = -1
-				}
-			})
+			r := f.start("relay-a", nil, &cdc.Hooks{UnsafeNoHeartbeat: !heartbeat})
 			f.waitStreaming()
 			// Some traffic first, so the slot has a position of its own.
 			posted := bridgetest.MustPost(t, f.pool, "acc-1", "acc-2")

@@ -15,6 +15,7 @@ import (
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/internal/promset/promtest"
+	"github.com/posthorn/posthorn/relay"
 	"github.com/posthorn/posthorn/relay/cdc"
 )
 
@@ -60,18 +61,15 @@ func TestLargeTransactionIsDeliveredWhileItStreams(t *testing.T) {
 			mu    sync.Mutex
 			sizes []int
 		)
-		a := f.start("relay-a", func(c *cdc.Config) {
-			c.BatchSize = batch
-			c.Hooks = &cdc.Hooks{AfterMark: func(b []core.Envelope) error {
-				mu.Lock()
-				defer mu.Unlock()
-				sizes = append(sizes, len(b))
-				if len(sizes) == 2 {
-					return errCrashHook
-				}
-				return nil
-			}}
-		})
+		a := f.start("relay-a", func(c *relay.Settings) { c.BatchSize = batch }, &cdc.Hooks{AfterMark: func(b []core.Envelope) error {
+			mu.Lock()
+			defer mu.Unlock()
+			sizes = append(sizes, len(b))
+			if len(sizes) == 2 {
+				return errCrashHook
+			}
+			return nil
+		}})
 		f.waitStreaming()
 		ids := bigTransaction(t, f, accounts, perAccount)
 		bridgetest.WaitFor(t, 30*time.Second, "relay a to crash", a.Crashed)
@@ -105,22 +103,19 @@ func TestLargeTransactionIsDeliveredWhileItStreams(t *testing.T) {
 			mu        sync.Mutex
 			published int
 		)
-		a := f.start("relay-a", func(c *cdc.Config) {
-			c.BatchSize = batch
-			c.Hooks = &cdc.Hooks{UnsafeConfirmOnReceipt: true, BeforePublish: func(b []core.Envelope) error {
-				mu.Lock()
-				defer mu.Unlock()
-				if published+len(b) >= accounts*perAccount {
-					return errCrashHook // the last batch, after the end arrived
-				}
-				published += len(b)
-				return nil
-			}}
-		})
+		a := f.start("relay-a", func(c *relay.Settings) { c.BatchSize = batch }, &cdc.Hooks{UnsafeConfirmOnReceipt: true, BeforePublish: func(b []core.Envelope) error {
+			mu.Lock()
+			defer mu.Unlock()
+			if published+len(b) >= accounts*perAccount {
+				return errCrashHook // the last batch, after the end arrived
+			}
+			published += len(b)
+			return nil
+		}})
 		f.waitStreaming()
 		ids := bigTransaction(t, f, accounts, perAccount)
 		bridgetest.WaitFor(t, 30*time.Second, "relay a to crash", a.Crashed)
-		f.start("relay-b", func(c *cdc.Config) { c.Hooks = &cdc.Hooks{SkipCatchUp: true} })
+		f.start("relay-b", nil, &cdc.Hooks{SkipCatchUp: true})
 		f.waitStreaming(2)
 		newest := bridgetest.MustPost(t, f.pool, "acc-newest")
 		lost := f.lostOnce(newest[0], "b to deliver an event committed after the crash", postedIDs(ids))
@@ -148,7 +143,7 @@ func TestSinkOutageOutlastsWALSenderTimeout(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			f := newFixture(t, c)
-			f.start("relay-a", func(c *cdc.Config) { c.Hooks = &cdc.Hooks{UnsafeSilentReader: silent} })
+			f.start("relay-a", nil, &cdc.Hooks{UnsafeSilentReader: silent})
 			f.waitStreaming()
 			f.sink.SetDown(true)
 			ids := bigTransaction(t, f, 100, 120) // 12,000 rows: more than the reader reads ahead

@@ -23,14 +23,12 @@ func TestStalledReaderIsReplacedByStandby(t *testing.T) {
 	f := newFixture(t, nil)
 	release := make(chan struct{})
 	var stalled atomic.Bool
-	a := f.start("relay-a", func(c *cdc.Config) {
-		c.Hooks = &cdc.Hooks{BeforePublish: func([]core.Envelope) error {
-			if stalled.CompareAndSwap(false, true) {
-				<-release
-			}
-			return nil
-		}}
-	})
+	a := f.start("relay-a", nil, &cdc.Hooks{BeforePublish: func([]core.Envelope) error {
+		if stalled.CompareAndSwap(false, true) {
+			<-release
+		}
+		return nil
+	}})
 	f.waitStreaming()
 	b := f.start("relay-b", nil)
 	w := startWriters(t, f.pool, 2, 10, 2*time.Millisecond)

@@ -11,7 +11,7 @@ import (
 var walStatuses = []string{"reserved", "extended", "unreserved", "lost", "missing"}
 
 // metrics are the CDC-only series; the relay's common ones (published,
-// latency, backlog, takeovers, …) come from bridge/internal/relaymetrics.
+// latency, backlog, takeovers, …) come from relay/internal/relaymetrics.
 type metrics struct {
 	retained     prometheus.Gauge
 	safe         prometheus.Gauge

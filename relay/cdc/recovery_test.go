@@ -40,16 +40,14 @@ func TestSlotDroppedMidStreamRecoversThroughOutbox(t *testing.T) {
 			f := newFixture(t, nil)
 			var creations atomic.Int32
 			var gap []bridgetest.Posted
-			r := f.start("relay-a", func(c *cdc.Config) {
-				c.Hooks = &cdc.Hooks{SkipCatchUp: !catchUp, BeforeSlotCreate: func() {
-					if creations.Add(1) == 2 {
-						// Commits while no slot exists: only the outbox has them.
-						for i := range 10 {
-							gap = append(gap, bridgetest.MustPost(t, f.pool, fmt.Sprintf("acc-%d", i))...)
-						}
+			r := f.start("relay-a", nil, &cdc.Hooks{SkipCatchUp: !catchUp, BeforeSlotCreate: func() {
+				if creations.Add(1) == 2 {
+					// Commits while no slot exists: only the outbox has them.
+					for i := range 10 {
+						gap = append(gap, bridgetest.MustPost(t, f.pool, fmt.Sprintf("acc-%d", i))...)
 					}
-				}}
-			})
+				}
+			}})
 			f.waitStreaming()
 			w := startWriters(t, f.pool, 3, 20, time.Millisecond)
 			bridgetest.WaitFor(t, 30*time.Second, "300 events", func() bool { return w.count() >= 300 })
@@ -135,7 +133,7 @@ func TestSlotInvalidatedWhileStoppedRecoversThroughOutbox(t *testing.T) {
 				}
 				generateWAL(t, f, 24)
 			}
-			b := f.start("relay-b", func(c *cdc.Config) { c.Hooks = &cdc.Hooks{SkipCatchUp: !catchUp} })
+			b := f.start("relay-b", nil, &cdc.Hooks{SkipCatchUp: !catchUp})
 			f.waitStreaming(2)
 			after := bridgetest.MustPostN(t, f.pool, 20, 9)
 			posted = append(posted, after...)

@@ -11,21 +11,18 @@ import (
 	"github.com/cenkalti/backoff/v5"
 
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/relay"
 	"github.com/posthorn/posthorn/relay/internal/delivery"
 	"github.com/posthorn/posthorn/relay/internal/historyhold"
 	"github.com/posthorn/posthorn/relay/internal/lifecycle"
 	"github.com/posthorn/posthorn/relay/internal/relaymetrics"
 	"github.com/posthorn/posthorn/relay/internal/standbygate"
-	"github.com/posthorn/posthorn/relay/polling"
 )
 
 var (
-	// ErrAlreadyStarted is returned by a second Start (the lifecycle is
-	// the polling relay's).
-	ErrAlreadyStarted = polling.ErrAlreadyStarted
-	errCrash          = errors.New("CDC relay crashed (test hook)")
-	errLeaseLost      = errors.New("slot lease lost")
-	errStopping       = errors.New("stopping")
+	errCrash     = errors.New("CDC relay crashed (test hook)")
+	errLeaseLost = errors.New("slot lease lost")
+	errStopping  = errors.New("stopping")
 	// errHistoryChanged ends a session whose held rows came from a ledger
 	// that failed over meanwhile.
 	errHistoryChanged = errors.New("the ledger failed over while rows were held: they are dropped and read from the new primary")
@@ -34,13 +31,14 @@ var (
 // Relay streams the outbox from a replication slot to a sink. See the
 // package documentation for its invariants.
 type Relay struct {
-	cfg   Config
+	cfg   relay.Settings
+	hooks Hooks
 	store Source
 	outbx OutboxStore
 	sink  core.Sink
 	// fences is set in exactly-once mode (deliver.go).
 	fences *delivery.Fences
-	// standby is set with StandbyFlush.Required (deliver.go).
+	// standby is set when StandbyFlush is required (deliver.go).
 	standby *standbygate.Gate
 	// history holds publishing while the ledger's history is not accepted.
 	history *historyhold.Hold
@@ -70,17 +68,25 @@ type Relay struct {
 
 // New returns a CDC relay that streams the outbox from source, reads and
 // parks through outbox, and publishes to sink. It does not start it and
-// does not contact the server; Check does.
-func New(outbox OutboxStore, source Source, sink core.Sink, cfg Config) (*Relay, error) {
-	cfg.setDefaults()
-	if err := cfg.validate(); err != nil {
+// does not contact the server; Check does. cfg's zero fields take their
+// defaults and the rest are validated (relay.Settings.Checked); the relay
+// reads no polling setting (PollInterval, MinPollInterval).
+func New(outbox OutboxStore, source Source, sink core.Sink, cfg relay.Settings) (*Relay, error) {
+	return NewWithHooks(outbox, source, sink, cfg, nil)
+}
+
+// NewWithHooks is New with test hooks (nil: none), for tests and negative
+// controls only.
+func NewWithHooks(outbox OutboxStore, source Source, sink core.Sink, cfg relay.Settings, hooks *Hooks) (*Relay, error) {
+	cfg, err := cfg.Checked()
+	if err != nil {
 		return nil, err
 	}
 	bm, err := relaymetrics.New(cfg.Registerer, cfg.SinkName)
 	if err != nil {
 		return nil, fmt.Errorf("relay metrics: %w", err)
 	}
-	m, err := newMetrics(cfg.Registerer, cfg.Slot)
+	m, err := newMetrics(cfg.Registerer, cfg.CDC.Slot)
 	if err != nil {
 		return nil, fmt.Errorf("CDC metrics: %w", err)
 	}
@@ -91,19 +97,20 @@ func New(outbox OutboxStore, source Source, sink core.Sink, cfg Config) (*Relay,
 		sink:  sink,
 		bm:    bm,
 		m:     m,
-		log:   cfg.Logger.With("component", "relay", "mode", "cdc", "owner", cfg.Owner, "slot", cfg.Slot),
+		log:   cfg.Logger.With("component", "relay", "mode", "cdc", "owner", cfg.Owner, "slot", cfg.CDC.Slot),
 		life:  lifecycle.New(),
 		retry: delivery.NewRetry(cfg.RetryInitial, cfg.RetryMax),
 		stuck: delivery.NewStuckTracker(cfg.ParkAfterAttempts, cfg.ParkAfter),
 	}
+	if hooks != nil {
+		r.hooks = *hooks
+	}
 	if cfg.ExactlyOnce {
-		if r.fences, err = delivery.NewFences(sink, cfg.Hooks != nil && cfg.Hooks.UnsafeSkipPositions); err != nil {
-			return nil, fmt.Errorf("%w: %w", polling.ErrInvalidConfig, err)
+		if r.fences, err = delivery.NewFences(sink, r.hooks.UnsafeSkipPositions); err != nil {
+			return nil, fmt.Errorf("%w: %w", relay.ErrInvalidConfig, err)
 		}
 	}
-	if sf := cfg.StandbyFlush; sf.Required {
-		r.standby = standbygate.New(standbygate.Config{Names: sf.Names, Count: sf.Count, Probe: sf.Probe, PollMax: sf.PollMax, WarnAfter: sf.WarnAfter}, bm, r.log)
-	}
+	r.standby = standbygate.New(cfg.StandbyFlush, bm, r.log)
 	r.history = historyhold.New(cfg.History, bm, r.log)
 	return r, nil
 }
@@ -186,7 +193,7 @@ func (r *Relay) run(ctx context.Context) {
 
 func (r *Relay) acquire(ctx context.Context) bool {
 	sent := time.Now()
-	l, ok, err := r.store.AcquireLease(ctx, r.cfg.Slot, r.cfg.Owner, r.cfg.LeaseTTL)
+	l, ok, err := r.store.AcquireLease(ctx, r.cfg.CDC.Slot, r.cfg.Owner, r.cfg.LeaseTTL)
 	if err != nil {
 		if ctx.Err() == nil {
 			r.log.Error("acquire slot lease", "err", err)

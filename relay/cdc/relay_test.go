@@ -14,6 +14,7 @@ import (
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/internal/promset/promtest"
+	"github.com/posthorn/posthorn/relay"
 	"github.com/posthorn/posthorn/relay/cdc"
 )
 
@@ -63,7 +64,7 @@ func TestDeliversEveryCommittedEventInOrderUnderLoad(t *testing.T) {
 func TestCheckNamesWalLevel(t *testing.T) {
 	t.Parallel()
 	_, pool := pgtest.Ledger(t)
-	r, err := cdc.New(relaystore.New(pool), cdcsource.New(pool), nil, cdc.Config{})
+	r, err := cdc.New(relaystore.New(pool), cdcsource.New(pool), nil, relay.Settings{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,7 +85,7 @@ func TestCheckNamesReplicationAttribute(t *testing.T) {
 	}
 	url := fmt.Sprintf("postgres://%s@127.0.0.1:%d/%s?sslmode=disable", role, f.cluster.Port(), f.pool.Config().ConnConfig.Database)
 	pool := pgtest.Pool(t, url, 2)
-	r, err := cdc.New(relaystore.New(pool), cdcsource.New(pool), nil, cdc.Config{})
+	r, err := cdc.New(relaystore.New(pool), cdcsource.New(pool), nil, relay.Settings{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,7 +94,7 @@ func TestCheckNamesReplicationAttribute(t *testing.T) {
 		t.Fatalf("Check as a role without REPLICATION: %v, want ErrCDCNotAvailable naming REPLICATION", err)
 	}
 	// Control: the cluster's superuser passes.
-	r, err = cdc.New(f.store, f.source, nil, cdc.Config{})
+	r, err = cdc.New(f.store, f.source, nil, relay.Settings{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,16 +107,16 @@ func TestCheckNamesReplicationAttribute(t *testing.T) {
 func TestConfigValidation(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
-		cfg   cdc.Config
+		cfg   relay.Settings
 		field string
 	}{
-		{cdc.Config{Slot: "Bad-Slot"}, "Slot"},
-		{cdc.Config{Publication: "x;drop"}, "Publication"},
-		{cdc.Config{BatchSize: -1}, "BatchSize"},
-		{cdc.Config{StatusInterval: -time.Second}, "StatusInterval"},
+		{relay.Settings{CDC: relay.CDC{Slot: "Bad-Slot"}}, "cdc.slot"},
+		{relay.Settings{CDC: relay.CDC{Publication: "x;drop"}}, "cdc.publication"},
+		{relay.Settings{BatchSize: -1}, "batch_size"},
+		{relay.Settings{CDC: relay.CDC{StatusInterval: -time.Second}}, "cdc.status_interval"},
 	} {
 		_, err := cdc.New(nil, nil, nil, tc.cfg)
-		if !errors.Is(err, cdc.ErrInvalidConfig) || !strings.Contains(err.Error(), tc.field) {
+		if !errors.Is(err, relay.ErrInvalidConfig) || !strings.Contains(err.Error(), tc.field) {
 			t.Errorf("%+v: %v, want ErrInvalidConfig naming %s", tc.cfg, err, tc.field)
 		}
 	}
@@ -159,7 +160,7 @@ func TestCrashBetweenAckAndConfirmRepeatsNothingLost(t *testing.T) {
 			var crashed []string
 			hooks := &cdc.Hooks{}
 			tc.hook(hooks, crashAt(3, &crashed))
-			a := f.start("relay-a", func(c *cdc.Config) { c.Hooks = hooks })
+			a := f.start("relay-a", nil, hooks)
 			f.waitStreaming()
 			b := f.start("relay-b", nil) // stands by: a holds the lease
 			w := startWriters(t, f.pool, 3, 20, time.Millisecond)
@@ -196,13 +197,11 @@ func TestCrashNegativeControlConfirmOnReceiptLoses(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, nil)
 	var crashed []string
-	a := f.start("relay-a", func(c *cdc.Config) {
-		c.Hooks = &cdc.Hooks{UnsafeConfirmOnReceipt: true, BeforePublish: crashAt(3, &crashed)}
-	})
+	a := f.start("relay-a", nil, &cdc.Hooks{UnsafeConfirmOnReceipt: true, BeforePublish: crashAt(3, &crashed)})
 	f.waitStreaming()
 	w := startWriters(t, f.pool, 3, 20, time.Millisecond)
 	bridgetest.WaitFor(t, 30*time.Second, "relay a to crash", a.Crashed)
-	f.start("relay-b", func(c *cdc.Config) { c.Hooks = &cdc.Hooks{SkipCatchUp: true} })
+	f.start("relay-b", nil, &cdc.Hooks{SkipCatchUp: true})
 	bridgetest.WaitFor(t, 30*time.Second, "1,000 events", func() bool { return w.count() >= 1000 })
 	posted := w.finish(t)
 	// Wait for b to deliver what it can: everything committed after the

@@ -6,24 +6,28 @@ import (
 	"time"
 
 	"github.com/posthorn/posthorn/core"
-	"github.com/posthorn/posthorn/relay/polling"
+	"github.com/posthorn/posthorn/relay"
 )
 
 // Source is what the CDC relay needs from the ledger database beside the
-// outbox reads it shares with the polling relay: the slot's lease and
-// fenced markers, the slot itself and server checks, and the replication
-// stream. Every method but OpenStream is one short statement and safe for
+// outbox reads it shares with the polling relay (OutboxStore): the slot's
+// lease and fenced markers, the slot itself, and the server's state and
+// history. Every method but OpenStream is one short statement and safe for
 // concurrent use.
 //
 // Who may implement it: adapters/postgres/cdcsource.Source alone; the relay's
 // reasoning about slots, confirmed positions and timelines is PostgreSQL's
 // logical replication, not a general stream's.
 type Source interface {
-	// CheckServer reports, wrapped in ErrNotAvailable, why the server cannot
-	// stream the outbox.
-	CheckServer(ctx context.Context) error
-	// EnsurePublication creates the outbox's publication if it is missing.
-	EnsurePublication(ctx context.Context, publication string) error
+	SlotLease
+	Markers
+	Slots
+	Server
+}
+
+// SlotLease is the slot's lease (relay.go): one reader per slot, each grant
+// with a new fencing token.
+type SlotLease interface {
 	// AcquireLease takes slot's lease for owner if it is free, expired or
 	// owner's own, with a new fencing token; ok is false when another relay
 	// holds it.
@@ -33,12 +37,21 @@ type Source interface {
 	RenewLease(ctx context.Context, l Lease, owner string, ttl time.Duration) (bool, error)
 	// ReleaseLease frees the lease if owner still holds it.
 	ReleaseLease(ctx context.Context, l Lease, owner string) error
+}
+
+// Markers are the CDC relay's markers (deliver.go, stream.go), fenced by
+// the slot's lease.
+type Markers interface {
 	// MarkRelayed writes the markers of the rows refs if l is still the
 	// slot's current grant (fenced is true, and nothing is marked, when it
 	// is not); invisible lists the rows the statement could not see yet.
 	MarkRelayed(ctx context.Context, refs []core.RowRef, l Lease) (marked int, invisible []core.RowRef, fenced bool, err error)
 	// Marked returns which of ids already carry a marker.
 	Marked(ctx context.Context, ids []int64) (map[int64]bool, error)
+}
+
+// Slots is the replication slot and its stream (stream.go).
+type Slots interface {
 	// SlotStatus reads slot's state; Exists is false when there is none.
 	SlotStatus(ctx context.Context, slot string) (SlotStatus, error)
 	// CreateSlot creates slot and returns its consistent point, once every
@@ -51,6 +64,20 @@ type Source interface {
 	// EmitHeartbeat writes a heartbeat message into the WAL and returns
 	// its position.
 	EmitHeartbeat(ctx context.Context) (LSN, error)
+	// OpenStream starts streaming slot through publication from the slot's
+	// confirmed position; an error wrapping ErrSlotInUse means another WAL
+	// sender streams it.
+	OpenStream(ctx context.Context, slot, publication string) (Stream, error)
+}
+
+// Server is the ledger server's state and history as the relay checks it
+// (stream.go, branch.go).
+type Server interface {
+	// CheckServer reports, wrapped in ErrNotAvailable, why the server cannot
+	// stream the outbox.
+	CheckServer(ctx context.Context) error
+	// EnsurePublication creates the outbox's publication if it is missing.
+	EnsurePublication(ctx context.Context, publication string) error
 	// OutboxMaxID is the largest outbox id (0 when empty).
 	OutboxMaxID(ctx context.Context) (int64, error)
 	// CurrentWALLSN is the server's current WAL insert position: at or past
@@ -64,10 +91,6 @@ type Source interface {
 	// the server's history. 0 when the server still writes on timeline; an
 	// error when timeline is not in its history at all.
 	BranchPoint(ctx context.Context, timeline int32) (LSN, error)
-	// OpenStream starts streaming slot through publication from the slot's
-	// confirmed position; an error wrapping ErrSlotInUse means another WAL
-	// sender streams it.
-	OpenStream(ctx context.Context, slot, publication string) (Stream, error)
 }
 
 // Stream is one replication connection streaming the outbox. It is not safe
@@ -87,8 +110,8 @@ type Stream interface {
 }
 
 // LSN is a WAL position: a byte offset into the write-ahead log (the
-// polling relay's, which its standby gate shares).
-type LSN = polling.LSN
+// standby gate's of both modes).
+type LSN = relay.LSN
 
 // ErrInterrupted is wrapped by Stream.Next's error when its context ended
 // while it waited and the connection is intact, so reading can go on.
@@ -175,12 +198,11 @@ type Event struct {
 	ReplyRequested bool
 }
 
-// OutboxStore is what the CDC relay shares with the polling relay's store:
-// the catch-up read, parking and the status gauges.
+// OutboxStore is what the CDC relay reads from the outbox: what it shares
+// with the polling relay (the catch-up read, parking, the gauges' figures)
+// and the parked aggregates, whose release starts a catch-up.
 type OutboxStore interface {
-	ReadBatchSkipping(ctx context.Context, shards []int, perShard int, skip []int64, order core.ReadOrder) ([]core.OutboxRow, error)
-	Park(ctx context.Context, p core.ParkedAggregate) (bool, error)
+	relay.Outbox
+	// Parked lists the parked aggregates.
 	Parked(ctx context.Context) ([]core.ParkedAggregate, error)
-	Status(ctx context.Context) (core.OutboxStatus, error)
-	OldestOpenTransactionAge(ctx context.Context) (time.Duration, error)
 }

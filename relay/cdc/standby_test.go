@@ -16,20 +16,20 @@ import (
 	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/internal/syncbuf"
+	"github.com/posthorn/posthorn/relay"
 	"github.com/posthorn/posthorn/relay/cdc"
-	"github.com/posthorn/posthorn/relay/polling"
 )
 
 // failoverCDCConfig is the CDC relay of the failover tests, named name,
 // logging to logs and reporting to reg, reading the standbys through store.
-func failoverCDCConfig(name string, store polling.StandbyProbe, logs *syncbuf.Buffer, reg prometheus.Registerer, required bool) cdc.Config {
-	return cdc.Config{
-		Owner: name, SinkName: "memory", Slot: name, BatchSize: 100, LeaseTTL: 2 * time.Second,
-		RetryInitial: 10 * time.Millisecond, RetryMax: 100 * time.Millisecond,
-		StatusInterval: 200 * time.Millisecond, HeartbeatInterval: 200 * time.Millisecond, StatsInterval: 100 * time.Millisecond,
+func failoverCDCConfig(name string, store relay.StandbyProbe, logs *syncbuf.Buffer, reg prometheus.Registerer, required bool) relay.Settings {
+	return relay.Settings{
+		Owner: name, SinkName: "memory", BatchSize: 100, LeaseTTL: 2 * time.Second,
+		RetryInitial: 10 * time.Millisecond, RetryMax: 100 * time.Millisecond, StatsInterval: 100 * time.Millisecond,
+		CDC:          relay.CDC{Slot: name, StatusInterval: 200 * time.Millisecond, HeartbeatInterval: 200 * time.Millisecond},
 		Logger:       slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
 		Registerer:   reg,
-		StandbyFlush: polling.StandbyFlush{Required: required, Probe: store, WarnAfter: 200 * time.Millisecond},
+		StandbyFlush: bridgetest.StandbyFlush(required, store),
 	}
 }
 

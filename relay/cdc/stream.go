@@ -28,7 +28,7 @@ func (r *Relay) session(ctx context.Context) error {
 	if err := r.checkBranch(ctx); err != nil {
 		return err
 	}
-	if err := r.store.EnsurePublication(ctx, r.cfg.Publication); err != nil {
+	if err := r.store.EnsurePublication(ctx, r.cfg.CDC.Publication); err != nil {
 		return err
 	}
 	if err := r.prepareSlot(ctx); err != nil {
@@ -44,12 +44,12 @@ func (r *Relay) session(ctx context.Context) error {
 		return err
 	}
 	r.filterUntil = 0
-	if r.cfg.Hooks == nil || !r.cfg.Hooks.SkipCatchUp {
+	if !r.hooks.SkipCatchUp {
 		if err := r.catchUp(ctx); err != nil {
 			return err
 		}
 	}
-	st, err := r.store.OpenStream(ctx, r.cfg.Slot, r.cfg.Publication)
+	st, err := r.store.OpenStream(ctx, r.cfg.CDC.Slot, r.cfg.CDC.Publication)
 	if err != nil {
 		if errors.Is(err, ErrSlotInUse) {
 			// A stalled previous holder still streams: it lost the lease, end
@@ -58,15 +58,15 @@ func (r *Relay) session(ctx context.Context) error {
 			if _, lerr := r.maintain(ctx); lerr != nil {
 				return lerr
 			}
-			_ = r.store.TerminateReader(ctx, r.cfg.Slot)
+			_ = r.store.TerminateReader(ctx, r.cfg.CDC.Slot)
 		}
 		return err
 	}
 	r.stream = st
-	r.reader = newStreamReader(ctx, st, 2*r.cfg.BatchSize, r.cfg.StatusInterval, r.cfg.Hooks != nil && r.cfg.Hooks.UnsafeSilentReader)
+	r.reader = newStreamReader(ctx, st, 2*r.cfg.BatchSize, r.cfg.CDC.StatusInterval, r.hooks.UnsafeSilentReader)
 	r.confirmed = 0
 	r.retry.Reset()
-	r.log.Info("streaming the outbox from the slot", "publication", r.cfg.Publication, "wal_sender_pid", st.BackendPID())
+	r.log.Info("streaming the outbox from the slot", "publication", r.cfg.CDC.Publication, "wal_sender_pid", st.BackendPID())
 	return r.streamLoop(ctx)
 }
 
@@ -76,7 +76,7 @@ func (r *Relay) session(ctx context.Context) error {
 // before its consistent point is visible to the catch-up's reads, and every
 // later one is in the stream, so nothing falls between the two.
 func (r *Relay) prepareSlot(ctx context.Context) error {
-	st, err := r.store.SlotStatus(ctx, r.cfg.Slot)
+	st, err := r.store.SlotStatus(ctx, r.cfg.CDC.Slot)
 	if err != nil {
 		return err
 	}
@@ -88,7 +88,7 @@ func (r *Relay) prepareSlot(ctx context.Context) error {
 			// The WAL sender of a previous holder that stalled (it lost the
 			// lease, so it cannot mark or confirm; end its stream).
 			r.log.Warn("slot still streamed by a previous reader; ending its WAL sender", "pid", st.ActivePID)
-			if err := r.store.TerminateReader(ctx, r.cfg.Slot); err != nil {
+			if err := r.store.TerminateReader(ctx, r.cfg.CDC.Slot); err != nil {
 				return err
 			}
 			return r.waitInactive(ctx)
@@ -98,7 +98,7 @@ func (r *Relay) prepareSlot(ctx context.Context) error {
 		r.m.recoveries.WithLabelValues("lost").Inc()
 		r.log.Error("CDC SLOT LOST: the server invalidated the replication slot (wal_status=lost: it removed WAL the slot still needed, because more than max_slot_wal_keep_size was retained); recovering from the retained outbox: unrelayed rows are sent from the outbox, then streaming resumes from a new slot",
 			"max_slot_wal_keep_size", st.MaxSlotWALKeepSize, "confirmed_flush_lsn", st.ConfirmedFlushLSN)
-		if err := r.store.DropSlot(ctx, r.cfg.Slot); err != nil {
+		if err := r.store.DropSlot(ctx, r.cfg.CDC.Slot); err != nil {
 			return err
 		}
 	case !r.lease.SlotCreatedAt.IsZero():
@@ -108,16 +108,16 @@ func (r *Relay) prepareSlot(ctx context.Context) error {
 	default:
 		r.log.Info("creating the replication slot (first start in CDC mode); the outbox backlog is sent first")
 	}
-	if h := r.cfg.Hooks; h != nil && h.BeforeSlotCreate != nil {
-		h.BeforeSlotCreate()
+	if h := r.hooks.BeforeSlotCreate; h != nil {
+		h()
 	}
-	lsn, err := r.store.CreateSlot(ctx, r.cfg.Slot)
+	lsn, err := r.store.CreateSlot(ctx, r.cfg.CDC.Slot)
 	if err != nil {
 		return err
 	}
 	r.lease.SlotCreatedAt = time.Now()
 	r.log.Warn("replication slot created", "consistent_point", lsn.String())
-	if st, err := r.store.SlotStatus(ctx, r.cfg.Slot); err == nil {
+	if st, err := r.store.SlotStatus(ctx, r.cfg.CDC.Slot); err == nil {
 		r.m.setSlot(st)
 	}
 	return nil
@@ -126,7 +126,7 @@ func (r *Relay) prepareSlot(ctx context.Context) error {
 func (r *Relay) waitInactive(ctx context.Context) error {
 	deadline := time.Now().Add(r.cfg.LeaseTTL)
 	for time.Now().Before(deadline) {
-		st, err := r.store.SlotStatus(ctx, r.cfg.Slot)
+		st, err := r.store.SlotStatus(ctx, r.cfg.CDC.Slot)
 		if err != nil {
 			return err
 		}
@@ -214,7 +214,7 @@ type txn struct {
 	delivered int
 }
 
-func (r *Relay) heartbeatOn() bool { return r.cfg.HeartbeatInterval > 0 }
+func (r *Relay) heartbeatOn() bool { return !r.hooks.UnsafeNoHeartbeat }
 
 func (r *Relay) streamLoop(ctx context.Context) error {
 	var (
@@ -259,10 +259,10 @@ func (r *Relay) streamLoop(ctx context.Context) error {
 		now := time.Now()
 		deadline := r.nextMaintain
 		if r.heartbeatOn() && open == nil && len(pending) == 0 {
-			deadline = earliest(deadline, lastActivity.Add(r.cfg.HeartbeatInterval))
+			deadline = earliest(deadline, lastActivity.Add(r.cfg.CDC.HeartbeatInterval))
 		}
 		if len(pending) > 0 {
-			deadline = earliest(deadline, firstPending.Add(r.cfg.BatchLinger))
+			deadline = earliest(deadline, firstPending.Add(r.cfg.CDC.BatchLinger))
 		}
 		if deadline.Before(now) {
 			deadline = now
@@ -307,7 +307,7 @@ func (r *Relay) streamLoop(ctx context.Context) error {
 					firstPending = time.Now()
 					r.lagNanos.Store(open.commitTime.UnixNano())
 				}
-				if h := r.cfg.Hooks; h != nil && h.UnsafeConfirmOnReceipt {
+				if r.hooks.UnsafeConfirmOnReceipt {
 					r.advance(open.end)
 				}
 				pending = append(pending, *open)
@@ -329,13 +329,13 @@ func (r *Relay) streamLoop(ctx context.Context) error {
 			}
 		}
 		now = time.Now()
-		if pendingRows >= r.cfg.BatchSize || (len(pending) > 0 && !now.Before(firstPending.Add(r.cfg.BatchLinger))) {
+		if pendingRows >= r.cfg.BatchSize || (len(pending) > 0 && !now.Before(firstPending.Add(r.cfg.CDC.BatchLinger))) {
 			if err := flush(); err != nil {
 				return err
 			}
 			lastActivity = time.Now()
 		}
-		if r.heartbeatOn() && open == nil && len(pending) == 0 && !now.Before(lastActivity.Add(r.cfg.HeartbeatInterval)) {
+		if r.heartbeatOn() && open == nil && len(pending) == 0 && !now.Before(lastActivity.Add(r.cfg.CDC.HeartbeatInterval)) {
 			// Something to confirm past WAL that other databases or tables
 			// wrote while the outbox was quiet.
 			if _, err := r.store.EmitHeartbeat(ctx); err != nil {
@@ -413,8 +413,8 @@ func (r *Relay) deliverReceived(ctx context.Context, txns []txn) error {
 		return err
 	}
 	r.published.add(rows, ends)
-	if h := r.cfg.Hooks; h != nil && h.AfterMark != nil && len(rows) > 0 {
-		if err := h.AfterMark(core.Envelopes(rows)); err != nil {
+	if h := r.hooks.AfterMark; h != nil && len(rows) > 0 {
+		if err := h(core.Envelopes(rows)); err != nil {
 			return errCrash
 		}
 	}

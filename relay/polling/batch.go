@@ -17,8 +17,8 @@ import (
 // records as unmarked.
 func (r *Relay) relayBatch(ctx context.Context, rows []core.OutboxRow, carry []core.RowRef) (*markJob, error) {
 	batch := core.Envelopes(rows)
-	if h := r.cfg.Hooks; h != nil && h.BeforePublish != nil {
-		h.BeforePublish(batch)
+	if h := r.hooks.BeforePublish; h != nil {
+		h(batch)
 	}
 	// Publish only what the standbys have: a failover must not promote a
 	// ledger that lacks an event the world has seen. Held past the next
@@ -55,7 +55,7 @@ func (r *Relay) relayBatch(ctx context.Context, rows []core.OutboxRow, carry []c
 		r.nextMaintain = time.Time{}
 		return nil, nil
 	}
-	if h := r.cfg.Hooks; h != nil && h.UnsafeMarkBeforeAck {
+	if r.hooks.UnsafeMarkBeforeAck {
 		return nil, r.unsafeMarkThenPublish(ctx, rows, batch)
 	}
 	start := time.Now()
@@ -77,16 +77,16 @@ func (r *Relay) relayBatch(ctx context.Context, rows []core.OutboxRow, carry []c
 	r.m.PublishedTotal.Add(float64(st.Acked))
 
 	if st.Acked > 0 {
-		if h := r.cfg.Hooks; h != nil && h.AfterAck != nil {
-			if herr := h.AfterAck(batch); herr != nil {
+		if h := r.hooks.AfterAck; h != nil {
+			if herr := h(batch); herr != nil {
 				return nil, errCrash
 			}
 		}
 	}
 	var job *markJob
 	if len(refs) > 0 {
-		if h := r.cfg.Hooks; h != nil && h.BeforeMarker != nil {
-			h.BeforeMarker()
+		if h := r.hooks.BeforeMarker; h != nil {
+			h()
 		}
 		job = &markJob{refs: refs, leases: slices.Clone(r.leases)}
 	}

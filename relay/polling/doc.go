@@ -1,6 +1,9 @@
-// Package bridge is the relay from the ledger's outbox to a sink (Kafka,
-// the in-memory broker, any Watermill publisher): leased shards, batched
-// reads, ACK then marker, per-account order, retries and parking.
+// Package polling is the relay's polling mode (relay.mode: polling, the
+// default): it moves the ledger's outbox to a sink (Kafka, the in-memory
+// broker, any Watermill publisher) with leased shards, batched reads, ACK
+// then marker, per-account order, retries and parking. Its settings, and
+// what it shares with the CDC mode (relay/cdc, its sibling), are package
+// relay's.
 //
 // # Ordering: no cursor, id order, no fence
 //
@@ -81,7 +84,7 @@
 //
 // # Exactly once on the wire
 //
-// With Config.ExactlyOnce the sink is a FencedSink (the Kafka sink's
+// With Settings.ExactlyOnce the sink is a relay.FencedSink (the Kafka sink's
 // exactly-once mode) and the relay keeps three more rules:
 //
 //   - Fence before sending: a shard leased anew (at start, at a takeover,
@@ -101,7 +104,7 @@
 //
 // # Standbys
 //
-// With Config.StandbyFlush required, a batch is published only once enough
+// With Settings.StandbyFlush required, a batch is published only once enough
 // of the ledger's physical standbys report flushed a WAL position read
 // after the batch (pg_current_wal_insert_lsn, past the commit of every row
 // the read could see): a failover to such a standby never promotes a
@@ -110,7 +113,7 @@
 // round trip drops the batch, renews the leases and reads it again, so a
 // standby that is down holds the relay for as long as it is down, with
 // posthorn_relay_held_by_standby_seconds and a log line saying so, and
-// nothing is lost (internal/standbygate).
+// nothing is lost (relay/internal/standbygate).
 //
 // # Lifecycle
 //

@@ -7,11 +7,10 @@ import (
 	"time"
 
 	"github.com/posthorn/posthorn/core"
-	"github.com/posthorn/posthorn/relay/internal/delivery"
 )
 
-// This file is the polling relay's side of exactly-once (Config.ExactlyOnce,
-// internal/delivery): the fences follow the leases, and a lease round trip or a
+// This file is the polling relay's side of exactly-once (Settings.ExactlyOnce,
+// relay/internal/delivery): the fences follow the leases, and a lease round trip or a
 // failure is followed by a fence before anything is published.
 
 // syncFences keeps the fences in step with the leases after a lease round
@@ -34,11 +33,6 @@ func (r *Relay) syncFences(before []core.Lease) {
 }
 
 // errLeaseDue ends a fence round whose leases must be renewed first.
-// FencedSink is a sink that publishes each shard's records in transactions
-// a lease fences (the Kafka sink in exactly-once mode); see
-// delivery.FencedSink for what it must do.
-type FencedSink = delivery.FencedSink
-
 var errLeaseDue = errors.New("leases due for renewal")
 
 // fence fences every held shard that waits for it and marks the rows their

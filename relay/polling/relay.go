@@ -11,6 +11,7 @@ import (
 	"github.com/cenkalti/backoff/v5"
 
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/relay"
 	"github.com/posthorn/posthorn/relay/internal/delivery"
 	"github.com/posthorn/posthorn/relay/internal/historyhold"
 	"github.com/posthorn/posthorn/relay/internal/lifecycle"
@@ -18,21 +19,19 @@ import (
 	"github.com/posthorn/posthorn/relay/internal/standbygate"
 )
 
-// ErrAlreadyStarted is returned by a second Start.
-var ErrAlreadyStarted = lifecycle.ErrAlreadyStarted
-
 // errCrash ends the loop without markers or lease release (Hooks.AfterAck).
 var errCrash = errors.New("relay crashed (test hook)")
 
 // Relay moves outbox rows of its leased shards to the sink. See the package
 // documentation for its invariants.
 type Relay struct {
-	cfg   Config
+	cfg   relay.Settings
+	hooks Hooks
 	store Store
 	sink  core.Sink
 	// fences is set in exactly-once mode (exactly_once.go).
 	fences *delivery.Fences
-	// standby is set with StandbyFlush.Required (internal/standbygate).
+	// standby is set when StandbyFlush is required (relay/internal/standbygate).
 	standby *standbygate.Gate
 	m       *relaymetrics.Metrics
 	log     *slog.Logger
@@ -51,10 +50,17 @@ type Relay struct {
 }
 
 // New returns a relay over store that publishes to sink. It does not start
-// it; cfg's zero fields take their defaults and the rest are validated.
-func New(store Store, sink core.Sink, cfg Config) (*Relay, error) {
-	cfg.setDefaults()
-	if err := cfg.validate(); err != nil {
+// it; cfg's zero fields take their defaults and the rest are validated
+// (relay.Settings.Checked). The relay reads no CDC setting.
+func New(store Store, sink core.Sink, cfg relay.Settings) (*Relay, error) {
+	return NewWithHooks(store, sink, cfg, nil)
+}
+
+// NewWithHooks is New with test hooks (nil: none), for tests and the fault
+// suite's negative controls only.
+func NewWithHooks(store Store, sink core.Sink, cfg relay.Settings, hooks *Hooks) (*Relay, error) {
+	cfg, err := cfg.Checked()
+	if err != nil {
 		return nil, err
 	}
 	m, err := relaymetrics.New(cfg.Registerer, cfg.SinkName)
@@ -72,12 +78,15 @@ func New(store Store, sink core.Sink, cfg Config) (*Relay, error) {
 		retry: delivery.NewRetry(cfg.RetryInitial, cfg.RetryMax),
 		stuck: delivery.NewStuckTracker(cfg.ParkAfterAttempts, cfg.ParkAfter),
 	}
+	if hooks != nil {
+		r.hooks = *hooks
+	}
 	if cfg.ExactlyOnce {
-		if r.fences, err = delivery.NewFences(sink, cfg.Hooks != nil && cfg.Hooks.UnsafeSkipPositions); err != nil {
-			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		if r.fences, err = delivery.NewFences(sink, r.hooks.UnsafeSkipPositions); err != nil {
+			return nil, fmt.Errorf("%w: %w", relay.ErrInvalidConfig, err)
 		}
 	}
-	r.standby = newStandbyGate(cfg.StandbyFlush, m, r.log)
+	r.standby = standbygate.New(cfg.StandbyFlush, m, r.log)
 	r.history = historyhold.New(cfg.History, m, r.log)
 	return r, nil
 }
@@ -122,7 +131,7 @@ func (r *Relay) stopping() bool { return r.life.Stopping() }
 func (r *Relay) run(ctx context.Context) {
 	poll := r.cfg.MinPollInterval
 	order := core.OrderByID
-	if r.cfg.Hooks != nil && r.cfg.Hooks.UnsafeOrderByXID {
+	if r.hooks.UnsafeOrderByXID {
 		order = core.OrderByXIDUnsafe
 	}
 	// At most one marker is written in the background while the next batch
@@ -180,7 +189,7 @@ func (r *Relay) run(ctx context.Context) {
 			r.backoff(ctx)
 			continue
 		}
-		if r.cfg.Hooks != nil && r.cfg.Hooks.UnsafeCursor {
+		if r.hooks.UnsafeCursor {
 			rows = afterCursor(rows, &cursor)
 		}
 		if len(rows) == 0 {

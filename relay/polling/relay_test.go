@@ -22,6 +22,7 @@ import (
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/internal/promset/promtest"
+	"github.com/posthorn/posthorn/relay"
 	"github.com/posthorn/posthorn/relay/polling"
 )
 
@@ -52,10 +53,12 @@ type relayHandle struct {
 	reg *prometheus.Registry
 }
 
-func (f *fixture) start(owner string, mod func(*polling.Config)) relayHandle {
+// start starts a relay named owner with the fixture's settings, changed by
+// mod (nil: none), and hooks (nil: none).
+func (f *fixture) start(owner string, mod func(*relay.Settings), hooks ...*polling.Hooks) relayHandle {
 	f.t.Helper()
 	reg := prometheus.NewRegistry()
-	cfg := polling.Config{
+	cfg := relay.Settings{
 		Owner:         owner,
 		SinkName:      "memory",
 		BatchSize:     500,
@@ -74,7 +77,11 @@ func (f *fixture) start(owner string, mod func(*polling.Config)) relayHandle {
 	if f.wrap != nil {
 		sink = f.wrap
 	}
-	r, err := polling.New(f.store, sink, cfg)
+	var h *polling.Hooks
+	if len(hooks) > 0 {
+		h = hooks[0]
+	}
+	r, err := polling.NewWithHooks(f.store, sink, cfg, h)
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -202,7 +209,7 @@ func TestTransactionIDInversionKeepsRevisionOrder(t *testing.T) {
 			t.Parallel()
 			f := newFixture(t, memory.Config{})
 			buildInversion(t, f.pool, "acc-A", "acc-B")
-			f.start("relay", func(c *polling.Config) { c.Hooks = &polling.Hooks{UnsafeOrderByXID: tc.unsafeXID} })
+			f.start("relay", nil, &polling.Hooks{UnsafeOrderByXID: tc.unsafeXID})
 			got := f.waitDelivered(4)
 			var revs []int64
 			for _, e := range got {
@@ -267,7 +274,7 @@ func TestLateCommitNegativeControlCursorSkipsIt(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, memory.Config{})
 	ctx := context.Background()
-	f.start("relay", func(c *polling.Config) { c.Hooks = &polling.Hooks{UnsafeCursor: true} })
+	f.start("relay", nil, &polling.Hooks{UnsafeCursor: true})
 	late, lateRow, others := f.lateCommit(ctx)
 	if err := late.Commit(ctx); err != nil {
 		t.Fatal(err)
@@ -290,9 +297,7 @@ func TestCrashAfterAckBeforeMarkerResends(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, memory.Config{})
 	posted := bridgetest.MustPostN(t, f.pool, 20, 4)
-	crashing := f.start("relay", func(c *polling.Config) {
-		c.Hooks = &polling.Hooks{AfterAck: func([]core.Envelope) error { return errCrash }}
-	})
+	crashing := f.start("relay", nil, &polling.Hooks{AfterAck: func([]core.Envelope) error { return errCrash }})
 	<-crashing.Stopped()
 	if n := len(f.sink.Records(core.TopicEvents)); n != len(posted) {
 		t.Fatalf("before the crash the sink ACKed %d records, want %d", n, len(posted))
@@ -338,19 +343,16 @@ func TestTwoRelaysShareShardsAndTakeOverAStalledOne(t *testing.T) {
 	var stallA atomic.Bool
 	release := make(chan struct{})
 	stalled := make(chan struct{}, 1)
-	a := f.start("relay-a", func(c *polling.Config) {
-		c.LeaseTTL = time.Second
-		c.Hooks = &polling.Hooks{BeforePublish: func([]core.Envelope) {
-			if stallA.Load() {
-				select {
-				case stalled <- struct{}{}:
-				default:
-				}
-				<-release
+	a := f.start("relay-a", func(c *relay.Settings) { c.LeaseTTL = time.Second }, &polling.Hooks{BeforePublish: func([]core.Envelope) {
+		if stallA.Load() {
+			select {
+			case stalled <- struct{}{}:
+			default:
 			}
-		}}
-	})
-	b := f.start("relay-b", func(c *polling.Config) { c.LeaseTTL = time.Second })
+			<-release
+		}
+	}})
+	b := f.start("relay-b", func(c *relay.Settings) { c.LeaseTTL = time.Second })
 	bridgetest.WaitFor(t, 10*time.Second, "an even split of the 16 shards", func() bool {
 		o := leaseOwners(t, f.store)
 		return o["relay-a"] == 8 && o["relay-b"] == 8
@@ -398,16 +400,13 @@ func TestStaleOwnersMarkerIsFenced(t *testing.T) {
 	var once sync.Once
 	inMarker := make(chan struct{})
 	release := make(chan struct{})
-	a := f.start("relay-a", func(c *polling.Config) {
-		c.LeaseTTL = time.Second
-		c.Hooks = &polling.Hooks{BeforeMarker: func() {
-			once.Do(func() { close(inMarker); <-release })
-		}}
-	})
+	a := f.start("relay-a", func(c *relay.Settings) { c.LeaseTTL = time.Second }, &polling.Hooks{BeforeMarker: func() {
+		once.Do(func() { close(inMarker); <-release })
+	}})
 	bridgetest.WaitFor(t, 10*time.Second, "A to hold all shards", func() bool { return leaseOwners(t, f.store)["relay-a"] == 16 })
 	posted := bridgetest.MustPost(t, f.pool, "acc-1", "acc-2", "acc-3")
 	<-inMarker // A has the ACK and is about to write its marker; it stalls here
-	f.start("relay-b", func(c *polling.Config) { c.LeaseTTL = time.Second })
+	f.start("relay-b", func(c *relay.Settings) { c.LeaseTTL = time.Second })
 	bridgetest.WaitFor(t, 15*time.Second, "B to take the shards over", func() bool { return leaseOwners(t, f.store)["relay-b"] == 16 })
 	close(release)
 	bridgetest.WaitFor(t, 10*time.Second, "A's markers refused", func() bool {
@@ -506,8 +505,8 @@ func TestStopReleasesLeases(t *testing.T) {
 
 func TestConfigValidation(t *testing.T) {
 	_, pool := pgtest.Ledger(t)
-	_, err := polling.New(relaystore.New(pool), memory.New(memory.Config{}), polling.Config{BatchSize: -1})
-	if !errors.Is(err, polling.ErrInvalidConfig) {
+	_, err := polling.New(relaystore.New(pool), memory.New(memory.Config{}), relay.Settings{BatchSize: -1})
+	if !errors.Is(err, relay.ErrInvalidConfig) {
 		t.Fatalf("BatchSize -1: %v, want ErrInvalidConfig", err)
 	}
 }

@@ -2,6 +2,7 @@ package polling_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -17,6 +18,7 @@ import (
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/internal/promset/promtest"
 	"github.com/posthorn/posthorn/internal/syncbuf"
+	"github.com/posthorn/posthorn/relay"
 	"github.com/posthorn/posthorn/relay/polling"
 )
 
@@ -31,11 +33,11 @@ func runPolling(logs *syncbuf.Buffer) bridgetest.RunRelay {
 		}
 		reg := prometheus.NewRegistry()
 		store := relaystore.New(f.Pool)
-		r, err := polling.New(store, f.Sink, polling.Config{
+		r, err := polling.New(store, f.Sink, relay.Settings{
 			Owner: "failover", SinkName: "memory", BatchSize: 100, PollInterval: 50 * time.Millisecond,
 			LeaseTTL: 2 * time.Second, RetryInitial: 10 * time.Millisecond, RetryMax: 100 * time.Millisecond,
 			StatsInterval: 50 * time.Millisecond, Logger: log, Registerer: reg,
-			StandbyFlush: polling.StandbyFlush{Required: required, Probe: store, WarnAfter: 200 * time.Millisecond},
+			StandbyFlush: bridgetest.StandbyFlush(required, store),
 		})
 		if err != nil {
 			t.Fatal(err)
@@ -64,29 +66,29 @@ func TestStandbyFlushHoldsTheRelayWhileTheStandbyIsDown(t *testing.T) {
 	store := relaystore.New(f.Pool)
 
 	// The start check, on this ledger with one asynchronous standby.
-	check := func(sf polling.StandbyFlush) (string, error) {
+	check := func(sf relay.StandbyFlush) (string, error) {
 		var b syncbuf.Buffer
-		err := polling.CheckStandbys(ctx, sf, slog.New(slog.NewTextHandler(&b, nil)))
+		err := relay.CheckStandbys(ctx, sf, slog.New(slog.NewTextHandler(&b, nil)))
 		return b.String(), err
 	}
-	if out, err := check(polling.StandbyFlush{Probe: store}); err != nil ||
+	if out, err := check(relay.StandbyFlush{Probe: store}); err != nil ||
 		!strings.Contains(out, "neither synchronous replication") || !strings.Contains(out, bridgetest.StandbyName) {
 		t.Errorf("no warning about an unguarded standby at start (%v):\n%s", err, out)
 	}
-	if out, err := check(polling.StandbyFlush{Required: true, Probe: store}); err != nil || out != "" {
+	if out, err := check(relay.StandbyFlush{Policy: relay.StandbyRequired, Probe: store}); err != nil || out != "" {
 		t.Errorf("standby flush required, the standby streaming: %v, logs:\n%s", err, out)
 	}
-	if out, err := check(polling.StandbyFlush{Required: true, Names: []string{"nowhere"}, Probe: store}); err != nil || !strings.Contains(out, "nowhere") {
+	if out, err := check(relay.StandbyFlush{Policy: relay.StandbyRequired, Names: []string{"nowhere"}, Probe: store}); err != nil || !strings.Contains(out, "nowhere") {
 		t.Errorf("no warning about a named standby that is not streaming (%v):\n%s", err, out)
 	}
 	if _, err := f.Pool.Exec(ctx, `CREATE ROLE no_stats LOGIN`); err != nil {
 		t.Fatal(err)
 	}
 	noStats := relaystore.New(pgtest.Pool(t, strings.Replace(f.URL, "://"+f.Primary.User()+"@", "://no_stats@", 1), 2))
-	if _, err := check(polling.StandbyFlush{Required: true, Probe: noStats}); err == nil || !strings.Contains(err.Error(), "pg_read_all_stats") {
+	if _, err := check(relay.StandbyFlush{Policy: relay.StandbyRequired, Probe: noStats}); err == nil || !strings.Contains(err.Error(), "pg_read_all_stats") {
 		t.Errorf("a role that cannot read pg_stat_replication: %v, want an error naming pg_read_all_stats", err)
 	}
-	if _, err := check(polling.StandbyFlush{Probe: noStats}); err != nil {
+	if _, err := check(relay.StandbyFlush{Probe: noStats}); err != nil {
 		t.Errorf("the same role with standby flush off: %v", err)
 	}
 
@@ -146,25 +148,26 @@ func TestStandbyFlushLeavesNoGhostAfterFailover(t *testing.T) {
 	}
 }
 
-// The relay refuses a required standby flush it could not carry out.
+// The relay refuses a required standby flush it could not carry out, and
+// names the setting.
 func TestStandbyFlushConfigIsValidated(t *testing.T) {
-	for _, sf := range []polling.StandbyFlush{
-		{Required: true},
-		{Required: true, Names: []string{"a"}, Count: 2, Probe: fakeProbe{}},
-		{Required: true, Names: []string{"a", "a"}, Probe: fakeProbe{}},
-		{Required: true, Count: -1, Probe: fakeProbe{}},
+	for key, sf := range map[string]relay.StandbyFlush{
+		"StandbyFlush.Probe": {Policy: relay.StandbyRequired},
+		"standby_count":      {Policy: relay.StandbyRequired, Names: []string{"a"}, Count: 2, Probe: fakeProbe{}},
+		"standby_names[1]":   {Policy: relay.StandbyRequired, Names: []string{"a", "a"}, Probe: fakeProbe{}},
+		"standby_flush":      {Policy: "yes", Probe: fakeProbe{}},
 	} {
-		_, err := polling.New(nil, nil, polling.Config{StandbyFlush: sf})
-		if err == nil || !strings.Contains(err.Error(), "StandbyFlush.") {
-			t.Errorf("%+v: %v, want an error naming the StandbyFlush field", sf, err)
+		_, err := polling.New(nil, nil, relay.Settings{StandbyFlush: sf})
+		if !errors.Is(err, relay.ErrInvalidConfig) || !strings.Contains(err.Error(), key+" ") {
+			t.Errorf("%+v: %v, want an error naming %s", sf, err, key)
 		}
 	}
 }
 
 type fakeProbe struct{}
 
-func (fakeProbe) StandbyStatus(context.Context) (polling.StandbyStatus, error) {
-	return polling.StandbyStatus{}, nil
+func (fakeProbe) StandbyStatus(context.Context) (relay.StandbyStatus, error) {
+	return relay.StandbyStatus{}, nil
 }
 
 func (fakeProbe) ReplicationSettings(context.Context) (string, bool, error) {

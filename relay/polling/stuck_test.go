@@ -12,7 +12,7 @@ import (
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/internal/promset/promtest"
-	"github.com/posthorn/posthorn/relay/polling"
+	"github.com/posthorn/posthorn/relay"
 )
 
 // errUnroutable stands for a failure the sink calls retryable that never
@@ -82,11 +82,12 @@ func postSequentially(t *testing.T, f *fixture, account string, n int) time.Dura
 }
 
 // throttleCfg backs off for long enough that a relay which backs off every
-// batch is visibly slow: 1 s at the most, from 200 ms.
-func throttleCfg(attempts int) func(*polling.Config) {
-	return func(c *polling.Config) {
+// batch is visibly slow: 1 s at the most, from 200 ms; it parks after
+// attempts (0: never) and never for time.
+func throttleCfg(attempts int) func(*relay.Settings) {
+	return func(c *relay.Settings) {
 		c.RetryInitial, c.RetryMax = 200*time.Millisecond, time.Second
-		c.ParkAfterAttempts, c.ParkAfter = attempts, -1
+		c.ParkAfterAttempts, c.ParkAfter = attempts, 0
 	}
 }
 
@@ -140,7 +141,7 @@ func TestStuckRetryableRecordNegativeControlThrottlesEveryone(t *testing.T) {
 	t.Parallel()
 	f, _ := newStuckFixture(t, "acc-stuck")
 	bridgetest.MustPost(t, f.pool, "acc-stuck")
-	r := f.start("relay", throttleCfg(-1))
+	r := f.start("relay", throttleCfg(0))
 	bridgetest.WaitFor(t, 30*time.Second, "backoff at its maximum", func() bool {
 		return promtest.Value(t, r.reg, "posthorn_relay_retries_total") >= 4
 	})
@@ -163,7 +164,7 @@ func TestBrokerWideOutageBacksOffNeverParks(t *testing.T) {
 	for i := range 20 {
 		posted = append(posted, bridgetest.MustPost(t, f.pool, "acc-"+string(rune('a'+i%5)))...)
 	}
-	r := f.start("relay", func(c *polling.Config) { c.ParkAfterAttempts, c.ParkAfter = 2, 50*time.Millisecond })
+	r := f.start("relay", func(c *relay.Settings) { c.ParkAfterAttempts, c.ParkAfter = 2, 50*time.Millisecond })
 	bridgetest.WaitFor(t, 30*time.Second, "many retries", func() bool {
 		if p, _ := f.store.Parked(context.Background()); len(p) > 0 {
 			t.Fatalf("the outage parked %d aggregates, e.g. %+v", len(p), p[0])

@@ -8,20 +8,9 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/posthorn/posthorn/relay"
 	"github.com/posthorn/posthorn/relay/internal/relaymetrics"
 )
-
-// Gate says whether the ledger runs on the history an operator
-// accepted. After a failover to a standby that missed the last postings,
-// the new primary reissues outbox ids, journal sequences and revisions
-// the world has already seen; publishing from it would hand consumers a
-// second event at a revision they applied. adapters/postgres.HistoryWatch
-// is the implementation, reading the history on every (re)connect.
-type Gate interface {
-	// Check returns nil while the history is the accepted one, and an
-	// error saying why not otherwise (it may read the history again).
-	Check(ctx context.Context) error
-}
 
 // Poll is how often a relay held by the history looks again.
 const Poll = time.Second
@@ -32,7 +21,7 @@ const Poll = time.Second
 // history (posthorn failover recover) is logged and lowers it. Owned by
 // one goroutine.
 type Hold struct {
-	gate Gate
+	gate relay.HistoryGate
 	m    *relaymetrics.Metrics
 	log  *slog.Logger
 	held bool
@@ -40,7 +29,7 @@ type Hold struct {
 
 // New returns the hold of gate, reporting through m and log;
 // with a nil gate it holds nothing.
-func New(gate Gate, m *relaymetrics.Metrics, log *slog.Logger) *Hold {
+func New(gate relay.HistoryGate, m *relaymetrics.Metrics, log *slog.Logger) *Hold {
 	return &Hold{gate: gate, m: m, log: log}
 }
 

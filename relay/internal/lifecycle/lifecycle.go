@@ -9,10 +9,9 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-)
 
-// ErrAlreadyStarted is returned by a second Start.
-var ErrAlreadyStarted = errors.New("relay already started")
+	"github.com/posthorn/posthorn/relay"
+)
 
 // Lifecycle is the Start/Stop/Stopped machinery the polling relay and the
 // CDC relay share. A soft stop closes SoftStop, so the loop finishes or
@@ -66,7 +65,7 @@ func (l *Lifecycle) Stopping() bool {
 // once loop and every helper have returned.
 func (l *Lifecycle) Start(ctx context.Context, loop func(context.Context), helpers ...func(context.Context)) error {
 	if !l.started.CompareAndSwap(false, true) {
-		return ErrAlreadyStarted
+		return relay.ErrAlreadyStarted
 	}
 	workCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	l.hardCancel = cancel

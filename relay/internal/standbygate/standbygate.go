@@ -5,7 +5,6 @@
 package standbygate
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -13,104 +12,33 @@ import (
 	"strings"
 	"time"
 
+	"github.com/posthorn/posthorn/relay"
 	"github.com/posthorn/posthorn/relay/internal/lifecycle"
 	"github.com/posthorn/posthorn/relay/internal/relaymetrics"
-)
-
-// LSN is a WAL position: a byte offset into the write-ahead log.
-type LSN uint64
-
-// String is the LSN as PostgreSQL prints it, e.g. 16/B374D848.
-func (l LSN) String() string { return fmt.Sprintf("%X/%X", uint32(l>>32), uint32(l)) }
-
-// Standby is one physical standby streaming from the ledger's primary, as
-// pg_stat_replication shows it.
-type Standby struct {
-	// Name is its application_name (a standby's cluster_name, or what its
-	// primary_conninfo says).
-	Name string
-	// State is streaming, catchup, startup, …
-	State string
-	// Flush is the WAL position the standby reported flushed to its disk;
-	// 0 when unknown.
-	Flush LSN
-}
-
-// Status is the primary's WAL insert position and its physical
-// standbys, read in one statement.
-type Status struct {
-	// Insert is past the commit record of every transaction whose rows a
-	// read before it could see (the insert position, not the write
-	// position: with synchronous_commit off a commit is visible before it
-	// is written).
-	Insert   LSN
-	Standbys []Standby
-}
-
-// Probe reads the ledger's physical standbys. Its methods are one
-// short statement each and safe for concurrent use.
-type Probe interface {
-	// StandbyStatus reads the WAL insert position and the physical
-	// standbys (WAL senders of logical replication, such as the CDC relay's
-	// own, are not standbys).
-	StandbyStatus(ctx context.Context) (Status, error)
-	// ReplicationSettings returns synchronous_standby_names and whether
-	// this session may read the standbys' positions (pg_read_all_stats).
-	ReplicationSettings(ctx context.Context) (syncNames string, canRead bool, err error)
-}
-
-// Defaults of Config.
-const (
-	PollMaxDefault   = 20 * time.Millisecond
-	WarnAfterDefault = 5 * time.Second
 )
 
 // quickPolls is how long a wait reads the standbys' positions every
 // millisecond before it backs off.
 const quickPolls = 100 * time.Millisecond
 
-// Config is what a gate waits for (bridge.StandbyFlush, when required).
-type Config struct {
-	// Names are application_names of standbys that count; empty: any.
-	Names []string
-	// Count is how many of them must have flushed; 0 means all of Names,
-	// or one when Names is empty.
-	Count int
-	// Probe reads the standbys.
-	Probe Probe
-	// PollMax is the longest wait between two reads of the standbys'
-	// positions (for the first 100 ms of a wait they are read every
-	// millisecond).
-	PollMax time.Duration
-	// WarnAfter is how long a hold lasts before the relay logs it (then
-	// once a minute while it lasts).
-	WarnAfter time.Duration
-}
-
-// WithDefaults returns c with its zero fields defaulted.
-func (c Config) WithDefaults() Config {
-	if c.Count == 0 {
-		c.Count = max(len(c.Names), 1)
-	}
-	c.PollMax = cmp.Or(c.PollMax, PollMaxDefault)
-	c.WarnAfter = cmp.Or(c.WarnAfter, WarnAfterDefault)
-	return c
-}
-
 // Gate holds batches back until enough standbys have flushed them.
 // It is owned by one relay loop: not safe for concurrent use.
 type Gate struct {
-	cfg       Config
+	cfg       relay.StandbyFlush
 	m         *relaymetrics.Metrics
 	log       *slog.Logger
 	heldSince time.Time // zero: not held
 	warned    time.Time // when the current hold was last logged
 }
 
-// New returns the gate of cfg (defaulted, see WithDefaults) for a relay
-// reporting through m. cfg must have been validated by its relay.
-func New(cfg Config, m *relaymetrics.Metrics, log *slog.Logger) *Gate {
-	return &Gate{cfg: cfg.WithDefaults(), m: m, log: log}
+// New returns the gate of cfg for a relay reporting through m, or nil
+// when cfg does not require the standbys. cfg must have been checked by
+// its relay (relay.Settings.Checked: defaulted, with a probe).
+func New(cfg relay.StandbyFlush, m *relaymetrics.Metrics, log *slog.Logger) *Gate {
+	if !cfg.Required() {
+		return nil
+	}
+	return &Gate{cfg: cfg, m: m, log: log}
 }
 
 // Wait returns true once enough standbys have flushed WAL up to target;
@@ -121,7 +49,7 @@ func New(cfg Config, m *relaymetrics.Metrics, log *slog.Logger) *Gate {
 // be read. It returns the target it waited for. While it waits the gauge
 // posthorn_relay_held_by_standby_seconds shows for how long the relay has
 // been held, and a hold longer than WarnAfter is logged.
-func (g *Gate) Wait(ctx context.Context, life *lifecycle.Lifecycle, target LSN, until time.Time) (LSN, bool, error) {
+func (g *Gate) Wait(ctx context.Context, life *lifecycle.Lifecycle, target relay.LSN, until time.Time) (relay.LSN, bool, error) {
 	start := time.Now()
 	poll := 250 * time.Microsecond
 	for {
@@ -155,7 +83,7 @@ func (g *Gate) Wait(ctx context.Context, life *lifecycle.Lifecycle, target LSN, 
 
 // flushed reports whether Count of the standbys that count have flushed
 // target; if not, it describes what holds the relay back.
-func (g *Gate) flushed(st Status, target LSN) (bool, []any) {
+func (g *Gate) flushed(st relay.StandbyStatus, target relay.LSN) (bool, []any) {
 	var ok int
 	var seen, behind []string
 	for _, s := range st.Standbys {
@@ -182,7 +110,7 @@ func (g *Gate) flushed(st Status, target LSN) (bool, []any) {
 		"behind", strings.Join(behind, "; "), "not_connected", strings.Join(absent, ", ")}
 }
 
-func (g *Gate) hold(target LSN, why []any) {
+func (g *Gate) hold(target relay.LSN, why []any) {
 	now := time.Now()
 	if g.heldSince.IsZero() {
 		g.heldSince = now

@@ -1,10 +1,36 @@
-package polling
+package relay
 
 import (
 	"context"
 
 	"github.com/posthorn/posthorn/core"
 )
+
+// FencedSink is a sink that publishes each shard's records in transactions
+// a lease fences (the Kafka sink in exactly-once mode): with it, a reader
+// that sees only committed records receives every event once, even when a
+// relay crashes between the sink's ACK and the marker. A relay Fences a
+// shard before it publishes for it, marks the rows the shard's committed
+// transactions hold, and publishes a batch with PublishShard per shard.
+type FencedSink interface {
+	core.Sink
+	// Fence makes the caller the shard's only producer (an earlier owner
+	// can no longer commit) and returns the outbox ids of the shard's
+	// newest committed transaction: every committed row of the shard whose
+	// marker may be missing.
+	Fence(ctx context.Context, shard int) ([]int64, error)
+	// PublishShard publishes batch, all of one shard, in one transaction
+	// that also records the shard's newest committed rows: ids[i] is the
+	// row of batch[i], and the ids after len(batch) are rows of earlier
+	// transactions whose markers are still in flight. Only the rows whose
+	// records the transaction holds are recorded. On an error nothing of it
+	// is committed, or the outcome is unknown; the shard must be fenced
+	// again before its next publish.
+	PublishShard(ctx context.Context, shard int, batch []core.Envelope, ids []int64) error
+	// Unfence closes the shard's producer (its lease was given back or
+	// lost).
+	Unfence(shard int)
+}
 
 // PublishFunc publishes one batch: a sink's Publish, or a FencedSink's
 // PublishShard bound to its shard and positions.

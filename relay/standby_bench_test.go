@@ -1,4 +1,4 @@
-package polling_test
+package relay_test
 
 import (
 	"context"
@@ -21,6 +21,7 @@ import (
 	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
 	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/internal/syncbuf"
+	"github.com/posthorn/posthorn/relay"
 	"github.com/posthorn/posthorn/relay/cdc"
 	"github.com/posthorn/posthorn/relay/polling"
 )
@@ -89,13 +90,13 @@ func benchStandby(b *testing.B, f *bridgetest.Failover, mode string, required bo
 	sink := bridgetest.NewAckTimes(memory.New(memory.Config{}))
 	defer sink.Close()
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	sf := polling.StandbyFlush{Required: required, Probe: store}
+	sf := bridgetest.StandbyFlush(required, store)
 	reg := prometheus.NewRegistry()
 	name := fmt.Sprintf("%s_%v", mode, required)
 	var stop func()
 	switch mode {
 	case "polling":
-		r, err := polling.New(store, sink, polling.Config{Owner: name, SinkName: "memory", Logger: quiet, StandbyFlush: sf, Registerer: reg})
+		r, err := polling.New(store, sink, relay.Settings{Owner: name, SinkName: "memory", Logger: quiet, StandbyFlush: sf, Registerer: reg})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -106,7 +107,7 @@ func benchStandby(b *testing.B, f *bridgetest.Failover, mode string, required bo
 	case "cdc":
 		logs := &syncbuf.Buffer{}
 		slot := "bench_" + name
-		r, err := cdc.New(store, cdcsource.New(relayPool), sink, cdc.Config{Owner: name, SinkName: "memory", Slot: slot,
+		r, err := cdc.New(store, cdcsource.New(relayPool), sink, relay.Settings{Owner: name, SinkName: "memory", CDC: relay.CDC{Slot: slot},
 			Logger: slog.New(slog.NewTextHandler(logs, nil)), StandbyFlush: sf, Registerer: reg})
 		if err != nil {
 			b.Fatal(err)
