@@ -101,7 +101,7 @@ func BenchmarkOps(b *testing.B) {
 			b.Fatal(err)
 		}
 		start = time.Now()
-		ares, err := ops.Archive(ctx, ops.ArchiveConfig{Ledger: opsStore, Store: archive, Required: []string{projection.Name, auditlog.Name}})
+		ares, err := ops.Archive(ctx, ops.ArchiveConfig{Ledger: opsStore, Archive: archive, Required: []string{projection.Name, auditlog.Name}})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -94,7 +94,7 @@ func TestOpsReplayArchiveCleanupLifecycle(t *testing.T) {
 		return ops.Cleanup(ctx, ops.CleanupConfig{Ledger: r.ops, Archive: archive, Required: req, ReplayWindow: window, BatchSize: 13, DryRun: dry})
 	}
 	// No coverage yet: archive and cleanup refuse.
-	if _, err := ops.Archive(ctx, ops.ArchiveConfig{Ledger: r.ops, Store: archive, Required: required}); !errors.Is(err, ops.ErrNoCoverage) {
+	if _, err := ops.Archive(ctx, ops.ArchiveConfig{Ledger: r.ops, Archive: archive, Required: required}); !errors.Is(err, ops.ErrNoCoverage) {
 		t.Fatalf("archive without coverage: %v", err)
 	}
 	if _, err := cleanup(0, required, false); !refusedWith(err, "no archive coverage") {
@@ -110,7 +110,7 @@ func TestOpsReplayArchiveCleanupLifecycle(t *testing.T) {
 	r.relay(t, nil)
 	r.waitApplied(t, events+later)
 
-	ares, err := ops.Archive(ctx, ops.ArchiveConfig{Ledger: r.ops, Store: archive, Required: required, SegmentRows: 25})
+	ares, err := ops.Archive(ctx, ops.ArchiveConfig{Ledger: r.ops, Archive: archive, Required: required, SegmentRows: 25})
 	if err != nil {
 		t.Fatal(err)
 	}

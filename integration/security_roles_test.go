@@ -129,7 +129,7 @@ func TestSecurityEveryComponentUnderItsRole(t *testing.T) {
 		t.Fatal(err)
 	}
 	required := []string{projection.Name, auditlog.Name}
-	ares, err := ops.Archive(ctx, ops.ArchiveConfig{Ledger: maintainer, Store: archive, Required: required})
+	ares, err := ops.Archive(ctx, ops.ArchiveConfig{Ledger: maintainer, Archive: archive, Required: required})
 	if err != nil || ares.Rows == 0 {
 		t.Fatalf("archive as posthorn_maintainer: %+v %v", ares, err)
 	}
