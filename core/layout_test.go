@@ -118,6 +118,39 @@ func TestRelayModesAreSiblings(t *testing.T) {
 	}
 }
 
+// Test support (internal/testkit) is no room of the product: no package
+// outside it but the tests' own (integration, examples' tests) depends on
+// it, so the binary, the business packages and the adapters hold only what
+// production runs. Control: internal/testkit/exampletest, which builds on
+// faultkit, is found to depend on testkit, so the check can fail.
+func TestProductImportsNoTestkit(t *testing.T) {
+	t.Parallel()
+	out, err := exec.Command("go", "list", "-f", `{{.ImportPath}}{{range .Deps}} {{.}}{{end}}`, module+"...").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	var control bool
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		f := strings.Fields(line)
+		p := strings.TrimPrefix(f[0], module)
+		for _, d := range f[1:] {
+			if !strings.HasPrefix(d, module+"internal/testkit/") {
+				continue
+			}
+			switch {
+			case p == "internal/testkit/exampletest":
+				control = true
+			case strings.HasPrefix(p, "internal/testkit/"), p == "integration", strings.HasPrefix(p, "integration/"):
+			default:
+				t.Errorf("%s depends on %s: test support must stay out of the product", p, d)
+			}
+		}
+	}
+	if !control {
+		t.Fatal("control: internal/testkit/exampletest shows no testkit dependency: the check is broken")
+	}
+}
+
 // TestPostgresBaseImportsOnlyCore: the PostgreSQL adapter's base (pool,
 // migrations, roles, the history watch) is what every store builds on, so
 // it must not reach into a business package or one of the stores.

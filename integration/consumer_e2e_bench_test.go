@@ -18,17 +18,17 @@ import (
 
 	"github.com/posthorn/posthorn/adapters/kafka"
 	"github.com/posthorn/posthorn/adapters/kafka/kafkagroup"
-	"github.com/posthorn/posthorn/adapters/kfakebroker"
 	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
-	"github.com/posthorn/posthorn/adapters/sinktest"
 	"github.com/posthorn/posthorn/api"
 	"github.com/posthorn/posthorn/consumers"
 	"github.com/posthorn/posthorn/consumers/auditlog"
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/demo"
-	"github.com/posthorn/posthorn/integration/faultkit"
+	"github.com/posthorn/posthorn/internal/dev/kfakebroker"
+	"github.com/posthorn/posthorn/internal/testkit/faultkit"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/sinktest"
 	"github.com/posthorn/posthorn/relay"
 )
 

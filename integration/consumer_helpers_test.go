@@ -21,11 +21,11 @@ import (
 
 	"github.com/posthorn/posthorn/adapters/kafka/kafkagroup"
 	"github.com/posthorn/posthorn/adapters/postgres/inboxstore"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/consumers"
 	"github.com/posthorn/posthorn/consumers/auditlog"
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
 )
 
 // consumerTransport is a broker the consumer scenarios run over.

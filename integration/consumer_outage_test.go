@@ -6,10 +6,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/posthorn/posthorn/adapters/kfakebroker"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
-	"github.com/posthorn/posthorn/internal/childtest"
-	"github.com/posthorn/posthorn/internal/syncbuf"
+	"github.com/posthorn/posthorn/internal/dev/kfakebroker"
+	"github.com/posthorn/posthorn/internal/testkit/childtest"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/syncbuf"
 )
 
 // TestConsumeWaitsForBrokerAtStart: `posthorn consume` started while the

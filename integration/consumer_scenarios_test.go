@@ -13,7 +13,7 @@ import (
 	"github.com/posthorn/posthorn/consumers/auditlog"
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
-	"github.com/posthorn/posthorn/internal/promset/promtest"
+	"github.com/posthorn/posthorn/internal/testkit/promtest"
 )
 
 // overTransports runs scenario once per broker, in parallel.

@@ -16,11 +16,11 @@ import (
 	"github.com/posthorn/posthorn/adapters/postgres/inboxstore"
 	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
 	"github.com/posthorn/posthorn/adapters/postgres/opsstore"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
-	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/consumers"
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/relaytest"
 	"github.com/posthorn/posthorn/ops"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -60,7 +60,7 @@ func startMidHistory(t *testing.T) *midHistory {
 
 func (m *midHistory) relayed(t *testing.T) {
 	t.Helper()
-	bridgetest.WaitFor(t, 30*time.Second, "every row relayed", func() bool { return bridgetest.Unrelayed(t, m.ledger) == 0 })
+	relaytest.WaitFor(t, 30*time.Second, "every row relayed", func() bool { return relaytest.Unrelayed(t, m.ledger) == 0 })
 }
 
 // forget deletes every record of ledger.events so far, as the topic's

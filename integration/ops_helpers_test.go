@@ -17,13 +17,13 @@ import (
 	"github.com/posthorn/posthorn/adapters/postgres/inboxstore"
 	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
 	"github.com/posthorn/posthorn/adapters/postgres/opsstore"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
-	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/consumers"
 	"github.com/posthorn/posthorn/consumers/auditlog"
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/relaytest"
 	"github.com/posthorn/posthorn/ops"
 	"github.com/posthorn/posthorn/relay"
 	"github.com/posthorn/posthorn/relay/cdc"
@@ -121,7 +121,7 @@ func (r *opsRig) relay(t *testing.T, hooks *polling.Hooks) *polling.Relay {
 		PollInterval: 50 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}, hooks)
 	if hooks == nil {
-		bridgetest.WaitFor(t, 60*time.Second, "outbox relayed", func() bool { return bridgetest.Unrelayed(t, r.ledger) == 0 })
+		relaytest.WaitFor(t, 60*time.Second, "outbox relayed", func() bool { return relaytest.Unrelayed(t, r.ledger) == 0 })
 		stopCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		if err := rel.Stop(stopCtx); err != nil {
@@ -146,7 +146,7 @@ func (r *opsRig) relayCDC(t *testing.T) {
 	if err := rel.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	bridgetest.WaitFor(t, 60*time.Second, "outbox relayed in CDC mode", func() bool { return bridgetest.Unrelayed(t, r.ledger) == 0 })
+	relaytest.WaitFor(t, 60*time.Second, "outbox relayed in CDC mode", func() bool { return relaytest.Unrelayed(t, r.ledger) == 0 })
 	stopCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := rel.Stop(stopCtx); err != nil {
@@ -167,7 +167,7 @@ func (r *opsRig) deliver(t *testing.T, n int) int {
 // waitApplied waits until both example consumers applied events events.
 func (r *opsRig) waitApplied(t *testing.T, events int) {
 	t.Helper()
-	bridgetest.WaitFor(t, opsWait, fmt.Sprintf("both consumers applied %d events", events), func() bool {
+	relaytest.WaitFor(t, opsWait, fmt.Sprintf("both consumers applied %d events", events), func() bool {
 		p, a := counts(t, r.consumer, projection.Name), counts(t, r.consumer, auditlog.Name)
 		return p.Events[core.DispositionApplied] == int64(events) && a.Events[core.DispositionApplied] == int64(events)
 	})
@@ -176,7 +176,7 @@ func (r *opsRig) waitApplied(t *testing.T, events int) {
 // waitDuplicates waits until each consumer absorbed n repeats in total.
 func (r *opsRig) waitDuplicates(t *testing.T, n int64) {
 	t.Helper()
-	bridgetest.WaitFor(t, opsWait, fmt.Sprintf("both consumers absorbed %d repeats", n), func() bool {
+	relaytest.WaitFor(t, opsWait, fmt.Sprintf("both consumers absorbed %d repeats", n), func() bool {
 		p, a := counts(t, r.consumer, projection.Name), counts(t, r.consumer, auditlog.Name)
 		return p.DuplicatesAbsorbed == n && a.DuplicatesAbsorbed == n
 	})

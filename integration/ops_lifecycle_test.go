@@ -11,11 +11,11 @@ import (
 
 	"github.com/posthorn/posthorn/adapters/fsarchive"
 	"github.com/posthorn/posthorn/adapters/postgres/opsstore"
-	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/consumers"
 	"github.com/posthorn/posthorn/consumers/auditlog"
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/testkit/relaytest"
 	"github.com/posthorn/posthorn/ops"
 	"github.com/posthorn/posthorn/relay/polling"
 )
@@ -232,7 +232,7 @@ func TestOpsResendUncertainAfterLostAck(t *testing.T) {
 		t.Fatal("relay did not crash")
 	}
 	r.waitApplied(t, events) // delivered although the ledger has no marker
-	unrelayed := bridgetest.Unrelayed(t, r.ledger)
+	unrelayed := relaytest.Unrelayed(t, r.ledger)
 	if unrelayed == 0 {
 		t.Fatal("the crash left no unmarked row")
 	}
@@ -248,7 +248,7 @@ func TestOpsResendUncertainAfterLostAck(t *testing.T) {
 		}
 	}
 	var rows []opsstore.UncertainRow
-	bridgetest.WaitFor(t, 10*time.Second, "the crashed relay's lease to expire", func() bool {
+	relaytest.WaitFor(t, 10*time.Second, "the crashed relay's lease to expire", func() bool {
 		var err error
 		var n int64
 		rows, n, err = r.ops.Uncertain(ctx, 100)
@@ -290,7 +290,7 @@ func TestOpsResendUncertainAfterLostAck(t *testing.T) {
 	resentEvents := r.count(t, `SELECT count(*) FROM outbox WHERE event_id = ANY($1::text[]::uuid[]) AND kind = 'event'`, ids)
 	r.waitDuplicates(t, resentEvents)
 	r.assertBalancesMatch(t)
-	if n := bridgetest.Unrelayed(t, r.ledger); n != 0 {
+	if n := relaytest.Unrelayed(t, r.ledger); n != 0 {
 		t.Fatalf("%d rows still unmarked", n)
 	}
 	if _, n, _ := r.ops.Uncertain(ctx, 1); n != 0 {
@@ -328,7 +328,7 @@ func TestOpsReplayWithoutInboxDoublesBalances(t *testing.T) {
 		}
 		return bs
 	}
-	bridgetest.WaitFor(t, opsWait, "the bare projection to match the ledger once", func() bool {
+	relaytest.WaitFor(t, opsWait, "the bare projection to match the ledger once", func() bool {
 		return fmt.Sprint(nonZero(bareBalances())) == fmt.Sprint(ledger)
 	})
 	if _, err := ops.Replay(ctx, ops.ReplayConfig{Ledger: r.ops, Sink: r.sink}); err != nil {
@@ -341,7 +341,7 @@ func TestOpsReplayWithoutInboxDoublesBalances(t *testing.T) {
 			doubled[acc][cur] = new(big.Int).Mul(v, big.NewInt(2))
 		}
 	}
-	bridgetest.WaitFor(t, opsWait, "the bare projection to apply the replay again", func() bool {
+	relaytest.WaitFor(t, opsWait, "the bare projection to apply the replay again", func() bool {
 		return fmt.Sprint(nonZero(bareBalances())) == fmt.Sprint(doubled)
 	})
 	r.waitDuplicates(t, int64(events))

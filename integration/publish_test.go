@@ -22,12 +22,12 @@ import (
 	"github.com/posthorn/posthorn/adapters/memory"
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
-	"github.com/posthorn/posthorn/adapters/postgres/roles/roletest"
-	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/consumers"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/relaytest"
+	"github.com/posthorn/posthorn/internal/testkit/roletest"
 	"github.com/posthorn/posthorn/publish"
 )
 
@@ -191,13 +191,13 @@ func TestPublishTransactionIDInversionKeepsRevisionOrder(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer t2.Rollback(ctx)
-		if _, err := bridgetest.Insert(ctx, t2, "A", 2, nil); err != nil {
+		if _, err := relaytest.Insert(ctx, t2, "A", 2, nil); err != nil {
 			t.Fatal(err)
 		}
 		if err := t2.Commit(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := bridgetest.Insert(ctx, t1, "A", 1, nil); err != nil {
+		if _, err := relaytest.Insert(ctx, t1, "A", 1, nil); err != nil {
 			t.Fatal(err)
 		}
 		if err := t1.Commit(ctx); err != nil {
@@ -205,9 +205,9 @@ func TestPublishTransactionIDInversionKeepsRevisionOrder(t *testing.T) {
 		}
 		sink := memory.New(memory.Config{})
 		startTestRelay(t, pool, sink, "relay-control", "memory")
-		bridgetest.WaitFor(t, 10*time.Second, "both rows relayed", func() bool { return bridgetest.Unrelayed(t, pool) == 0 })
+		relaytest.WaitFor(t, 10*time.Second, "both rows relayed", func() bool { return relaytest.Unrelayed(t, pool) == 0 })
 		var revs []int64
-		for _, e := range bridgetest.Delivered(t, sink) {
+		for _, e := range relaytest.Delivered(t, sink) {
 			revs = append(revs, e.Revision)
 		}
 		if fmt.Sprint(revs) != "[2 1]" {
@@ -228,7 +228,7 @@ func mustPublish(t *testing.T, pub func(publish.Message) (publish.Published, err
 // waitForLock waits until backend pid waits for a lock.
 func waitForLock(t *testing.T, pool *pgxpool.Pool, pid int) {
 	t.Helper()
-	bridgetest.WaitFor(t, 10*time.Second, "T2 to wait for A's lock", func() bool {
+	relaytest.WaitFor(t, 10*time.Second, "T2 to wait for A's lock", func() bool {
 		var waiting bool
 		_ = pool.QueryRow(context.Background(), `SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&waiting)
 		return waiting
@@ -257,11 +257,11 @@ func relayedRevisions(t *testing.T, pool *pgxpool.Pool, agg string, want int) []
 	t.Helper()
 	sink := memory.New(memory.Config{})
 	startTestRelay(t, pool, sink, "relay-publish", "memory")
-	bridgetest.WaitFor(t, 10*time.Second, "every row relayed", func() bool {
-		return bridgetest.Unrelayed(t, pool) == 0 && len(sink.Records(walletTopic)) >= want
+	relaytest.WaitFor(t, 10*time.Second, "every row relayed", func() bool {
+		return relaytest.Unrelayed(t, pool) == 0 && len(sink.Records(walletTopic)) >= want
 	})
 	var revs []int64
-	for _, e := range bridgetest.DeliveredOn(t, sink, walletTopic) {
+	for _, e := range relaytest.DeliveredOn(t, sink, walletTopic) {
 		if e.AggregateID == agg {
 			revs = append(revs, e.Revision)
 		}
@@ -311,8 +311,8 @@ func TestPublishConcurrentWritersKeepRevisionsGapless(t *testing.T) {
 	}
 	sink := memory.New(memory.Config{})
 	startTestRelay(t, pool, sink, "relay-concurrent", "memory")
-	bridgetest.WaitFor(t, 20*time.Second, "every row relayed", func() bool { return len(sink.Records(walletTopic)) >= total })
-	bridgetest.CheckOrder(t, bridgetest.DeliveredOn(t, sink, walletTopic), false)
+	relaytest.WaitFor(t, 20*time.Second, "every row relayed", func() bool { return len(sink.Records(walletTopic)) >= total })
+	relaytest.CheckOrder(t, relaytest.DeliveredOn(t, sink, walletTopic), false)
 }
 
 // TestPublishRolledBackNeverReachesTheSink: a message published in a
@@ -339,7 +339,7 @@ func TestPublishRolledBackNeverReachesTheSink(t *testing.T) {
 			}
 			sink := memory.New(memory.Config{})
 			startTestRelay(t, pool, sink, "relay-rollback", "memory")
-			bridgetest.WaitFor(t, 10*time.Second, "the committed event relayed", func() bool { return len(sink.Records(walletTopic)) >= 1 })
+			relaytest.WaitFor(t, 10*time.Second, "the committed event relayed", func() bool { return len(sink.Records(walletTopic)) >= 1 })
 			// The relay passed the rolled-back transaction's position: a
 			// second committed event behind it arrives, the rolled-back one never.
 			pub, end, _ = w.begin(t, pool)
@@ -347,8 +347,8 @@ func TestPublishRolledBackNeverReachesTheSink(t *testing.T) {
 			if err := end(true); err != nil {
 				t.Fatal(err)
 			}
-			bridgetest.WaitFor(t, 10*time.Second, "the second event relayed", func() bool { return len(sink.Records(walletTopic)) >= 2 })
-			for _, e := range bridgetest.DeliveredOn(t, sink, walletTopic) {
+			relaytest.WaitFor(t, 10*time.Second, "the second event relayed", func() bool { return len(sink.Records(walletTopic)) >= 2 })
+			for _, e := range relaytest.DeliveredOn(t, sink, walletTopic) {
 				if e.EventID == gone.EventID {
 					t.Fatalf("event %s of a rolled-back transaction was delivered", gone.EventID)
 				}

@@ -10,12 +10,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/posthorn/posthorn/adapters/kafka"
-	"github.com/posthorn/posthorn/adapters/kafka/kafkacluster"
-	"github.com/posthorn/posthorn/adapters/kafka/saramacontrol"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
-	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/core"
-	"github.com/posthorn/posthorn/integration/faultkit"
+	"github.com/posthorn/posthorn/internal/testkit/faultkit"
+	"github.com/posthorn/posthorn/internal/testkit/kafkacluster"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/relaytest"
+	"github.com/posthorn/posthorn/internal/testkit/saramacontrol"
 	"github.com/posthorn/posthorn/relay"
 )
 
@@ -45,7 +45,7 @@ func drainThroughApacheFaults(t *testing.T, k *kafkacluster.Cluster, name string
 	ctx := context.Background()
 	_, pool := pgtest.Ledger(t)
 	const accounts, perAccount = 1500, 40
-	if err := bridgetest.Fill(ctx, pool, name, accounts, perAccount); err != nil {
+	if err := relaytest.Fill(ctx, pool, name, accounts, perAccount); err != nil {
 		t.Fatal(err)
 	}
 	d := apacheDrain{backlog: accounts * perAccount}
@@ -55,7 +55,7 @@ func drainThroughApacheFaults(t *testing.T, k *kafkacluster.Cluster, name string
 		BatchSize: 1000, RetryInitial: 20 * time.Millisecond, RetryMax: 500 * time.Millisecond,
 	})
 	defer r.Stop(ctx)
-	pending := func() int { return bridgetest.Unrelayed(t, pool) }
+	pending := func() int { return relaytest.Unrelayed(t, pool) }
 
 	// Live postings beside the backlog, on accounts of their own.
 	stopPosting := livePostings(t, pool, name+"-live")
@@ -76,7 +76,7 @@ func drainThroughApacheFaults(t *testing.T, k *kafkacluster.Cluster, name string
 		}
 	}
 	d.posted = stopPosting()
-	bridgetest.WaitFor(t, 5*time.Minute, "the relay to drain everything", func() bool { return pending() == 0 })
+	relaytest.WaitFor(t, 5*time.Minute, "the relay to drain everything", func() bool { return pending() == 0 })
 	d.took = time.Since(began)
 	if err := r.Ready(); err != nil {
 		t.Fatalf("relay not ready after the faults: %v", err)

@@ -9,11 +9,11 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/posthorn/posthorn/adapters/kafka/saramacontrol"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
-	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/core"
-	"github.com/posthorn/posthorn/integration/faultkit"
+	"github.com/posthorn/posthorn/internal/testkit/faultkit"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/relaytest"
+	"github.com/posthorn/posthorn/internal/testkit/saramacontrol"
 	"github.com/posthorn/posthorn/relay"
 )
 
@@ -27,7 +27,7 @@ func brokerKillDrain(t *testing.T, newSink func([]string) (core.Sink, error), ev
 	t.Helper()
 	ctx := context.Background()
 	_, pool := pgtest.Ledger(t)
-	if err := bridgetest.Fill(ctx, pool, "kill", 2000, events/2000); err != nil {
+	if err := relaytest.Fill(ctx, pool, "kill", 2000, events/2000); err != nil {
 		t.Fatal(err)
 	}
 	addr := freeAddr(t)
@@ -49,7 +49,7 @@ func brokerKillDrain(t *testing.T, newSink func([]string) (core.Sink, error), ev
 		RetryInitial: 20 * time.Millisecond, RetryMax: 500 * time.Millisecond,
 	})
 	defer r.Stop(ctx)
-	pending := func() int { return bridgetest.Unrelayed(t, pool) }
+	pending := func() int { return relaytest.Unrelayed(t, pool) }
 	for range kills {
 		time.Sleep(every) // the pace of the fault, not a synchronisation
 		if pending() == 0 {
@@ -61,7 +61,7 @@ func brokerKillDrain(t *testing.T, newSink func([]string) (core.Sink, error), ev
 			t.Fatalf("restart broker: %v\n%s", err, faultkit.Tail(broker.LogPath(), 20))
 		}
 	}
-	bridgetest.WaitFor(t, 5*time.Minute, "the relay to drain the backlog", func() bool { return pending() == 0 })
+	relaytest.WaitFor(t, 5*time.Minute, "the relay to drain the backlog", func() bool { return pending() == 0 })
 	lost, err = faultkit.RelayedNotOnBroker(ctx, pool, addr)
 	if err != nil {
 		t.Fatal(err)

@@ -12,8 +12,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
-	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/testkit/relaytest"
 	"github.com/posthorn/posthorn/relay"
 	"github.com/posthorn/posthorn/relay/polling"
 )
@@ -60,7 +60,7 @@ func startTestRelay(t *testing.T, pool *pgxpool.Pool, sink core.Sink, owner, sin
 	}
 	_, cfg.ExactlyOnce = sink.(relay.FencedSink)
 	r := newRelay(t, pool, sink, cfg, hooks...)
-	bridgetest.Start(t, r)
+	relaytest.Start(t, r)
 	return r, reg
 }
 
@@ -89,7 +89,7 @@ func livePostings(t *testing.T, pool *pgxpool.Pool, prefix string) (stop func() 
 				return
 			default:
 			}
-			p, err := bridgetest.Commit(context.Background(), pool, fmt.Sprintf("acc-%s-%d", prefix, i%23), fmt.Sprintf("acc-%s-%d", prefix, (i+7)%23))
+			p, err := relaytest.Commit(context.Background(), pool, fmt.Sprintf("acc-%s-%d", prefix, i%23), fmt.Sprintf("acc-%s-%d", prefix, (i+7)%23))
 			if err != nil {
 				t.Errorf("post: %v", err)
 				return

@@ -19,10 +19,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/posthorn/posthorn/adapters/amqp/amqptest"
 	"github.com/posthorn/posthorn/adapters/brokers"
 	"github.com/posthorn/posthorn/configs"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/testkit/amqptest"
 )
 
 // brokerTLS writes httptest's certificate for 127.0.0.1 and its key as PEM

@@ -19,10 +19,10 @@ import (
 
 	"github.com/posthorn/posthorn/adapters/memory"
 	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/api"
-	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/relaytest"
 	"github.com/posthorn/posthorn/relay"
 )
 
@@ -85,7 +85,7 @@ func relayToMemory(t *testing.T, pool *pgxpool.Pool) []wireRecord {
 	rel := startRelay(t, pool, sink, relay.Settings{
 		Owner: "md-relay-memory", PollInterval: 50 * time.Millisecond, LeaseTTL: 5 * time.Second, Logger: relayQuietLog,
 	})
-	bridgetest.WaitFor(t, 60*time.Second, "outbox relayed to memory", func() bool { return bridgetest.Unrelayed(t, pool) == 0 })
+	relaytest.WaitFor(t, 60*time.Second, "outbox relayed to memory", func() bool { return relaytest.Unrelayed(t, pool) == 0 })
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := rel.Stop(ctx); err != nil {
@@ -106,7 +106,7 @@ func relayToKafka(t *testing.T, pool *pgxpool.Pool, want int) []wireRecord {
 	t.Helper()
 	b := startRelayBroker(t)
 	rel, _ := startKafkaRelay(t, pool, b.addrs, "md-relay-kafka")
-	bridgetest.WaitFor(t, 60*time.Second, "outbox relayed to kafka", func() bool { return bridgetest.Unrelayed(t, pool) == 0 })
+	relaytest.WaitFor(t, 60*time.Second, "outbox relayed to kafka", func() bool { return relaytest.Unrelayed(t, pool) == 0 })
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := rel.Stop(ctx); err != nil {

@@ -15,15 +15,15 @@ import (
 
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/cdcsource"
-	"github.com/posthorn/posthorn/adapters/postgres/pgcluster"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
-	"github.com/posthorn/posthorn/adapters/postgres/roles/roletest"
-	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/consumers/auditlog"
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
-	"github.com/posthorn/posthorn/integration/faultkit"
-	"github.com/posthorn/posthorn/internal/promset/promtest"
+	"github.com/posthorn/posthorn/internal/dev/pgcluster"
+	"github.com/posthorn/posthorn/internal/testkit/faultkit"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/promtest"
+	"github.com/posthorn/posthorn/internal/testkit/relaytest"
+	"github.com/posthorn/posthorn/internal/testkit/roletest"
 )
 
 // opsKitFiles are the operators' kit files whose queries name metrics.
@@ -145,14 +145,14 @@ func TestOpsKitMetricsAreExposedByRunningComponents(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	bridgetest.MustPost(t, ledgerOwner, "acc-a", "acc-b")
-	bridgetest.MustPost(t, cdcPool, "acc-a", "acc-b")
-	bridgetest.WaitFor(t, 60*time.Second, "both relays relayed and the consumers applied", func() bool {
+	relaytest.MustPost(t, ledgerOwner, "acc-a", "acc-b")
+	relaytest.MustPost(t, cdcPool, "acc-a", "acc-b")
+	relaytest.WaitFor(t, 60*time.Second, "both relays relayed and the consumers applied", func() bool {
 		var n int
 		if err := consumerOwner.QueryRow(ctx, `SELECT count(*) FROM consumer_inbox WHERE disposition = 'applied'`).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
-		return n == 4 && bridgetest.Unrelayed(t, cdcPool) == 0
+		return n == 4 && relaytest.Unrelayed(t, cdcPool) == 0
 	})
 
 	exposed := map[string]bool{}

@@ -11,14 +11,14 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/posthorn/posthorn/adapters/amqp/amqptest"
 	"github.com/posthorn/posthorn/adapters/brokers"
 	"github.com/posthorn/posthorn/adapters/kafka"
-	"github.com/posthorn/posthorn/adapters/nats/natstest"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
-	"github.com/posthorn/posthorn/adapters/redisstream/redistest"
-	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/testkit/amqptest"
+	"github.com/posthorn/posthorn/internal/testkit/natstest"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/redistest"
+	"github.com/posthorn/posthorn/internal/testkit/relaytest"
 	"github.com/posthorn/posthorn/relay"
 )
 
@@ -81,7 +81,7 @@ func (c *publishClock) Publish(ctx context.Context, batch []core.Envelope) error
 func benchSinkDrain(b *testing.B, kind string) (drain, publish float64) {
 	ctx := context.Background()
 	_, pool := pgtest.Ledger(b)
-	if err := bridgetest.Fill(ctx, pool, "drain", 1000, sinkDrainEvents/1000); err != nil {
+	if err := relaytest.Fill(ctx, pool, "drain", 1000, sinkDrainEvents/1000); err != nil {
 		b.Fatal(err)
 	}
 	if _, err := pool.Exec(ctx, `VACUUM ANALYZE outbox`); err != nil {
@@ -130,7 +130,7 @@ func benchSinkDrain(b *testing.B, kind string) (drain, publish float64) {
 			_ = r.Stop(ctx)
 		}
 	}()
-	bridgetest.WaitFor(b, 3*time.Minute, kind+": the relay to drain the backlog", func() bool {
+	relaytest.WaitFor(b, 3*time.Minute, kind+": the relay to drain the backlog", func() bool {
 		var n int
 		if err := pool.QueryRow(ctx, `SELECT count(*) FROM (SELECT 1 FROM outbox_pending LIMIT 1) x`).Scan(&n); err != nil {
 			b.Fatal(err)

@@ -25,19 +25,19 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/posthorn/posthorn/adapters/kafka/kafkagroup"
-	"github.com/posthorn/posthorn/adapters/kafka/kafkatest"
 	"github.com/posthorn/posthorn/adapters/memory"
 	"github.com/posthorn/posthorn/adapters/postgres/cdcsource"
 	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
 	"github.com/posthorn/posthorn/adapters/postgres/opsstore"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
 	"github.com/posthorn/posthorn/adapters/tracing"
-	"github.com/posthorn/posthorn/adapters/tracing/tracingtest"
 	"github.com/posthorn/posthorn/api"
-	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/testkit/kafkatest"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/relaytest"
+	"github.com/posthorn/posthorn/internal/testkit/tracingtest"
 	"github.com/posthorn/posthorn/ops"
 	"github.com/posthorn/posthorn/publish"
 	"github.com/posthorn/posthorn/relay"
@@ -384,7 +384,7 @@ func TestOneTraceThroughCDC(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bridgetest.Start(t, rel)
+	relaytest.Start(t, rel)
 	res := r.post(t)
 	want := len(res.Events) + len(res.Commands)
 	waitFor(t, "the CDC relay to publish the posting", 30*time.Second, func() (bool, string) {
@@ -495,7 +495,7 @@ func TestPublishContinuesTheCallersTrace(t *testing.T) {
 	}
 	sink := memory.New(memory.Config{})
 	startTestRelay(t, pool, tracing.Sink(sink, tp, "memory"), "relay-publish-trace", "memory")
-	bridgetest.WaitFor(t, 10*time.Second, "both rows relayed", func() bool { return bridgetest.Unrelayed(t, pool) == 0 })
+	relaytest.WaitFor(t, 10*time.Second, "both rows relayed", func() bool { return relaytest.Unrelayed(t, pool) == 0 })
 	pubs := spansBy(exp, "publish ")[traced.EventID]
 	if len(pubs) != 1 || pubs[0].Parent.SpanID() != caller.SpanContext().SpanID() || pubs[0].SpanContext.TraceID() != caller.SpanContext().TraceID() {
 		t.Fatalf("publish spans of the traced event %+v, want one child of the caller's span %s", pubs, caller.SpanContext().SpanID())

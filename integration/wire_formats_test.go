@@ -22,13 +22,13 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/posthorn/posthorn/adapters/brokers"
-	"github.com/posthorn/posthorn/adapters/kafka/kafkatest"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
-	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/consumers"
 	"github.com/posthorn/posthorn/consumers/auditlog"
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/testkit/kafkatest"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/relaytest"
 	"github.com/posthorn/posthorn/relay"
 )
 
@@ -112,7 +112,7 @@ func TestWireFormatsReadByKcat(t *testing.T) {
 				sink = newKafkaSink(t, b.addrs)
 			}
 			startTestRelay(t, pool, relay.Formatted(sink, wf), "relay-"+string(format), "kafka")
-			bridgetest.WaitFor(t, 30*time.Second, "the outbox drained", func() bool { return bridgetest.Unrelayed(t, pool) == 0 })
+			relaytest.WaitFor(t, 30*time.Second, "the outbox drained", func() bool { return relaytest.Unrelayed(t, pool) == 0 })
 
 			recs := kafkatest.MustReadTopic(t, b.addrs, topic, exactlyOnce)
 			if len(recs) < events {

@@ -17,10 +17,10 @@ import (
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/cdcsource"
 	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
-	"github.com/posthorn/posthorn/adapters/postgres/pgcluster"
 	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
-	"github.com/posthorn/posthorn/bridge/bridgetest"
-	"github.com/posthorn/posthorn/internal/syncbuf"
+	"github.com/posthorn/posthorn/internal/dev/pgcluster"
+	"github.com/posthorn/posthorn/internal/testkit/relaytest"
+	"github.com/posthorn/posthorn/internal/testkit/syncbuf"
 	"github.com/posthorn/posthorn/relay"
 	"github.com/posthorn/posthorn/relay/cdc"
 	"github.com/posthorn/posthorn/relay/polling"
@@ -52,7 +52,7 @@ type standbyBenchResult struct {
 //   - commit-to-ACK p50/p99 at 200 two-event postings per second for 4 s
 //     (4 writers), from the writer's commit returning to the sink's ACK.
 func BenchmarkStandbyFlush(b *testing.B) {
-	f := bridgetest.NewFailover(b, pgcluster.Options{Logical: true})
+	f := relaytest.NewFailover(b, pgcluster.Options{Logical: true})
 	type key struct {
 		mode     string
 		required bool
@@ -79,7 +79,7 @@ func BenchmarkStandbyFlush(b *testing.B) {
 	}
 }
 
-func benchStandby(b *testing.B, f *bridgetest.Failover, mode string, required bool) standbyBenchResult {
+func benchStandby(b *testing.B, f *relaytest.Failover, mode string, required bool) standbyBenchResult {
 	ctx := context.Background()
 	relayPool, err := postgres.Connect(ctx, f.URL+"&application_name="+postgres.RelayApplicationName, 8)
 	if err != nil {
@@ -87,10 +87,10 @@ func benchStandby(b *testing.B, f *bridgetest.Failover, mode string, required bo
 	}
 	defer relayPool.Close()
 	store := relaystore.New(relayPool)
-	sink := bridgetest.NewAckTimes(memory.New(memory.Config{}))
+	sink := relaytest.NewAckTimes(memory.New(memory.Config{}))
 	defer sink.Close()
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	sf := bridgetest.StandbyFlush(required, store)
+	sf := relaytest.StandbyFlush(required, store)
 	reg := prometheus.NewRegistry()
 	name := fmt.Sprintf("%s_%v", mode, required)
 	var stop func()
@@ -119,18 +119,18 @@ func benchStandby(b *testing.B, f *bridgetest.Failover, mode string, required bo
 			_ = r.Stop(ctx)
 			_, _ = f.Pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, slot)
 		}
-		bridgetest.WaitFor(b, 30*time.Second, "the CDC relay to stream", func() bool {
+		relaytest.WaitFor(b, 30*time.Second, "the CDC relay to stream", func() bool {
 			return strings.Contains(logs.String(), "streaming the outbox")
 		})
 	}
 	defer stop()
 	var res standbyBenchResult
 
-	if err := bridgetest.Fill(ctx, f.Pool, name, 500, standbyBenchBacklog/500); err != nil {
+	if err := relaytest.Fill(ctx, f.Pool, name, 500, standbyBenchBacklog/500); err != nil {
 		b.Fatal(err)
 	}
 	start := time.Now()
-	bridgetest.WaitFor(b, time.Minute, "the backlog drained", func() bool { return bridgetest.Unrelayed(b, f.Pool) == 0 })
+	relaytest.WaitFor(b, time.Minute, "the backlog drained", func() bool { return relaytest.Unrelayed(b, f.Pool) == 0 })
 	res.drain = standbyBenchBacklog / time.Since(start).Seconds()
 
 	var (
@@ -152,7 +152,7 @@ func benchStandby(b *testing.B, f *bridgetest.Failover, mode string, required bo
 				case <-tokens:
 				}
 				a, c := fmt.Sprintf("lat-%d", (g*131+i*7)%400), fmt.Sprintf("lat-%d", (g*131+i*7+200)%400)
-				ps, err := bridgetest.Commit(ctx, f.Pool, a, c)
+				ps, err := relaytest.Commit(ctx, f.Pool, a, c)
 				now := time.Now()
 				if err != nil {
 					continue // a deadlock victim; the load moves on
@@ -182,7 +182,7 @@ func benchStandby(b *testing.B, f *bridgetest.Failover, mode string, required bo
 	tick.Stop()
 	close(done)
 	wg.Wait()
-	bridgetest.WaitFor(b, time.Minute, "the load relayed", func() bool { return bridgetest.Unrelayed(b, f.Pool) == 0 })
+	relaytest.WaitFor(b, time.Minute, "the load relayed", func() bool { return relaytest.Unrelayed(b, f.Pool) == 0 })
 	lat := make([]time.Duration, 0, len(committed))
 	for id, t := range committed {
 		if a, ok := sink.Acked(id); ok {

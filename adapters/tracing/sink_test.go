@@ -12,8 +12,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/posthorn/posthorn/adapters/tracing"
-	"github.com/posthorn/posthorn/adapters/tracing/tracingtest"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/testkit/tracingtest"
 	"github.com/posthorn/posthorn/relay"
 )
 

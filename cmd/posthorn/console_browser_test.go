@@ -16,9 +16,9 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/posthorn/posthorn/adapters/memory"
-	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/configs"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/testkit/relaytest"
 )
 
 // chromiumPath is Debian's chromium, which .ci/run installs.
@@ -148,11 +148,11 @@ func TestConsoleBrowser(t *testing.T) {
 
 	// The relay parks acc-park; the page shows it within seconds.
 	if err := pgx.BeginFunc(ctx, r.ledger, func(tx pgx.Tx) error {
-		rev, err := bridgetest.Lock(ctx, tx, "acc-park")
+		rev, err := relaytest.Lock(ctx, tx, "acc-park")
 		if err != nil {
 			return err
 		}
-		_, err = bridgetest.Insert(ctx, tx, "acc-park", rev, fmt.Appendf(nil, `{"pad":%q}`, strings.Repeat("x", 8192)))
+		_, err = relaytest.Insert(ctx, tx, "acc-park", rev, fmt.Appendf(nil, `{"pad":%q}`, strings.Repeat("x", 8192)))
 		return err
 	}); err != nil {
 		t.Fatal(err)

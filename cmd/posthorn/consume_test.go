@@ -15,9 +15,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kfake"
 
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/core"
-	"github.com/posthorn/posthorn/internal/childtest"
+	"github.com/posthorn/posthorn/internal/testkit/childtest"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
 )
 
 // consume reads what a relay published to Kafka (kfake over a socket),

@@ -14,7 +14,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/posthorn/posthorn/adapters/kfakebroker"
 	"github.com/posthorn/posthorn/adapters/memory"
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/api"
@@ -23,6 +22,7 @@ import (
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/demo"
+	"github.com/posthorn/posthorn/internal/dev/kfakebroker"
 	"github.com/posthorn/posthorn/ops"
 	"github.com/posthorn/posthorn/relay/polling"
 )

@@ -15,11 +15,11 @@ import (
 	"github.com/posthorn/posthorn/adapters/memory"
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/inboxstore"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
-	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/configs"
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/relaytest"
 )
 
 // waitFor polls cond until it holds or d has passed.
@@ -70,13 +70,13 @@ func TestOutboxDeadLetterLetsTheAggregateFlow(t *testing.T) {
 		}
 	}
 	post("dl-1") // acc-dl revision 1
-	var big bridgetest.Posted
+	var big relaytest.Posted
 	if err := pgx.BeginFunc(ctx, r.ledger, func(tx pgx.Tx) error {
-		rev, err := bridgetest.Lock(ctx, tx, "acc-dl")
+		rev, err := relaytest.Lock(ctx, tx, "acc-dl")
 		if err != nil {
 			return err
 		}
-		big, err = bridgetest.Insert(ctx, tx, "acc-dl", rev, fmt.Appendf(nil, `{"pad":%q}`, strings.Repeat("x", 8192)))
+		big, err = relaytest.Insert(ctx, tx, "acc-dl", rev, fmt.Appendf(nil, `{"pad":%q}`, strings.Repeat("x", 8192)))
 		return err
 	}); err != nil {
 		t.Fatal(err)

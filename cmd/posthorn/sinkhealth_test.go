@@ -11,11 +11,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/posthorn/posthorn/adapters/nats/natstest"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
-	"github.com/posthorn/posthorn/adapters/sinktest"
 	"github.com/posthorn/posthorn/configs"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/testkit/natstest"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/sinktest"
 )
 
 // closedAddr is a loopback address nothing listens on.

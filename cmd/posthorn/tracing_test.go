@@ -17,7 +17,7 @@ import (
 	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
 )
 
 // collectedSpan is one span a stand-in OTLP collector received.

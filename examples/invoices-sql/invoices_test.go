@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
-	"github.com/posthorn/posthorn/examples/exampletest"
+	"github.com/posthorn/posthorn/internal/testkit/exampletest"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
 )
 
 // python is Debian's Python 3, which has python3-psycopg (.ci/run installs

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
-	"github.com/posthorn/posthorn/examples/exampletest"
+	"github.com/posthorn/posthorn/internal/testkit/exampletest"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
 )
 
 // TestWalletsEndToEndThroughRelayKills: four writers credit 12 wallets

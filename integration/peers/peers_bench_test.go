@@ -23,16 +23,16 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/posthorn/posthorn/adapters/kafka"
-	"github.com/posthorn/posthorn/adapters/kfakebroker"
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/cdcsource"
 	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
-	"github.com/posthorn/posthorn/adapters/postgres/pgcluster"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
-	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/core"
-	"github.com/posthorn/posthorn/internal/syncbuf"
+	"github.com/posthorn/posthorn/internal/dev/kfakebroker"
+	"github.com/posthorn/posthorn/internal/dev/pgcluster"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/relaytest"
+	"github.com/posthorn/posthorn/internal/testkit/syncbuf"
 	"github.com/posthorn/posthorn/relay"
 	"github.com/posthorn/posthorn/relay/cdc"
 	"github.com/posthorn/posthorn/relay/polling"
@@ -161,7 +161,7 @@ func runPosthorn(b *testing.B, c *pgcluster.Cluster, brokers []string, name, mod
 		waitLog(b, logs, "streaming the outbox")
 		stop()
 	}
-	if err := bridgetest.Fill(ctx, pool, "drain", drainAccounts, drainPerAccount); err != nil {
+	if err := relaytest.Fill(ctx, pool, "drain", drainAccounts, drainPerAccount); err != nil {
 		b.Fatal(err)
 	}
 	ids := pgtest.Column[string](b, pool, `SELECT event_id::text FROM outbox`)
@@ -183,7 +183,7 @@ func runPosthorn(b *testing.B, c *pgcluster.Cluster, brokers []string, name, mod
 	waker := ledgerstore.NewRelayWaker(pool)
 	commit := func(i int) ([]string, error) {
 		a, bb := fmt.Sprintf("acc-%d", i%1000), fmt.Sprintf("acc-%d", (i+500)%1000)
-		ps, err := bridgetest.Commit(ctx, pool, a, bb)
+		ps, err := relaytest.Commit(ctx, pool, a, bb)
 		if err != nil {
 			return nil, err
 		}
@@ -215,7 +215,7 @@ func runDebezium(b *testing.B, c *pgcluster.Cluster, brokers []string, root, cla
 			b.Fatalf("%s: %v", q, err)
 		}
 	}
-	// The same events as bridgetest.Fill writes: account acc-drain-i,
+	// The same events as relaytest.Fill writes: account acc-drain-i,
 	// revisions 1..drainPerAccount in order, the same payload.
 	if _, err := pool.Exec(ctx, `
 INSERT INTO outbox_dbz (id, aggregatetype, aggregateid, type, payload)
@@ -327,7 +327,7 @@ func runKfakeDrain(b *testing.B, c *pgcluster.Cluster) float64 {
 		b.Fatal(err)
 	}
 	defer func() { _ = sink.Close() }()
-	if err := bridgetest.Fill(ctx, pool, "drain", drainAccounts, drainPerAccount); err != nil {
+	if err := relaytest.Fill(ctx, pool, "drain", drainAccounts, drainPerAccount); err != nil {
 		b.Fatal(err)
 	}
 	ids := pgtest.Column[string](b, pool, `SELECT event_id::text FROM outbox`)
@@ -628,7 +628,7 @@ func waitSlotCaughtUp(b *testing.B, pool *pgxpool.Pool, slot string) {
 	if err := pool.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&lsn); err != nil {
 		b.Fatal(err)
 	}
-	bridgetest.WaitFor(b, 2*time.Minute, "slot "+slot+" to confirm "+lsn, func() bool {
+	relaytest.WaitFor(b, 2*time.Minute, "slot "+slot+" to confirm "+lsn, func() bool {
 		var ok bool
 		err := pool.QueryRow(ctx, `SELECT coalesce(confirmed_flush_lsn >= $2::pg_lsn, false) FROM pg_replication_slots WHERE slot_name = $1`, slot, lsn).Scan(&ok)
 		return err == nil && ok
@@ -636,7 +636,7 @@ func waitSlotCaughtUp(b *testing.B, pool *pgxpool.Pool, slot string) {
 }
 
 func waitLog(b *testing.B, logs *syncbuf.Buffer, want string) {
-	bridgetest.WaitFor(b, time.Minute, "the relay to log "+want, func() bool { return strings.Contains(logs.String(), want) })
+	relaytest.WaitFor(b, time.Minute, "the relay to log "+want, func() bool { return strings.Contains(logs.String(), want) })
 }
 
 func repoRoot(b *testing.B) string {

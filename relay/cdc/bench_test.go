@@ -19,11 +19,11 @@ import (
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/cdcsource"
 	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
-	"github.com/posthorn/posthorn/adapters/postgres/pgcluster"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
-	"github.com/posthorn/posthorn/bridge/bridgetest"
-	"github.com/posthorn/posthorn/internal/syncbuf"
+	"github.com/posthorn/posthorn/internal/dev/pgcluster"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/relaytest"
+	"github.com/posthorn/posthorn/internal/testkit/syncbuf"
 	"github.com/posthorn/posthorn/relay"
 	"github.com/posthorn/posthorn/relay/cdc"
 	"github.com/posthorn/posthorn/relay/polling"
@@ -130,7 +130,7 @@ func benchMode(b *testing.B, c *pgcluster.Cluster, mode string) modeResult {
 	}
 	defer writer.Close()
 
-	sink := bridgetest.NewAckTimes(memory.New(memory.Config{}))
+	sink := relaytest.NewAckTimes(memory.New(memory.Config{}))
 	defer sink.Close()
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	if os.Getenv("POSTHORN_BENCH_LOG") != "" {
@@ -163,7 +163,7 @@ func benchMode(b *testing.B, c *pgcluster.Cluster, mode string) modeResult {
 			b.Fatal(err)
 		}
 		stop = func() { _ = r.Stop(ctx) }
-		bridgetest.WaitFor(b, 30*time.Second, "the CDC relay to stream", func() bool {
+		relaytest.WaitFor(b, 30*time.Second, "the CDC relay to stream", func() bool {
 			return strings.Contains(logs.String(), "streaming the outbox")
 		})
 	}
@@ -171,7 +171,7 @@ func benchMode(b *testing.B, c *pgcluster.Cluster, mode string) modeResult {
 	var res modeResult
 
 	// Throughput: one commit of benchBacklog events.
-	if err := bridgetest.Fill(ctx, writer, "drain", 2000, benchBacklog/2000); err != nil {
+	if err := relaytest.Fill(ctx, writer, "drain", 2000, benchBacklog/2000); err != nil {
 		b.Fatal(err)
 	}
 	start := time.Now()
@@ -204,7 +204,7 @@ func benchMode(b *testing.B, c *pgcluster.Cluster, mode string) modeResult {
 					case <-tokens:
 					}
 					a, bb := fmt.Sprintf("acc-%d", (g*131+i*7)%1000), fmt.Sprintf("acc-%d", (g*131+i*7+500)%1000)
-					ps, err := bridgetest.Commit(ctx, writer, a, bb)
+					ps, err := relaytest.Commit(ctx, writer, a, bb)
 					now := time.Now()
 					if err != nil {
 						continue // a deadlock victim; the load generator moves on

@@ -12,11 +12,11 @@ import (
 
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/cdcsource"
-	"github.com/posthorn/posthorn/adapters/postgres/pgcluster"
 	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
-	"github.com/posthorn/posthorn/bridge/bridgetest"
-	"github.com/posthorn/posthorn/internal/promset/promtest"
-	"github.com/posthorn/posthorn/internal/syncbuf"
+	"github.com/posthorn/posthorn/internal/dev/pgcluster"
+	"github.com/posthorn/posthorn/internal/testkit/promtest"
+	"github.com/posthorn/posthorn/internal/testkit/relaytest"
+	"github.com/posthorn/posthorn/internal/testkit/syncbuf"
 	"github.com/posthorn/posthorn/relay/cdc"
 )
 
@@ -52,7 +52,7 @@ func TestCDCRelayNamesWhatItPublishedPastTheBranchPoint(t *testing.T) {
 	for _, required := range []bool{false, true} {
 		t.Run(fmt.Sprintf("standby_flush_required=%v", required), func(t *testing.T) {
 			ctx := context.Background()
-			f := bridgetest.NewFailover(t, pgcluster.Options{Logical: true})
+			f := relaytest.NewFailover(t, pgcluster.Options{Logical: true})
 			pool, err := postgres.Connect(ctx, multiHost(t, f.URL, f.Standby.URL("ledger")), 8)
 			if err != nil {
 				t.Fatal(err)
@@ -65,18 +65,18 @@ func TestCDCRelayNamesWhatItPublishedPastTheBranchPoint(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			bridgetest.Start(t, r)
+			relaytest.Start(t, r)
 			t.Cleanup(func() {
 				if t.Failed() {
 					t.Logf("relay logs:\n%s", logs)
 				}
 			})
-			bridgetest.WaitFor(t, 30*time.Second, "the relay to stream", func() bool {
+			relaytest.WaitFor(t, 30*time.Second, "the relay to stream", func() bool {
 				return strings.Contains(logs.String(), "streaming the outbox from the slot")
 			})
-			published := func(posted []bridgetest.Posted) int {
+			published := func(posted []relaytest.Posted) int {
 				got := map[string]bool{}
-				for _, e := range bridgetest.Delivered(t, f.Sink) {
+				for _, e := range relaytest.Delivered(t, f.Sink) {
 					got[e.EventID] = true
 				}
 				n := 0
@@ -87,22 +87,22 @@ func TestCDCRelayNamesWhatItPublishedPastTheBranchPoint(t *testing.T) {
 				}
 				return n
 			}
-			before := bridgetest.MustPostTransfers(t, f.Pool, 10, 8, 3)
-			bridgetest.WaitFor(t, 30*time.Second, "the first events published", func() bool { return published(before) == len(before) })
+			before := relaytest.MustPostTransfers(t, f.Pool, 10, 8, 3)
+			relaytest.WaitFor(t, 30*time.Second, "the first events published", func() bool { return published(before) == len(before) })
 			if err := f.Standby.Shutdown(ctx); err != nil {
 				t.Fatal(err)
 			}
-			during := bridgetest.MustPostTransfers(t, f.Pool, 20, 8, 5)
+			during := relaytest.MustPostTransfers(t, f.Pool, 20, 8, 5)
 			if required {
-				bridgetest.WaitFor(t, 30*time.Second, "the relay to be held by the standby", func() bool {
+				relaytest.WaitFor(t, 30*time.Second, "the relay to be held by the standby", func() bool {
 					return promtest.Value(t, reg, "posthorn_relay_held_by_standby_seconds") >= 1
 				})
 			} else {
-				bridgetest.WaitFor(t, 30*time.Second, "the events of the lost tail published", func() bool { return published(during) == len(during) })
+				relaytest.WaitFor(t, 30*time.Second, "the events of the lost tail published", func() bool { return published(during) == len(during) })
 			}
 			f.KillPrimaryAndPromote(t)
 			const named, none = "CDC RELAY PUBLISHED PAST THE NEW HISTORY'S BRANCH POINT", "nothing this relay published is past the new history's branch point"
-			bridgetest.WaitFor(t, time.Minute, "the relay to compare with the branch point", func() bool {
+			relaytest.WaitFor(t, time.Minute, "the relay to compare with the branch point", func() bool {
 				return strings.Contains(logs.String(), named) || strings.Contains(logs.String(), none)
 			})
 			// The ghosts: published, absent from the promoted standby.
@@ -120,7 +120,7 @@ func TestCDCRelayNamesWhatItPublishedPastTheBranchPoint(t *testing.T) {
 			}
 			rows.Close()
 			var ghosts []string
-			for _, e := range bridgetest.Delivered(t, f.Sink) {
+			for _, e := range relaytest.Delivered(t, f.Sink) {
 				if !inLedger[e.EventID] {
 					ghosts = append(ghosts, e.EventID)
 				}

@@ -20,13 +20,13 @@ import (
 	"github.com/posthorn/posthorn/adapters/memory"
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/cdcsource"
-	"github.com/posthorn/posthorn/adapters/postgres/pgcluster"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
-	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/core"
-	"github.com/posthorn/posthorn/internal/promset/promtest"
-	"github.com/posthorn/posthorn/internal/syncbuf"
+	"github.com/posthorn/posthorn/internal/dev/pgcluster"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/promtest"
+	"github.com/posthorn/posthorn/internal/testkit/relaytest"
+	"github.com/posthorn/posthorn/internal/testkit/syncbuf"
 	"github.com/posthorn/posthorn/relay"
 	"github.com/posthorn/posthorn/relay/cdc"
 )
@@ -164,7 +164,7 @@ func (f *fixture) start(owner string, mod func(*relay.Settings), hooks ...*cdc.H
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	bridgetest.Start(f.t, r)
+	relaytest.Start(f.t, r)
 	return relayHandle{r, reg}
 }
 
@@ -176,22 +176,22 @@ func (f *fixture) waitStreaming(n ...int) {
 	if len(n) > 0 {
 		want = n[0]
 	}
-	bridgetest.WaitFor(f.t, 30*time.Second, "the relay to stream", func() bool {
+	relaytest.WaitFor(f.t, 30*time.Second, "the relay to stream", func() bool {
 		return strings.Count(f.logs.String(), "streaming the outbox from the slot") >= want
 	})
 }
 
-func (f *fixture) delivered() []core.Envelope { return bridgetest.Delivered(f.t, f.sink) }
+func (f *fixture) delivered() []core.Envelope { return relaytest.Delivered(f.t, f.sink) }
 
 // waitAllDelivered waits until every posted event is in the sink and
 // marked.
-func (f *fixture) waitAllDelivered(posted []bridgetest.Posted, d time.Duration) []core.Envelope {
+func (f *fixture) waitAllDelivered(posted []relaytest.Posted, d time.Duration) []core.Envelope {
 	f.t.Helper()
 	want := map[string]bool{}
 	for _, p := range posted {
 		want[p.EventID] = true
 	}
-	bridgetest.WaitFor(f.t, d, fmt.Sprintf("%d events delivered and marked", len(posted)), func() bool {
+	relaytest.WaitFor(f.t, d, fmt.Sprintf("%d events delivered and marked", len(posted)), func() bool {
 		got := map[string]bool{}
 		for _, e := range f.delivered() {
 			got[e.EventID] = true
@@ -201,7 +201,7 @@ func (f *fixture) waitAllDelivered(posted []bridgetest.Posted, d time.Duration) 
 				return false
 			}
 		}
-		return bridgetest.Unrelayed(f.t, f.pool) == 0
+		return relaytest.Unrelayed(f.t, f.pool) == 0
 	})
 	return f.delivered()
 }
@@ -211,12 +211,12 @@ func (f *fixture) waitAllDelivered(posted []bridgetest.Posted, d time.Duration) 
 // account's events arrived in revision order (repeats allowed) and that
 // standby took the slot's lease over. It returns what w posted and what
 // the sink got.
-func (f *fixture) standbyTookOver(w *writers, n int, standby relayHandle) ([]bridgetest.Posted, []core.Envelope) {
+func (f *fixture) standbyTookOver(w *writers, n int, standby relayHandle) ([]relaytest.Posted, []core.Envelope) {
 	f.t.Helper()
-	bridgetest.WaitFor(f.t, 30*time.Second, fmt.Sprintf("%d events", n), func() bool { return w.count() >= n })
+	relaytest.WaitFor(f.t, 30*time.Second, fmt.Sprintf("%d events", n), func() bool { return w.count() >= n })
 	posted := w.finish(f.t)
 	got := f.waitAllDelivered(posted, 60*time.Second)
-	bridgetest.CheckOrder(f.t, got, true)
+	relaytest.CheckOrder(f.t, got, true)
 	if v := promtest.Value(f.t, standby.reg, "posthorn_relay_lease_takeovers_total"); v < 1 {
 		f.t.Errorf("takeovers by %s = %v, want at least 1", standby.Owner(), v)
 	}
@@ -224,12 +224,12 @@ func (f *fixture) standbyTookOver(w *writers, n int, standby relayHandle) ([]bri
 }
 
 // missing returns the posted events that are not in the sink.
-func (f *fixture) missing(posted []bridgetest.Posted) []bridgetest.Posted {
+func (f *fixture) missing(posted []relaytest.Posted) []relaytest.Posted {
 	got := map[string]bool{}
 	for _, e := range f.delivered() {
 		got[e.EventID] = true
 	}
-	var out []bridgetest.Posted
+	var out []relaytest.Posted
 	for _, p := range posted {
 		if !got[p.EventID] {
 			out = append(out, p)
@@ -241,10 +241,10 @@ func (f *fixture) missing(posted []bridgetest.Posted) []bridgetest.Posted {
 // lostOnce waits until newest, committed after the rest of posted, is
 // delivered, and returns the events of posted the sink still lacks then:
 // what a negative control lost.
-func (f *fixture) lostOnce(newest bridgetest.Posted, what string, posted []bridgetest.Posted) []bridgetest.Posted {
+func (f *fixture) lostOnce(newest relaytest.Posted, what string, posted []relaytest.Posted) []relaytest.Posted {
 	f.t.Helper()
-	bridgetest.WaitFor(f.t, 30*time.Second, what, func() bool {
-		return len(f.missing([]bridgetest.Posted{newest})) == 0
+	relaytest.WaitFor(f.t, 30*time.Second, what, func() bool {
+		return len(f.missing([]relaytest.Posted{newest})) == 0
 	})
 	return f.missing(posted)
 }
@@ -268,7 +268,7 @@ type writers struct {
 	wg     sync.WaitGroup
 	stop   chan struct{}
 	mu     sync.Mutex
-	posted []bridgetest.Posted
+	posted []relaytest.Posted
 	errs   chan error
 }
 
@@ -289,7 +289,7 @@ func startWriters(t *testing.T, pool *pgxpool.Pool, n, accounts int, pause time.
 				if a == b {
 					b = fmt.Sprintf("acc-%d", (g*13+i*3+2)%accounts)
 				}
-				ps, err := bridgetest.Commit(context.Background(), pool, a, b)
+				ps, err := relaytest.Commit(context.Background(), pool, a, b)
 				if err != nil {
 					if strings.Contains(err.Error(), "deadlock") {
 						continue
@@ -315,7 +315,7 @@ func (w *writers) count() int {
 	return len(w.posted)
 }
 
-func (w *writers) finish(t *testing.T) []bridgetest.Posted {
+func (w *writers) finish(t *testing.T) []relaytest.Posted {
 	t.Helper()
 	close(w.stop)
 	w.wg.Wait()

@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/posthorn/posthorn/adapters/postgres"
-	"github.com/posthorn/posthorn/bridge/bridgetest"
-	"github.com/posthorn/posthorn/internal/promset/promtest"
+	"github.com/posthorn/posthorn/internal/testkit/promtest"
+	"github.com/posthorn/posthorn/internal/testkit/relaytest"
 	"github.com/posthorn/posthorn/relay"
 )
 
@@ -48,14 +48,14 @@ SELECT system_identifier, timeline + 1, 'test', 'another history', now() + inter
 	control.waitStreaming()
 	gated.waitStreaming()
 	for _, f := range []*fixture{control, gated} {
-		if err := bridgetest.Fill(ctx, f.pool, "h", 10, 3); err != nil {
+		if err := relaytest.Fill(ctx, f.pool, "h", 10, 3); err != nil {
 			t.Fatal(err)
 		}
 	}
-	bridgetest.WaitFor(t, 20*time.Second, "the control relay to publish on the unaccepted history", func() bool {
+	relaytest.WaitFor(t, 20*time.Second, "the control relay to publish on the unaccepted history", func() bool {
 		return len(control.delivered()) == 30
 	})
-	bridgetest.WaitFor(t, 20*time.Second, "the gated relay to hold", func() bool {
+	relaytest.WaitFor(t, 20*time.Second, "the gated relay to hold", func() bool {
 		return promtest.Value(t, h.reg, "posthorn_relay_held_by_ledger_history") == 1
 	})
 	time.Sleep(2 * time.Second)
@@ -69,7 +69,7 @@ SELECT system_identifier, timeline + 1, 'test', 'another history', now() + inter
 	if _, err := gated.pool.Exec(ctx, `DELETE FROM posthorn.ledger_timelines WHERE accepted_by = 'test'`); err != nil {
 		t.Fatal(err)
 	}
-	bridgetest.WaitFor(t, 20*time.Second, "the gated relay to publish once the history is accepted", func() bool {
+	relaytest.WaitFor(t, 20*time.Second, "the gated relay to publish once the history is accepted", func() bool {
 		return len(gated.delivered()) == 30 && promtest.Value(t, h.reg, "posthorn_relay_held_by_ledger_history") == 0
 	})
 }

@@ -8,10 +8,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/posthorn/posthorn/adapters/postgres/pgcluster"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
-	"github.com/posthorn/posthorn/bridge/bridgetest"
-	"github.com/posthorn/posthorn/internal/promset/promtest"
+	"github.com/posthorn/posthorn/internal/dev/pgcluster"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/promtest"
+	"github.com/posthorn/posthorn/internal/testkit/relaytest"
 	"github.com/posthorn/posthorn/relay/cdc"
 )
 
@@ -47,7 +47,7 @@ func TestIdleSlotDoesNotRetainWAL(t *testing.T) {
 			r := f.start("relay-a", nil, &cdc.Hooks{UnsafeNoHeartbeat: !heartbeat})
 			f.waitStreaming()
 			// Some traffic first, so the slot has a position of its own.
-			posted := bridgetest.MustPost(t, f.pool, "acc-1", "acc-2")
+			posted := relaytest.MustPost(t, f.pool, "acc-1", "acc-2")
 			f.waitAllDelivered(posted, 10*time.Second)
 			var start int64
 			if err := f.pool.QueryRow(ctx, `SELECT pg_current_wal_lsn() - '0/0'`).Scan(&start); err != nil {
@@ -78,10 +78,10 @@ func TestIdleSlotDoesNotRetainWAL(t *testing.T) {
 			}
 			if heartbeat {
 				// The slot's restart point follows within a heartbeat or two.
-				bridgetest.WaitFor(t, 10*time.Second, "retained WAL to stay small", func() bool {
+				relaytest.WaitFor(t, 10*time.Second, "retained WAL to stay small", func() bool {
 					return retained() < written/4
 				})
-				bridgetest.WaitFor(t, 5*time.Second, "the retained-bytes gauge", func() bool {
+				relaytest.WaitFor(t, 5*time.Second, "the retained-bytes gauge", func() bool {
 					v := promtest.Value(t, r.reg, "posthorn_wal_slot_retained_bytes", "slot", f.slot)
 					return v > 0 && v < float64(written/4)
 				})

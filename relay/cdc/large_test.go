@@ -10,11 +10,11 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/posthorn/posthorn/adapters/postgres/pgcluster"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
-	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/core"
-	"github.com/posthorn/posthorn/internal/promset/promtest"
+	"github.com/posthorn/posthorn/internal/dev/pgcluster"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/promtest"
+	"github.com/posthorn/posthorn/internal/testkit/relaytest"
 	"github.com/posthorn/posthorn/relay"
 	"github.com/posthorn/posthorn/relay/cdc"
 )
@@ -24,7 +24,7 @@ import (
 func bigTransaction(t *testing.T, f *fixture, accounts, perAccount int) []string {
 	t.Helper()
 	ctx := context.Background()
-	if err := bridgetest.Fill(ctx, f.pool, "big", accounts, perAccount); err != nil {
+	if err := relaytest.Fill(ctx, f.pool, "big", accounts, perAccount); err != nil {
 		t.Fatal(err)
 	}
 	rows, err := f.pool.Query(ctx, `SELECT event_id::text FROM outbox ORDER BY id`)
@@ -72,7 +72,7 @@ func TestLargeTransactionIsDeliveredWhileItStreams(t *testing.T) {
 		}})
 		f.waitStreaming()
 		ids := bigTransaction(t, f, accounts, perAccount)
-		bridgetest.WaitFor(t, 30*time.Second, "relay a to crash", a.Crashed)
+		relaytest.WaitFor(t, 30*time.Second, "relay a to crash", a.Crashed)
 		// Started only now, so it cannot take a slow relay's lease before
 		// the crash; it takes over once the crashed relay's lease expires.
 		b := f.start("relay-b", nil)
@@ -86,11 +86,11 @@ func TestLargeTransactionIsDeliveredWhileItStreams(t *testing.T) {
 		// The standby catches up from the outbox, then streams the
 		// transaction again (its position was not confirmed) and finds
 		// every row of it marked.
-		bridgetest.WaitFor(t, 30*time.Second, "the standby to stream the transaction again", func() bool {
+		relaytest.WaitFor(t, 30*time.Second, "the standby to stream the transaction again", func() bool {
 			return promtest.Value(t, b.reg, "posthorn_cdc_skipped_marked_total") >= float64(len(ids))
 		})
 		got := f.delivered()
-		bridgetest.CheckOrder(t, got, true)
+		relaytest.CheckOrder(t, got, true)
 		if r := repeats(got); r != 0 {
 			t.Errorf("%d events sent twice; the delivered part should have been found marked", r)
 		}
@@ -114,10 +114,10 @@ func TestLargeTransactionIsDeliveredWhileItStreams(t *testing.T) {
 		}})
 		f.waitStreaming()
 		ids := bigTransaction(t, f, accounts, perAccount)
-		bridgetest.WaitFor(t, 30*time.Second, "relay a to crash", a.Crashed)
+		relaytest.WaitFor(t, 30*time.Second, "relay a to crash", a.Crashed)
 		f.start("relay-b", nil, &cdc.Hooks{SkipCatchUp: true})
 		f.waitStreaming(2)
-		newest := bridgetest.MustPost(t, f.pool, "acc-newest")
+		newest := relaytest.MustPost(t, f.pool, "acc-newest")
 		lost := f.lostOnce(newest[0], "b to deliver an event committed after the crash", postedIDs(ids))
 		if len(lost) == 0 {
 			t.Fatal("negative control: confirming the transaction on receipt lost nothing; the crash test would not catch it")
@@ -163,10 +163,10 @@ func TestSinkOutageOutlastsWALSenderTimeout(t *testing.T) {
 
 var errCrashHook = errors.New("crash")
 
-func postedIDs(ids []string) []bridgetest.Posted {
-	out := make([]bridgetest.Posted, len(ids))
+func postedIDs(ids []string) []relaytest.Posted {
+	out := make([]relaytest.Posted, len(ids))
 	for i, id := range ids {
-		out[i] = bridgetest.Posted{EventID: id}
+		out[i] = relaytest.Posted{EventID: id}
 	}
 	return out
 }

@@ -8,9 +8,9 @@ import (
 	"time"
 
 	"github.com/posthorn/posthorn/adapters/memory"
-	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/core"
-	"github.com/posthorn/posthorn/internal/promset/promtest"
+	"github.com/posthorn/posthorn/internal/testkit/promtest"
+	"github.com/posthorn/posthorn/internal/testkit/relaytest"
 	"github.com/posthorn/posthorn/relay/cdc"
 )
 
@@ -32,11 +32,11 @@ func TestStalledReaderIsReplacedByStandby(t *testing.T) {
 	f.waitStreaming()
 	b := f.start("relay-b", nil)
 	w := startWriters(t, f.pool, 2, 10, 2*time.Millisecond)
-	bridgetest.WaitFor(t, 30*time.Second, "b to take over the slot", func() bool {
+	relaytest.WaitFor(t, 30*time.Second, "b to take over the slot", func() bool {
 		return promtest.Value(t, b.reg, "posthorn_cdc_reader") == 1
 	})
 	close(release)
-	bridgetest.WaitFor(t, 30*time.Second, "a to abandon its batch", func() bool {
+	relaytest.WaitFor(t, 30*time.Second, "a to abandon its batch", func() bool {
 		return promtest.Value(t, a.reg, "posthorn_relay_abandoned_batches_total") == 1
 	})
 	f.standbyTookOver(w, 400, b)
@@ -57,19 +57,19 @@ func TestParkedAccountIsHeldAndSentInOrderAfterRelease(t *testing.T) {
 	ctx := context.Background()
 	r := f.start("relay-a", nil)
 	f.waitStreaming()
-	posted := bridgetest.MustPost(t, f.pool, "acc-bad", "acc-ok")
-	bad := bridgetest.MustPostPayload(t, f.pool, "acc-bad", make([]byte, 2000))
+	posted := relaytest.MustPost(t, f.pool, "acc-bad", "acc-ok")
+	bad := relaytest.MustPostPayload(t, f.pool, "acc-bad", make([]byte, 2000))
 	posted = append(posted, bad)
-	held := bridgetest.MustPost(t, f.pool, "acc-bad")
+	held := relaytest.MustPost(t, f.pool, "acc-bad")
 	posted = append(posted, held...)
-	others := bridgetest.MustPostN(t, f.pool, 20, 4)
+	others := relaytest.MustPostN(t, f.pool, 20, 4)
 	flowing := append(posted[:2:2], others...)
-	bridgetest.WaitFor(t, 30*time.Second, "the other accounts' events", func() bool { return len(f.missing(flowing)) == 0 })
-	bridgetest.WaitFor(t, 10*time.Second, "acc-bad parked", func() bool {
+	relaytest.WaitFor(t, 30*time.Second, "the other accounts' events", func() bool { return len(f.missing(flowing)) == 0 })
+	relaytest.WaitFor(t, 10*time.Second, "acc-bad parked", func() bool {
 		p, _ := f.store.Parked(ctx)
 		return len(p) == 1 && p[0].AggregateID == "acc-bad"
 	})
-	if m := f.missing([]bridgetest.Posted{bad, held[0]}); len(m) != 2 {
+	if m := f.missing([]relaytest.Posted{bad, held[0]}); len(m) != 2 {
 		t.Fatalf("a record of the parked account was delivered after its rejected one")
 	}
 	// The operator fixes the cause (here: the payload) and releases.
@@ -80,7 +80,7 @@ func TestParkedAccountIsHeldAndSentInOrderAfterRelease(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := f.waitAllDelivered(append(posted, others...), 30*time.Second)
-	bridgetest.CheckOrder(t, got, false)
+	relaytest.CheckOrder(t, got, false)
 	if n := promtest.Value(t, r.reg, "posthorn_relay_parked_aggregates"); n > 1 {
 		t.Errorf("parked gauge %v", n)
 	}
@@ -98,15 +98,15 @@ func TestSoftStopHandsOverWithoutLossOrRepeat(t *testing.T) {
 	f.waitStreaming()
 	b := f.start("relay-b", nil)
 	w := startWriters(t, f.pool, 3, 20, time.Millisecond)
-	bridgetest.WaitFor(t, 30*time.Second, "300 events", func() bool { return w.count() >= 300 })
+	relaytest.WaitFor(t, 30*time.Second, "300 events", func() bool { return w.count() >= 300 })
 	if err := a.Stop(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	bridgetest.WaitFor(t, 30*time.Second, "b to read the slot", func() bool { return promtest.Value(t, b.reg, "posthorn_cdc_reader") == 1 })
-	bridgetest.WaitFor(t, 30*time.Second, "600 more events", func() bool { return w.count() >= 900 })
+	relaytest.WaitFor(t, 30*time.Second, "b to read the slot", func() bool { return promtest.Value(t, b.reg, "posthorn_cdc_reader") == 1 })
+	relaytest.WaitFor(t, 30*time.Second, "600 more events", func() bool { return w.count() >= 900 })
 	posted := w.finish(t)
 	got := f.waitAllDelivered(posted, 60*time.Second)
-	bridgetest.CheckOrder(t, got, false)
+	relaytest.CheckOrder(t, got, false)
 	if len(got) != len(posted) {
 		t.Fatalf("%d records for %d events: %d repeated across a soft stop", len(got), len(posted), repeats(got))
 	}

@@ -8,10 +8,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/posthorn/posthorn/adapters/postgres/pgcluster"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
-	"github.com/posthorn/posthorn/bridge/bridgetest"
-	"github.com/posthorn/posthorn/internal/promset/promtest"
+	"github.com/posthorn/posthorn/internal/dev/pgcluster"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/promtest"
+	"github.com/posthorn/posthorn/internal/testkit/relaytest"
 	"github.com/posthorn/posthorn/relay/cdc"
 )
 
@@ -20,7 +20,7 @@ import (
 func (f *fixture) dropSlot() {
 	f.t.Helper()
 	ctx := context.Background()
-	bridgetest.WaitFor(f.t, 10*time.Second, "the slot to be dropped", func() bool {
+	relaytest.WaitFor(f.t, 10*time.Second, "the slot to be dropped", func() bool {
 		_, _ = f.pool.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL`, f.slot)
 		_, err := f.pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, f.slot)
 		return err == nil
@@ -39,23 +39,23 @@ func TestSlotDroppedMidStreamRecoversThroughOutbox(t *testing.T) {
 			t.Parallel()
 			f := newFixture(t, nil)
 			var creations atomic.Int32
-			var gap []bridgetest.Posted
+			var gap []relaytest.Posted
 			r := f.start("relay-a", nil, &cdc.Hooks{SkipCatchUp: !catchUp, BeforeSlotCreate: func() {
 				if creations.Add(1) == 2 {
 					// Commits while no slot exists: only the outbox has them.
 					for i := range 10 {
-						gap = append(gap, bridgetest.MustPost(t, f.pool, fmt.Sprintf("acc-%d", i))...)
+						gap = append(gap, relaytest.MustPost(t, f.pool, fmt.Sprintf("acc-%d", i))...)
 					}
 				}
 			}})
 			f.waitStreaming()
 			w := startWriters(t, f.pool, 3, 20, time.Millisecond)
-			bridgetest.WaitFor(t, 30*time.Second, "300 events", func() bool { return w.count() >= 300 })
+			relaytest.WaitFor(t, 30*time.Second, "300 events", func() bool { return w.count() >= 300 })
 			f.dropSlot()
-			bridgetest.WaitFor(t, 30*time.Second, "the relay to stream again", func() bool {
+			relaytest.WaitFor(t, 30*time.Second, "the relay to stream again", func() bool {
 				return strings.Count(f.logs.String(), "streaming the outbox from the slot") >= 2
 			})
-			bridgetest.WaitFor(t, 30*time.Second, "600 more events", func() bool { return w.count() >= 900 })
+			relaytest.WaitFor(t, 30*time.Second, "600 more events", func() bool { return w.count() >= 900 })
 			posted := append(w.finish(t), gap...)
 			if n := promtest.Value(t, r.reg, "posthorn_cdc_slot_recoveries_total", "reason", "missing"); n != 1 {
 				t.Errorf("posthorn_cdc_slot_recoveries_total{reason=missing} = %v, want 1", n)
@@ -72,7 +72,7 @@ func TestSlotDroppedMidStreamRecoversThroughOutbox(t *testing.T) {
 				return
 			}
 			got := f.waitAllDelivered(posted, 60*time.Second)
-			bridgetest.CheckOrder(t, got, true)
+			relaytest.CheckOrder(t, got, true)
 			t.Logf("%d events, %d records (%d repeated), catch-up sent %v, skipped as marked %v", len(posted), len(got), repeats(got),
 				promtest.Value(t, r.reg, "posthorn_cdc_catchup_events_total"), promtest.Value(t, r.reg, "posthorn_cdc_skipped_marked_total"))
 		})
@@ -120,12 +120,12 @@ func TestSlotInvalidatedWhileStoppedRecoversThroughOutbox(t *testing.T) {
 			ctx := context.Background()
 			a := f.start("relay-a", nil)
 			f.waitStreaming()
-			posted := bridgetest.MustPostTransfers(t, f.pool, 50, 9, 4)
+			posted := relaytest.MustPostTransfers(t, f.pool, 50, 9, 4)
 			f.waitAllDelivered(posted, 30*time.Second)
 			if err := a.Stop(ctx); err != nil {
 				t.Fatal(err)
 			}
-			whileStopped := bridgetest.MustPostN(t, f.pool, 40, 9)
+			whileStopped := relaytest.MustPostN(t, f.pool, 40, 9)
 			posted = append(posted, whileStopped...)
 			for i := 0; f.walStatus() != "lost"; i++ {
 				if i == 6 {
@@ -135,7 +135,7 @@ func TestSlotInvalidatedWhileStoppedRecoversThroughOutbox(t *testing.T) {
 			}
 			b := f.start("relay-b", nil, &cdc.Hooks{SkipCatchUp: !catchUp})
 			f.waitStreaming(2)
-			after := bridgetest.MustPostN(t, f.pool, 20, 9)
+			after := relaytest.MustPostN(t, f.pool, 20, 9)
 			posted = append(posted, after...)
 			if n := promtest.Value(t, b.reg, "posthorn_cdc_slot_recoveries_total", "reason", "lost"); n != 1 {
 				t.Errorf("posthorn_cdc_slot_recoveries_total{reason=lost} = %v, want 1", n)
@@ -144,7 +144,7 @@ func TestSlotInvalidatedWhileStoppedRecoversThroughOutbox(t *testing.T) {
 				t.Errorf("no error log about the invalidated slot:\n%s", f.logs)
 			}
 			if !catchUp {
-				bridgetest.WaitFor(t, 30*time.Second, "the events after the restart", func() bool { return len(f.missing(after)) == 0 })
+				relaytest.WaitFor(t, 30*time.Second, "the events after the restart", func() bool { return len(f.missing(after)) == 0 })
 				lost := f.missing(posted)
 				if len(lost) != len(whileStopped) {
 					t.Fatalf("negative control: without catch-up %d events lost, want the %d committed while the relay was stopped", len(lost), len(whileStopped))
@@ -152,7 +152,7 @@ func TestSlotInvalidatedWhileStoppedRecoversThroughOutbox(t *testing.T) {
 				return
 			}
 			got := f.waitAllDelivered(posted, 30*time.Second)
-			bridgetest.CheckOrder(t, got, true)
+			relaytest.CheckOrder(t, got, true)
 			if promtest.Value(t, b.reg, "posthorn_wal_slot_status", "status", "reserved") != 1 {
 				t.Errorf("the new slot's wal_status gauge is not reserved")
 			}

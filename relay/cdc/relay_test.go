@@ -9,11 +9,11 @@ import (
 	"time"
 
 	"github.com/posthorn/posthorn/adapters/postgres/cdcsource"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
-	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/core"
-	"github.com/posthorn/posthorn/internal/promset/promtest"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/promtest"
+	"github.com/posthorn/posthorn/internal/testkit/relaytest"
 	"github.com/posthorn/posthorn/relay"
 	"github.com/posthorn/posthorn/relay/cdc"
 )
@@ -25,15 +25,15 @@ import (
 func TestDeliversEveryCommittedEventInOrderUnderLoad(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, nil)
-	backlog := bridgetest.MustPostTransfers(t, f.pool, 30, 7, 3)
+	backlog := relaytest.MustPostTransfers(t, f.pool, 30, 7, 3)
 	r := f.start("relay-a", nil)
 	f.waitStreaming()
 	w := startWriters(t, f.pool, 4, 25, 0)
 	rolledBack := map[string]bool{}
 	for i := range 20 {
-		rolledBack[bridgetest.MustRollBack(t, f.pool, fmt.Sprintf("acc-rb-%d", i))[0].EventID] = true
+		rolledBack[relaytest.MustRollBack(t, f.pool, fmt.Sprintf("acc-rb-%d", i))[0].EventID] = true
 	}
-	bridgetest.WaitFor(t, 30*time.Second, "2,000 events under load", func() bool { return w.count() >= 2000 })
+	relaytest.WaitFor(t, 30*time.Second, "2,000 events under load", func() bool { return w.count() >= 2000 })
 	posted := append(backlog, w.finish(t)...)
 	got := f.waitAllDelivered(posted, 60*time.Second)
 	for _, e := range got {
@@ -44,7 +44,7 @@ func TestDeliversEveryCommittedEventInOrderUnderLoad(t *testing.T) {
 	if len(got) != len(posted) {
 		t.Fatalf("delivered %d records for %d committed events (%d repeats)", len(got), len(posted), repeats(got))
 	}
-	bridgetest.CheckOrder(t, got, false)
+	relaytest.CheckOrder(t, got, false)
 	if n := promtest.Value(t, r.reg, "posthorn_relay_published_total"); n != float64(len(posted)) {
 		t.Errorf("posthorn_relay_published_total = %v, want %d", n, len(posted))
 	}
@@ -164,7 +164,7 @@ func TestCrashBetweenAckAndConfirmRepeatsNothingLost(t *testing.T) {
 			f.waitStreaming()
 			b := f.start("relay-b", nil) // stands by: a holds the lease
 			w := startWriters(t, f.pool, 3, 20, time.Millisecond)
-			bridgetest.WaitFor(t, 30*time.Second, "relay a to crash", a.Crashed)
+			relaytest.WaitFor(t, 30*time.Second, "relay a to crash", a.Crashed)
 			if promtest.Value(t, b.reg, "posthorn_cdc_reader") != 0 {
 				t.Fatal("standby b was reading the slot while a held the lease")
 			}
@@ -200,9 +200,9 @@ func TestCrashNegativeControlConfirmOnReceiptLoses(t *testing.T) {
 	a := f.start("relay-a", nil, &cdc.Hooks{UnsafeConfirmOnReceipt: true, BeforePublish: crashAt(3, &crashed)})
 	f.waitStreaming()
 	w := startWriters(t, f.pool, 3, 20, time.Millisecond)
-	bridgetest.WaitFor(t, 30*time.Second, "relay a to crash", a.Crashed)
+	relaytest.WaitFor(t, 30*time.Second, "relay a to crash", a.Crashed)
 	f.start("relay-b", nil, &cdc.Hooks{SkipCatchUp: true})
-	bridgetest.WaitFor(t, 30*time.Second, "1,000 events", func() bool { return w.count() >= 1000 })
+	relaytest.WaitFor(t, 30*time.Second, "1,000 events", func() bool { return w.count() >= 1000 })
 	posted := w.finish(t)
 	// Wait for b to deliver what it can: everything committed after the
 	// crash (the last posted event is a proxy).

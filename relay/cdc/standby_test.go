@@ -12,10 +12,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/posthorn/posthorn/adapters/postgres/cdcsource"
-	"github.com/posthorn/posthorn/adapters/postgres/pgcluster"
 	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
-	"github.com/posthorn/posthorn/bridge/bridgetest"
-	"github.com/posthorn/posthorn/internal/syncbuf"
+	"github.com/posthorn/posthorn/internal/dev/pgcluster"
+	"github.com/posthorn/posthorn/internal/testkit/relaytest"
+	"github.com/posthorn/posthorn/internal/testkit/syncbuf"
 	"github.com/posthorn/posthorn/relay"
 	"github.com/posthorn/posthorn/relay/cdc"
 )
@@ -29,13 +29,13 @@ func failoverCDCConfig(name string, store relay.StandbyProbe, logs *syncbuf.Buff
 		CDC:          relay.CDC{Slot: name, StatusInterval: 200 * time.Millisecond, HeartbeatInterval: 200 * time.Millisecond},
 		Logger:       slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
 		Registerer:   reg,
-		StandbyFlush: bridgetest.StandbyFlush(required, store),
+		StandbyFlush: relaytest.StandbyFlush(required, store),
 	}
 }
 
-// runCDC starts a CDC relay on f's primary (bridgetest.RunRelay).
-func runCDC(logs *syncbuf.Buffer) bridgetest.RunRelay {
-	return func(t testing.TB, f *bridgetest.Failover, required bool) (prometheus.Gatherer, func()) {
+// runCDC starts a CDC relay on f's primary (relaytest.RunRelay).
+func runCDC(logs *syncbuf.Buffer) relaytest.RunRelay {
+	return func(t testing.TB, f *relaytest.Failover, required bool) (prometheus.Gatherer, func()) {
 		t.Helper()
 		reg := prometheus.NewRegistry()
 		store := relaystore.New(f.Pool)
@@ -46,7 +46,7 @@ func runCDC(logs *syncbuf.Buffer) bridgetest.RunRelay {
 		if err := r.Start(context.Background()); err != nil {
 			t.Fatal(err)
 		}
-		bridgetest.WaitFor(t, 30*time.Second, "the relay to stream", func() bool {
+		relaytest.WaitFor(t, 30*time.Second, "the relay to stream", func() bool {
 			return strings.Contains(logs.String(), "streaming the outbox from the slot")
 		})
 		stop := sync.OnceFunc(func() {
@@ -67,7 +67,7 @@ func TestStandbyFlushLeavesNoGhostAfterFailoverCDC(t *testing.T) {
 	for _, required := range []bool{true, false} {
 		t.Run(fmt.Sprintf("required=%v", required), func(t *testing.T) {
 			logs := &syncbuf.Buffer{}
-			res := bridgetest.RunFailover(t, runCDC(logs), required, pgcluster.Options{Logical: true})
+			res := relaytest.RunFailover(t, runCDC(logs), required, pgcluster.Options{Logical: true})
 			t.Logf("standby_flush required=%v: %d events published, %d of them absent from the promoted standby", required, res.Published, len(res.Ghosts))
 			if res.Published < 20 {
 				t.Fatalf("%d events published, want at least the 20 committed while the standby streamed", res.Published)

@@ -17,11 +17,11 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/posthorn/posthorn/adapters/memory"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
-	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/core"
-	"github.com/posthorn/posthorn/internal/promset/promtest"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/promtest"
+	"github.com/posthorn/posthorn/internal/testkit/relaytest"
 	"github.com/posthorn/posthorn/relay"
 	"github.com/posthorn/posthorn/relay/polling"
 )
@@ -85,16 +85,16 @@ func (f *fixture) start(owner string, mod func(*relay.Settings), hooks ...*polli
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	bridgetest.Start(f.t, r)
+	relaytest.Start(f.t, r)
 	return relayHandle{r, reg}
 }
 
 // delivered returns the envelopes the sink holds on ledger.events, in order.
-func (f *fixture) delivered() []core.Envelope { return bridgetest.Delivered(f.t, f.sink) }
+func (f *fixture) delivered() []core.Envelope { return relaytest.Delivered(f.t, f.sink) }
 
 func (f *fixture) waitDelivered(n int) []core.Envelope {
 	f.t.Helper()
-	bridgetest.WaitFor(f.t, 20*time.Second, fmt.Sprintf("%d records in the sink", n), func() bool {
+	relaytest.WaitFor(f.t, 20*time.Second, fmt.Sprintf("%d records in the sink", n), func() bool {
 		return len(f.sink.Records(core.TopicEvents)) >= n
 	})
 	return f.delivered()
@@ -103,17 +103,17 @@ func (f *fixture) waitDelivered(n int) []core.Envelope {
 func TestEveryCommittedEventNoneRolledBack(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, memory.Config{})
-	committed := bridgetest.MustPostTransfers(t, f.pool, 60, 13, 5)
+	committed := relaytest.MustPostTransfers(t, f.pool, 60, 13, 5)
 	rolledBack := map[string]bool{}
 	for i := range 10 {
-		rolledBack[bridgetest.MustRollBack(t, f.pool, fmt.Sprintf("acc-%d", i))[0].EventID] = true
+		rolledBack[relaytest.MustRollBack(t, f.pool, fmt.Sprintf("acc-%d", i))[0].EventID] = true
 	}
 	r := f.start("relay-a", nil)
-	// Rows committed while the relay runs are found by its poll (bridgetest
+	// Rows committed while the relay runs are found by its poll (relaytest
 	// writes without ledgerstore.Store, so no NOTIFY wakes the relay).
-	committed = append(committed, bridgetest.MustPostN(t, f.pool, 40, 13)...)
+	committed = append(committed, relaytest.MustPostN(t, f.pool, 40, 13)...)
 	got := f.waitDelivered(len(committed))
-	bridgetest.WaitFor(t, 10*time.Second, "all markers", func() bool { return bridgetest.Unrelayed(t, f.pool) == 0 })
+	relaytest.WaitFor(t, 10*time.Second, "all markers", func() bool { return relaytest.Unrelayed(t, f.pool) == 0 })
 	if len(got) != len(committed) {
 		t.Fatalf("delivered %d, committed %d", len(got), len(committed))
 	}
@@ -129,7 +129,7 @@ func TestEveryCommittedEventNoneRolledBack(t *testing.T) {
 			t.Fatalf("committed event %s (%s r%d) not delivered", p.EventID, p.Account, p.Revision)
 		}
 	}
-	bridgetest.CheckOrder(t, got, false)
+	relaytest.CheckOrder(t, got, false)
 	if n := promtest.Value(t, r.reg, "posthorn_relay_published_total"); n != float64(len(committed)) {
 		t.Errorf("posthorn_relay_published_total = %v, want %d", n, len(committed))
 	}
@@ -141,7 +141,7 @@ func TestEveryCommittedEventNoneRolledBack(t *testing.T) {
 func buildInversion(t *testing.T, pool *pgxpool.Pool, a, b string) {
 	t.Helper()
 	ctx := context.Background()
-	bridgetest.MustPost(t, pool, b) // B exists
+	relaytest.MustPost(t, pool, b) // B exists
 	t2, err := pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -151,7 +151,7 @@ func buildInversion(t *testing.T, pool *pgxpool.Pool, a, b string) {
 	if err := t2.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&t2pid); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := bridgetest.Post(ctx, t2, b); err != nil { // T2 takes its xid here
+	if _, err := relaytest.Post(ctx, t2, b); err != nil { // T2 takes its xid here
 		t.Fatal(err)
 	}
 	t1, err := pool.Begin(ctx)
@@ -159,19 +159,19 @@ func buildInversion(t *testing.T, pool *pgxpool.Pool, a, b string) {
 		t.Fatal(err)
 	}
 	defer t1.Rollback(ctx)
-	r1, err := bridgetest.Post(ctx, t1, a) // T1: lock A, insert revision r, larger xid
+	r1, err := relaytest.Post(ctx, t1, a) // T1: lock A, insert revision r, larger xid
 	if err != nil {
 		t.Fatal(err)
 	}
 	t2done := make(chan error, 1)
 	go func() {
-		_, err := bridgetest.Post(ctx, t2, a) // waits for T1's lock on A
+		_, err := relaytest.Post(ctx, t2, a) // waits for T1's lock on A
 		if err == nil {
 			err = t2.Commit(ctx)
 		}
 		t2done <- err
 	}()
-	bridgetest.WaitFor(t, 10*time.Second, "T2 to wait for A's lock", func() bool {
+	relaytest.WaitFor(t, 10*time.Second, "T2 to wait for A's lock", func() bool {
 		var waiting bool
 		_ = pool.QueryRow(ctx, `SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1`, t2pid).Scan(&waiting)
 		return waiting
@@ -227,19 +227,19 @@ func TestTransactionIDInversionKeepsRevisionOrder(t *testing.T) {
 // lateCommit holds a transaction open with a row inserted, whose id is
 // smaller than those of the 30 rows it then commits on other accounts, and
 // waits until the relay delivered those 30; the caller commits late.
-func (f *fixture) lateCommit(ctx context.Context) (late pgx.Tx, lateRow, others []bridgetest.Posted) {
+func (f *fixture) lateCommit(ctx context.Context) (late pgx.Tx, lateRow, others []relaytest.Posted) {
 	f.t.Helper()
 	late, err := f.pool.Begin(ctx)
 	if err != nil {
 		f.t.Fatal(err)
 	}
 	f.t.Cleanup(func() { _ = late.Rollback(ctx) })
-	lateRow, err = bridgetest.Post(ctx, late, "acc-late")
+	lateRow, err = relaytest.Post(ctx, late, "acc-late")
 	if err != nil {
 		f.t.Fatal(err)
 	}
 	for i := range 30 {
-		others = append(others, bridgetest.MustPost(f.t, f.pool, fmt.Sprintf("acc-%d", i))...)
+		others = append(others, relaytest.MustPost(f.t, f.pool, fmt.Sprintf("acc-%d", i))...)
 	}
 	f.waitDelivered(len(others))
 	return late, lateRow, others
@@ -251,8 +251,8 @@ func TestLateCommitIsRelayedNotSkipped(t *testing.T) {
 	ctx := context.Background()
 	r := f.start("relay", nil)
 	late, lateRow, others := f.lateCommit(ctx)
-	bridgetest.WaitFor(t, 10*time.Second, "later rows marked", func() bool { return bridgetest.Unrelayed(t, f.pool) == 0 })
-	bridgetest.WaitFor(t, 10*time.Second, "held-by-open-transaction gauge", func() bool {
+	relaytest.WaitFor(t, 10*time.Second, "later rows marked", func() bool { return relaytest.Unrelayed(t, f.pool) == 0 })
+	relaytest.WaitFor(t, 10*time.Second, "held-by-open-transaction gauge", func() bool {
 		return promtest.Value(t, r.reg, "posthorn_relay_held_by_open_transaction_seconds") > 0
 	})
 	if err := late.Commit(ctx); err != nil {
@@ -262,7 +262,7 @@ func TestLateCommitIsRelayedNotSkipped(t *testing.T) {
 	if last := got[len(got)-1]; last.EventID != lateRow[0].EventID {
 		t.Fatalf("last delivered %s, want the late row %s", last.EventID, lateRow[0].EventID)
 	}
-	bridgetest.WaitFor(t, 10*time.Second, "gauge back to 0", func() bool {
+	relaytest.WaitFor(t, 10*time.Second, "gauge back to 0", func() bool {
 		return promtest.Value(t, r.reg, "posthorn_relay_held_by_open_transaction_seconds") == 0
 	})
 }
@@ -279,7 +279,7 @@ func TestLateCommitNegativeControlCursorSkipsIt(t *testing.T) {
 	if err := late.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	after := bridgetest.MustPost(t, f.pool, "acc-after")
+	after := relaytest.MustPost(t, f.pool, "acc-after")
 	got := f.waitDelivered(len(others) + 1)
 	if last := got[len(got)-1]; last.EventID != after[0].EventID {
 		t.Fatalf("last delivered %s, want the row committed after the late one", last.EventID)
@@ -296,20 +296,20 @@ var errCrash = errors.New("crash")
 func TestCrashAfterAckBeforeMarkerResends(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, memory.Config{})
-	posted := bridgetest.MustPostN(t, f.pool, 20, 4)
+	posted := relaytest.MustPostN(t, f.pool, 20, 4)
 	crashing := f.start("relay", nil, &polling.Hooks{AfterAck: func([]core.Envelope) error { return errCrash }})
 	<-crashing.Stopped()
 	if n := len(f.sink.Records(core.TopicEvents)); n != len(posted) {
 		t.Fatalf("before the crash the sink ACKed %d records, want %d", n, len(posted))
 	}
-	if n := bridgetest.Unrelayed(t, f.pool); n != len(posted) {
+	if n := relaytest.Unrelayed(t, f.pool); n != len(posted) {
 		t.Fatalf("after a crash before the marker, %d rows unrelayed, want all %d", n, len(posted))
 	}
 	// Restart (same owner, as a restarted process): everything is sent again
 	// with the same event IDs, then marked.
 	f.start("relay", nil)
 	got := f.waitDelivered(2 * len(posted))
-	bridgetest.WaitFor(t, 10*time.Second, "markers", func() bool { return bridgetest.Unrelayed(t, f.pool) == 0 })
+	relaytest.WaitFor(t, 10*time.Second, "markers", func() bool { return relaytest.Unrelayed(t, f.pool) == 0 })
 	count := map[string]int{}
 	for _, e := range got {
 		count[e.EventID]++
@@ -319,7 +319,7 @@ func TestCrashAfterAckBeforeMarkerResends(t *testing.T) {
 			t.Fatalf("event %s sent %d times, want 2 (once before the crash, once after)", p.EventID, count[p.EventID])
 		}
 	}
-	bridgetest.CheckOrder(t, got, true)
+	relaytest.CheckOrder(t, got, true)
 }
 
 func leaseOwners(t *testing.T, store *relaystore.Store) map[string]int {
@@ -353,22 +353,22 @@ func TestTwoRelaysShareShardsAndTakeOverAStalledOne(t *testing.T) {
 		}
 	}})
 	b := f.start("relay-b", func(c *relay.Settings) { c.LeaseTTL = time.Second })
-	bridgetest.WaitFor(t, 10*time.Second, "an even split of the 16 shards", func() bool {
+	relaytest.WaitFor(t, 10*time.Second, "an even split of the 16 shards", func() bool {
 		o := leaseOwners(t, f.store)
 		return o["relay-a"] == 8 && o["relay-b"] == 8
 	})
-	posted := bridgetest.MustPostN(t, f.pool, 200, 40)
+	posted := relaytest.MustPostN(t, f.pool, 200, 40)
 	f.waitDelivered(len(posted))
-	bridgetest.WaitFor(t, 10*time.Second, "markers", func() bool { return bridgetest.Unrelayed(t, f.pool) == 0 })
+	relaytest.WaitFor(t, 10*time.Second, "markers", func() bool { return relaytest.Unrelayed(t, f.pool) == 0 })
 
 	// Stall A inside its loop, with a batch read: B must take its shards over
 	// once A's leases expire, and deliver everything.
 	stallA.Store(true)
-	posted = append(posted, bridgetest.MustPostN(t, f.pool, 200, 40)...)
+	posted = append(posted, relaytest.MustPostN(t, f.pool, 200, 40)...)
 	<-stalled
-	bridgetest.WaitFor(t, 15*time.Second, "B to take all 16 shards", func() bool { return leaseOwners(t, f.store)["relay-b"] == 16 })
+	relaytest.WaitFor(t, 15*time.Second, "B to take all 16 shards", func() bool { return leaseOwners(t, f.store)["relay-b"] == 16 })
 	got := f.waitDelivered(len(posted))
-	bridgetest.WaitFor(t, 10*time.Second, "markers", func() bool { return bridgetest.Unrelayed(t, f.pool) == 0 })
+	relaytest.WaitFor(t, 10*time.Second, "markers", func() bool { return relaytest.Unrelayed(t, f.pool) == 0 })
 	if n := promtest.Value(t, b.reg, "posthorn_relay_lease_takeovers_total"); n < 1 {
 		t.Errorf("lease takeovers = %v, want at least 1", n)
 	}
@@ -376,7 +376,7 @@ func TestTwoRelaysShareShardsAndTakeOverAStalledOne(t *testing.T) {
 	before := len(f.sink.Records(core.TopicEvents))
 	stallA.Store(false)
 	close(release)
-	bridgetest.WaitFor(t, 10*time.Second, "A to abandon its stale batch", func() bool {
+	relaytest.WaitFor(t, 10*time.Second, "A to abandon its stale batch", func() bool {
 		return promtest.Value(t, a.reg, "posthorn_relay_abandoned_batches_total") >= 1
 	})
 	if after := len(f.sink.Records(core.TopicEvents)); after != before {
@@ -391,7 +391,7 @@ func TestTwoRelaysShareShardsAndTakeOverAStalledOne(t *testing.T) {
 			t.Fatalf("event %s not delivered", p.EventID)
 		}
 	}
-	bridgetest.CheckOrder(t, f.delivered(), true)
+	relaytest.CheckOrder(t, f.delivered(), true)
 }
 
 func TestStaleOwnersMarkerIsFenced(t *testing.T) {
@@ -403,16 +403,16 @@ func TestStaleOwnersMarkerIsFenced(t *testing.T) {
 	a := f.start("relay-a", func(c *relay.Settings) { c.LeaseTTL = time.Second }, &polling.Hooks{BeforeMarker: func() {
 		once.Do(func() { close(inMarker); <-release })
 	}})
-	bridgetest.WaitFor(t, 10*time.Second, "A to hold all shards", func() bool { return leaseOwners(t, f.store)["relay-a"] == 16 })
-	posted := bridgetest.MustPost(t, f.pool, "acc-1", "acc-2", "acc-3")
+	relaytest.WaitFor(t, 10*time.Second, "A to hold all shards", func() bool { return leaseOwners(t, f.store)["relay-a"] == 16 })
+	posted := relaytest.MustPost(t, f.pool, "acc-1", "acc-2", "acc-3")
 	<-inMarker // A has the ACK and is about to write its marker; it stalls here
 	f.start("relay-b", func(c *relay.Settings) { c.LeaseTTL = time.Second })
-	bridgetest.WaitFor(t, 15*time.Second, "B to take the shards over", func() bool { return leaseOwners(t, f.store)["relay-b"] == 16 })
+	relaytest.WaitFor(t, 15*time.Second, "B to take the shards over", func() bool { return leaseOwners(t, f.store)["relay-b"] == 16 })
 	close(release)
-	bridgetest.WaitFor(t, 10*time.Second, "A's markers refused", func() bool {
+	relaytest.WaitFor(t, 10*time.Second, "A's markers refused", func() bool {
 		return promtest.Value(t, a.reg, "posthorn_relay_fenced_markers_total") == float64(len(posted))
 	})
-	bridgetest.WaitFor(t, 10*time.Second, "B's markers", func() bool { return bridgetest.Unrelayed(t, f.pool) == 0 })
+	relaytest.WaitFor(t, 10*time.Second, "B's markers", func() bool { return relaytest.Unrelayed(t, f.pool) == 0 })
 }
 
 func TestParkedAccountDoesNotStopOthers(t *testing.T) {
@@ -421,12 +421,12 @@ func TestParkedAccountDoesNotStopOthers(t *testing.T) {
 	ctx := context.Background()
 	// acc-bad's first record is too large for the sink; its second is fine
 	// but must wait behind the first.
-	bridgetest.MustPostPayload(t, f.pool, "acc-bad", make([]byte, 4096))
-	bridgetest.MustPost(t, f.pool, "acc-bad")
-	good := bridgetest.MustPostN(t, f.pool, 50, 10)
+	relaytest.MustPostPayload(t, f.pool, "acc-bad", make([]byte, 4096))
+	relaytest.MustPost(t, f.pool, "acc-bad")
+	good := relaytest.MustPostN(t, f.pool, 50, 10)
 	r := f.start("relay", nil)
 	got := f.waitDelivered(len(good))
-	bridgetest.WaitFor(t, 10*time.Second, "parked gauge", func() bool {
+	relaytest.WaitFor(t, 10*time.Second, "parked gauge", func() bool {
 		return promtest.Value(t, r.reg, "posthorn_relay_parked_aggregates") == 1
 	})
 	for _, e := range got {
@@ -442,8 +442,8 @@ func TestParkedAccountDoesNotStopOthers(t *testing.T) {
 		t.Fatalf("status: parked %+v, backlog %d; want acc-bad parked and its 2 rows waiting", st.Parked, st.Backlog)
 	}
 	// More postings keep flowing while acc-bad stays parked.
-	more := bridgetest.MustPost(t, f.pool, "acc-new")
-	bridgetest.WaitFor(t, 10*time.Second, "a new account's event", func() bool {
+	more := relaytest.MustPost(t, f.pool, "acc-new")
+	relaytest.WaitFor(t, 10*time.Second, "a new account's event", func() bool {
 		for _, e := range f.delivered() {
 			if e.EventID == more[0].EventID {
 				return true
@@ -459,7 +459,7 @@ func TestParkedAccountDoesNotStopOthers(t *testing.T) {
 	if err := f.store.Release(ctx, core.AggregateAccount, "acc-bad"); !errors.Is(err, core.ErrNotParked) {
 		t.Fatalf("second release: %v, want ErrNotParked", err)
 	}
-	bridgetest.WaitFor(t, 10*time.Second, "parked again", func() bool {
+	relaytest.WaitFor(t, 10*time.Second, "parked again", func() bool {
 		p, _ := f.store.Parked(ctx)
 		return len(p) == 1
 	})
@@ -469,26 +469,26 @@ func TestSinkOutageRetriesAndRecovers(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, memory.Config{})
 	r := f.start("relay", nil)
-	first := bridgetest.MustPost(t, f.pool, "acc-1", "acc-2")
+	first := relaytest.MustPost(t, f.pool, "acc-1", "acc-2")
 	f.waitDelivered(len(first))
 	f.sink.SetDown(true)
-	posted := bridgetest.MustPostN(t, f.pool, 30, 5)
-	bridgetest.WaitFor(t, 10*time.Second, "retries", func() bool { return promtest.Value(t, r.reg, "posthorn_relay_retries_total") >= 3 })
-	if n := bridgetest.Unrelayed(t, f.pool); n != len(posted) {
+	posted := relaytest.MustPostN(t, f.pool, 30, 5)
+	relaytest.WaitFor(t, 10*time.Second, "retries", func() bool { return promtest.Value(t, r.reg, "posthorn_relay_retries_total") >= 3 })
+	if n := relaytest.Unrelayed(t, f.pool); n != len(posted) {
 		t.Fatalf("during the outage %d rows unrelayed, want %d", n, len(posted))
 	}
 	f.sink.SetDown(false)
 	got := f.waitDelivered(len(first) + len(posted))
-	bridgetest.WaitFor(t, 10*time.Second, "markers", func() bool { return bridgetest.Unrelayed(t, f.pool) == 0 })
-	bridgetest.CheckOrder(t, got, false)
+	relaytest.WaitFor(t, 10*time.Second, "markers", func() bool { return relaytest.Unrelayed(t, f.pool) == 0 })
+	relaytest.CheckOrder(t, got, false)
 }
 
 func TestStopReleasesLeases(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, memory.Config{})
 	r := f.start("relay", nil)
-	bridgetest.WaitFor(t, 10*time.Second, "all shards", func() bool { return leaseOwners(t, f.store)["relay"] == 16 })
-	bridgetest.MustPost(t, f.pool, "acc-1")
+	relaytest.WaitFor(t, 10*time.Second, "all shards", func() bool { return leaseOwners(t, f.store)["relay"] == 16 })
+	relaytest.MustPost(t, f.pool, "acc-1")
 	f.waitDelivered(1)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

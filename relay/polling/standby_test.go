@@ -12,20 +12,20 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/posthorn/posthorn/adapters/postgres/pgcluster"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
-	"github.com/posthorn/posthorn/bridge/bridgetest"
-	"github.com/posthorn/posthorn/internal/promset/promtest"
-	"github.com/posthorn/posthorn/internal/syncbuf"
+	"github.com/posthorn/posthorn/internal/dev/pgcluster"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/promtest"
+	"github.com/posthorn/posthorn/internal/testkit/relaytest"
+	"github.com/posthorn/posthorn/internal/testkit/syncbuf"
 	"github.com/posthorn/posthorn/relay"
 	"github.com/posthorn/posthorn/relay/polling"
 )
 
-// runPolling starts a polling relay on f's primary (bridgetest.RunRelay),
+// runPolling starts a polling relay on f's primary (relaytest.RunRelay),
 // logging into logs when it is not nil.
-func runPolling(logs *syncbuf.Buffer) bridgetest.RunRelay {
-	return func(t testing.TB, f *bridgetest.Failover, required bool) (prometheus.Gatherer, func()) {
+func runPolling(logs *syncbuf.Buffer) relaytest.RunRelay {
+	return func(t testing.TB, f *relaytest.Failover, required bool) (prometheus.Gatherer, func()) {
 		t.Helper()
 		log := quiet
 		if logs != nil {
@@ -37,7 +37,7 @@ func runPolling(logs *syncbuf.Buffer) bridgetest.RunRelay {
 			Owner: "failover", SinkName: "memory", BatchSize: 100, PollInterval: 50 * time.Millisecond,
 			LeaseTTL: 2 * time.Second, RetryInitial: 10 * time.Millisecond, RetryMax: 100 * time.Millisecond,
 			StatsInterval: 50 * time.Millisecond, Logger: log, Registerer: reg,
-			StandbyFlush: bridgetest.StandbyFlush(required, store),
+			StandbyFlush: relaytest.StandbyFlush(required, store),
 		})
 		if err != nil {
 			t.Fatal(err)
@@ -61,7 +61,7 @@ func runPolling(logs *syncbuf.Buffer) bridgetest.RunRelay {
 // cannot read the standbys' positions and warns about a ledger whose
 // standbys nothing waits for.
 func TestStandbyFlushHoldsTheRelayWhileTheStandbyIsDown(t *testing.T) {
-	f := bridgetest.NewFailover(t, pgcluster.Options{})
+	f := relaytest.NewFailover(t, pgcluster.Options{})
 	ctx := context.Background()
 	store := relaystore.New(f.Pool)
 
@@ -72,7 +72,7 @@ func TestStandbyFlushHoldsTheRelayWhileTheStandbyIsDown(t *testing.T) {
 		return b.String(), err
 	}
 	if out, err := check(relay.StandbyFlush{Probe: store}); err != nil ||
-		!strings.Contains(out, "neither synchronous replication") || !strings.Contains(out, bridgetest.StandbyName) {
+		!strings.Contains(out, "neither synchronous replication") || !strings.Contains(out, relaytest.StandbyName) {
 		t.Errorf("no warning about an unguarded standby at start (%v):\n%s", err, out)
 	}
 	if out, err := check(relay.StandbyFlush{Policy: relay.StandbyRequired, Probe: store}); err != nil || out != "" {
@@ -94,28 +94,28 @@ func TestStandbyFlushHoldsTheRelayWhileTheStandbyIsDown(t *testing.T) {
 
 	var logs syncbuf.Buffer
 	reg, _ := runPolling(&logs)(t, f, true)
-	first := bridgetest.MustPostTransfers(t, f.Pool, 5, 8, 3)
-	bridgetest.WaitFor(t, 30*time.Second, "the first events published", func() bool {
-		return len(bridgetest.Delivered(t, f.Sink)) >= len(first)
+	first := relaytest.MustPostTransfers(t, f.Pool, 5, 8, 3)
+	relaytest.WaitFor(t, 30*time.Second, "the first events published", func() bool {
+		return len(relaytest.Delivered(t, f.Sink)) >= len(first)
 	})
 	if err := f.Standby.Shutdown(ctx); err != nil {
 		t.Fatal(err)
 	}
-	held := bridgetest.MustPostTransfers(t, f.Pool, 10, 8, 5)
-	bridgetest.WaitFor(t, 30*time.Second, "the relay to report it is held by the standby", func() bool {
+	held := relaytest.MustPostTransfers(t, f.Pool, 10, 8, 5)
+	relaytest.WaitFor(t, 30*time.Second, "the relay to report it is held by the standby", func() bool {
 		return promtest.Value(t, reg, "posthorn_relay_held_by_standby_seconds") >= 1 &&
 			strings.Contains(logs.String(), "relay held back by the ledger's standbys")
 	})
-	if got := len(bridgetest.Delivered(t, f.Sink)); got != len(first) {
+	if got := len(relaytest.Delivered(t, f.Sink)); got != len(first) {
 		t.Fatalf("%d events published while the standby was down, want only the %d before", got-len(first), len(first))
 	}
 	if err := f.Standby.Restart(ctx); err != nil {
 		t.Fatal(err)
 	}
-	bridgetest.WaitFor(t, 30*time.Second, "the held events published once the standby is back", func() bool {
-		return len(bridgetest.Delivered(t, f.Sink)) >= len(first)+len(held)
+	relaytest.WaitFor(t, 30*time.Second, "the held events published once the standby is back", func() bool {
+		return len(relaytest.Delivered(t, f.Sink)) >= len(first)+len(held)
 	})
-	bridgetest.WaitFor(t, 10*time.Second, "the held gauge back to 0", func() bool {
+	relaytest.WaitFor(t, 10*time.Second, "the held gauge back to 0", func() bool {
 		return promtest.Value(t, reg, "posthorn_relay_held_by_standby_seconds") == 0
 	})
 	if !strings.Contains(logs.String(), "the standbys caught up; publishing again") {
@@ -133,7 +133,7 @@ func TestStandbyFlushHoldsTheRelayWhileTheStandbyIsDown(t *testing.T) {
 func TestStandbyFlushLeavesNoGhostAfterFailover(t *testing.T) {
 	for _, required := range []bool{true, false} {
 		t.Run(fmt.Sprintf("required=%v", required), func(t *testing.T) {
-			res := bridgetest.RunFailover(t, runPolling(nil), required, pgcluster.Options{})
+			res := relaytest.RunFailover(t, runPolling(nil), required, pgcluster.Options{})
 			t.Logf("standby_flush required=%v: %d events published, %d of them absent from the promoted standby", required, res.Published, len(res.Ghosts))
 			if res.Published < 20 {
 				t.Fatalf("%d events published, want at least the 20 committed while the standby streamed", res.Published)

@@ -9,9 +9,9 @@ import (
 	"time"
 
 	"github.com/posthorn/posthorn/adapters/memory"
-	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/core"
-	"github.com/posthorn/posthorn/internal/promset/promtest"
+	"github.com/posthorn/posthorn/internal/testkit/promtest"
+	"github.com/posthorn/posthorn/internal/testkit/relaytest"
 	"github.com/posthorn/posthorn/relay"
 )
 
@@ -75,8 +75,8 @@ func postSequentially(t *testing.T, f *fixture, account string, n int) time.Dura
 	t.Helper()
 	start := time.Now()
 	for range n {
-		p := bridgetest.MustPost(t, f.pool, account)
-		bridgetest.WaitFor(t, 30*time.Second, "a posting of "+account, func() bool { return deliveredIDs(f)[p[0].EventID] })
+		p := relaytest.MustPost(t, f.pool, account)
+		relaytest.WaitFor(t, 30*time.Second, "a posting of "+account, func() bool { return deliveredIDs(f)[p[0].EventID] })
 	}
 	return time.Since(start)
 }
@@ -97,14 +97,14 @@ func throttleCfg(attempts int) func(*relay.Settings) {
 func TestStuckRetryableRecordParksItsAggregateOnly(t *testing.T) {
 	t.Parallel()
 	f, ss := newStuckFixture(t, "acc-stuck")
-	stuck := bridgetest.MustPost(t, f.pool, "acc-stuck")
-	bridgetest.MustPost(t, f.pool, "acc-stuck")
-	var good []bridgetest.Posted
+	stuck := relaytest.MustPost(t, f.pool, "acc-stuck")
+	relaytest.MustPost(t, f.pool, "acc-stuck")
+	var good []relaytest.Posted
 	for range 10 {
-		good = append(good, bridgetest.MustPost(t, f.pool, "acc-1", "acc-2")...)
+		good = append(good, relaytest.MustPost(t, f.pool, "acc-1", "acc-2")...)
 	}
 	r := f.start("relay", throttleCfg(3))
-	bridgetest.WaitFor(t, 30*time.Second, "acc-stuck parked", func() bool {
+	relaytest.WaitFor(t, 30*time.Second, "acc-stuck parked", func() bool {
 		return promtest.Value(t, r.reg, "posthorn_relay_parked_aggregates") == 1
 	})
 	parked, err := f.store.Parked(context.Background())
@@ -130,8 +130,8 @@ func TestStuckRetryableRecordParksItsAggregateOnly(t *testing.T) {
 	if err := f.store.Release(context.Background(), core.AggregateAccount, "acc-stuck"); err != nil {
 		t.Fatal(err)
 	}
-	bridgetest.WaitFor(t, 30*time.Second, "released acc-stuck relayed", func() bool { return bridgetest.Unrelayed(t, f.pool) == 0 })
-	bridgetest.CheckOrder(t, f.delivered(), false)
+	relaytest.WaitFor(t, 30*time.Second, "released acc-stuck relayed", func() bool { return relaytest.Unrelayed(t, f.pool) == 0 })
+	relaytest.CheckOrder(t, f.delivered(), false)
 }
 
 // The negative control: with the retry-park bounds off (the old
@@ -140,9 +140,9 @@ func TestStuckRetryableRecordParksItsAggregateOnly(t *testing.T) {
 func TestStuckRetryableRecordNegativeControlThrottlesEveryone(t *testing.T) {
 	t.Parallel()
 	f, _ := newStuckFixture(t, "acc-stuck")
-	bridgetest.MustPost(t, f.pool, "acc-stuck")
+	relaytest.MustPost(t, f.pool, "acc-stuck")
 	r := f.start("relay", throttleCfg(0))
-	bridgetest.WaitFor(t, 30*time.Second, "backoff at its maximum", func() bool {
+	relaytest.WaitFor(t, 30*time.Second, "backoff at its maximum", func() bool {
 		return promtest.Value(t, r.reg, "posthorn_relay_retries_total") >= 4
 	})
 	if took := postSequentially(t, f, "acc-3", 3); took < 1200*time.Millisecond {
@@ -160,12 +160,12 @@ func TestBrokerWideOutageBacksOffNeverParks(t *testing.T) {
 	t.Parallel()
 	f, ss := newStuckFixture(t, "")
 	ss.all.Store(true)
-	var posted []bridgetest.Posted
+	var posted []relaytest.Posted
 	for i := range 20 {
-		posted = append(posted, bridgetest.MustPost(t, f.pool, "acc-"+string(rune('a'+i%5)))...)
+		posted = append(posted, relaytest.MustPost(t, f.pool, "acc-"+string(rune('a'+i%5)))...)
 	}
 	r := f.start("relay", func(c *relay.Settings) { c.ParkAfterAttempts, c.ParkAfter = 2, 50*time.Millisecond })
-	bridgetest.WaitFor(t, 30*time.Second, "many retries", func() bool {
+	relaytest.WaitFor(t, 30*time.Second, "many retries", func() bool {
 		if p, _ := f.store.Parked(context.Background()); len(p) > 0 {
 			t.Fatalf("the outage parked %d aggregates, e.g. %+v", len(p), p[0])
 		}
@@ -176,7 +176,7 @@ func TestBrokerWideOutageBacksOffNeverParks(t *testing.T) {
 	}
 	ss.all.Store(false)
 	f.waitDelivered(len(posted))
-	bridgetest.WaitFor(t, 30*time.Second, "markers", func() bool { return bridgetest.Unrelayed(t, f.pool) == 0 })
+	relaytest.WaitFor(t, 30*time.Second, "markers", func() bool { return relaytest.Unrelayed(t, f.pool) == 0 })
 	if p, _ := f.store.Parked(context.Background()); len(p) != 0 {
 		t.Fatalf("parked after the outage: %+v", p)
 	}

@@ -18,7 +18,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/posthorn/posthorn/adapters/kafka/kafkagroup"
-	"github.com/posthorn/posthorn/adapters/kfakebroker"
+	"github.com/posthorn/posthorn/internal/dev/kfakebroker"
 )
 
 const outageTopic = "ledger.events"

@@ -7,11 +7,11 @@ import (
 	"time"
 
 	"github.com/posthorn/posthorn/adapters/postgres/cdcsource"
-	"github.com/posthorn/posthorn/adapters/postgres/pgcluster"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
-	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/dev/pgcluster"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/relaytest"
 	"github.com/posthorn/posthorn/relay/cdc"
 )
 
@@ -115,13 +115,13 @@ func TestMarkRelayedCDCReportsInvisibleRows(t *testing.T) {
 	if err != nil || !ok {
 		t.Fatalf("acquire: %v %v", ok, err)
 	}
-	visible := bridgetest.MustPost(t, pool, "acc-1")
+	visible := relaytest.MustPost(t, pool, "acc-1")
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	if _, err := bridgetest.Post(ctx, tx, "acc-2"); err != nil {
+	if _, err := relaytest.Post(ctx, tx, "acc-2"); err != nil {
 		t.Fatal(err)
 	}
 	var openID int64
@@ -151,7 +151,7 @@ func TestMarkRelayedCDCReportsInvisibleRows(t *testing.T) {
 	if _, ok, err := st.AcquireLease(ctx, "s", "relay-b", time.Minute); err != nil || !ok {
 		t.Fatalf("takeover: %v %v", ok, err)
 	}
-	more := bridgetest.MustPost(t, pool, "acc-3")
+	more := relaytest.MustPost(t, pool, "acc-3")
 	var moreID int64
 	if err := pool.QueryRow(ctx, `SELECT id FROM outbox WHERE event_id = $1`, more[0].EventID).Scan(&moreID); err != nil {
 		t.Fatal(err)

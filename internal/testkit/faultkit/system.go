@@ -20,12 +20,12 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/posthorn/posthorn/adapters/kafka/kafkacluster"
 	"github.com/posthorn/posthorn/adapters/kafka/kafkagroup"
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
 	"github.com/posthorn/posthorn/consumers"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/testkit/kafkacluster"
 )
 
 // Application names the suite gives its own sessions and the consumers'

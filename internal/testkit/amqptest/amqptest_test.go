@@ -7,7 +7,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/posthorn/posthorn/adapters/amqp/amqptest"
+	"github.com/posthorn/posthorn/internal/testkit/amqptest"
 )
 
 // TestNodeKillKeepsConfirmedPersistentMessages: a dedicated node killed

@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/posthorn/posthorn/adapters/internal/servertest"
+	"github.com/posthorn/posthorn/internal/testkit/servertest"
 	"github.com/redis/go-redis/v9"
 )
 

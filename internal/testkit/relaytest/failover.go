@@ -1,4 +1,4 @@
-package bridgetest
+package relaytest
 
 import (
 	"context"
@@ -12,9 +12,9 @@ import (
 
 	"github.com/posthorn/posthorn/adapters/memory"
 	"github.com/posthorn/posthorn/adapters/postgres"
-	"github.com/posthorn/posthorn/adapters/postgres/pgcluster"
 	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
-	"github.com/posthorn/posthorn/internal/promset/promtest"
+	"github.com/posthorn/posthorn/internal/dev/pgcluster"
+	"github.com/posthorn/posthorn/internal/testkit/promtest"
 	"github.com/posthorn/posthorn/relay"
 )
 

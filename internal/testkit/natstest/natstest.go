@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/posthorn/posthorn/adapters/internal/servertest"
+	"github.com/posthorn/posthorn/internal/testkit/servertest"
 )
 
 // SharedURL is the machine's NATS server unless POSTHORN_TEST_NATS_URL says otherwise.

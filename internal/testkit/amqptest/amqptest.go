@@ -25,7 +25,7 @@ import (
 	"time"
 
 	phamqp "github.com/posthorn/posthorn/adapters/amqp"
-	"github.com/posthorn/posthorn/adapters/internal/servertest"
+	"github.com/posthorn/posthorn/internal/testkit/servertest"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 

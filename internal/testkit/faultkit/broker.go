@@ -9,9 +9,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/posthorn/posthorn/adapters/kafka/kafkatest"
 	"github.com/posthorn/posthorn/adapters/postgres/opsstore"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/testkit/kafkatest"
 )
 
 // BrokerEventIDs reads the whole event topic from the broker and returns

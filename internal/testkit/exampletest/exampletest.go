@@ -12,8 +12,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/posthorn/posthorn/adapters/postgres"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
-	"github.com/posthorn/posthorn/integration/faultkit"
+	"github.com/posthorn/posthorn/internal/testkit/faultkit"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
 )
 
 // Path is a ledger database with Posthorn's schema, a broker holding

@@ -4,7 +4,7 @@ import (
 	"context"
 	"testing"
 
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
 )
 
 func TestLedger(t *testing.T) {

@@ -17,7 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/posthorn/posthorn/adapters/postgres"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
 )
 
 // Ledger returns the URL and the owner's pool of a fresh ledger database

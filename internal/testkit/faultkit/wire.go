@@ -13,9 +13,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/posthorn/posthorn/adapters/kafka/kafkacluster"
-	"github.com/posthorn/posthorn/adapters/kafka/kafkatest"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/testkit/kafkacluster"
+	"github.com/posthorn/posthorn/internal/testkit/kafkatest"
 )
 
 // Wire is what one independent reader of the event topic received, held

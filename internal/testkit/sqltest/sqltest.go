@@ -12,7 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
 )
 
 // Outage cuts off the database of target (a URL from pgtest) and returns

@@ -1,10 +1,10 @@
-// Package bridgetest writes outbox rows the way the ledger's write path
+// Package relaytest writes outbox rows the way the ledger's write path
 // does, for the relay's tests and benchmarks: each row is inserted after its
 // account's row lock is taken in the same transaction (the invariant the
 // relay's ordering rests on), with the account's next revision. It also
 // reads back what a relay delivered and checks it kept each account's
 // order.
-package bridgetest
+package relaytest
 
 import (
 	"context"

@@ -28,9 +28,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/posthorn/posthorn/adapters/internal/servertest"
-	"github.com/posthorn/posthorn/adapters/kfakebroker"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/dev/kfakebroker"
+	"github.com/posthorn/posthorn/internal/testkit/servertest"
 )
 
 const (

@@ -18,9 +18,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/posthorn/posthorn/adapters/postgres"
-	"github.com/posthorn/posthorn/adapters/postgres/pgcluster"
 	"github.com/posthorn/posthorn/consumers/auditlog"
 	"github.com/posthorn/posthorn/consumers/projection"
+	"github.com/posthorn/posthorn/internal/dev/pgcluster"
 )
 
 // DefaultURL is the server the tests use when POSTHORN_TEST_DATABASE_URL is unset.
