@@ -20,6 +20,7 @@ import (
 	"github.com/posthorn/posthorn/internal/testkit/pgtest"
 	"github.com/posthorn/posthorn/internal/testkit/relaytest"
 	"github.com/posthorn/posthorn/internal/testkit/sinktest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 	"github.com/posthorn/posthorn/relay"
 	"github.com/posthorn/posthorn/relay/cdc"
 )
@@ -100,17 +101,17 @@ func TestCDCRelayToKafkaThroughOutageAndCrash(t *testing.T) {
 	b := startCDCRelay(t, pool, broker.addrs, "relay-b", hooks)
 	tr := &transfers{t: t, pool: pool, accounts: 11, step: 5}
 	tr.post(10)
-	relaytest.WaitFor(t, 30*time.Second, "the first events relayed", func() bool { return relaytest.Unrelayed(t, pool) == 0 })
+	wait.For(t, 30*time.Second, "the first events relayed", func() bool { return relaytest.Unrelayed(t, pool) == 0 })
 	broker.stop()
 	tr.post(10) // committed during the outage: the relay retries, confirms nothing
 	broker.restart()
 	tr.post(30)
-	relaytest.WaitFor(t, 60*time.Second, "delivery after the outage", func() bool { return relaytest.Unrelayed(t, pool) == 0 })
+	wait.For(t, 60*time.Second, "delivery after the outage", func() bool { return relaytest.Unrelayed(t, pool) == 0 })
 	armed.Store(true)
 	tr.post(30)
-	relaytest.WaitFor(t, 30*time.Second, "the reader to crash", func() bool { return a.Crashed() || b.Crashed() })
+	wait.For(t, 30*time.Second, "the reader to crash", func() bool { return a.Crashed() || b.Crashed() })
 	tr.post(20)
-	relaytest.WaitFor(t, 60*time.Second, "every event relayed", func() bool { return relaytest.Unrelayed(t, pool) == 0 })
+	wait.For(t, 60*time.Second, "every event relayed", func() bool { return relaytest.Unrelayed(t, pool) == 0 })
 
 	ids := make([]string, len(tr.posted))
 	for i, p := range tr.posted {

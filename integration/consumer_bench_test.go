@@ -24,6 +24,7 @@ import (
 	"github.com/posthorn/posthorn/internal/dev/kfakebroker"
 	"github.com/posthorn/posthorn/internal/testkit/pgtest"
 	"github.com/posthorn/posthorn/internal/testkit/relaytest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 	"github.com/posthorn/posthorn/relay"
 )
 
@@ -100,7 +101,7 @@ func relayBacklog(b *testing.B, ctx context.Context, brokers []string, prefix st
 		Owner: "bench", SinkName: "kafka", Logger: relayQuietLog, Registerer: prometheus.NewRegistry(), StatsInterval: time.Minute,
 	})
 	defer r.Stop(ctx)
-	relaytest.WaitFor(b, 3*time.Minute, "the relay to drain the backlog", func() bool { return relaytest.Unrelayed(b, pool) == 0 })
+	wait.For(b, 3*time.Minute, "the relay to drain the backlog", func() bool { return relaytest.Unrelayed(b, pool) == 0 })
 }
 
 // applyClock records the first and the last time a run applied an event,
@@ -197,7 +198,7 @@ func benchConsumers(b *testing.B, ctx context.Context, run string, names []strin
 	// The inbox is asked only once the handlers have seen every event:
 	// its count groups the whole inbox, and asked every 10 ms during the
 	// run it took up to 0.7 of a core from the consumer it measures.
-	relaytest.WaitFor(b, 5*time.Minute, run+": every event applied by every consumer", func() bool {
+	wait.For(b, 5*time.Minute, run+": every event applied by every consumer", func() bool {
 		for _, n := range names {
 			if !clocks[n].reached(events) {
 				return false
@@ -249,6 +250,6 @@ func benchPlainHandler(b *testing.B, ctx context.Context, run string, events int
 	})
 	stop, _ := runInBackground(b, ctx, router.Run, b.Errorf)
 	defer stop()
-	relaytest.WaitFor(b, 5*time.Minute, "the plain handler to apply every event", func() bool { return clock.reached(events) })
+	wait.For(b, 5*time.Minute, "the plain handler to apply every event", func() bool { return clock.reached(events) })
 	return clock.rate(events)
 }

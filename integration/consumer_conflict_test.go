@@ -25,7 +25,7 @@ import (
 	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/internal/testkit/pgtest"
 	"github.com/posthorn/posthorn/internal/testkit/promtest"
-	"github.com/posthorn/posthorn/internal/testkit/relaytest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 )
 
 // lockedBuffer is a log destination the test reads while consumers write.
@@ -148,7 +148,7 @@ func failoverConflicts(t *testing.T, oldRule bool) {
 	}
 	r.relay(t, nil)
 	total := int64(before + len(ghosts) + after)
-	relaytest.WaitFor(t, opsWait, "every event has a disposition in both consumers", func() bool {
+	wait.For(t, opsWait, "every event has a disposition in both consumers", func() bool {
 		for _, c := range []string{projection.Name, auditlog.Name} {
 			var n int64
 			for _, v := range counts(t, pool, c).Events {

@@ -29,6 +29,7 @@ import (
 	"github.com/posthorn/posthorn/internal/testkit/faultkit"
 	"github.com/posthorn/posthorn/internal/testkit/pgtest"
 	"github.com/posthorn/posthorn/internal/testkit/sinktest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 	"github.com/posthorn/posthorn/relay"
 )
 
@@ -365,13 +366,10 @@ func e2eProgress(b *testing.B, ctx context.Context, p *e2ePath) demo.Progress {
 
 func waitCaughtUp(b *testing.B, ctx context.Context, p *e2ePath, d time.Duration) {
 	b.Helper()
-	deadline := time.Now().Add(d)
-	for !e2eProgress(b, ctx, p).Delivered() {
-		if time.Now().After(deadline) {
-			b.Fatalf("consumers not caught up after %s: %+v", d, e2eProgress(b, ctx, p))
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	wait.ForStatus(b, d, "the consumers to catch up", func() (bool, string) {
+		pr := e2eProgress(b, ctx, p)
+		return pr.Delivered(), fmt.Sprintf("%+v", pr)
+	})
 }
 
 // machineCPU is a reading of /proc/stat's first line: the whole machine's

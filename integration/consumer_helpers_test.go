@@ -322,24 +322,6 @@ func postedRun(run, prefix, currency string, accounts int, revisions int64, delt
 	return msgs, want
 }
 
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, what string, d time.Duration, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	var last string
-	for {
-		ok, state := cond()
-		if ok {
-			return
-		}
-		last = state
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s; last state: %s", d, what, last)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 func counts(t *testing.T, pool *pgxpool.Pool, consumer string) inboxstore.Counts {
 	t.Helper()
 	c, err := inboxstore.New(pool).Count(context.Background(), consumer)

@@ -28,6 +28,7 @@ import (
 	"github.com/posthorn/posthorn/internal/testkit/relaytest"
 	"github.com/posthorn/posthorn/internal/testkit/roletest"
 	"github.com/posthorn/posthorn/internal/testkit/syncbuf"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 	"github.com/posthorn/posthorn/relay"
 )
 
@@ -134,7 +135,7 @@ func TestRelayAndAPIHoldOnAnUnacceptedHistory(t *testing.T) {
 	gated := open(true)
 
 	// The control publishes the 30 waiting events and takes a posting.
-	relaytest.WaitFor(t, 10*time.Second, "the control relay to publish on the unaccepted history", func() bool {
+	wait.For(t, 10*time.Second, "the control relay to publish on the unaccepted history", func() bool {
 		return len(control.sink.Records(core.TopicEvents)) == 30
 	})
 	if code, body := postOnce(t, control.srv.URL, "k-1"); code != http.StatusCreated {
@@ -143,7 +144,7 @@ func TestRelayAndAPIHoldOnAnUnacceptedHistory(t *testing.T) {
 	t.Logf("control (no history check): %d events published and a posting taken on the unaccepted history", len(control.sink.Records(core.TopicEvents)))
 
 	// The gated relay holds, visibly; its API refuses and writes nothing.
-	relaytest.WaitFor(t, 10*time.Second, "the gated relay to hold", func() bool {
+	wait.For(t, 10*time.Second, "the gated relay to hold", func() bool {
 		return promtest.Value(t, gated.reg, "posthorn_relay_held_by_ledger_history") == 1
 	})
 	if !strings.Contains(log.String(), "RELAY HOLDS BACK PUBLISHING") {
@@ -172,7 +173,7 @@ func TestRelayAndAPIHoldOnAnUnacceptedHistory(t *testing.T) {
 
 	// Accepting the history (what failover recover ends with) lets both go on.
 	gated.accept()
-	relaytest.WaitFor(t, 10*time.Second, "the gated relay to publish once the history is accepted", func() bool {
+	wait.For(t, 10*time.Second, "the gated relay to publish once the history is accepted", func() bool {
 		return len(gated.sink.Records(core.TopicEvents)) == 30 && promtest.Value(t, gated.reg, "posthorn_relay_held_by_ledger_history") == 0
 	})
 	if code, body := postOnce(t, gated.srv.URL, "k-1"); code != http.StatusCreated {
@@ -242,7 +243,7 @@ func TestRelayAndAPIProcessesHoldOnAnUnacceptedHistory(t *testing.T) {
 	if code, body := postOnce(t, apiURL, "p-1"); code != http.StatusCreated {
 		t.Fatalf("a posting on the accepted history: %d %s", code, body)
 	}
-	relaytest.WaitFor(t, 30*time.Second, "the relay to publish on the accepted history", func() bool { return relaytest.Unrelayed(t, owner) == 0 })
+	wait.For(t, 30*time.Second, "the relay to publish on the accepted history", func() bool { return relaytest.Unrelayed(t, owner) == 0 })
 
 	accept := unacceptHistory(t, owner)
 	// A failover ends every session: end the components' own.
@@ -250,7 +251,7 @@ func TestRelayAndAPIProcessesHoldOnAnUnacceptedHistory(t *testing.T) {
 		t.Fatal(err)
 	}
 	code, body := 0, ""
-	relaytest.WaitFor(t, 30*time.Second, "the API to refuse postings", func() bool {
+	wait.For(t, 30*time.Second, "the API to refuse postings", func() bool {
 		code, body = postOnce(t, apiURL, "p-2")
 		if code == http.StatusCreated {
 			t.Fatalf("the API took a posting on the unaccepted history: %s", body)
@@ -261,7 +262,7 @@ func TestRelayAndAPIProcessesHoldOnAnUnacceptedHistory(t *testing.T) {
 		t.Fatalf("503 body %s", body)
 	}
 	relaytest.MustPost(t, owner, "acc-h1", "acc-h2") // a row the relay must hold
-	relaytest.WaitFor(t, 30*time.Second, "the relay to hold", func() bool {
+	wait.For(t, 30*time.Second, "the relay to hold", func() bool {
 		return gauge(t, relayAddr, "posthorn_relay_held_by_ledger_history") == 1
 	})
 	time.Sleep(time.Second) // ten of the relay's polls
@@ -276,7 +277,7 @@ func TestRelayAndAPIProcessesHoldOnAnUnacceptedHistory(t *testing.T) {
 	}
 
 	accept()
-	relaytest.WaitFor(t, 30*time.Second, "the relay to publish once the history is accepted", func() bool {
+	wait.For(t, 30*time.Second, "the relay to publish once the history is accepted", func() bool {
 		return relaytest.Unrelayed(t, owner) == 0 && gauge(t, relayAddr, "posthorn_relay_held_by_ledger_history") == 0
 	})
 	if code, body := postOnce(t, apiURL, "p-2"); code != http.StatusCreated {

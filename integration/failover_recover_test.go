@@ -18,6 +18,7 @@ import (
 	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/internal/dev/pgcluster"
 	"github.com/posthorn/posthorn/internal/testkit/relaytest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 	"github.com/posthorn/posthorn/ops"
 )
 
@@ -188,7 +189,7 @@ func failoverRecover(t *testing.T, cdcMode, recover bool) {
 		if h, err := opsstore.NewFailoverStore(pool).History(ctx); err != nil || !h.Accepted {
 			t.Fatalf("history after the recovery: %+v, %v", h, err)
 		}
-		relaytest.WaitFor(t, 5*time.Second, "the relay's and the API's check to accept the recovered history", func() bool {
+		wait.For(t, 5*time.Second, "the relay's and the API's check to accept the recovered history", func() bool {
 			return watch.Check(ctx) == nil
 		})
 		if relaytest.Unrelayed(t, pool) != 0 {
@@ -206,7 +207,7 @@ func failoverRecover(t *testing.T, cdcMode, recover bool) {
 	newEvents := nr.post(t, 8)
 	nr.relay(t, nil)
 	total := int64(before + events + newEvents)
-	relaytest.WaitFor(t, opsWait, "every event has a disposition in both consumers", func() bool {
+	wait.For(t, opsWait, "every event has a disposition in both consumers", func() bool {
 		for _, c := range []string{projection.Name, auditlog.Name} {
 			var n int64
 			for _, v := range counts(t, consumer, c).Events {

@@ -24,6 +24,7 @@ import (
 	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/internal/testkit/pgtest"
 	"github.com/posthorn/posthorn/internal/testkit/relaytest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 	"github.com/posthorn/posthorn/ops"
 	"github.com/posthorn/posthorn/relay"
 	"github.com/posthorn/posthorn/relay/cdc"
@@ -121,7 +122,7 @@ func (r *opsRig) relay(t *testing.T, hooks *polling.Hooks) *polling.Relay {
 		PollInterval: 50 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}, hooks)
 	if hooks == nil {
-		relaytest.WaitFor(t, 60*time.Second, "outbox relayed", func() bool { return relaytest.Unrelayed(t, r.ledger) == 0 })
+		wait.For(t, 60*time.Second, "outbox relayed", func() bool { return relaytest.Unrelayed(t, r.ledger) == 0 })
 		stopCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		if err := rel.Stop(stopCtx); err != nil {
@@ -146,7 +147,7 @@ func (r *opsRig) relayCDC(t *testing.T) {
 	if err := rel.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	relaytest.WaitFor(t, 60*time.Second, "outbox relayed in CDC mode", func() bool { return relaytest.Unrelayed(t, r.ledger) == 0 })
+	wait.For(t, 60*time.Second, "outbox relayed in CDC mode", func() bool { return relaytest.Unrelayed(t, r.ledger) == 0 })
 	stopCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := rel.Stop(stopCtx); err != nil {
@@ -167,7 +168,7 @@ func (r *opsRig) deliver(t *testing.T, n int) int {
 // waitApplied waits until both example consumers applied events events.
 func (r *opsRig) waitApplied(t *testing.T, events int) {
 	t.Helper()
-	relaytest.WaitFor(t, opsWait, fmt.Sprintf("both consumers applied %d events", events), func() bool {
+	wait.For(t, opsWait, fmt.Sprintf("both consumers applied %d events", events), func() bool {
 		p, a := counts(t, r.consumer, projection.Name), counts(t, r.consumer, auditlog.Name)
 		return p.Events[core.DispositionApplied] == int64(events) && a.Events[core.DispositionApplied] == int64(events)
 	})
@@ -176,7 +177,7 @@ func (r *opsRig) waitApplied(t *testing.T, events int) {
 // waitDuplicates waits until each consumer absorbed n repeats in total.
 func (r *opsRig) waitDuplicates(t *testing.T, n int64) {
 	t.Helper()
-	relaytest.WaitFor(t, opsWait, fmt.Sprintf("both consumers absorbed %d repeats", n), func() bool {
+	wait.For(t, opsWait, fmt.Sprintf("both consumers absorbed %d repeats", n), func() bool {
 		p, a := counts(t, r.consumer, projection.Name), counts(t, r.consumer, auditlog.Name)
 		return p.DuplicatesAbsorbed == n && a.DuplicatesAbsorbed == n
 	})

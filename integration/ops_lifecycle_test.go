@@ -16,6 +16,7 @@ import (
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/internal/testkit/relaytest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 	"github.com/posthorn/posthorn/ops"
 	"github.com/posthorn/posthorn/relay/polling"
 )
@@ -248,7 +249,7 @@ func TestOpsResendUncertainAfterLostAck(t *testing.T) {
 		}
 	}
 	var rows []opsstore.UncertainRow
-	relaytest.WaitFor(t, 10*time.Second, "the crashed relay's lease to expire", func() bool {
+	wait.For(t, 10*time.Second, "the crashed relay's lease to expire", func() bool {
 		var err error
 		var n int64
 		rows, n, err = r.ops.Uncertain(ctx, 100)
@@ -328,7 +329,7 @@ func TestOpsReplayWithoutInboxDoublesBalances(t *testing.T) {
 		}
 		return bs
 	}
-	relaytest.WaitFor(t, opsWait, "the bare projection to match the ledger once", func() bool {
+	wait.For(t, opsWait, "the bare projection to match the ledger once", func() bool {
 		return fmt.Sprint(nonZero(bareBalances())) == fmt.Sprint(ledger)
 	})
 	if _, err := ops.Replay(ctx, ops.ReplayConfig{Ledger: r.ops, Sink: r.sink}); err != nil {
@@ -341,7 +342,7 @@ func TestOpsReplayWithoutInboxDoublesBalances(t *testing.T) {
 			doubled[acc][cur] = new(big.Int).Mul(v, big.NewInt(2))
 		}
 	}
-	relaytest.WaitFor(t, opsWait, "the bare projection to apply the replay again", func() bool {
+	wait.For(t, opsWait, "the bare projection to apply the replay again", func() bool {
 		return fmt.Sprint(nonZero(bareBalances())) == fmt.Sprint(doubled)
 	})
 	r.waitDuplicates(t, int64(events))

@@ -28,6 +28,7 @@ import (
 	"github.com/posthorn/posthorn/internal/testkit/pgtest"
 	"github.com/posthorn/posthorn/internal/testkit/relaytest"
 	"github.com/posthorn/posthorn/internal/testkit/roletest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 	"github.com/posthorn/posthorn/publish"
 )
 
@@ -205,7 +206,7 @@ func TestPublishTransactionIDInversionKeepsRevisionOrder(t *testing.T) {
 		}
 		sink := memory.New(memory.Config{})
 		startTestRelay(t, pool, sink, "relay-control", "memory")
-		relaytest.WaitFor(t, 10*time.Second, "both rows relayed", func() bool { return relaytest.Unrelayed(t, pool) == 0 })
+		wait.For(t, 10*time.Second, "both rows relayed", func() bool { return relaytest.Unrelayed(t, pool) == 0 })
 		var revs []int64
 		for _, e := range relaytest.Delivered(t, sink) {
 			revs = append(revs, e.Revision)
@@ -228,7 +229,7 @@ func mustPublish(t *testing.T, pub func(publish.Message) (publish.Published, err
 // waitForLock waits until backend pid waits for a lock.
 func waitForLock(t *testing.T, pool *pgxpool.Pool, pid int) {
 	t.Helper()
-	relaytest.WaitFor(t, 10*time.Second, "T2 to wait for A's lock", func() bool {
+	wait.For(t, 10*time.Second, "T2 to wait for A's lock", func() bool {
 		var waiting bool
 		_ = pool.QueryRow(context.Background(), `SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&waiting)
 		return waiting
@@ -257,7 +258,7 @@ func relayedRevisions(t *testing.T, pool *pgxpool.Pool, agg string, want int) []
 	t.Helper()
 	sink := memory.New(memory.Config{})
 	startTestRelay(t, pool, sink, "relay-publish", "memory")
-	relaytest.WaitFor(t, 10*time.Second, "every row relayed", func() bool {
+	wait.For(t, 10*time.Second, "every row relayed", func() bool {
 		return relaytest.Unrelayed(t, pool) == 0 && len(sink.Records(walletTopic)) >= want
 	})
 	var revs []int64
@@ -311,7 +312,7 @@ func TestPublishConcurrentWritersKeepRevisionsGapless(t *testing.T) {
 	}
 	sink := memory.New(memory.Config{})
 	startTestRelay(t, pool, sink, "relay-concurrent", "memory")
-	relaytest.WaitFor(t, 20*time.Second, "every row relayed", func() bool { return len(sink.Records(walletTopic)) >= total })
+	wait.For(t, 20*time.Second, "every row relayed", func() bool { return len(sink.Records(walletTopic)) >= total })
 	relaytest.CheckOrder(t, relaytest.DeliveredOn(t, sink, walletTopic), false)
 }
 
@@ -339,7 +340,7 @@ func TestPublishRolledBackNeverReachesTheSink(t *testing.T) {
 			}
 			sink := memory.New(memory.Config{})
 			startTestRelay(t, pool, sink, "relay-rollback", "memory")
-			relaytest.WaitFor(t, 10*time.Second, "the committed event relayed", func() bool { return len(sink.Records(walletTopic)) >= 1 })
+			wait.For(t, 10*time.Second, "the committed event relayed", func() bool { return len(sink.Records(walletTopic)) >= 1 })
 			// The relay passed the rolled-back transaction's position: a
 			// second committed event behind it arrives, the rolled-back one never.
 			pub, end, _ = w.begin(t, pool)
@@ -347,7 +348,7 @@ func TestPublishRolledBackNeverReachesTheSink(t *testing.T) {
 			if err := end(true); err != nil {
 				t.Fatal(err)
 			}
-			relaytest.WaitFor(t, 10*time.Second, "the second event relayed", func() bool { return len(sink.Records(walletTopic)) >= 2 })
+			wait.For(t, 10*time.Second, "the second event relayed", func() bool { return len(sink.Records(walletTopic)) >= 2 })
 			for _, e := range relaytest.DeliveredOn(t, sink, walletTopic) {
 				if e.EventID == gone.EventID {
 					t.Fatalf("event %s of a rolled-back transaction was delivered", gone.EventID)
@@ -615,11 +616,11 @@ func TestVersionedPayloadsGoToTheirHandlers(t *testing.T) {
 		t.Fatal(err)
 	}
 	runRegistry(t, reg, t.Errorf)
-	waitFor(t, "the unknown version parked", 20*time.Second, func() (bool, string) {
+	wait.ForStatus(t, 20*time.Second, "the unknown version parked", func() (bool, string) {
 		d := disposition(t, pool, "wallet-cents", unknown.EventID)
 		return d == core.DispositionParkedPoison, string(d)
 	})
-	waitFor(t, "wallet v-1 applied", 20*time.Second, func() (bool, string) {
+	wait.ForStatus(t, 20*time.Second, "wallet v-1 applied", func() (bool, string) {
 		got := pgtest.Column[string](t, pool, `SELECT cents || ' ' || seen FROM wallet_cents WHERE wallet = 'v-1'`)
 		return fmt.Sprint(got) == "[1300 121]", fmt.Sprint(got)
 	})

@@ -16,6 +16,7 @@ import (
 	"github.com/posthorn/posthorn/internal/testkit/pgtest"
 	"github.com/posthorn/posthorn/internal/testkit/relaytest"
 	"github.com/posthorn/posthorn/internal/testkit/saramacontrol"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 	"github.com/posthorn/posthorn/relay"
 )
 
@@ -76,7 +77,7 @@ func drainThroughApacheFaults(t *testing.T, k *kafkacluster.Cluster, name string
 		}
 	}
 	d.posted = stopPosting()
-	relaytest.WaitFor(t, 5*time.Minute, "the relay to drain everything", func() bool { return pending() == 0 })
+	wait.For(t, 5*time.Minute, "the relay to drain everything", func() bool { return pending() == 0 })
 	d.took = time.Since(began)
 	if err := r.Ready(); err != nil {
 		t.Fatalf("relay not ready after the faults: %v", err)

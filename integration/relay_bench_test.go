@@ -23,6 +23,7 @@ import (
 	"github.com/posthorn/posthorn/internal/testkit/pgtest"
 	"github.com/posthorn/posthorn/internal/testkit/relaytest"
 	"github.com/posthorn/posthorn/internal/testkit/saramacontrol"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 	"github.com/posthorn/posthorn/relay"
 )
 
@@ -114,7 +115,7 @@ func benchRelayDrain(b *testing.B, ctx context.Context, newSink func([]string) (
 		b.Fatal(err)
 	}
 	defer r.Stop(ctx)
-	relaytest.WaitFor(b, 3*time.Minute, "the relay to drain the backlog", func() bool {
+	wait.For(b, 3*time.Minute, "the relay to drain the backlog", func() bool {
 		var n int
 		if err := pool.QueryRow(ctx, `SELECT count(*) FROM (SELECT 1 FROM outbox_pending LIMIT 1) x`).Scan(&n); err != nil {
 			b.Fatal(err)
@@ -187,7 +188,7 @@ FROM generate_series(0, $1::int - 1) AS i`, drainEvents, core.TopicEvents); err 
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { defer close(done); _ = fwd.Run(runCtx) }()
-	relaytest.WaitFor(b, 3*time.Minute, "the stock forwarder to drain", func() bool { return pub.n.Load() >= stockDrainEvents })
+	wait.For(b, 3*time.Minute, "the stock forwarder to drain", func() bool { return pub.n.Load() >= stockDrainEvents })
 	rate := stockDrainEvents / time.Since(start).Seconds()
 	cancel()
 	_ = fwd.Close()
@@ -336,7 +337,7 @@ func relayCommitToAck(b *testing.B, exactlyOnce bool) ackLatency {
 	close(jobs)
 	wg.Wait()
 	elapsed := time.Since(start)
-	relaytest.WaitFor(b, time.Minute, "every event ACKed", func() bool {
+	wait.For(b, time.Minute, "every event ACKed", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		for id := range committed {

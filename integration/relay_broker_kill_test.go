@@ -14,6 +14,7 @@ import (
 	"github.com/posthorn/posthorn/internal/testkit/pgtest"
 	"github.com/posthorn/posthorn/internal/testkit/relaytest"
 	"github.com/posthorn/posthorn/internal/testkit/saramacontrol"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 	"github.com/posthorn/posthorn/relay"
 )
 
@@ -61,7 +62,7 @@ func brokerKillDrain(t *testing.T, newSink func([]string) (core.Sink, error), ev
 			t.Fatalf("restart broker: %v\n%s", err, faultkit.Tail(broker.LogPath(), 20))
 		}
 	}
-	relaytest.WaitFor(t, 5*time.Minute, "the relay to drain the backlog", func() bool { return pending() == 0 })
+	wait.For(t, 5*time.Minute, "the relay to drain the backlog", func() bool { return pending() == 0 })
 	lost, err = faultkit.RelayedNotOnBroker(ctx, pool, addr)
 	if err != nil {
 		t.Fatal(err)

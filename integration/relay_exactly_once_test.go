@@ -17,6 +17,7 @@ import (
 	"github.com/posthorn/posthorn/internal/testkit/pgtest"
 	"github.com/posthorn/posthorn/internal/testkit/relaytest"
 	"github.com/posthorn/posthorn/internal/testkit/sinktest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 	"github.com/posthorn/posthorn/ops"
 	"github.com/posthorn/posthorn/relay/cdc"
 	"github.com/posthorn/posthorn/relay/polling"
@@ -45,7 +46,7 @@ func ackThenCrash(t *testing.T, hooks *polling.Hooks) ([]relaytest.Posted, map[s
 		t.Fatalf("after a crash before the marker %d rows are unrelayed, want all %d", n, len(posted))
 	}
 	startTestRelay(t, pool, newExactlyOnceSink(t, b.addrs), "relay-next", "kafka", hooks)
-	relaytest.WaitFor(t, 30*time.Second, "the outbox drained", func() bool { return relaytest.Unrelayed(t, pool) == 0 })
+	wait.For(t, 30*time.Second, "the outbox drained", func() bool { return relaytest.Unrelayed(t, pool) == 0 })
 	recs := kafkatest.MustReadTopic(t, b.addrs, core.TopicEvents, true)
 	count := map[string]int{}
 	for _, r := range recs {
@@ -112,7 +113,7 @@ func TestRelayExactlyOnceResendStillSends(t *testing.T) {
 	posted := relaytest.MustPost(t, pool, "acc-resend-a", "acc-resend-b")
 	sink := newExactlyOnceSink(t, b.addrs)
 	startTestRelay(t, pool, sink, "relay-resend", "kafka")
-	relaytest.WaitFor(t, 30*time.Second, "the outbox drained", func() bool { return relaytest.Unrelayed(t, pool) == 0 })
+	wait.For(t, 30*time.Second, "the outbox drained", func() bool { return relaytest.Unrelayed(t, pool) == 0 })
 	ctx := context.Background()
 	res, err := ops.Resend(ctx, ops.ResendConfig{Ledger: opsstore.New(pool), Sink: sink, EventIDs: []string{posted[0].EventID}})
 	if err != nil || res.Sent != 1 {
@@ -153,16 +154,16 @@ func TestCDCRelayExactlyOnceThroughOutageAndCrash(t *testing.T) {
 			b := startCDCRelay(t, pool, broker.addrs, "relay-b", hooks, true)
 			tr := &transfers{t: t, pool: pool, accounts: 7, step: 3}
 			tr.post(10)
-			relaytest.WaitFor(t, 30*time.Second, "the first events relayed", func() bool { return relaytest.Unrelayed(t, pool) == 0 })
+			wait.For(t, 30*time.Second, "the first events relayed", func() bool { return relaytest.Unrelayed(t, pool) == 0 })
 			broker.stop()
 			tr.post(10)
 			broker.restart()
-			relaytest.WaitFor(t, 60*time.Second, "delivery after the outage", func() bool { return relaytest.Unrelayed(t, pool) == 0 })
+			wait.For(t, 60*time.Second, "delivery after the outage", func() bool { return relaytest.Unrelayed(t, pool) == 0 })
 			armed.Store(true)
 			tr.post(20)
-			relaytest.WaitFor(t, 30*time.Second, "the reader to crash", func() bool { return a.Crashed() || b.Crashed() })
+			wait.For(t, 30*time.Second, "the reader to crash", func() bool { return a.Crashed() || b.Crashed() })
 			tr.post(10)
-			relaytest.WaitFor(t, 60*time.Second, "every event relayed", func() bool { return relaytest.Unrelayed(t, pool) == 0 })
+			wait.For(t, 60*time.Second, "every event relayed", func() bool { return relaytest.Unrelayed(t, pool) == 0 })
 			recs := kafkatest.MustReadTopic(t, broker.addrs, core.TopicEvents, true)
 			count := map[string]int{}
 			last := map[string]int64{}

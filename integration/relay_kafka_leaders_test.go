@@ -19,6 +19,7 @@ import (
 	"github.com/posthorn/posthorn/internal/testkit/pgtest"
 	"github.com/posthorn/posthorn/internal/testkit/relaytest"
 	"github.com/posthorn/posthorn/internal/testkit/sinktest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 	"github.com/posthorn/posthorn/relay"
 )
 
@@ -105,7 +106,7 @@ func TestRelayKafkaLeadershipMoves(t *testing.T) {
 		time.Sleep(100 * time.Millisecond) // the pace of the fault, not a synchronisation
 	}
 	posted := stopPosting()
-	relaytest.WaitFor(t, 2*time.Minute, "the relay to drain everything", func() bool { return relaytest.Unrelayed(t, pool) == 0 })
+	wait.For(t, 2*time.Minute, "the relay to drain everything", func() bool { return relaytest.Unrelayed(t, pool) == 0 })
 	if err := r.Ready(); err != nil {
 		t.Fatalf("relay not ready after the moves: %v", err)
 	}

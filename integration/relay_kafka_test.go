@@ -29,6 +29,7 @@ import (
 	"github.com/posthorn/posthorn/internal/testkit/promtest"
 	"github.com/posthorn/posthorn/internal/testkit/relaytest"
 	"github.com/posthorn/posthorn/internal/testkit/sinktest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 	"github.com/posthorn/posthorn/relay/polling"
 )
 
@@ -231,20 +232,20 @@ func TestRelayKafkaOutageAndRecovery(t *testing.T) {
 	if n := len(b.records(len(first), 20*time.Second)); n != len(first) {
 		t.Fatalf("before the outage: %d records", n)
 	}
-	relaytest.WaitFor(t, 10*time.Second, "markers", func() bool { return relaytest.Unrelayed(t, pool) == 0 })
+	wait.For(t, 10*time.Second, "markers", func() bool { return relaytest.Unrelayed(t, pool) == 0 })
 	b.stop()
 	posted := relaytest.MustPostN(t, pool, 40, 6)
-	relaytest.WaitFor(t, 20*time.Second, "retries during the outage", func() bool {
+	wait.For(t, 20*time.Second, "retries during the outage", func() bool {
 		return promtest.Value(t, reg, "posthorn_relay_retries_total") >= 2
 	})
 	if n := relaytest.Unrelayed(t, pool); n != len(posted) {
 		t.Fatalf("during the outage %d rows unrelayed, want %d (nothing marked without an ACK)", n, len(posted))
 	}
-	relaytest.WaitFor(t, 5*time.Second, "backlog gauge", func() bool {
+	wait.For(t, 5*time.Second, "backlog gauge", func() bool {
 		return promtest.Value(t, reg, "posthorn_outbox_backlog_events") == float64(len(posted))
 	})
 	b.restart()
-	relaytest.WaitFor(t, 60*time.Second, "delivery to resume", func() bool { return relaytest.Unrelayed(t, pool) == 0 })
+	wait.For(t, 60*time.Second, "delivery to resume", func() bool { return relaytest.Unrelayed(t, pool) == 0 })
 	recs := b.records(len(first)+len(posted), 20*time.Second)
 	ids := map[string]bool{}
 	last := map[string]int64{}
@@ -291,8 +292,8 @@ func recordTooLargeParksOnlyItsAccount(t *testing.T, exactlyOnce bool) {
 	} else {
 		_, reg = startKafkaRelay(t, pool, b.addrs, "relay-park")
 	}
-	relaytest.WaitFor(t, 20*time.Second, "the good accounts delivered", func() bool { return relaytest.Unrelayed(t, pool) == 2 })
-	relaytest.WaitFor(t, 5*time.Second, "parked gauge", func() bool {
+	wait.For(t, 20*time.Second, "the good accounts delivered", func() bool { return relaytest.Unrelayed(t, pool) == 2 })
+	wait.For(t, 5*time.Second, "parked gauge", func() bool {
 		return promtest.Value(t, reg, "posthorn_relay_parked_aggregates") == 1
 	})
 	for _, r := range b.records(len(good), 20*time.Second) {

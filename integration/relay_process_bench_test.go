@@ -11,7 +11,7 @@ import (
 
 	"github.com/posthorn/posthorn/internal/testkit/faultkit"
 	"github.com/posthorn/posthorn/internal/testkit/pgtest"
-	"github.com/posthorn/posthorn/internal/testkit/relaytest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 	"github.com/posthorn/posthorn/relay"
 )
 
@@ -105,7 +105,7 @@ func drainFactor(b *testing.B, brokers []string, conns int32, stats time.Duratio
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox_pending`).Scan(&left); err != nil {
 		b.Fatal(err)
 	}
-	relaytest.WaitFor(b, 5*time.Minute, "the relay to drain the backlog", func() bool {
+	wait.For(b, 5*time.Minute, "the relay to drain the backlog", func() bool {
 		var n int
 		if err := pool.QueryRow(ctx, `SELECT count(*) FROM (SELECT 1 FROM outbox_pending LIMIT 1) x`).Scan(&n); err != nil {
 			b.Fatal(err)

@@ -28,8 +28,8 @@ import (
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/internal/testkit/faultkit"
-	"github.com/posthorn/posthorn/internal/testkit/relaytest"
 	"github.com/posthorn/posthorn/internal/testkit/roletest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 )
 
 // secretForms are the shapes a secret could take in a log line: as is,
@@ -195,7 +195,7 @@ func TestSecurityNoSecretInAnyLog(t *testing.T) {
 	if code := post(secrets["api token"], "logs-bad", `{"entries":[`); code != http.StatusBadRequest {
 		t.Fatalf("bad body: %d", code)
 	}
-	relaytest.WaitFor(t, 90*time.Second, "both consumers applied every event", func() bool {
+	wait.For(t, 90*time.Second, "both consumers applied every event", func() bool {
 		var n int
 		if err := consumerOwner.QueryRow(ctx, `SELECT count(*) FROM consumer_inbox WHERE disposition = 'applied'`).Scan(&n); err != nil {
 			t.Fatal(err)

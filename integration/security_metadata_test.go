@@ -23,6 +23,7 @@ import (
 	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/internal/testkit/pgtest"
 	"github.com/posthorn/posthorn/internal/testkit/relaytest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 	"github.com/posthorn/posthorn/relay"
 )
 
@@ -85,7 +86,7 @@ func relayToMemory(t *testing.T, pool *pgxpool.Pool) []wireRecord {
 	rel := startRelay(t, pool, sink, relay.Settings{
 		Owner: "md-relay-memory", PollInterval: 50 * time.Millisecond, LeaseTTL: 5 * time.Second, Logger: relayQuietLog,
 	})
-	relaytest.WaitFor(t, 60*time.Second, "outbox relayed to memory", func() bool { return relaytest.Unrelayed(t, pool) == 0 })
+	wait.For(t, 60*time.Second, "outbox relayed to memory", func() bool { return relaytest.Unrelayed(t, pool) == 0 })
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := rel.Stop(ctx); err != nil {
@@ -106,7 +107,7 @@ func relayToKafka(t *testing.T, pool *pgxpool.Pool, want int) []wireRecord {
 	t.Helper()
 	b := startRelayBroker(t)
 	rel, _ := startKafkaRelay(t, pool, b.addrs, "md-relay-kafka")
-	relaytest.WaitFor(t, 60*time.Second, "outbox relayed to kafka", func() bool { return relaytest.Unrelayed(t, pool) == 0 })
+	wait.For(t, 60*time.Second, "outbox relayed to kafka", func() bool { return relaytest.Unrelayed(t, pool) == 0 })
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := rel.Stop(ctx); err != nil {

@@ -24,6 +24,7 @@ import (
 	"github.com/posthorn/posthorn/internal/testkit/promtest"
 	"github.com/posthorn/posthorn/internal/testkit/relaytest"
 	"github.com/posthorn/posthorn/internal/testkit/roletest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 )
 
 // opsKitFiles are the operators' kit files whose queries name metrics.
@@ -147,7 +148,7 @@ func TestOpsKitMetricsAreExposedByRunningComponents(t *testing.T) {
 	}
 	relaytest.MustPost(t, ledgerOwner, "acc-a", "acc-b")
 	relaytest.MustPost(t, cdcPool, "acc-a", "acc-b")
-	relaytest.WaitFor(t, 60*time.Second, "both relays relayed and the consumers applied", func() bool {
+	wait.For(t, 60*time.Second, "both relays relayed and the consumers applied", func() bool {
 		var n int
 		if err := consumerOwner.QueryRow(ctx, `SELECT count(*) FROM consumer_inbox WHERE disposition = 'applied'`).Scan(&n); err != nil {
 			t.Fatal(err)

@@ -29,6 +29,7 @@ import (
 	"github.com/posthorn/posthorn/internal/testkit/pgtest"
 	"github.com/posthorn/posthorn/internal/testkit/relaytest"
 	"github.com/posthorn/posthorn/internal/testkit/roletest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 	"github.com/posthorn/posthorn/ops"
 	"github.com/posthorn/posthorn/relay"
 )
@@ -88,7 +89,7 @@ func TestSecurityEveryComponentUnderItsRole(t *testing.T) {
 		Owner: "roles-relay", PollInterval: 50 * time.Millisecond, LeaseTTL: 5 * time.Second,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
-	relaytest.WaitFor(t, opsWait, "outbox relayed by posthorn_relay", func() bool { return relaytest.Unrelayed(t, ledgerOwner) == 0 })
+	wait.For(t, opsWait, "outbox relayed by posthorn_relay", func() bool { return relaytest.Unrelayed(t, ledgerOwner) == 0 })
 	stopCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if err := rel.Stop(stopCtx); err != nil {
@@ -109,7 +110,7 @@ func TestSecurityEveryComponentUnderItsRole(t *testing.T) {
 	if res, err := ops.Replay(ctx, ops.ReplayConfig{Ledger: relayOps, Sink: sink, Name: "roles"}); err != nil || res.Sent != int64(events) {
 		t.Fatalf("replay as posthorn_relay: %+v %v (want %d events)", res, err, events)
 	}
-	relaytest.WaitFor(t, opsWait, "repeats absorbed", func() bool {
+	wait.For(t, opsWait, "repeats absorbed", func() bool {
 		p, a := counts(t, consumerOwner, projection.Name), counts(t, consumerOwner, auditlog.Name)
 		return p.DuplicatesAbsorbed == int64(events+1) && a.DuplicatesAbsorbed == int64(events+1)
 	})
@@ -150,7 +151,7 @@ func TestSecurityEveryComponentUnderItsRole(t *testing.T) {
 
 func waitAppliedOn(t *testing.T, consumer *pgxpool.Pool, events int) {
 	t.Helper()
-	relaytest.WaitFor(t, opsWait, fmt.Sprintf("both consumers applied %d events", events), func() bool {
+	wait.For(t, opsWait, fmt.Sprintf("both consumers applied %d events", events), func() bool {
 		p, a := counts(t, consumer, projection.Name), counts(t, consumer, auditlog.Name)
 		return p.Events[core.DispositionApplied] == int64(events) && a.Events[core.DispositionApplied] == int64(events)
 	})

@@ -19,6 +19,7 @@ import (
 	"github.com/posthorn/posthorn/internal/testkit/pgtest"
 	"github.com/posthorn/posthorn/internal/testkit/redistest"
 	"github.com/posthorn/posthorn/internal/testkit/relaytest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 	"github.com/posthorn/posthorn/relay"
 )
 
@@ -130,7 +131,7 @@ func benchSinkDrain(b *testing.B, kind string) (drain, publish float64) {
 			_ = r.Stop(ctx)
 		}
 	}()
-	relaytest.WaitFor(b, 3*time.Minute, kind+": the relay to drain the backlog", func() bool {
+	wait.For(b, 3*time.Minute, kind+": the relay to drain the backlog", func() bool {
 		var n int
 		if err := pool.QueryRow(ctx, `SELECT count(*) FROM (SELECT 1 FROM outbox_pending LIMIT 1) x`).Scan(&n); err != nil {
 			b.Fatal(err)

@@ -23,6 +23,7 @@ import (
 	"github.com/posthorn/posthorn/internal/testkit/redistest"
 	"github.com/posthorn/posthorn/internal/testkit/relaytest"
 	"github.com/posthorn/posthorn/internal/testkit/sqltest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 )
 
 // sinkBroker is one broker kind, configured for one test, with a way to
@@ -180,7 +181,7 @@ func runSinkEndToEnd(t *testing.T, b sinkBroker) (missing, notApplied int) {
 		up := b.down(t)
 		retries := promtest.Value(t, reg, "posthorn_relay_retries_total")
 		post(during)
-		waitFor(t, "the relay to retry during "+what, 30*time.Second, func() (bool, string) {
+		wait.ForStatus(t, 30*time.Second, "the relay to retry during "+what, func() (bool, string) {
 			return promtest.Value(t, reg, "posthorn_relay_retries_total") > retries, "no retry yet"
 		})
 		if n := relaytest.Unrelayed(t, ledgerPool); n == 0 {
@@ -192,7 +193,7 @@ func runSinkEndToEnd(t *testing.T, b sinkBroker) (missing, notApplied int) {
 	// 1. Events the broker ACKed and nobody has read yet survive its crash:
 	// the consumers start only after the restart.
 	post(150)
-	waitFor(t, "every event ACKed before the first outage", 60*time.Second, func() (bool, string) {
+	wait.ForStatus(t, 60*time.Second, "every event ACKed before the first outage", func() (bool, string) {
 		n := relaytest.Unrelayed(t, ledgerPool)
 		return n == 0, fmt.Sprintf("unrelayed %d", n)
 	})
@@ -208,7 +209,7 @@ func runSinkEndToEnd(t *testing.T, b sinkBroker) (missing, notApplied int) {
 		}
 		return n
 	}
-	waitFor(t, "the consumer to receive events before the second outage", 60*time.Second, func() (bool, string) {
+	wait.ForStatus(t, 60*time.Second, "the consumer to receive events before the second outage", func() (bool, string) {
 		return seen() > 0, "none received"
 	})
 	if b.consumerOutageRaces != "" && sinksRaceDetector {
@@ -221,13 +222,13 @@ func runSinkEndToEnd(t *testing.T, b sinkBroker) (missing, notApplied int) {
 	total := int64(countEvents(t, ledgerPool))
 	// All marked means the relay has every ACK; then wait for the consumer
 	// to go quiet (a lost event never arrives).
-	waitFor(t, "the backlog to drain after the restart", 90*time.Second, func() (bool, string) {
+	wait.ForStatus(t, 90*time.Second, "the backlog to drain after the restart", func() (bool, string) {
 		n := relaytest.Unrelayed(t, ledgerPool)
 		return n == 0, fmt.Sprintf("unrelayed %d", n)
 	})
 	var last int64 = -1
 	stable := time.Now()
-	waitFor(t, "the projection to apply every event or stop moving", 90*time.Second, func() (bool, string) {
+	wait.ForStatus(t, 90*time.Second, "the projection to apply every event or stop moving", func() (bool, string) {
 		a := applied()
 		if a != last {
 			last, stable = a, time.Now()

@@ -38,6 +38,7 @@ import (
 	"github.com/posthorn/posthorn/internal/testkit/pgtest"
 	"github.com/posthorn/posthorn/internal/testkit/relaytest"
 	"github.com/posthorn/posthorn/internal/testkit/tracingtest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 	"github.com/posthorn/posthorn/ops"
 	"github.com/posthorn/posthorn/publish"
 	"github.com/posthorn/posthorn/relay"
@@ -242,7 +243,7 @@ func TestOneTraceFromAPIToConsumer(t *testing.T) {
 		t.Fatal("the first relay stopped without an ACK")
 	}
 	startTestRelay(t, r.pool, r.sink, "relay-takes-over", "kafka")
-	waitFor(t, "the successor to publish every row again", 30*time.Second, func() (bool, string) {
+	wait.ForStatus(t, 30*time.Second, "the successor to publish every row again", func() (bool, string) {
 		got := spansBy(exp, "publish ")
 		return len(got[events[0]]) >= 2 && len(got[events[1]]) >= 2, fmt.Sprintf("publish spans %d, %d", len(got[events[0]]), len(got[events[1]]))
 	})
@@ -251,7 +252,7 @@ func TestOneTraceFromAPIToConsumer(t *testing.T) {
 		t.Fatal(err)
 	}
 	publishes := map[string]int{events[0]: 3, events[1]: 2}
-	waitFor(t, "an apply span for every record", 30*time.Second, func() (bool, string) {
+	wait.ForStatus(t, 30*time.Second, "an apply span for every record", func() (bool, string) {
 		got := spansBy(exp, "apply "+projection.Name)
 		return len(got[events[0]]) >= publishes[events[0]] && len(got[events[1]]) >= publishes[events[1]],
 			fmt.Sprintf("apply spans %d, %d", len(got[events[0]]), len(got[events[1]]))
@@ -342,7 +343,7 @@ func TestOneTraceExactlyOnce(t *testing.T) {
 		t.Fatal("the first relay did not crash")
 	}
 	startTestRelay(t, r.pool, r.sink, "relay-takes-over", "kafka")
-	waitFor(t, "the successor to mark every row", 30*time.Second, func() (bool, string) {
+	wait.ForStatus(t, 30*time.Second, "the successor to mark every row", func() (bool, string) {
 		n := pgtest.Column[int64](t, r.pool, `SELECT count(*) FROM outbox_pending`)[0]
 		return n == 0, fmt.Sprintf("%d rows unmarked", n)
 	})
@@ -387,7 +388,7 @@ func TestOneTraceThroughCDC(t *testing.T) {
 	relaytest.Start(t, rel)
 	res := r.post(t)
 	want := len(res.Events) + len(res.Commands)
-	waitFor(t, "the CDC relay to publish the posting", 30*time.Second, func() (bool, string) {
+	wait.ForStatus(t, 30*time.Second, "the CDC relay to publish the posting", func() (bool, string) {
 		n, spans := len(mem.Records(core.TopicEvents)), len(spansBy(exp, "publish "))
 		return n == len(res.Events) && spans == want, fmt.Sprintf("%d event records, %d publish spans", n, spans)
 	})
@@ -447,7 +448,7 @@ func TestTracingOffWritesNoTraceContext(t *testing.T) {
 			}
 		}
 	}
-	waitFor(t, "the projection to apply both events", 30*time.Second, func() (bool, string) {
+	wait.ForStatus(t, 30*time.Second, "the projection to apply both events", func() (bool, string) {
 		n := counts(t, cons.pool, projection.Name).Events[core.DispositionApplied]
 		return n == 2, fmt.Sprintf("applied %d", n)
 	})
@@ -495,7 +496,7 @@ func TestPublishContinuesTheCallersTrace(t *testing.T) {
 	}
 	sink := memory.New(memory.Config{})
 	startTestRelay(t, pool, tracing.Sink(sink, tp, "memory"), "relay-publish-trace", "memory")
-	relaytest.WaitFor(t, 10*time.Second, "both rows relayed", func() bool { return relaytest.Unrelayed(t, pool) == 0 })
+	wait.For(t, 10*time.Second, "both rows relayed", func() bool { return relaytest.Unrelayed(t, pool) == 0 })
 	pubs := spansBy(exp, "publish ")[traced.EventID]
 	if len(pubs) != 1 || pubs[0].Parent.SpanID() != caller.SpanContext().SpanID() || pubs[0].SpanContext.TraceID() != caller.SpanContext().TraceID() {
 		t.Fatalf("publish spans of the traced event %+v, want one child of the caller's span %s", pubs, caller.SpanContext().SpanID())

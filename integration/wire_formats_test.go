@@ -29,6 +29,7 @@ import (
 	"github.com/posthorn/posthorn/internal/testkit/kafkatest"
 	"github.com/posthorn/posthorn/internal/testkit/pgtest"
 	"github.com/posthorn/posthorn/internal/testkit/relaytest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 	"github.com/posthorn/posthorn/relay"
 )
 
@@ -112,7 +113,7 @@ func TestWireFormatsReadByKcat(t *testing.T) {
 				sink = newKafkaSink(t, b.addrs)
 			}
 			startTestRelay(t, pool, relay.Formatted(sink, wf), "relay-"+string(format), "kafka")
-			relaytest.WaitFor(t, 30*time.Second, "the outbox drained", func() bool { return relaytest.Unrelayed(t, pool) == 0 })
+			wait.For(t, 30*time.Second, "the outbox drained", func() bool { return relaytest.Unrelayed(t, pool) == 0 })
 
 			recs := kafkatest.MustReadTopic(t, b.addrs, topic, exactlyOnce)
 			if len(recs) < events {
@@ -251,7 +252,7 @@ func applyWithExampleConsumers(t *testing.T, addrs []string, topic string, ledge
 	}
 	runRegistry(t, reg, t.Logf)
 	for _, c := range []string{projection.Name, auditlog.Name} {
-		waitFor(t, c+" to apply every event", time.Minute, func() (bool, string) {
+		wait.ForStatus(t, time.Minute, c+" to apply every event", func() (bool, string) {
 			n := counts(t, pool, c).Events[core.DispositionApplied]
 			return n == int64(events), fmt.Sprintf("applied %d of %d", n, events)
 		})

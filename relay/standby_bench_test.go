@@ -21,6 +21,7 @@ import (
 	"github.com/posthorn/posthorn/internal/dev/pgcluster"
 	"github.com/posthorn/posthorn/internal/testkit/relaytest"
 	"github.com/posthorn/posthorn/internal/testkit/syncbuf"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 	"github.com/posthorn/posthorn/relay"
 	"github.com/posthorn/posthorn/relay/cdc"
 	"github.com/posthorn/posthorn/relay/polling"
@@ -119,7 +120,7 @@ func benchStandby(b *testing.B, f *relaytest.Failover, mode string, required boo
 			_ = r.Stop(ctx)
 			_, _ = f.Pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, slot)
 		}
-		relaytest.WaitFor(b, 30*time.Second, "the CDC relay to stream", func() bool {
+		wait.For(b, 30*time.Second, "the CDC relay to stream", func() bool {
 			return strings.Contains(logs.String(), "streaming the outbox")
 		})
 	}
@@ -130,7 +131,7 @@ func benchStandby(b *testing.B, f *relaytest.Failover, mode string, required boo
 		b.Fatal(err)
 	}
 	start := time.Now()
-	relaytest.WaitFor(b, time.Minute, "the backlog drained", func() bool { return relaytest.Unrelayed(b, f.Pool) == 0 })
+	wait.For(b, time.Minute, "the backlog drained", func() bool { return relaytest.Unrelayed(b, f.Pool) == 0 })
 	res.drain = standbyBenchBacklog / time.Since(start).Seconds()
 
 	var (
@@ -182,7 +183,7 @@ func benchStandby(b *testing.B, f *relaytest.Failover, mode string, required boo
 	tick.Stop()
 	close(done)
 	wg.Wait()
-	relaytest.WaitFor(b, time.Minute, "the load relayed", func() bool { return relaytest.Unrelayed(b, f.Pool) == 0 })
+	wait.For(b, time.Minute, "the load relayed", func() bool { return relaytest.Unrelayed(b, f.Pool) == 0 })
 	lat := make([]time.Duration, 0, len(committed))
 	for id, t := range committed {
 		if a, ok := sink.Acked(id); ok {

@@ -19,6 +19,7 @@ import (
 	"github.com/posthorn/posthorn/configs"
 	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/internal/testkit/relaytest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 )
 
 // chromiumPath is Debian's chromium, which .ci/run installs.
@@ -77,12 +78,7 @@ func evalJS[T any](t *testing.T, ctx context.Context, js string) T {
 func waitJS(t *testing.T, ctx context.Context, d time.Duration, what, js string) time.Duration {
 	t.Helper()
 	start := time.Now()
-	for !evalJS[bool](t, ctx, js) {
-		if time.Since(start) > d {
-			t.Fatalf("timed out after %s waiting for %s (%s)", d, what, js)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	wait.For(t, d, what+" ("+js+")", func() bool { return evalJS[bool](t, ctx, js) })
 	return time.Since(start)
 }
 

@@ -18,6 +18,7 @@ import (
 	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/internal/testkit/childtest"
 	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 )
 
 // consume reads what a relay published to Kafka (kfake over a socket),
@@ -108,24 +109,17 @@ func kafkaWithEvents(t *testing.T) string {
 // running), failing if consume exits first.
 func waitApplied(t *testing.T, pool *pgxpool.Pool, consume *childtest.Child, stderr fmt.Stringer, balance int64) {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	wait.ForStatus(t, 60*time.Second, fmt.Sprintf("balance %d and 3 audited events", balance), func() (bool, string) {
 		var bal, audited int64
 		_ = pool.QueryRow(context.Background(), `SELECT coalesce((SELECT balance::bigint FROM projection_balances WHERE account = 'acc-cli'), 0),
 			(SELECT count(*) FROM audit_log)`).Scan(&bal, &audited)
-		if bal == balance && audited == 3 {
-			return
-		}
 		select {
 		case <-consume.Exited():
 			t.Fatalf("consume exited early: %v\n%s", consume.Err(), stderr)
 		default:
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("balance %d, audited %d; stderr:\n%s", bal, audited, stderr)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return bal == balance && audited == 3, fmt.Sprintf("balance %d, audited %d; stderr:\n%s", bal, audited, stderr)
+	})
 }
 
 // Two processes given the same consumer.instance_id: the second's join

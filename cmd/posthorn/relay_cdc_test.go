@@ -10,6 +10,7 @@ import (
 	"github.com/posthorn/posthorn/internal/dev/pgcluster"
 	"github.com/posthorn/posthorn/internal/testkit/pgtest"
 	"github.com/posthorn/posthorn/internal/testkit/relaytest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 )
 
 // relay.mode cdc on a server with wal_level=replica (the shared one) stops
@@ -35,7 +36,7 @@ func TestRelayCDCRunsAndStatusShowsTheSlot(t *testing.T) {
 	cmd.Stderr = &stderr
 	startCLI(t, cmd)
 	relaytest.MustPost(t, pool, "acc-a", "acc-b")
-	relaytest.WaitFor(t, 30*time.Second, "the CDC relay to relay the posting", func() bool {
+	wait.For(t, 30*time.Second, "the CDC relay to relay the posting", func() bool {
 		return relaytest.Unrelayed(t, pool) == 0
 	})
 

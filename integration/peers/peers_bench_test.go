@@ -33,6 +33,7 @@ import (
 	"github.com/posthorn/posthorn/internal/testkit/pgtest"
 	"github.com/posthorn/posthorn/internal/testkit/relaytest"
 	"github.com/posthorn/posthorn/internal/testkit/syncbuf"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 	"github.com/posthorn/posthorn/relay"
 	"github.com/posthorn/posthorn/relay/cdc"
 	"github.com/posthorn/posthorn/relay/polling"
@@ -498,9 +499,8 @@ func (r *reader) readAt(id string) time.Time {
 
 // waitFor waits until every one of ids has been read, within d.
 func (r *reader) waitFor(b *testing.B, name string, ids []string, d time.Duration) {
-	deadline := time.Now().Add(d)
 	pending := slices.Clone(ids)
-	for {
+	wait.ForStatus(b, d, name+": every event readable on the topic", func() (bool, string) {
 		r.mu.Lock()
 		pending = slices.DeleteFunc(pending, func(id string) bool { _, ok := r.first[id]; return ok })
 		noID := r.noID
@@ -509,18 +509,15 @@ func (r *reader) waitFor(b *testing.B, name string, ids []string, d time.Duratio
 			b.Fatalf("%s: %d records on the topic without a %q header", name, noID, r.header)
 		}
 		if len(pending) == 0 {
-			return
+			return true, ""
 		}
 		if r.failIfExited != nil {
 			if err := r.failIfExited(); err != nil {
 				b.Fatalf("%s: %v", name, err)
 			}
 		}
-		if time.Now().After(deadline) {
-			b.Fatalf("%s: after %s, %d of %d events are not readable on the topic (e.g. %s)", name, d, len(pending), len(ids), pending[0])
-		}
-		time.Sleep(20 * time.Millisecond) // polling the reader's map with a deadline
-	}
+		return false, fmt.Sprintf("%d of %d events are not readable (e.g. %s)", len(pending), len(ids), pending[0])
+	})
 }
 
 // waitAll waits for every one of ids and returns, from began, when the
@@ -628,7 +625,7 @@ func waitSlotCaughtUp(b *testing.B, pool *pgxpool.Pool, slot string) {
 	if err := pool.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&lsn); err != nil {
 		b.Fatal(err)
 	}
-	relaytest.WaitFor(b, 2*time.Minute, "slot "+slot+" to confirm "+lsn, func() bool {
+	wait.For(b, 2*time.Minute, "slot "+slot+" to confirm "+lsn, func() bool {
 		var ok bool
 		err := pool.QueryRow(ctx, `SELECT coalesce(confirmed_flush_lsn >= $2::pg_lsn, false) FROM pg_replication_slots WHERE slot_name = $1`, slot, lsn).Scan(&ok)
 		return err == nil && ok
@@ -636,7 +633,7 @@ func waitSlotCaughtUp(b *testing.B, pool *pgxpool.Pool, slot string) {
 }
 
 func waitLog(b *testing.B, logs *syncbuf.Buffer, want string) {
-	relaytest.WaitFor(b, time.Minute, "the relay to log "+want, func() bool { return strings.Contains(logs.String(), want) })
+	wait.For(b, time.Minute, "the relay to log "+want, func() bool { return strings.Contains(logs.String(), want) })
 }
 
 func repoRoot(b *testing.B) string {

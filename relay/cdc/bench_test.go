@@ -24,6 +24,7 @@ import (
 	"github.com/posthorn/posthorn/internal/testkit/pgtest"
 	"github.com/posthorn/posthorn/internal/testkit/relaytest"
 	"github.com/posthorn/posthorn/internal/testkit/syncbuf"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 	"github.com/posthorn/posthorn/relay"
 	"github.com/posthorn/posthorn/relay/cdc"
 	"github.com/posthorn/posthorn/relay/polling"
@@ -163,7 +164,7 @@ func benchMode(b *testing.B, c *pgcluster.Cluster, mode string) modeResult {
 			b.Fatal(err)
 		}
 		stop = func() { _ = r.Stop(ctx) }
-		relaytest.WaitFor(b, 30*time.Second, "the CDC relay to stream", func() bool {
+		wait.For(b, 30*time.Second, "the CDC relay to stream", func() bool {
 			return strings.Contains(logs.String(), "streaming the outbox")
 		})
 	}
@@ -257,24 +258,20 @@ func benchMode(b *testing.B, c *pgcluster.Cluster, mode string) modeResult {
 
 func waitNoneUnrelayed(b *testing.B, pool *pgxpool.Pool, d time.Duration) {
 	ctx := context.Background()
-	deadline := time.Now().Add(d)
-	for {
+	wait.ForStatus(b, d, "every outbox row relayed", func() (bool, string) {
 		var n int
 		if err := pool.QueryRow(ctx, `SELECT count(*) FROM (SELECT 1 FROM outbox_pending LIMIT 1) x`).Scan(&n); err != nil {
 			b.Fatal(err)
 		}
 		if n == 0 {
-			return
+			return true, ""
 		}
-		if time.Now().After(deadline) {
-			var left int
-			var slots string
-			_ = pool.QueryRow(ctx, `SELECT count(*) FROM outbox_pending`).Scan(&left)
-			_ = pool.QueryRow(ctx, `SELECT coalesce(string_agg(format('%s active=%s confirmed=%s current=%s', slot_name, active, confirmed_flush_lsn, pg_current_wal_lsn()), '; '), 'none') FROM pg_replication_slots`).Scan(&slots)
-			b.Fatalf("after %s, %d outbox rows are still unrelayed; slots: %s", d, left, slots)
-		}
-		time.Sleep(20 * time.Millisecond) // polling with a deadline
-	}
+		var left int
+		var slots string
+		_ = pool.QueryRow(ctx, `SELECT count(*) FROM outbox_pending`).Scan(&left)
+		_ = pool.QueryRow(ctx, `SELECT coalesce(string_agg(format('%s active=%s confirmed=%s current=%s', slot_name, active, confirmed_flush_lsn, pg_current_wal_lsn()), '; '), 'none') FROM pg_replication_slots`).Scan(&slots)
+		return false, fmt.Sprintf("%d outbox rows unrelayed; slots: %s", left, slots)
+	})
 }
 
 // measureWork runs during (or waits period when nil) and returns the

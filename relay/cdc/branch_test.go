@@ -17,6 +17,7 @@ import (
 	"github.com/posthorn/posthorn/internal/testkit/promtest"
 	"github.com/posthorn/posthorn/internal/testkit/relaytest"
 	"github.com/posthorn/posthorn/internal/testkit/syncbuf"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 	"github.com/posthorn/posthorn/relay/cdc"
 )
 
@@ -71,7 +72,7 @@ func TestCDCRelayNamesWhatItPublishedPastTheBranchPoint(t *testing.T) {
 					t.Logf("relay logs:\n%s", logs)
 				}
 			})
-			relaytest.WaitFor(t, 30*time.Second, "the relay to stream", func() bool {
+			wait.For(t, 30*time.Second, "the relay to stream", func() bool {
 				return strings.Contains(logs.String(), "streaming the outbox from the slot")
 			})
 			published := func(posted []relaytest.Posted) int {
@@ -88,21 +89,21 @@ func TestCDCRelayNamesWhatItPublishedPastTheBranchPoint(t *testing.T) {
 				return n
 			}
 			before := relaytest.MustPostTransfers(t, f.Pool, 10, 8, 3)
-			relaytest.WaitFor(t, 30*time.Second, "the first events published", func() bool { return published(before) == len(before) })
+			wait.For(t, 30*time.Second, "the first events published", func() bool { return published(before) == len(before) })
 			if err := f.Standby.Shutdown(ctx); err != nil {
 				t.Fatal(err)
 			}
 			during := relaytest.MustPostTransfers(t, f.Pool, 20, 8, 5)
 			if required {
-				relaytest.WaitFor(t, 30*time.Second, "the relay to be held by the standby", func() bool {
+				wait.For(t, 30*time.Second, "the relay to be held by the standby", func() bool {
 					return promtest.Value(t, reg, "posthorn_relay_held_by_standby_seconds") >= 1
 				})
 			} else {
-				relaytest.WaitFor(t, 30*time.Second, "the events of the lost tail published", func() bool { return published(during) == len(during) })
+				wait.For(t, 30*time.Second, "the events of the lost tail published", func() bool { return published(during) == len(during) })
 			}
 			f.KillPrimaryAndPromote(t)
 			const named, none = "CDC RELAY PUBLISHED PAST THE NEW HISTORY'S BRANCH POINT", "nothing this relay published is past the new history's branch point"
-			relaytest.WaitFor(t, time.Minute, "the relay to compare with the branch point", func() bool {
+			wait.For(t, time.Minute, "the relay to compare with the branch point", func() bool {
 				return strings.Contains(logs.String(), named) || strings.Contains(logs.String(), none)
 			})
 			// The ghosts: published, absent from the promoted standby.

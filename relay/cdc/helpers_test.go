@@ -27,6 +27,7 @@ import (
 	"github.com/posthorn/posthorn/internal/testkit/promtest"
 	"github.com/posthorn/posthorn/internal/testkit/relaytest"
 	"github.com/posthorn/posthorn/internal/testkit/syncbuf"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 	"github.com/posthorn/posthorn/relay"
 	"github.com/posthorn/posthorn/relay/cdc"
 )
@@ -85,12 +86,11 @@ func ledgerDB(t testing.TB, c *pgcluster.Cluster) *pgxpool.Pool {
 		}
 		defer a.Close(ctx)
 		_, _ = a.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE database = $1 AND active_pid IS NOT NULL`, name)
-		for range 50 {
-			if _, err := a.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = $1`, name); err == nil {
-				break
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+		// The terminated WAL senders release their slots asynchronously.
+		wait.Until(time.Second, func() (bool, string) {
+			_, err := a.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = $1`, name)
+			return err == nil, ""
+		})
 		_, _ = a.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
 	})
 	url := c.URL(name)
@@ -176,7 +176,7 @@ func (f *fixture) waitStreaming(n ...int) {
 	if len(n) > 0 {
 		want = n[0]
 	}
-	relaytest.WaitFor(f.t, 30*time.Second, "the relay to stream", func() bool {
+	wait.For(f.t, 30*time.Second, "the relay to stream", func() bool {
 		return strings.Count(f.logs.String(), "streaming the outbox from the slot") >= want
 	})
 }
@@ -191,7 +191,7 @@ func (f *fixture) waitAllDelivered(posted []relaytest.Posted, d time.Duration) [
 	for _, p := range posted {
 		want[p.EventID] = true
 	}
-	relaytest.WaitFor(f.t, d, fmt.Sprintf("%d events delivered and marked", len(posted)), func() bool {
+	wait.For(f.t, d, fmt.Sprintf("%d events delivered and marked", len(posted)), func() bool {
 		got := map[string]bool{}
 		for _, e := range f.delivered() {
 			got[e.EventID] = true
@@ -213,7 +213,7 @@ func (f *fixture) waitAllDelivered(posted []relaytest.Posted, d time.Duration) [
 // the sink got.
 func (f *fixture) standbyTookOver(w *writers, n int, standby relayHandle) ([]relaytest.Posted, []core.Envelope) {
 	f.t.Helper()
-	relaytest.WaitFor(f.t, 30*time.Second, fmt.Sprintf("%d events", n), func() bool { return w.count() >= n })
+	wait.For(f.t, 30*time.Second, fmt.Sprintf("%d events", n), func() bool { return w.count() >= n })
 	posted := w.finish(f.t)
 	got := f.waitAllDelivered(posted, 60*time.Second)
 	relaytest.CheckOrder(f.t, got, true)
@@ -243,7 +243,7 @@ func (f *fixture) missing(posted []relaytest.Posted) []relaytest.Posted {
 // what a negative control lost.
 func (f *fixture) lostOnce(newest relaytest.Posted, what string, posted []relaytest.Posted) []relaytest.Posted {
 	f.t.Helper()
-	relaytest.WaitFor(f.t, 30*time.Second, what, func() bool {
+	wait.For(f.t, 30*time.Second, what, func() bool {
 		return len(f.missing([]relaytest.Posted{newest})) == 0
 	})
 	return f.missing(posted)

@@ -9,6 +9,7 @@ import (
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/internal/testkit/promtest"
 	"github.com/posthorn/posthorn/internal/testkit/relaytest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 	"github.com/posthorn/posthorn/relay"
 )
 
@@ -52,13 +53,13 @@ SELECT system_identifier, timeline + 1, 'test', 'another history', now() + inter
 			t.Fatal(err)
 		}
 	}
-	relaytest.WaitFor(t, 20*time.Second, "the control relay to publish on the unaccepted history", func() bool {
+	wait.For(t, 20*time.Second, "the control relay to publish on the unaccepted history", func() bool {
 		return len(control.delivered()) == 30
 	})
-	relaytest.WaitFor(t, 20*time.Second, "the gated relay to hold", func() bool {
+	wait.For(t, 20*time.Second, "the gated relay to hold", func() bool {
 		return promtest.Value(t, h.reg, "posthorn_relay_held_by_ledger_history") == 1
 	})
-	time.Sleep(2 * time.Second)
+	time.Sleep(2 * time.Second) // a window in which the gated relay may publish nothing
 	if n := len(gated.delivered()); n != 0 {
 		t.Fatalf("the gated CDC relay published %d events on the unaccepted history", n)
 	}
@@ -69,7 +70,7 @@ SELECT system_identifier, timeline + 1, 'test', 'another history', now() + inter
 	if _, err := gated.pool.Exec(ctx, `DELETE FROM posthorn.ledger_timelines WHERE accepted_by = 'test'`); err != nil {
 		t.Fatal(err)
 	}
-	relaytest.WaitFor(t, 20*time.Second, "the gated relay to publish once the history is accepted", func() bool {
+	wait.For(t, 20*time.Second, "the gated relay to publish once the history is accepted", func() bool {
 		return len(gated.delivered()) == 30 && promtest.Value(t, h.reg, "posthorn_relay_held_by_ledger_history") == 0
 	})
 }

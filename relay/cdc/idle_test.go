@@ -12,6 +12,7 @@ import (
 	"github.com/posthorn/posthorn/internal/testkit/pgtest"
 	"github.com/posthorn/posthorn/internal/testkit/promtest"
 	"github.com/posthorn/posthorn/internal/testkit/relaytest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 	"github.com/posthorn/posthorn/relay/cdc"
 )
 
@@ -78,10 +79,10 @@ func TestIdleSlotDoesNotRetainWAL(t *testing.T) {
 			}
 			if heartbeat {
 				// The slot's restart point follows within a heartbeat or two.
-				relaytest.WaitFor(t, 10*time.Second, "retained WAL to stay small", func() bool {
+				wait.For(t, 10*time.Second, "retained WAL to stay small", func() bool {
 					return retained() < written/4
 				})
-				relaytest.WaitFor(t, 5*time.Second, "the retained-bytes gauge", func() bool {
+				wait.For(t, 5*time.Second, "the retained-bytes gauge", func() bool {
 					v := promtest.Value(t, r.reg, "posthorn_wal_slot_retained_bytes", "slot", f.slot)
 					return v > 0 && v < float64(written/4)
 				})

@@ -15,6 +15,7 @@ import (
 	"github.com/posthorn/posthorn/internal/testkit/pgtest"
 	"github.com/posthorn/posthorn/internal/testkit/promtest"
 	"github.com/posthorn/posthorn/internal/testkit/relaytest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 	"github.com/posthorn/posthorn/relay"
 	"github.com/posthorn/posthorn/relay/cdc"
 )
@@ -72,7 +73,7 @@ func TestLargeTransactionIsDeliveredWhileItStreams(t *testing.T) {
 		}})
 		f.waitStreaming()
 		ids := bigTransaction(t, f, accounts, perAccount)
-		relaytest.WaitFor(t, 30*time.Second, "relay a to crash", a.Crashed)
+		wait.For(t, 30*time.Second, "relay a to crash", a.Crashed)
 		// Started only now, so it cannot take a slow relay's lease before
 		// the crash; it takes over once the crashed relay's lease expires.
 		b := f.start("relay-b", nil)
@@ -86,7 +87,7 @@ func TestLargeTransactionIsDeliveredWhileItStreams(t *testing.T) {
 		// The standby catches up from the outbox, then streams the
 		// transaction again (its position was not confirmed) and finds
 		// every row of it marked.
-		relaytest.WaitFor(t, 30*time.Second, "the standby to stream the transaction again", func() bool {
+		wait.For(t, 30*time.Second, "the standby to stream the transaction again", func() bool {
 			return promtest.Value(t, b.reg, "posthorn_cdc_skipped_marked_total") >= float64(len(ids))
 		})
 		got := f.delivered()
@@ -114,7 +115,7 @@ func TestLargeTransactionIsDeliveredWhileItStreams(t *testing.T) {
 		}})
 		f.waitStreaming()
 		ids := bigTransaction(t, f, accounts, perAccount)
-		relaytest.WaitFor(t, 30*time.Second, "relay a to crash", a.Crashed)
+		wait.For(t, 30*time.Second, "relay a to crash", a.Crashed)
 		f.start("relay-b", nil, &cdc.Hooks{SkipCatchUp: true})
 		f.waitStreaming(2)
 		newest := relaytest.MustPost(t, f.pool, "acc-newest")

@@ -11,6 +11,7 @@ import (
 	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/internal/testkit/promtest"
 	"github.com/posthorn/posthorn/internal/testkit/relaytest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 	"github.com/posthorn/posthorn/relay/cdc"
 )
 
@@ -32,11 +33,11 @@ func TestStalledReaderIsReplacedByStandby(t *testing.T) {
 	f.waitStreaming()
 	b := f.start("relay-b", nil)
 	w := startWriters(t, f.pool, 2, 10, 2*time.Millisecond)
-	relaytest.WaitFor(t, 30*time.Second, "b to take over the slot", func() bool {
+	wait.For(t, 30*time.Second, "b to take over the slot", func() bool {
 		return promtest.Value(t, b.reg, "posthorn_cdc_reader") == 1
 	})
 	close(release)
-	relaytest.WaitFor(t, 30*time.Second, "a to abandon its batch", func() bool {
+	wait.For(t, 30*time.Second, "a to abandon its batch", func() bool {
 		return promtest.Value(t, a.reg, "posthorn_relay_abandoned_batches_total") == 1
 	})
 	f.standbyTookOver(w, 400, b)
@@ -64,8 +65,8 @@ func TestParkedAccountIsHeldAndSentInOrderAfterRelease(t *testing.T) {
 	posted = append(posted, held...)
 	others := relaytest.MustPostN(t, f.pool, 20, 4)
 	flowing := append(posted[:2:2], others...)
-	relaytest.WaitFor(t, 30*time.Second, "the other accounts' events", func() bool { return len(f.missing(flowing)) == 0 })
-	relaytest.WaitFor(t, 10*time.Second, "acc-bad parked", func() bool {
+	wait.For(t, 30*time.Second, "the other accounts' events", func() bool { return len(f.missing(flowing)) == 0 })
+	wait.For(t, 10*time.Second, "acc-bad parked", func() bool {
 		p, _ := f.store.Parked(ctx)
 		return len(p) == 1 && p[0].AggregateID == "acc-bad"
 	})
@@ -98,12 +99,12 @@ func TestSoftStopHandsOverWithoutLossOrRepeat(t *testing.T) {
 	f.waitStreaming()
 	b := f.start("relay-b", nil)
 	w := startWriters(t, f.pool, 3, 20, time.Millisecond)
-	relaytest.WaitFor(t, 30*time.Second, "300 events", func() bool { return w.count() >= 300 })
+	wait.For(t, 30*time.Second, "300 events", func() bool { return w.count() >= 300 })
 	if err := a.Stop(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	relaytest.WaitFor(t, 30*time.Second, "b to read the slot", func() bool { return promtest.Value(t, b.reg, "posthorn_cdc_reader") == 1 })
-	relaytest.WaitFor(t, 30*time.Second, "600 more events", func() bool { return w.count() >= 900 })
+	wait.For(t, 30*time.Second, "b to read the slot", func() bool { return promtest.Value(t, b.reg, "posthorn_cdc_reader") == 1 })
+	wait.For(t, 30*time.Second, "600 more events", func() bool { return w.count() >= 900 })
 	posted := w.finish(t)
 	got := f.waitAllDelivered(posted, 60*time.Second)
 	relaytest.CheckOrder(t, got, false)

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 )
 
 // interruptStream is a Stream whose reads wait until their context ends.
@@ -80,16 +82,10 @@ func TestReaderConfirmsAndReadsOnAfterAnInterrupt(t *testing.T) {
 	sr := newStreamReader(context.Background(), st, 2, time.Hour, false)
 	<-st.reading
 	sr.confirm(5)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if confirmed, _ := st.sent(); len(confirmed) == 1 && confirmed[0] == 5 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the interrupted reader did not send the confirmation")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	wait.For(t, 10*time.Second, "the interrupted reader to send the confirmation", func() bool {
+		confirmed, _ := st.sent()
+		return len(confirmed) == 1 && confirmed[0] == 5
+	})
 	select {
 	case <-sr.done:
 		t.Fatalf("the reader ended after an interrupt on an intact stream: %v", sr.err)

@@ -12,6 +12,7 @@ import (
 	"github.com/posthorn/posthorn/internal/testkit/pgtest"
 	"github.com/posthorn/posthorn/internal/testkit/promtest"
 	"github.com/posthorn/posthorn/internal/testkit/relaytest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 	"github.com/posthorn/posthorn/relay/cdc"
 )
 
@@ -20,7 +21,7 @@ import (
 func (f *fixture) dropSlot() {
 	f.t.Helper()
 	ctx := context.Background()
-	relaytest.WaitFor(f.t, 10*time.Second, "the slot to be dropped", func() bool {
+	wait.For(f.t, 10*time.Second, "the slot to be dropped", func() bool {
 		_, _ = f.pool.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL`, f.slot)
 		_, err := f.pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, f.slot)
 		return err == nil
@@ -50,12 +51,12 @@ func TestSlotDroppedMidStreamRecoversThroughOutbox(t *testing.T) {
 			}})
 			f.waitStreaming()
 			w := startWriters(t, f.pool, 3, 20, time.Millisecond)
-			relaytest.WaitFor(t, 30*time.Second, "300 events", func() bool { return w.count() >= 300 })
+			wait.For(t, 30*time.Second, "300 events", func() bool { return w.count() >= 300 })
 			f.dropSlot()
-			relaytest.WaitFor(t, 30*time.Second, "the relay to stream again", func() bool {
+			wait.For(t, 30*time.Second, "the relay to stream again", func() bool {
 				return strings.Count(f.logs.String(), "streaming the outbox from the slot") >= 2
 			})
-			relaytest.WaitFor(t, 30*time.Second, "600 more events", func() bool { return w.count() >= 900 })
+			wait.For(t, 30*time.Second, "600 more events", func() bool { return w.count() >= 900 })
 			posted := append(w.finish(t), gap...)
 			if n := promtest.Value(t, r.reg, "posthorn_cdc_slot_recoveries_total", "reason", "missing"); n != 1 {
 				t.Errorf("posthorn_cdc_slot_recoveries_total{reason=missing} = %v, want 1", n)
@@ -144,7 +145,7 @@ func TestSlotInvalidatedWhileStoppedRecoversThroughOutbox(t *testing.T) {
 				t.Errorf("no error log about the invalidated slot:\n%s", f.logs)
 			}
 			if !catchUp {
-				relaytest.WaitFor(t, 30*time.Second, "the events after the restart", func() bool { return len(f.missing(after)) == 0 })
+				wait.For(t, 30*time.Second, "the events after the restart", func() bool { return len(f.missing(after)) == 0 })
 				lost := f.missing(posted)
 				if len(lost) != len(whileStopped) {
 					t.Fatalf("negative control: without catch-up %d events lost, want the %d committed while the relay was stopped", len(lost), len(whileStopped))

@@ -14,6 +14,7 @@ import (
 	"github.com/posthorn/posthorn/internal/testkit/pgtest"
 	"github.com/posthorn/posthorn/internal/testkit/promtest"
 	"github.com/posthorn/posthorn/internal/testkit/relaytest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 	"github.com/posthorn/posthorn/relay"
 	"github.com/posthorn/posthorn/relay/cdc"
 )
@@ -33,7 +34,7 @@ func TestDeliversEveryCommittedEventInOrderUnderLoad(t *testing.T) {
 	for i := range 20 {
 		rolledBack[relaytest.MustRollBack(t, f.pool, fmt.Sprintf("acc-rb-%d", i))[0].EventID] = true
 	}
-	relaytest.WaitFor(t, 30*time.Second, "2,000 events under load", func() bool { return w.count() >= 2000 })
+	wait.For(t, 30*time.Second, "2,000 events under load", func() bool { return w.count() >= 2000 })
 	posted := append(backlog, w.finish(t)...)
 	got := f.waitAllDelivered(posted, 60*time.Second)
 	for _, e := range got {
@@ -164,7 +165,7 @@ func TestCrashBetweenAckAndConfirmRepeatsNothingLost(t *testing.T) {
 			f.waitStreaming()
 			b := f.start("relay-b", nil) // stands by: a holds the lease
 			w := startWriters(t, f.pool, 3, 20, time.Millisecond)
-			relaytest.WaitFor(t, 30*time.Second, "relay a to crash", a.Crashed)
+			wait.For(t, 30*time.Second, "relay a to crash", a.Crashed)
 			if promtest.Value(t, b.reg, "posthorn_cdc_reader") != 0 {
 				t.Fatal("standby b was reading the slot while a held the lease")
 			}
@@ -200,9 +201,9 @@ func TestCrashNegativeControlConfirmOnReceiptLoses(t *testing.T) {
 	a := f.start("relay-a", nil, &cdc.Hooks{UnsafeConfirmOnReceipt: true, BeforePublish: crashAt(3, &crashed)})
 	f.waitStreaming()
 	w := startWriters(t, f.pool, 3, 20, time.Millisecond)
-	relaytest.WaitFor(t, 30*time.Second, "relay a to crash", a.Crashed)
+	wait.For(t, 30*time.Second, "relay a to crash", a.Crashed)
 	f.start("relay-b", nil, &cdc.Hooks{SkipCatchUp: true})
-	relaytest.WaitFor(t, 30*time.Second, "1,000 events", func() bool { return w.count() >= 1000 })
+	wait.For(t, 30*time.Second, "1,000 events", func() bool { return w.count() >= 1000 })
 	posted := w.finish(t)
 	// Wait for b to deliver what it can: everything committed after the
 	// crash (the last posted event is a proxy).

@@ -16,6 +16,7 @@ import (
 	"github.com/posthorn/posthorn/internal/dev/pgcluster"
 	"github.com/posthorn/posthorn/internal/testkit/relaytest"
 	"github.com/posthorn/posthorn/internal/testkit/syncbuf"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 	"github.com/posthorn/posthorn/relay"
 	"github.com/posthorn/posthorn/relay/cdc"
 )
@@ -46,7 +47,7 @@ func runCDC(logs *syncbuf.Buffer) relaytest.RunRelay {
 		if err := r.Start(context.Background()); err != nil {
 			t.Fatal(err)
 		}
-		relaytest.WaitFor(t, 30*time.Second, "the relay to stream", func() bool {
+		wait.For(t, 30*time.Second, "the relay to stream", func() bool {
 			return strings.Contains(logs.String(), "streaming the outbox from the slot")
 		})
 		stop := sync.OnceFunc(func() {

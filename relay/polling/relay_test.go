@@ -22,6 +22,7 @@ import (
 	"github.com/posthorn/posthorn/internal/testkit/pgtest"
 	"github.com/posthorn/posthorn/internal/testkit/promtest"
 	"github.com/posthorn/posthorn/internal/testkit/relaytest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 	"github.com/posthorn/posthorn/relay"
 	"github.com/posthorn/posthorn/relay/polling"
 )
@@ -94,7 +95,7 @@ func (f *fixture) delivered() []core.Envelope { return relaytest.Delivered(f.t, 
 
 func (f *fixture) waitDelivered(n int) []core.Envelope {
 	f.t.Helper()
-	relaytest.WaitFor(f.t, 20*time.Second, fmt.Sprintf("%d records in the sink", n), func() bool {
+	wait.For(f.t, 20*time.Second, fmt.Sprintf("%d records in the sink", n), func() bool {
 		return len(f.sink.Records(core.TopicEvents)) >= n
 	})
 	return f.delivered()
@@ -113,7 +114,7 @@ func TestEveryCommittedEventNoneRolledBack(t *testing.T) {
 	// writes without ledgerstore.Store, so no NOTIFY wakes the relay).
 	committed = append(committed, relaytest.MustPostN(t, f.pool, 40, 13)...)
 	got := f.waitDelivered(len(committed))
-	relaytest.WaitFor(t, 10*time.Second, "all markers", func() bool { return relaytest.Unrelayed(t, f.pool) == 0 })
+	wait.For(t, 10*time.Second, "all markers", func() bool { return relaytest.Unrelayed(t, f.pool) == 0 })
 	if len(got) != len(committed) {
 		t.Fatalf("delivered %d, committed %d", len(got), len(committed))
 	}
@@ -171,7 +172,7 @@ func buildInversion(t *testing.T, pool *pgxpool.Pool, a, b string) {
 		}
 		t2done <- err
 	}()
-	relaytest.WaitFor(t, 10*time.Second, "T2 to wait for A's lock", func() bool {
+	wait.For(t, 10*time.Second, "T2 to wait for A's lock", func() bool {
 		var waiting bool
 		_ = pool.QueryRow(ctx, `SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1`, t2pid).Scan(&waiting)
 		return waiting
@@ -251,8 +252,8 @@ func TestLateCommitIsRelayedNotSkipped(t *testing.T) {
 	ctx := context.Background()
 	r := f.start("relay", nil)
 	late, lateRow, others := f.lateCommit(ctx)
-	relaytest.WaitFor(t, 10*time.Second, "later rows marked", func() bool { return relaytest.Unrelayed(t, f.pool) == 0 })
-	relaytest.WaitFor(t, 10*time.Second, "held-by-open-transaction gauge", func() bool {
+	wait.For(t, 10*time.Second, "later rows marked", func() bool { return relaytest.Unrelayed(t, f.pool) == 0 })
+	wait.For(t, 10*time.Second, "held-by-open-transaction gauge", func() bool {
 		return promtest.Value(t, r.reg, "posthorn_relay_held_by_open_transaction_seconds") > 0
 	})
 	if err := late.Commit(ctx); err != nil {
@@ -262,7 +263,7 @@ func TestLateCommitIsRelayedNotSkipped(t *testing.T) {
 	if last := got[len(got)-1]; last.EventID != lateRow[0].EventID {
 		t.Fatalf("last delivered %s, want the late row %s", last.EventID, lateRow[0].EventID)
 	}
-	relaytest.WaitFor(t, 10*time.Second, "gauge back to 0", func() bool {
+	wait.For(t, 10*time.Second, "gauge back to 0", func() bool {
 		return promtest.Value(t, r.reg, "posthorn_relay_held_by_open_transaction_seconds") == 0
 	})
 }
@@ -309,7 +310,7 @@ func TestCrashAfterAckBeforeMarkerResends(t *testing.T) {
 	// with the same event IDs, then marked.
 	f.start("relay", nil)
 	got := f.waitDelivered(2 * len(posted))
-	relaytest.WaitFor(t, 10*time.Second, "markers", func() bool { return relaytest.Unrelayed(t, f.pool) == 0 })
+	wait.For(t, 10*time.Second, "markers", func() bool { return relaytest.Unrelayed(t, f.pool) == 0 })
 	count := map[string]int{}
 	for _, e := range got {
 		count[e.EventID]++
@@ -353,22 +354,22 @@ func TestTwoRelaysShareShardsAndTakeOverAStalledOne(t *testing.T) {
 		}
 	}})
 	b := f.start("relay-b", func(c *relay.Settings) { c.LeaseTTL = time.Second })
-	relaytest.WaitFor(t, 10*time.Second, "an even split of the 16 shards", func() bool {
+	wait.For(t, 10*time.Second, "an even split of the 16 shards", func() bool {
 		o := leaseOwners(t, f.store)
 		return o["relay-a"] == 8 && o["relay-b"] == 8
 	})
 	posted := relaytest.MustPostN(t, f.pool, 200, 40)
 	f.waitDelivered(len(posted))
-	relaytest.WaitFor(t, 10*time.Second, "markers", func() bool { return relaytest.Unrelayed(t, f.pool) == 0 })
+	wait.For(t, 10*time.Second, "markers", func() bool { return relaytest.Unrelayed(t, f.pool) == 0 })
 
 	// Stall A inside its loop, with a batch read: B must take its shards over
 	// once A's leases expire, and deliver everything.
 	stallA.Store(true)
 	posted = append(posted, relaytest.MustPostN(t, f.pool, 200, 40)...)
 	<-stalled
-	relaytest.WaitFor(t, 15*time.Second, "B to take all 16 shards", func() bool { return leaseOwners(t, f.store)["relay-b"] == 16 })
+	wait.For(t, 15*time.Second, "B to take all 16 shards", func() bool { return leaseOwners(t, f.store)["relay-b"] == 16 })
 	got := f.waitDelivered(len(posted))
-	relaytest.WaitFor(t, 10*time.Second, "markers", func() bool { return relaytest.Unrelayed(t, f.pool) == 0 })
+	wait.For(t, 10*time.Second, "markers", func() bool { return relaytest.Unrelayed(t, f.pool) == 0 })
 	if n := promtest.Value(t, b.reg, "posthorn_relay_lease_takeovers_total"); n < 1 {
 		t.Errorf("lease takeovers = %v, want at least 1", n)
 	}
@@ -376,7 +377,7 @@ func TestTwoRelaysShareShardsAndTakeOverAStalledOne(t *testing.T) {
 	before := len(f.sink.Records(core.TopicEvents))
 	stallA.Store(false)
 	close(release)
-	relaytest.WaitFor(t, 10*time.Second, "A to abandon its stale batch", func() bool {
+	wait.For(t, 10*time.Second, "A to abandon its stale batch", func() bool {
 		return promtest.Value(t, a.reg, "posthorn_relay_abandoned_batches_total") >= 1
 	})
 	if after := len(f.sink.Records(core.TopicEvents)); after != before {
@@ -403,16 +404,16 @@ func TestStaleOwnersMarkerIsFenced(t *testing.T) {
 	a := f.start("relay-a", func(c *relay.Settings) { c.LeaseTTL = time.Second }, &polling.Hooks{BeforeMarker: func() {
 		once.Do(func() { close(inMarker); <-release })
 	}})
-	relaytest.WaitFor(t, 10*time.Second, "A to hold all shards", func() bool { return leaseOwners(t, f.store)["relay-a"] == 16 })
+	wait.For(t, 10*time.Second, "A to hold all shards", func() bool { return leaseOwners(t, f.store)["relay-a"] == 16 })
 	posted := relaytest.MustPost(t, f.pool, "acc-1", "acc-2", "acc-3")
 	<-inMarker // A has the ACK and is about to write its marker; it stalls here
 	f.start("relay-b", func(c *relay.Settings) { c.LeaseTTL = time.Second })
-	relaytest.WaitFor(t, 15*time.Second, "B to take the shards over", func() bool { return leaseOwners(t, f.store)["relay-b"] == 16 })
+	wait.For(t, 15*time.Second, "B to take the shards over", func() bool { return leaseOwners(t, f.store)["relay-b"] == 16 })
 	close(release)
-	relaytest.WaitFor(t, 10*time.Second, "A's markers refused", func() bool {
+	wait.For(t, 10*time.Second, "A's markers refused", func() bool {
 		return promtest.Value(t, a.reg, "posthorn_relay_fenced_markers_total") == float64(len(posted))
 	})
-	relaytest.WaitFor(t, 10*time.Second, "B's markers", func() bool { return relaytest.Unrelayed(t, f.pool) == 0 })
+	wait.For(t, 10*time.Second, "B's markers", func() bool { return relaytest.Unrelayed(t, f.pool) == 0 })
 }
 
 func TestParkedAccountDoesNotStopOthers(t *testing.T) {
@@ -426,7 +427,7 @@ func TestParkedAccountDoesNotStopOthers(t *testing.T) {
 	good := relaytest.MustPostN(t, f.pool, 50, 10)
 	r := f.start("relay", nil)
 	got := f.waitDelivered(len(good))
-	relaytest.WaitFor(t, 10*time.Second, "parked gauge", func() bool {
+	wait.For(t, 10*time.Second, "parked gauge", func() bool {
 		return promtest.Value(t, r.reg, "posthorn_relay_parked_aggregates") == 1
 	})
 	for _, e := range got {
@@ -443,7 +444,7 @@ func TestParkedAccountDoesNotStopOthers(t *testing.T) {
 	}
 	// More postings keep flowing while acc-bad stays parked.
 	more := relaytest.MustPost(t, f.pool, "acc-new")
-	relaytest.WaitFor(t, 10*time.Second, "a new account's event", func() bool {
+	wait.For(t, 10*time.Second, "a new account's event", func() bool {
 		for _, e := range f.delivered() {
 			if e.EventID == more[0].EventID {
 				return true
@@ -459,7 +460,7 @@ func TestParkedAccountDoesNotStopOthers(t *testing.T) {
 	if err := f.store.Release(ctx, core.AggregateAccount, "acc-bad"); !errors.Is(err, core.ErrNotParked) {
 		t.Fatalf("second release: %v, want ErrNotParked", err)
 	}
-	relaytest.WaitFor(t, 10*time.Second, "parked again", func() bool {
+	wait.For(t, 10*time.Second, "parked again", func() bool {
 		p, _ := f.store.Parked(ctx)
 		return len(p) == 1
 	})
@@ -473,13 +474,13 @@ func TestSinkOutageRetriesAndRecovers(t *testing.T) {
 	f.waitDelivered(len(first))
 	f.sink.SetDown(true)
 	posted := relaytest.MustPostN(t, f.pool, 30, 5)
-	relaytest.WaitFor(t, 10*time.Second, "retries", func() bool { return promtest.Value(t, r.reg, "posthorn_relay_retries_total") >= 3 })
+	wait.For(t, 10*time.Second, "retries", func() bool { return promtest.Value(t, r.reg, "posthorn_relay_retries_total") >= 3 })
 	if n := relaytest.Unrelayed(t, f.pool); n != len(posted) {
 		t.Fatalf("during the outage %d rows unrelayed, want %d", n, len(posted))
 	}
 	f.sink.SetDown(false)
 	got := f.waitDelivered(len(first) + len(posted))
-	relaytest.WaitFor(t, 10*time.Second, "markers", func() bool { return relaytest.Unrelayed(t, f.pool) == 0 })
+	wait.For(t, 10*time.Second, "markers", func() bool { return relaytest.Unrelayed(t, f.pool) == 0 })
 	relaytest.CheckOrder(t, got, false)
 }
 
@@ -487,7 +488,7 @@ func TestStopReleasesLeases(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, memory.Config{})
 	r := f.start("relay", nil)
-	relaytest.WaitFor(t, 10*time.Second, "all shards", func() bool { return leaseOwners(t, f.store)["relay"] == 16 })
+	wait.For(t, 10*time.Second, "all shards", func() bool { return leaseOwners(t, f.store)["relay"] == 16 })
 	relaytest.MustPost(t, f.pool, "acc-1")
 	f.waitDelivered(1)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -18,6 +18,7 @@ import (
 	"github.com/posthorn/posthorn/internal/testkit/promtest"
 	"github.com/posthorn/posthorn/internal/testkit/relaytest"
 	"github.com/posthorn/posthorn/internal/testkit/syncbuf"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 	"github.com/posthorn/posthorn/relay"
 	"github.com/posthorn/posthorn/relay/polling"
 )
@@ -95,14 +96,14 @@ func TestStandbyFlushHoldsTheRelayWhileTheStandbyIsDown(t *testing.T) {
 	var logs syncbuf.Buffer
 	reg, _ := runPolling(&logs)(t, f, true)
 	first := relaytest.MustPostTransfers(t, f.Pool, 5, 8, 3)
-	relaytest.WaitFor(t, 30*time.Second, "the first events published", func() bool {
+	wait.For(t, 30*time.Second, "the first events published", func() bool {
 		return len(relaytest.Delivered(t, f.Sink)) >= len(first)
 	})
 	if err := f.Standby.Shutdown(ctx); err != nil {
 		t.Fatal(err)
 	}
 	held := relaytest.MustPostTransfers(t, f.Pool, 10, 8, 5)
-	relaytest.WaitFor(t, 30*time.Second, "the relay to report it is held by the standby", func() bool {
+	wait.For(t, 30*time.Second, "the relay to report it is held by the standby", func() bool {
 		return promtest.Value(t, reg, "posthorn_relay_held_by_standby_seconds") >= 1 &&
 			strings.Contains(logs.String(), "relay held back by the ledger's standbys")
 	})
@@ -112,10 +113,10 @@ func TestStandbyFlushHoldsTheRelayWhileTheStandbyIsDown(t *testing.T) {
 	if err := f.Standby.Restart(ctx); err != nil {
 		t.Fatal(err)
 	}
-	relaytest.WaitFor(t, 30*time.Second, "the held events published once the standby is back", func() bool {
+	wait.For(t, 30*time.Second, "the held events published once the standby is back", func() bool {
 		return len(relaytest.Delivered(t, f.Sink)) >= len(first)+len(held)
 	})
-	relaytest.WaitFor(t, 10*time.Second, "the held gauge back to 0", func() bool {
+	wait.For(t, 10*time.Second, "the held gauge back to 0", func() bool {
 		return promtest.Value(t, reg, "posthorn_relay_held_by_standby_seconds") == 0
 	})
 	if !strings.Contains(logs.String(), "the standbys caught up; publishing again") {

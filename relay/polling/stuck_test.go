@@ -12,6 +12,7 @@ import (
 	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/internal/testkit/promtest"
 	"github.com/posthorn/posthorn/internal/testkit/relaytest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 	"github.com/posthorn/posthorn/relay"
 )
 
@@ -76,7 +77,7 @@ func postSequentially(t *testing.T, f *fixture, account string, n int) time.Dura
 	start := time.Now()
 	for range n {
 		p := relaytest.MustPost(t, f.pool, account)
-		relaytest.WaitFor(t, 30*time.Second, "a posting of "+account, func() bool { return deliveredIDs(f)[p[0].EventID] })
+		wait.For(t, 30*time.Second, "a posting of "+account, func() bool { return deliveredIDs(f)[p[0].EventID] })
 	}
 	return time.Since(start)
 }
@@ -104,7 +105,7 @@ func TestStuckRetryableRecordParksItsAggregateOnly(t *testing.T) {
 		good = append(good, relaytest.MustPost(t, f.pool, "acc-1", "acc-2")...)
 	}
 	r := f.start("relay", throttleCfg(3))
-	relaytest.WaitFor(t, 30*time.Second, "acc-stuck parked", func() bool {
+	wait.For(t, 30*time.Second, "acc-stuck parked", func() bool {
 		return promtest.Value(t, r.reg, "posthorn_relay_parked_aggregates") == 1
 	})
 	parked, err := f.store.Parked(context.Background())
@@ -130,7 +131,7 @@ func TestStuckRetryableRecordParksItsAggregateOnly(t *testing.T) {
 	if err := f.store.Release(context.Background(), core.AggregateAccount, "acc-stuck"); err != nil {
 		t.Fatal(err)
 	}
-	relaytest.WaitFor(t, 30*time.Second, "released acc-stuck relayed", func() bool { return relaytest.Unrelayed(t, f.pool) == 0 })
+	wait.For(t, 30*time.Second, "released acc-stuck relayed", func() bool { return relaytest.Unrelayed(t, f.pool) == 0 })
 	relaytest.CheckOrder(t, f.delivered(), false)
 }
 
@@ -142,7 +143,7 @@ func TestStuckRetryableRecordNegativeControlThrottlesEveryone(t *testing.T) {
 	f, _ := newStuckFixture(t, "acc-stuck")
 	relaytest.MustPost(t, f.pool, "acc-stuck")
 	r := f.start("relay", throttleCfg(0))
-	relaytest.WaitFor(t, 30*time.Second, "backoff at its maximum", func() bool {
+	wait.For(t, 30*time.Second, "backoff at its maximum", func() bool {
 		return promtest.Value(t, r.reg, "posthorn_relay_retries_total") >= 4
 	})
 	if took := postSequentially(t, f, "acc-3", 3); took < 1200*time.Millisecond {
@@ -165,7 +166,7 @@ func TestBrokerWideOutageBacksOffNeverParks(t *testing.T) {
 		posted = append(posted, relaytest.MustPost(t, f.pool, "acc-"+string(rune('a'+i%5)))...)
 	}
 	r := f.start("relay", func(c *relay.Settings) { c.ParkAfterAttempts, c.ParkAfter = 2, 50*time.Millisecond })
-	relaytest.WaitFor(t, 30*time.Second, "many retries", func() bool {
+	wait.For(t, 30*time.Second, "many retries", func() bool {
 		if p, _ := f.store.Parked(context.Background()); len(p) > 0 {
 			t.Fatalf("the outage parked %d aggregates, e.g. %+v", len(p), p[0])
 		}
@@ -176,7 +177,7 @@ func TestBrokerWideOutageBacksOffNeverParks(t *testing.T) {
 	}
 	ss.all.Store(false)
 	f.waitDelivered(len(posted))
-	relaytest.WaitFor(t, 30*time.Second, "markers", func() bool { return relaytest.Unrelayed(t, f.pool) == 0 })
+	wait.For(t, 30*time.Second, "markers", func() bool { return relaytest.Unrelayed(t, f.pool) == 0 })
 	if p, _ := f.store.Parked(context.Background()); len(p) != 0 {
 		t.Fatalf("parked after the outage: %+v", p)
 	}

@@ -2,6 +2,7 @@ package cdcsource_test
 
 import (
 	"context"
+	"fmt"
 	"reflect"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/posthorn/posthorn/internal/dev/pgcluster"
 	"github.com/posthorn/posthorn/internal/testkit/pgtest"
 	"github.com/posthorn/posthorn/internal/testkit/relaytest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 	"github.com/posthorn/posthorn/relay/cdc"
 )
 
@@ -85,15 +87,11 @@ VALUES ('0190a000-0000-7000-8000-000000000001', 'command', 'payouts.payout.execu
 	if _, err := pool.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = 's1'`); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if err := src.DropSlot(ctx, "s1"); err == nil {
-			break
-		} else if time.Now().After(deadline) {
-			t.Fatal(err)
-		}
-		time.Sleep(20 * time.Millisecond) // the WAL sender exits asynchronously
-	}
+	// The WAL sender exits asynchronously: its slot can be dropped then.
+	wait.ForStatus(t, 10*time.Second, "slot s1 dropped", func() (bool, string) {
+		err := src.DropSlot(ctx, "s1")
+		return err == nil, fmt.Sprint(err)
+	})
 	if _, err := cdcsource.OpenStream(ctx, pool, "s1", "posthorn_outbox"); !cdcsource.IsSlotGone(err) {
 		t.Fatalf("stream of a dropped slot: %v, want IsSlotGone", err)
 	}

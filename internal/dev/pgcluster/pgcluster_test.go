@@ -10,6 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/goleak"
+
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -173,17 +175,14 @@ func TestStandbyMissesWhatWasCommittedWhileItWasDown(t *testing.T) {
 		t.Fatal(err)
 	}
 	var name string
-	var flushed bool
-	for deadline := time.Now().Add(30 * time.Second); !flushed; {
+	wait.For(t, 30*time.Second, "the standby to catch up", func() bool {
+		var flushed bool
 		err := pc.QueryRow(ctx, `SELECT application_name, coalesce(flush_lsn >= pg_current_wal_insert_lsn(), false) FROM pg_stat_replication`).Scan(&name, &flushed)
 		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 			t.Fatal(err)
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("the standby did not catch up in 30s")
-		}
-		time.Sleep(20 * time.Millisecond) // polling pg_stat_replication
-	}
+		return flushed
+	})
 	if name != "standby_a" {
 		t.Errorf("pg_stat_replication application_name %q, want standby_a", name)
 	}

@@ -24,9 +24,11 @@ import (
 	"testing"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
+
 	phamqp "github.com/posthorn/posthorn/adapters/amqp"
 	"github.com/posthorn/posthorn/internal/testkit/servertest"
-	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 )
 
 // SharedURL is the machine's RabbitMQ unless POSTHORN_TEST_AMQP_URL says otherwise.
@@ -217,25 +219,25 @@ func (n *Node) StartAgain() {
 	done := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(done) }()
 	n.cmd, n.done = cmd, done
-	deadline := time.Now().Add(90 * time.Second)
-	for {
-		conn, err := amqp.DialConfig(n.URL, amqp.Config{Dial: amqp.DefaultDial(500 * time.Millisecond)})
-		if err == nil {
+	// err is the last dial's.
+	up := wait.Until(90*time.Second, func() (bool, string) {
+		var conn *amqp.Connection
+		if conn, err = amqp.DialConfig(n.URL, amqp.Config{Dial: amqp.DefaultDial(500 * time.Millisecond)}); err == nil {
 			_ = conn.Close()
-			n.t.Logf("amqptest: node %s accepts connections at %s after %v", n.Name, strings.TrimSuffix(n.URL[strings.LastIndex(n.URL, "@")+1:], "/"), time.Since(began).Round(10*time.Millisecond))
-			return
+			return true, ""
 		}
 		select {
 		case <-done:
 			n.t.Fatalf("amqptest: rabbitmq-server exited while starting (%v); its output ends:\n%s", cmd.ProcessState, n.outputTail())
 		default:
 		}
-		if time.Now().After(deadline) {
-			n.Kill()
-			n.t.Fatalf("amqptest: node %s did not accept connections within 90 s: %v; its output ends:\n%s", n.Name, err, n.outputTail())
-		}
-		time.Sleep(100 * time.Millisecond)
+		return false, ""
+	})
+	if !up {
+		n.Kill()
+		n.t.Fatalf("amqptest: node %s did not accept connections within 90 s: %v; its output ends:\n%s", n.Name, err, n.outputTail())
 	}
+	n.t.Logf("amqptest: node %s accepts connections at %s after %v", n.Name, strings.TrimSuffix(n.URL[strings.LastIndex(n.URL, "@")+1:], "/"), time.Since(began).Round(10*time.Millisecond))
 }
 
 // Kill ends the node with SIGKILL to its process group, as a crash would:

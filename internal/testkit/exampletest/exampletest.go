@@ -14,6 +14,7 @@ import (
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/internal/testkit/faultkit"
 	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 )
 
 // Path is a ledger database with Posthorn's schema, a broker holding
@@ -78,11 +79,11 @@ func (p *Path) KillRelayWhile(t *testing.T, kills int, publish func()) {
 	done := make(chan struct{})
 	go func() { defer close(done); publish() }()
 	for range kills {
+		// Kill the relay once it has marked something since its last start
+		// (or after 20 s regardless: a kill of an idle relay proves less,
+		// not nothing).
 		since := marked()
-		deadline := time.Now().Add(20 * time.Second)
-		for marked() == since && time.Now().Before(deadline) {
-			time.Sleep(20 * time.Millisecond)
-		}
+		wait.Until(20*time.Second, func() (bool, string) { return marked() != since, "" })
 		p.Relay.Kill()
 		if err := p.Relay.Start(context.Background()); err != nil {
 			t.Fatalf("restart the relay: %v\n%s", err, faultkit.Tail(p.Relay.LogPath(), 20))

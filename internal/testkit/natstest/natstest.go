@@ -16,7 +16,9 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+
 	"github.com/posthorn/posthorn/internal/testkit/servertest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 )
 
 // SharedURL is the machine's NATS server unless POSTHORN_TEST_NATS_URL says otherwise.
@@ -78,18 +80,13 @@ func (s *Server) StartAgain() {
 	if err := s.cmd.Start(); err != nil {
 		s.t.Fatalf("natstest: start nats-server: %v", err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	wait.For(s.t, 10*time.Second, fmt.Sprintf("nats-server to open port %d", s.port), func() bool {
 		c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", s.port), 100*time.Millisecond)
 		if err == nil {
 			_ = c.Close()
-			return
 		}
-		if time.Now().After(deadline) {
-			s.t.Fatalf("natstest: nats-server did not open port %d", s.port)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return err == nil
+	})
 }
 
 // Kill ends the server with SIGKILL, as a crash would: what JetStream

@@ -15,8 +15,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/posthorn/posthorn/internal/testkit/servertest"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/posthorn/posthorn/internal/testkit/servertest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 )
 
 // SharedAddr is the machine's Redis unless POSTHORN_TEST_REDIS_ADDR says otherwise.
@@ -81,13 +83,8 @@ func (s *Server) StartAgain() {
 	}
 	c := redis.NewClient(&redis.Options{Addr: s.Addr, DialTimeout: 100 * time.Millisecond, MaxRetries: -1})
 	defer c.Close()
-	deadline := time.Now().Add(10 * time.Second)
-	for c.Ping(context.Background()).Err() != nil { // also waits out LOADING
-		if time.Now().After(deadline) {
-			s.t.Fatalf("redistest: redis-server on %s did not answer", s.Addr)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	// A ping also waits out LOADING.
+	wait.For(s.t, 10*time.Second, "redis-server on "+s.Addr+" to answer", func() bool { return c.Ping(context.Background()).Err() == nil })
 }
 
 // Kill ends the server with SIGKILL, as a crash would.

@@ -15,6 +15,7 @@ import (
 	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
 	"github.com/posthorn/posthorn/internal/dev/pgcluster"
 	"github.com/posthorn/posthorn/internal/testkit/promtest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 	"github.com/posthorn/posthorn/relay"
 )
 
@@ -114,7 +115,7 @@ func RunFailover(t *testing.T, run RunRelay, required bool, opts pgcluster.Optio
 	}
 	during := MustPostTransfers(t, f.Pool, 20, 8, 5)
 	// (The standby's WAL sender may outlive it by a moment.)
-	WaitFor(t, 30*time.Second, "the relay's probe to see no standby while it is down", func() bool {
+	wait.For(t, 30*time.Second, "the relay's probe to see no standby while it is down", func() bool {
 		st, err := relaystore.New(f.Pool).StandbyStatus(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -126,7 +127,7 @@ func RunFailover(t *testing.T, run RunRelay, required bool, opts pgcluster.Optio
 		t.Fatal(err)
 	}
 	if required {
-		WaitFor(t, 30*time.Second, "the relay to report it is held by the standby", func() bool {
+		wait.For(t, 30*time.Second, "the relay to report it is held by the standby", func() bool {
 			return promtest.Value(t, reg, "posthorn_relay_held_by_standby_seconds") >= 1
 		})
 		if n := len(f.published(t, during)); n > 0 {
@@ -171,7 +172,7 @@ func (f *Failover) KillPrimaryAndPromote(t testing.TB) {
 // waitPublished waits until every event of posted is in the sink.
 func (f *Failover) waitPublished(t testing.TB, posted []Posted) {
 	t.Helper()
-	WaitFor(t, 30*time.Second, fmt.Sprintf("%d events published", len(posted)), func() bool {
+	wait.For(t, 30*time.Second, fmt.Sprintf("%d events published", len(posted)), func() bool {
 		return len(f.published(t, posted)) == len(posted)
 	})
 }

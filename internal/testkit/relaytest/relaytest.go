@@ -187,18 +187,6 @@ ORDER BY r, a.id`, accounts, shards, perAccount, core.TypeAccountPosted, core.To
 	return err
 }
 
-// WaitFor polls cond every 10ms until it holds or d passes.
-func WaitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", d, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // Unrelayed counts outbox rows without a marker.
 func Unrelayed(t testing.TB, pool *pgxpool.Pool) int {
 	t.Helper()

@@ -33,6 +33,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 )
 
 // Record is one record read back from the broker.
@@ -317,19 +318,12 @@ func testOutage(t *testing.T, h Harness) {
 	restore()
 	// The sink recovers by itself: keep retrying (as the relay does) until it
 	// publishes again.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	wait.ForStatus(t, 30*time.Second, "the sink to recover after the outage", func() (bool, string) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		err = h.Sink.Publish(ctx, []core.Envelope{Envelope(core.TopicEvents, "acc-outage", 2)})
 		cancel()
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("sink did not recover after the outage: %v", err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return err == nil, fmt.Sprint(err)
+	})
 	recs := read(t, h, core.TopicEvents, 2)
 	last := recs[len(recs)-1]
 	if last.Headers[core.HeaderRevision] != "2" {
