@@ -75,7 +75,7 @@ type Consumer struct {
 }
 
 // instanceIDRE is what Kafka accepts as a group.instance.id, shortened so
-// that ".<topic>" still fits in its 249 characters (brokers.Options).
+// that ".<topic>" still fits in its 249 characters (kafkagroup.Options).
 var instanceIDRE = regexp.MustCompile(`^[A-Za-z0-9._-]{1,100}$`)
 
 func (c Consumer) validate() error {

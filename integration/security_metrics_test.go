@@ -102,20 +102,10 @@ func TestOpsKitMetricsAreExposedByRunningComponents(t *testing.T) {
 	// The CDC relay on a throwaway cluster with wal_level=logical.
 	cctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	pc, err := pgcluster.Start(cctx, pgcluster.Options{Logical: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = pc.Stop() })
+	pc := pgtest.LogicalCluster(t, pgcluster.Options{})
+	_, cdcOwnerURL := pgtest.LedgerIn(t, pc, 2)
 	admin, err := pgx.Connect(cctx, pc.URL("postgres"))
 	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := admin.Exec(cctx, "CREATE DATABASE ledger"); err != nil {
-		t.Fatal(err)
-	}
-	cdcOwnerURL := pc.URL("ledger")
-	if err := postgres.Migrate(cctx, cdcOwnerURL, postgres.LedgerSchema); err != nil {
 		t.Fatal(err)
 	}
 	if err := postgres.ApplyRoles(cctx, cdcOwnerURL, postgres.LedgerSchema); err != nil {

@@ -5,9 +5,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"slices"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,16 +12,11 @@ import (
 
 	"github.com/posthorn/posthorn/adapters/memory"
 	"github.com/posthorn/posthorn/adapters/postgres"
-	"github.com/posthorn/posthorn/adapters/postgres/cdcsource"
-	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
 	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
 	"github.com/posthorn/posthorn/internal/dev/pgcluster"
 	"github.com/posthorn/posthorn/internal/testkit/relaytest"
-	"github.com/posthorn/posthorn/internal/testkit/syncbuf"
 	"github.com/posthorn/posthorn/internal/testkit/wait"
 	"github.com/posthorn/posthorn/relay"
-	"github.com/posthorn/posthorn/relay/cdc"
-	"github.com/posthorn/posthorn/relay/polling"
 )
 
 const (
@@ -90,41 +82,17 @@ func benchStandby(b *testing.B, f *relaytest.Failover, mode string, required boo
 	store := relaystore.New(relayPool)
 	sink := relaytest.NewAckTimes(memory.New(memory.Config{}))
 	defer sink.Close()
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	sf := relaytest.StandbyFlush(required, store)
 	reg := prometheus.NewRegistry()
 	name := fmt.Sprintf("%s_%v", mode, required)
-	var stop func()
-	switch mode {
-	case "polling":
-		r, err := polling.New(store, sink, relay.Settings{Owner: name, SinkName: "memory", Logger: quiet, StandbyFlush: sf, Registerer: reg})
-		if err != nil {
-			b.Fatal(err)
+	stop := relaytest.StartMode(b, mode, relayPool, sink, relay.Settings{Owner: name, SinkName: "memory", CDC: relay.CDC{Slot: "bench_" + name},
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), StandbyFlush: sf, Registerer: reg})
+	defer func() {
+		stop()
+		if mode == relay.ModeCDC {
+			_, _ = f.Pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, "bench_"+name)
 		}
-		if err := r.Start(ctx); err != nil {
-			b.Fatal(err)
-		}
-		stop = func() { _ = r.Stop(ctx) }
-	case "cdc":
-		logs := &syncbuf.Buffer{}
-		slot := "bench_" + name
-		r, err := cdc.New(store, cdcsource.New(relayPool), sink, relay.Settings{Owner: name, SinkName: "memory", CDC: relay.CDC{Slot: slot},
-			Logger: slog.New(slog.NewTextHandler(logs, nil)), StandbyFlush: sf, Registerer: reg})
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := r.Start(ctx); err != nil {
-			b.Fatal(err)
-		}
-		stop = func() {
-			_ = r.Stop(ctx)
-			_, _ = f.Pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, slot)
-		}
-		wait.For(b, 30*time.Second, "the CDC relay to stream", func() bool {
-			return strings.Contains(logs.String(), "streaming the outbox")
-		})
-	}
-	defer stop()
+	}()
 	var res standbyBenchResult
 
 	if err := relaytest.Fill(ctx, f.Pool, name, 500, standbyBenchBacklog/500); err != nil {
@@ -134,67 +102,11 @@ func benchStandby(b *testing.B, f *relaytest.Failover, mode string, required boo
 	wait.For(b, time.Minute, "the backlog drained", func() bool { return relaytest.Unrelayed(b, f.Pool) == 0 })
 	res.drain = standbyBenchBacklog / time.Since(start).Seconds()
 
-	var (
-		mu        sync.Mutex
-		committed = map[string]time.Time{}
-	)
-	waker := ledgerstore.NewRelayWaker(f.Pool)
-	tokens := make(chan struct{}, standbyBenchRate)
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	for g := range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; ; i++ {
-				select {
-				case <-done:
-					return
-				case <-tokens:
-				}
-				a, c := fmt.Sprintf("lat-%d", (g*131+i*7)%400), fmt.Sprintf("lat-%d", (g*131+i*7+200)%400)
-				ps, err := relaytest.Commit(ctx, f.Pool, a, c)
-				now := time.Now()
-				if err != nil {
-					continue // a deadlock victim; the load moves on
-				}
-				waker.Wake()
-				mu.Lock()
-				for _, p := range ps {
-					committed[p.EventID] = now
-				}
-				mu.Unlock()
-			}
-		}()
-	}
-	tick := time.NewTicker(10 * time.Millisecond)
-	end := time.Now().Add(standbyBenchLoad)
-	for now := range tick.C {
-		if now.After(end) {
-			break
-		}
-		for range standbyBenchRate / 100 {
-			select {
-			case tokens <- struct{}{}:
-			default:
-			}
-		}
-	}
-	tick.Stop()
-	close(done)
-	wg.Wait()
+	load := relaytest.RunLoad(ctx, f.Pool, standbyBenchRate, 4, standbyBenchLoad, "lat", 400)
 	wait.For(b, time.Minute, "the load relayed", func() bool { return relaytest.Unrelayed(b, f.Pool) == 0 })
-	lat := make([]time.Duration, 0, len(committed))
-	for id, t := range committed {
-		if a, ok := sink.Acked(id); ok {
-			lat = append(lat, max(a.Sub(t), 0))
-		}
-	}
-	if len(lat) != len(committed) || len(lat) == 0 {
-		b.Fatalf("%s: %d of %d events ACKed", name, len(lat), len(committed))
-	}
-	slices.Sort(lat)
-	res.p50, res.p99 = lat[len(lat)/2].Round(10*time.Microsecond), lat[len(lat)*99/100].Round(10*time.Microsecond)
+	lat := load.Latencies(b, sink)
+	p50, p99 := relaytest.Percentiles(lat)
+	res.p50, res.p99 = p50.Round(10*time.Microsecond), p99.Round(10*time.Microsecond)
 	res.events = len(lat)
 	mfs, err := reg.Gather()
 	if err != nil {

@@ -12,13 +12,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 
 	"github.com/posthorn/posthorn/adapters/memory"
-	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/cdcsource"
 	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
 	"github.com/posthorn/posthorn/core"
@@ -65,41 +63,6 @@ func randName(prefix string) string {
 	return prefix + hex.EncodeToString(b[:])
 }
 
-// ledgerDB creates a migrated ledger database in c and returns a pool on
-// it; at cleanup the slots of the database and the database are dropped.
-func ledgerDB(t testing.TB, c *pgcluster.Cluster) *pgxpool.Pool {
-	t.Helper()
-	ctx := context.Background()
-	name := randName("ledger_")
-	admin, err := pgx.Connect(ctx, c.URL("postgres"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close(ctx)
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		a, err := pgx.Connect(ctx, c.URL("postgres"))
-		if err != nil {
-			return
-		}
-		defer a.Close(ctx)
-		_, _ = a.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE database = $1 AND active_pid IS NOT NULL`, name)
-		// The terminated WAL senders release their slots asynchronously.
-		wait.Until(time.Second, func() (bool, string) {
-			_, err := a.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = $1`, name)
-			return err == nil, ""
-		})
-		_, _ = a.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
-	})
-	url := c.URL(name)
-	if err := postgres.Migrate(ctx, url, postgres.LedgerSchema); err != nil {
-		t.Fatal(err)
-	}
-	return pgtest.Pool(t, url, 16)
-}
-
 // fixture is one ledger database in a logical cluster, a memory sink, and
 // CDC relays over them sharing one slot.
 type fixture struct {
@@ -118,7 +81,7 @@ func newFixture(t *testing.T, c *pgcluster.Cluster) *fixture {
 	if c == nil {
 		c = shared
 	}
-	pool := ledgerDB(t, c)
+	pool, _ := pgtest.LedgerIn(t, c, 16)
 	s := memory.New(memory.Config{})
 	t.Cleanup(func() { _ = s.Close() })
 	f := &fixture{t: t, cluster: c, pool: pool, store: relaystore.New(pool), source: cdcsource.New(pool), sink: s,

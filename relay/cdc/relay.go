@@ -1,6 +1,7 @@
 package cdc
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -82,37 +83,18 @@ func NewWithHooks(outbox OutboxStore, source Source, sink core.Sink, cfg relay.S
 	if err != nil {
 		return nil, err
 	}
-	bm, err := relaymetrics.New(cfg.Registerer, cfg.SinkName)
+	hooks = cmp.Or(hooks, &Hooks{})
+	log := cfg.Logger.With("component", "relay", "mode", "cdc", "owner", cfg.Owner, "slot", cfg.CDC.Slot)
+	p, err := delivery.NewParts(cfg, sink, hooks.UnsafeSkipPositions, log)
 	if err != nil {
-		return nil, fmt.Errorf("relay metrics: %w", err)
+		return nil, err
 	}
 	m, err := newMetrics(cfg.Registerer, cfg.CDC.Slot)
 	if err != nil {
 		return nil, fmt.Errorf("CDC metrics: %w", err)
 	}
-	r := &Relay{
-		cfg:   cfg,
-		store: source,
-		outbx: outbox,
-		sink:  sink,
-		bm:    bm,
-		m:     m,
-		log:   cfg.Logger.With("component", "relay", "mode", "cdc", "owner", cfg.Owner, "slot", cfg.CDC.Slot),
-		life:  lifecycle.New(),
-		retry: delivery.NewRetry(cfg.RetryInitial, cfg.RetryMax),
-		stuck: delivery.NewStuckTracker(cfg.ParkAfterAttempts, cfg.ParkAfter),
-	}
-	if hooks != nil {
-		r.hooks = *hooks
-	}
-	if cfg.ExactlyOnce {
-		if r.fences, err = delivery.NewFences(sink, r.hooks.UnsafeSkipPositions); err != nil {
-			return nil, fmt.Errorf("%w: %w", relay.ErrInvalidConfig, err)
-		}
-	}
-	r.standby = standbygate.New(cfg.StandbyFlush, bm, r.log)
-	r.history = historyhold.New(cfg.History, bm, r.log)
-	return r, nil
+	return &Relay{cfg: cfg, hooks: *hooks, store: source, outbx: outbox, sink: sink, m: m, log: log,
+		bm: p.Metrics, life: p.Life, retry: p.Retry, stuck: p.Stuck, fences: p.Fences, standby: p.Standby, history: p.History}, nil
 }
 
 // Check reports, wrapped in ErrNotAvailable, why the server

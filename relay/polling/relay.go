@@ -1,9 +1,9 @@
 package polling
 
 import (
+	"cmp"
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"sync/atomic"
 	"time"
@@ -63,32 +63,14 @@ func NewWithHooks(store Store, sink core.Sink, cfg relay.Settings, hooks *Hooks)
 	if err != nil {
 		return nil, err
 	}
-	m, err := relaymetrics.New(cfg.Registerer, cfg.SinkName)
+	hooks = cmp.Or(hooks, &Hooks{})
+	log := cfg.Logger.With("component", "relay", "owner", cfg.Owner)
+	p, err := delivery.NewParts(cfg, sink, hooks.UnsafeSkipPositions, log)
 	if err != nil {
-		return nil, fmt.Errorf("relay metrics: %w", err)
+		return nil, err
 	}
-	r := &Relay{
-		cfg:   cfg,
-		store: store,
-		sink:  sink,
-		m:     m,
-		log:   cfg.Logger.With("component", "relay", "owner", cfg.Owner),
-		life:  lifecycle.New(),
-		wake:  make(chan struct{}, 1),
-		retry: delivery.NewRetry(cfg.RetryInitial, cfg.RetryMax),
-		stuck: delivery.NewStuckTracker(cfg.ParkAfterAttempts, cfg.ParkAfter),
-	}
-	if hooks != nil {
-		r.hooks = *hooks
-	}
-	if cfg.ExactlyOnce {
-		if r.fences, err = delivery.NewFences(sink, r.hooks.UnsafeSkipPositions); err != nil {
-			return nil, fmt.Errorf("%w: %w", relay.ErrInvalidConfig, err)
-		}
-	}
-	r.standby = standbygate.New(cfg.StandbyFlush, m, r.log)
-	r.history = historyhold.New(cfg.History, m, r.log)
-	return r, nil
+	return &Relay{cfg: cfg, hooks: *hooks, store: store, sink: sink, log: log, wake: make(chan struct{}, 1),
+		m: p.Metrics, life: p.Life, retry: p.Retry, stuck: p.Stuck, fences: p.Fences, standby: p.Standby, history: p.History}, nil
 }
 
 // Start runs the relay in the background and returns at once. Cancelling

@@ -21,6 +21,7 @@ import (
 	"github.com/posthorn/posthorn/consumers/auditlog"
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/internal/dev/pgcluster"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 )
 
 // DefaultURL is the server the tests use when POSTHORN_TEST_DATABASE_URL is unset.
@@ -194,28 +195,61 @@ func LogicalCluster(t testing.TB, opts pgcluster.Options) *pgcluster.Cluster {
 }
 
 // LogicalLedger starts a throwaway cluster with wal_level=logical (opts with
-// Logical set) holding a migrated database "ledger", for the CDC tests (the
+// Logical set) holding a migrated ledger database, for the CDC tests (the
 // shared server runs wal_level=replica). It returns the cluster, the
 // ledger's URL and a pool of conns connections; all of it is removed when
 // the test ends.
 func LogicalLedger(t testing.TB, opts pgcluster.Options, conns int32) (*pgcluster.Cluster, string, *pgxpool.Pool) {
 	t.Helper()
 	c := LogicalCluster(t, opts)
+	pool, url := LedgerIn(t, c, conns)
+	return c, url, pool
+}
+
+// LedgerIn creates a migrated ledger database of a name of its own in the
+// throwaway cluster c and returns a pool of conns connections on it and its
+// URL. When the test ends the database is dropped, with the replication
+// slots a CDC relay made in it.
+func LedgerIn(t testing.TB, c *pgcluster.Cluster, conns int32) (*pgxpool.Pool, string) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	var b [5]byte
+	_, _ = rand.Read(b[:])
+	name := "ledger_" + hex.EncodeToString(b[:])
 	admin, err := pgx.Connect(ctx, c.URL("postgres"))
 	if err != nil {
 		t.Fatalf("pgtest: %v", err)
 	}
 	defer admin.Close(ctx)
-	if _, err := admin.Exec(ctx, "CREATE DATABASE ledger"); err != nil {
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
 		t.Fatalf("pgtest: %v", err)
 	}
-	url := c.URL("ledger")
+	t.Cleanup(func() { dropLedger(c, name) })
+	url := c.URL(name)
 	if err := postgres.Migrate(ctx, url, postgres.LedgerSchema); err != nil {
 		t.Fatalf("pgtest: %v", err)
 	}
-	return c, url, Pool(t, url, conns)
+	return Pool(t, url, conns), url
+}
+
+// dropLedger drops the database name of c and its replication slots,
+// ending the WAL senders that stream them first.
+func dropLedger(c *pgcluster.Cluster, name string) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	a, err := pgx.Connect(ctx, c.URL("postgres"))
+	if err != nil {
+		return // the cluster is gone, and the database with it
+	}
+	defer a.Close(ctx)
+	_, _ = a.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE database = $1 AND active_pid IS NOT NULL`, name)
+	// The ended WAL senders release their slots asynchronously.
+	wait.Until(time.Second, func() (bool, string) {
+		_, err := a.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = $1`, name)
+		return err == nil, ""
+	})
+	_, _ = a.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
 }
 
 // Require1M skips a benchmark that loads a million rows (minutes) unless

@@ -1,4 +1,4 @@
-package cdc_test
+package relay_test
 
 import (
 	"context"
@@ -6,9 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,17 +15,11 @@ import (
 
 	"github.com/posthorn/posthorn/adapters/memory"
 	"github.com/posthorn/posthorn/adapters/postgres"
-	"github.com/posthorn/posthorn/adapters/postgres/cdcsource"
-	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
-	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
 	"github.com/posthorn/posthorn/internal/dev/pgcluster"
 	"github.com/posthorn/posthorn/internal/testkit/pgtest"
 	"github.com/posthorn/posthorn/internal/testkit/relaytest"
-	"github.com/posthorn/posthorn/internal/testkit/syncbuf"
 	"github.com/posthorn/posthorn/internal/testkit/wait"
 	"github.com/posthorn/posthorn/relay"
-	"github.com/posthorn/posthorn/relay/cdc"
-	"github.com/posthorn/posthorn/relay/polling"
 )
 
 const (
@@ -111,7 +103,7 @@ func BenchmarkPollingVsCDC(b *testing.B) {
 
 func benchMode(b *testing.B, c *pgcluster.Cluster, mode string) modeResult {
 	ctx := context.Background()
-	setup := ledgerDB(b, c)
+	setup, _ := pgtest.LedgerIn(b, c, 16)
 	db := setup.Config().ConnConfig.Database
 	if _, err := setup.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_stat_statements`); err != nil {
 		b.Fatal(err)
@@ -137,37 +129,8 @@ func benchMode(b *testing.B, c *pgcluster.Cluster, mode string) modeResult {
 	if os.Getenv("POSTHORN_BENCH_LOG") != "" {
 		quiet = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
-	store := relaystore.New(relayPool)
-	var stop func()
-	switch mode {
-	case "polling":
-		r, err := polling.New(store, sink, relay.Settings{Owner: "bench", SinkName: "memory", Logger: quiet})
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := r.Start(ctx); err != nil {
-			b.Fatal(err)
-		}
-		stop = func() { _ = r.Stop(ctx) }
-	case "cdc":
-		logs := &syncbuf.Buffer{}
-		var out io.Writer = logs
-		if os.Getenv("POSTHORN_BENCH_LOG") != "" {
-			out = io.MultiWriter(logs, os.Stderr)
-		}
-		r, err := cdc.New(store, cdcsource.New(relayPool), sink, relay.Settings{Owner: "bench", SinkName: "memory", CDC: relay.CDC{Slot: randName("bench_")},
-			Logger: slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: slog.LevelInfo}))})
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := r.Start(ctx); err != nil {
-			b.Fatal(err)
-		}
-		stop = func() { _ = r.Stop(ctx) }
-		wait.For(b, 30*time.Second, "the CDC relay to stream", func() bool {
-			return strings.Contains(logs.String(), "streaming the outbox")
-		})
-	}
+	stop := relaytest.StartMode(b, mode, relayPool, sink, relay.Settings{Owner: "bench", SinkName: "memory", Logger: quiet,
+		CDC: relay.CDC{Slot: "bench_" + strings.TrimPrefix(db, "ledger_")}})
 	defer stop()
 	var res modeResult
 
@@ -184,75 +147,13 @@ func benchMode(b *testing.B, c *pgcluster.Cluster, mode string) modeResult {
 	res.idle = measureWork(b, writer, db, benchIdlePeriod, nil)
 
 	// Load: benchRate postings per second for benchLoadPeriod.
-	var (
-		mu        sync.Mutex
-		committed = map[string]time.Time{}
-		postings  int
-	)
-	waker := ledgerstore.NewRelayWaker(writer)
-	load := func() {
-		tokens := make(chan struct{}, benchRate)
-		done := make(chan struct{})
-		var wg sync.WaitGroup
-		for g := range 8 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for i := 0; ; i++ {
-					select {
-					case <-done:
-						return
-					case <-tokens:
-					}
-					a, bb := fmt.Sprintf("acc-%d", (g*131+i*7)%1000), fmt.Sprintf("acc-%d", (g*131+i*7+500)%1000)
-					ps, err := relaytest.Commit(ctx, writer, a, bb)
-					now := time.Now()
-					if err != nil {
-						continue // a deadlock victim; the load generator moves on
-					}
-					// As ledgerstore.Store does after commit: the polling relay
-					// listens for it (the CDC relay ignores it).
-					waker.Wake()
-					mu.Lock()
-					postings++
-					for _, p := range ps {
-						committed[p.EventID] = now
-					}
-					mu.Unlock()
-				}
-			}()
-		}
-		tick := time.NewTicker(10 * time.Millisecond)
-		end := time.Now().Add(benchLoadPeriod)
-		for now := range tick.C {
-			if now.After(end) {
-				break
-			}
-			for range benchRate / 100 {
-				select {
-				case tokens <- struct{}{}:
-				default:
-				}
-			}
-		}
-		tick.Stop()
-		close(done)
-		wg.Wait()
-	}
-	res.loaded = measureWork(b, writer, db, benchLoadPeriod, load)
-	res.postingsPerSec = float64(postings) / benchLoadPeriod.Seconds()
+	var load *relaytest.Load
+	res.loaded = measureWork(b, writer, db, benchLoadPeriod, func() {
+		load = relaytest.RunLoad(ctx, writer, benchRate, 8, benchLoadPeriod, "acc", 1000)
+	})
+	res.postingsPerSec = float64(load.Postings()) / benchLoadPeriod.Seconds()
 	waitNoneUnrelayed(b, writer, time.Minute)
-	lat := make([]time.Duration, 0, len(committed))
-	for id, t := range committed {
-		if a, ok := sink.Acked(id); ok {
-			lat = append(lat, max(a.Sub(t), 0))
-		}
-	}
-	if len(lat) != len(committed) {
-		b.Fatalf("%s: %d of %d events ACKed", mode, len(lat), len(committed))
-	}
-	slices.Sort(lat)
-	res.p50, res.p99 = lat[len(lat)/2], lat[len(lat)*99/100]
+	res.p50, res.p99 = relaytest.Percentiles(load.Latencies(b, sink))
 	return res
 }
 
