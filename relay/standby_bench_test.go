@@ -14,6 +14,7 @@ import (
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
 	"github.com/posthorn/posthorn/internal/dev/pgcluster"
+	"github.com/posthorn/posthorn/internal/testkit/promtest"
 	"github.com/posthorn/posthorn/internal/testkit/relaytest"
 	"github.com/posthorn/posthorn/internal/testkit/wait"
 	"github.com/posthorn/posthorn/relay"
@@ -108,17 +109,10 @@ func benchStandby(b *testing.B, f *relaytest.Failover, mode string, required boo
 	p50, p99 := relaytest.Percentiles(lat)
 	res.p50, res.p99 = p50.Round(10*time.Microsecond), p99.Round(10*time.Microsecond)
 	res.events = len(lat)
-	mfs, err := reg.Gather()
-	if err != nil {
-		b.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if h := mf.GetMetric(); mf.GetName() == "posthorn_relay_standby_wait_seconds" && len(h) == 1 {
-			res.waits = h[0].GetHistogram().GetSampleCount()
-			if res.waits > 0 {
-				res.meanWait = time.Duration(h[0].GetHistogram().GetSampleSum() / float64(res.waits) * float64(time.Second)).Round(10 * time.Microsecond)
-			}
-		}
+	var sum float64
+	res.waits, sum = promtest.Histogram(b, reg, "posthorn_relay_standby_wait_seconds")
+	if res.waits > 0 {
+		res.meanWait = time.Duration(sum / float64(res.waits) * float64(time.Second)).Round(10 * time.Microsecond)
 	}
 	return res
 }

@@ -3,7 +3,6 @@ package polling_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -33,24 +32,12 @@ func runPolling(logs *syncbuf.Buffer) relaytest.RunRelay {
 			log = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
 		}
 		reg := prometheus.NewRegistry()
-		store := relaystore.New(f.Pool)
-		r, err := polling.New(store, f.Sink, relay.Settings{
+		stop := sync.OnceFunc(relaytest.StartMode(t, relay.ModePolling, f.Pool, f.Sink, relay.Settings{
 			Owner: "failover", SinkName: "memory", BatchSize: 100, PollInterval: 50 * time.Millisecond,
 			LeaseTTL: 2 * time.Second, RetryInitial: 10 * time.Millisecond, RetryMax: 100 * time.Millisecond,
 			StatsInterval: 50 * time.Millisecond, Logger: log, Registerer: reg,
-			StandbyFlush: relaytest.StandbyFlush(required, store),
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := r.Start(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-		stop := sync.OnceFunc(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			_ = r.Stop(ctx)
-		})
+			StandbyFlush: relaytest.StandbyFlush(required, relaystore.New(f.Pool)),
+		}))
 		t.Cleanup(stop)
 		return reg, stop
 	}
@@ -122,7 +109,7 @@ func TestStandbyFlushHoldsTheRelayWhileTheStandbyIsDown(t *testing.T) {
 	if !strings.Contains(logs.String(), "the standbys caught up; publishing again") {
 		t.Errorf("no log line when the hold ended:\n%s", logs.String())
 	}
-	if n := histogramCount(t, reg, "posthorn_relay_standby_wait_seconds"); n < 2 {
+	if n, _ := promtest.Histogram(t, reg, "posthorn_relay_standby_wait_seconds"); n < 2 {
 		t.Errorf("standby waits observed: %v, want at least 2", n)
 	}
 }
@@ -132,21 +119,7 @@ func TestStandbyFlushHoldsTheRelayWhileTheStandbyIsDown(t *testing.T) {
 // relay published is in the promoted ledger; the negative control (off)
 // published events the new primary lacks: ghosts.
 func TestStandbyFlushLeavesNoGhostAfterFailover(t *testing.T) {
-	for _, required := range []bool{true, false} {
-		t.Run(fmt.Sprintf("required=%v", required), func(t *testing.T) {
-			res := relaytest.RunFailover(t, runPolling(nil), required, pgcluster.Options{})
-			t.Logf("standby_flush required=%v: %d events published, %d of them absent from the promoted standby", required, res.Published, len(res.Ghosts))
-			if res.Published < 20 {
-				t.Fatalf("%d events published, want at least the 20 committed while the standby streamed", res.Published)
-			}
-			if required && len(res.Ghosts) > 0 {
-				t.Errorf("%d ghosts (published, absent from the new primary) with standby flush required: %v", len(res.Ghosts), res.Ghosts)
-			}
-			if !required && len(res.Ghosts) == 0 {
-				t.Errorf("negative control: with standby flush off the failover left no ghost; the scenario does not bite")
-			}
-		})
-	}
+	relaytest.NoGhostAfterFailover(t, runPolling(nil), pgcluster.Options{}, nil)
 }
 
 // The relay refuses a required standby flush it could not carry out, and
@@ -173,22 +146,4 @@ func (fakeProbe) StandbyStatus(context.Context) (relay.StandbyStatus, error) {
 
 func (fakeProbe) ReplicationSettings(context.Context) (string, bool, error) {
 	return "", true, nil
-}
-
-// histogramCount is the sample count of the histogram name in g.
-func histogramCount(t *testing.T, g prometheus.Gatherer, name string) uint64 {
-	t.Helper()
-	mfs, err := g.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var n uint64
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			for _, m := range mf.GetMetric() {
-				n += m.GetHistogram().GetSampleCount()
-			}
-		}
-	}
-	return n
 }

@@ -56,3 +56,22 @@ func Get(t testing.TB, url string) (int, string) {
 	}
 	return res.StatusCode, string(b)
 }
+
+// Histogram is the sample count and sum of the histogram series named
+// name, over all their labels.
+func Histogram(t testing.TB, g prometheus.Gatherer, name string) (count uint64, sum float64) {
+	t.Helper()
+	mfs, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			for _, m := range mf.GetMetric() {
+				count += m.GetHistogram().GetSampleCount()
+				sum += m.GetHistogram().GetSampleSum()
+			}
+		}
+	}
+	return count, sum
+}

@@ -228,3 +228,28 @@ func StandbyFlush(required bool, probe relay.StandbyProbe) relay.StandbyFlush {
 	}
 	return sf
 }
+
+// NoGhostAfterFailover plays RunFailover with standby flush required and,
+// as the negative control, off: required must leave no ghost (every event
+// published is in the promoted ledger), off must leave some (the scenario
+// bites). check, when set, adds a mode's own checks of each run.
+func NoGhostAfterFailover(t *testing.T, run RunRelay, opts pgcluster.Options, check func(t *testing.T, required bool, res FailoverResult)) {
+	for _, required := range []bool{true, false} {
+		t.Run(fmt.Sprintf("required=%v", required), func(t *testing.T) {
+			res := RunFailover(t, run, required, opts)
+			t.Logf("standby_flush required=%v: %d events published, %d of them absent from the promoted standby", required, res.Published, len(res.Ghosts))
+			if res.Published < 20 {
+				t.Fatalf("%d events published, want at least the 20 committed while the standby streamed", res.Published)
+			}
+			if required && len(res.Ghosts) > 0 {
+				t.Errorf("%d ghosts (published, absent from the new primary) with standby flush required: %v", len(res.Ghosts), res.Ghosts)
+			}
+			if !required && len(res.Ghosts) == 0 {
+				t.Errorf("negative control: with standby flush off the failover left no ghost; the scenario does not bite")
+			}
+			if check != nil {
+				check(t, required, res)
+			}
+		})
+	}
+}

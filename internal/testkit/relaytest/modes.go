@@ -25,7 +25,8 @@ import (
 
 // StartMode starts a relay of mode (relay.ModePolling or relay.ModeCDC)
 // on pool's outbox, publishing to sink with s, and returns a function that
-// stops it: the benchmarks' way to run either mode alike. A CDC relay
+// stops it softly (within 10 s): the way tests and benchmarks run either
+// mode alike. A CDC relay
 // (slot s.CDC.Slot) is returned once it streams, after its outbox
 // catch-up, which may take a while on a backlog; its log goes to
 // s.Logger too.
@@ -55,7 +56,11 @@ func StartMode(tb testing.TB, mode string, pool *pgxpool.Pool, sink core.Sink, s
 	if err := r.Start(ctx); err != nil {
 		tb.Fatal(err)
 	}
-	stop = func() { _ = r.Stop(ctx) }
+	stop = func() {
+		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		_ = r.Stop(sctx)
+	}
 	if mode == relay.ModeCDC {
 		wait.For(tb, 5*time.Minute, "the CDC relay to stream", func() bool { return strings.Contains(logs.String(), "streaming the outbox") })
 	}
