@@ -375,11 +375,3 @@ func validateAddr(key, v string, optional bool) error {
 	}
 	return nil
 }
-
-// positive reports a non-positive duration.
-func positive(key string, d time.Duration) error {
-	if d <= 0 {
-		return fieldErr(key, "must be positive, is %s", d)
-	}
-	return nil
-}
