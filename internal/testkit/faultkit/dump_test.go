@@ -55,7 +55,7 @@ func TestSummarizeDump(t *testing.T) {
 	}
 	_ = cmd.Wait()
 	sum := SummarizeDump(stderr.String())
-	want := "3 goroutine(s) [chan receive]:\ngithub.com/posthorn/posthorn/integration/faultkit.TestDumpHelper.func1(…)"
+	want := "3 goroutine(s) [chan receive]:\ngithub.com/posthorn/posthorn/internal/testkit/faultkit.TestDumpHelper.func1(…)"
 	if !strings.Contains(sum, want) {
 		t.Fatalf("summary lacks %q:\n%s", want, sum)
 	}
