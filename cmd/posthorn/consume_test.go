@@ -109,8 +109,8 @@ func kafkaWithEvents(t *testing.T) string {
 // running), failing if consume exits first.
 func waitApplied(t *testing.T, pool *pgxpool.Pool, consume *childtest.Child, stderr fmt.Stringer, balance int64) {
 	t.Helper()
-	wait.ForStatus(t, 60*time.Second, fmt.Sprintf("balance %d and 3 audited events", balance), func() (bool, string) {
-		var bal, audited int64
+	var bal, audited int64
+	applied := wait.Until(60*time.Second, func() (bool, string) {
 		_ = pool.QueryRow(context.Background(), `SELECT coalesce((SELECT balance::bigint FROM projection_balances WHERE account = 'acc-cli'), 0),
 			(SELECT count(*) FROM audit_log)`).Scan(&bal, &audited)
 		select {
@@ -118,8 +118,12 @@ func waitApplied(t *testing.T, pool *pgxpool.Pool, consume *childtest.Child, std
 			t.Fatalf("consume exited early: %v\n%s", consume.Err(), stderr)
 		default:
 		}
-		return bal == balance && audited == 3, fmt.Sprintf("balance %d, audited %d; stderr:\n%s", bal, audited, stderr)
+		return bal == balance && audited == 3, ""
 	})
+	if !applied {
+		// stderr is read only now: the child may still be writing it.
+		t.Fatalf("balance %d, audited %d after 60s, want %d and 3; stderr:\n%s", bal, audited, balance, stderr)
+	}
 }
 
 // Two processes given the same consumer.instance_id: the second's join
