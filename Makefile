@@ -39,10 +39,13 @@ test-faults:
 test-short:
 	$(GO) test -short -count=1 $(PKGS)
 
+# lint also checks that every relative link and #anchor of README.md and
+# docs/*.md resolves (internal/doclinks).
 lint:
 	test -z "$$(gofmt -l .)" || (gofmt -l . && exit 1)
 	$(GO) vet $(PKGS)
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.6.1 $(PKGS)
+	$(GO) test -count=1 ./internal/doclinks/
 
 # Benchmarks: side-by-side figures the issues ask for. Stays under 10 minutes.
 # Only the packages that hold benchmarks: building every package's test

@@ -24,6 +24,7 @@ require (
 	github.com/spf13/pflag v1.1.0
 	github.com/twmb/franz-go/pkg/kadm v1.20.0
 	github.com/xdg-go/scram v1.4.0
+	github.com/yuin/goldmark v1.7.16
 	go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp v1.47.0
 	go.opentelemetry.io/otel/sdk v1.47.0
 	go.opentelemetry.io/proto/otlp v1.11.0

@@ -9,8 +9,8 @@ import (
 	"testing"
 
 	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
 )
 
 // JSON allows \u0000 in a string; PostgreSQL's text and jsonb do not. A

@@ -26,8 +26,10 @@ import (
 	"github.com/knadh/koanf/providers/posflag"
 	"github.com/knadh/koanf/providers/structs"
 	"github.com/knadh/koanf/v2"
-	"github.com/posthorn/posthorn/consumers"
 	"github.com/spf13/pflag"
+
+	"github.com/posthorn/posthorn/consumers"
+	"github.com/posthorn/posthorn/relay"
 )
 
 // EnvPrefix prefixes every environment variable that sets a key.
@@ -35,20 +37,20 @@ const EnvPrefix = "POSTHORN_"
 
 // Config is the whole configuration. Each section validates itself.
 type Config struct {
-	Database  Database  `koanf:"database"`
-	Consumer  Consumer  `koanf:"consumer"`
-	API       API       `koanf:"api"`
-	Metrics   Metrics   `koanf:"metrics"`
-	Sink      Sink      `koanf:"sink"`
-	Relay     Relay     `koanf:"relay"`
-	Reconcile Reconcile `koanf:"reconcile"`
-	Log       Log       `koanf:"log"`
-	Archive   Archive   `koanf:"archive"`
-	Cleanup   Cleanup   `koanf:"cleanup"`
-	Outbox    Outbox    `koanf:"outbox"`
-	Retention Retention `koanf:"retention"`
-	Console   Console   `koanf:"console"`
-	Tracing   Tracing   `koanf:"tracing"`
+	Database  Database       `koanf:"database"`
+	Consumer  Consumer       `koanf:"consumer"`
+	API       API            `koanf:"api"`
+	Metrics   Metrics        `koanf:"metrics"`
+	Sink      Sink           `koanf:"sink"`
+	Relay     relay.Settings `koanf:"relay"`
+	Reconcile Reconcile      `koanf:"reconcile"`
+	Log       Log            `koanf:"log"`
+	Archive   Archive        `koanf:"archive"`
+	Cleanup   Cleanup        `koanf:"cleanup"`
+	Outbox    Outbox         `koanf:"outbox"`
+	Retention Retention      `koanf:"retention"`
+	Console   Console        `koanf:"console"`
+	Tracing   Tracing        `koanf:"tracing"`
 }
 
 // Database is a Postgres connection.
@@ -73,7 +75,7 @@ type Consumer struct {
 }
 
 // instanceIDRE is what Kafka accepts as a group.instance.id, shortened so
-// that ".<topic>" still fits in its 249 characters (brokers.Options).
+// that ".<topic>" still fits in its 249 characters (kafkagroup.Options).
 var instanceIDRE = regexp.MustCompile(`^[A-Za-z0-9._-]{1,100}$`)
 
 func (c Consumer) validate() error {
@@ -116,7 +118,7 @@ func Default() Config {
 	return Config{
 		API:       API{Listen: "127.0.0.1:8080"},
 		Sink:      defaultSink(),
-		Relay:     defaultRelay(),
+		Relay:     relay.Defaults(),
 		Reconcile: Reconcile{},
 		Log:       Log{Level: "info", Format: "auto"},
 		Archive:   defaultArchive(),
@@ -279,7 +281,7 @@ func (c Config) Validate() error {
 		c.API.validateTokenHashes(),
 		c.Log.validate(),
 		c.Sink.validate(),
-		c.Relay.validate(),
+		validateRelay(c.Relay),
 		c.Reconcile.validate(),
 		c.Archive.validate(),
 		c.Cleanup.validate(),
@@ -370,14 +372,6 @@ func validateAddr(key, v string, optional bool) error {
 	}
 	if _, port, err := net.SplitHostPort(v); err != nil || port == "" {
 		return fieldErr(key, "is %q, want host:port", v)
-	}
-	return nil
-}
-
-// positive reports a non-positive duration.
-func positive(key string, d time.Duration) error {
-	if d <= 0 {
-		return fieldErr(key, "must be positive, is %s", d)
 	}
 	return nil
 }

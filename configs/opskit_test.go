@@ -426,7 +426,7 @@ func sorted(s []string) []string {
 // exactly these names (a rename would silence an alert).
 func TestOperatorMetricsAreRegisteredByTheCode(t *testing.T) {
 	var src strings.Builder
-	for _, dir := range []string{"../consumers", "../bridge"} {
+	for _, dir := range []string{"../consumers", "../relay"} {
 		err := filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
 			if err != nil || d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
 				return err
@@ -444,7 +444,7 @@ func TestOperatorMetricsAreRegisteredByTheCode(t *testing.T) {
 		// argument of a promset.Set method (s.Gauge("…", …)).
 		if !strings.Contains(src.String(), `Name:        "`+m+`"`) && !strings.Contains(src.String(), `Name: "`+m+`"`) &&
 			!strings.Contains(src.String(), `("`+m+`",`) {
-			t.Errorf("no collector in consumers/ or bridge/ is named %s", m)
+			t.Errorf("no collector in consumers/ or relay/ is named %s", m)
 		}
 	}
 }

@@ -8,16 +8,16 @@ import (
 )
 
 // The retry-park, retention, cleanup and rejected-final keys: defaults, the
-// environment form, the mapping of "0 = off" to the relay's "negative =
-// off", and errors naming the key.
+// environment form, "0 = off" reaching the relay as it is (the relay's own
+// meaning of 0), and errors naming the key.
 func TestRetentionCleanupAndRejectedFinalKeys(t *testing.T) {
 	cfg := loadEnv(t)
 	if cfg.Relay.ParkAfterAttempts != 30 || cfg.Relay.ParkAfter != 5*time.Minute {
 		t.Fatalf("relay retry-park defaults: %d %s", cfg.Relay.ParkAfterAttempts, cfg.Relay.ParkAfter)
 	}
 	cfg = loadEnv(t, "POSTHORN_RELAY__PARK_AFTER_ATTEMPTS=0", "POSTHORN_RELAY__PARK_AFTER=90s")
-	if a, d := cfg.Relay.RetryPark(); a != -1 || d != 90*time.Second {
-		t.Fatalf("RetryPark() = %d, %s; want -1 (off), 90s", a, d)
+	if a, d := cfg.Relay.ParkAfterAttempts, cfg.Relay.ParkAfter; a != 0 || d != 90*time.Second {
+		t.Fatalf("relay park bounds %d, %s; want 0 (off), 90s", a, d)
 	}
 	if cfg.Consumer.Hold != 30*time.Second || cfg.Retention.Interval != time.Hour || cfg.Retention.BatchSize != 1000 ||
 		cfg.Retention.InboxMargin != 24*time.Hour || cfg.Retention.IdempotencyKeyTTL != 720*time.Hour {

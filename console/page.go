@@ -13,10 +13,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/posthorn/posthorn/bridge/cdc"
 	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/internal/units"
 	"github.com/posthorn/posthorn/ops"
+	"github.com/posthorn/posthorn/relay/cdc"
 )
 
 // eventIDsShown is how many waiting event IDs a parked row lists.

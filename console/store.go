@@ -4,8 +4,8 @@ import (
 	"context"
 	"time"
 
-	"github.com/posthorn/posthorn/bridge/cdc"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/relay/cdc"
 )
 
 // Store is what the console reads and the two releases it may run, each

@@ -16,9 +16,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/posthorn/posthorn/adapters/postgres/inboxstore"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/consumers"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 )
 
 func nop(context.Context, pgx.Tx, core.Envelope) error { return nil }
@@ -76,20 +77,16 @@ func publish(t *testing.T, ch *gochannel.GoChannel, topic string, msg *message.M
 
 func waitDisposition(t *testing.T, in *inboxstore.Inbox, consumer, id string, want core.Disposition) core.InboxRecord {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	var rec core.InboxRecord
+	wait.ForStatus(t, 20*time.Second, fmt.Sprintf("%s of %s to be %s", id, consumer, want), func() (bool, string) {
 		recs, err := in.Dispositions(context.Background(), consumer, []string{id})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if recs[id].Disposition == want {
-			return recs[id]
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s of %s is %+v, want %s", id, consumer, recs[id], want)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		rec = recs[id]
+		return rec.Disposition == want, fmt.Sprintf("%+v", rec)
+	})
+	return rec
 }
 
 func TestRegistrationSeparatesEventsAndCommands(t *testing.T) {

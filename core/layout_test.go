@@ -11,8 +11,8 @@ const module = "github.com/posthorn/posthorn/"
 
 // businessPackages hold Posthorn's logic; they declare the ports they call
 // and never import an adapter (docs/architecture.md).
-var businessPackages = []string{"core", "api", "bridge", "bridge/cdc", "ops", "consumers",
-	"consumers/auditlog", "consumers/projection", "console"}
+var businessPackages = []string{"core", "api", "relay", "relay/polling", "relay/cdc", "bridge", "bridge/cdc",
+	"ops", "consumers", "consumers/auditlog", "consumers/projection", "console"}
 
 // forbidden reports the dependencies of deps that a business package must
 // not have: an adapter, or the libraries only adapters and cmd use.
@@ -92,6 +92,62 @@ func TestOnlyTheBinaryReadsConfiguration(t *testing.T) {
 		if p != "cmd/posthorn" && p != "configs" {
 			t.Errorf("%s depends on configs or koanf; only cmd/posthorn maps the configuration", p)
 		}
+	}
+}
+
+// The relay's two modes stand side by side over package relay, neither
+// importing the other, and relay itself (the vocabulary both use) imports
+// neither mode nor its own internals. Control: the polling relay is found
+// to import relay, so the check can fail.
+func TestRelayModesAreSiblings(t *testing.T) {
+	t.Parallel()
+	all := deps(t, "relay", "relay/polling", "relay/cdc")
+	has := func(p, dep string) bool { return slices.Contains(all[p], module+dep) }
+	if !has("relay/polling", "relay") {
+		t.Fatalf("control: relay/polling shows no relay among its dependencies (%v): the check is broken", all["relay/polling"])
+	}
+	for p, dep := range map[string]string{"relay/polling": "relay/cdc", "relay/cdc": "relay/polling"} {
+		if has(p, dep) {
+			t.Errorf("%s depends on %s: the modes must be siblings", p, dep)
+		}
+	}
+	for _, d := range all["relay"] {
+		if strings.HasPrefix(d, module+"relay/") {
+			t.Errorf("relay depends on %s: the shared vocabulary must not depend on a mode or an internal package", d)
+		}
+	}
+}
+
+// Test support (internal/testkit) is no room of the product: no package
+// outside it but the tests' own (integration, examples' tests) depends on
+// it, so the binary, the business packages and the adapters hold only what
+// production runs. Control: internal/testkit/exampletest, which builds on
+// faultkit, is found to depend on testkit, so the check can fail.
+func TestProductImportsNoTestkit(t *testing.T) {
+	t.Parallel()
+	out, err := exec.Command("go", "list", "-f", `{{.ImportPath}}{{range .Deps}} {{.}}{{end}}`, module+"...").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	var control bool
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		f := strings.Fields(line)
+		p := strings.TrimPrefix(f[0], module)
+		for _, d := range f[1:] {
+			if !strings.HasPrefix(d, module+"internal/testkit/") {
+				continue
+			}
+			switch {
+			case p == "internal/testkit/exampletest":
+				control = true
+			case strings.HasPrefix(p, "internal/testkit/"), p == "integration", strings.HasPrefix(p, "integration/"):
+			default:
+				t.Errorf("%s depends on %s: test support must stay out of the product", p, d)
+			}
+		}
+	}
+	if !control {
+		t.Fatal("control: internal/testkit/exampletest shows no testkit dependency: the check is broken")
 	}
 }
 

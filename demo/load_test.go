@@ -8,9 +8,9 @@ import (
 	"testing"
 
 	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/api"
 	"github.com/posthorn/posthorn/demo"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
 )
 
 // countingListener counts the TCP connections the API accepted.

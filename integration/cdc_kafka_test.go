@@ -14,13 +14,15 @@ import (
 
 	"github.com/posthorn/posthorn/adapters/kafka"
 	"github.com/posthorn/posthorn/adapters/postgres/cdcsource"
-	"github.com/posthorn/posthorn/adapters/postgres/pgcluster"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
-	"github.com/posthorn/posthorn/adapters/sinktest"
-	"github.com/posthorn/posthorn/bridge/bridgetest"
-	"github.com/posthorn/posthorn/bridge/cdc"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/dev/pgcluster"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/relaytest"
+	"github.com/posthorn/posthorn/internal/testkit/sinktest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
+	"github.com/posthorn/posthorn/relay"
+	"github.com/posthorn/posthorn/relay/cdc"
 )
 
 // cdcLedger starts a wal_level=logical throwaway cluster with a migrated
@@ -42,16 +44,15 @@ func startCDCRelay(t *testing.T, pool *pgxpool.Pool, brokers []string, owner str
 	} else {
 		sink = sinktest.Open(t, kafka.New, kafka.Config{Brokers: brokers})
 	}
-	r, err := cdc.New(relaystore.New(pool), cdcsource.New(pool), sink, cdc.Config{
+	r, err := cdc.NewWithHooks(relaystore.New(pool), cdcsource.New(pool), sink, relay.Settings{
 		Owner: owner, SinkName: "kafka", LeaseTTL: 2 * time.Second, ExactlyOnce: eo,
 		RetryInitial: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})),
-		Hooks:  hooks,
-	})
+	}, hooks)
 	if err != nil {
 		t.Fatal(err)
 	}
-	bridgetest.Start(t, r)
+	relaytest.Start(t, r)
 	return r
 }
 
@@ -75,11 +76,11 @@ type transfers struct {
 	t              *testing.T
 	pool           *pgxpool.Pool
 	accounts, step int
-	posted         []bridgetest.Posted
+	posted         []relaytest.Posted
 }
 
 func (p *transfers) post(n int) {
-	p.posted = append(p.posted, bridgetest.MustPostTransfers(p.t, p.pool, n, p.accounts, p.step)...)
+	p.posted = append(p.posted, relaytest.MustPostTransfers(p.t, p.pool, n, p.accounts, p.step)...)
 }
 
 // The CDC relay over the Kafka sink to kfake on real sockets: through a
@@ -100,17 +101,17 @@ func TestCDCRelayToKafkaThroughOutageAndCrash(t *testing.T) {
 	b := startCDCRelay(t, pool, broker.addrs, "relay-b", hooks)
 	tr := &transfers{t: t, pool: pool, accounts: 11, step: 5}
 	tr.post(10)
-	bridgetest.WaitFor(t, 30*time.Second, "the first events relayed", func() bool { return bridgetest.Unrelayed(t, pool) == 0 })
+	wait.For(t, 30*time.Second, "the first events relayed", func() bool { return relaytest.Unrelayed(t, pool) == 0 })
 	broker.stop()
 	tr.post(10) // committed during the outage: the relay retries, confirms nothing
 	broker.restart()
 	tr.post(30)
-	bridgetest.WaitFor(t, 60*time.Second, "delivery after the outage", func() bool { return bridgetest.Unrelayed(t, pool) == 0 })
+	wait.For(t, 60*time.Second, "delivery after the outage", func() bool { return relaytest.Unrelayed(t, pool) == 0 })
 	armed.Store(true)
 	tr.post(30)
-	bridgetest.WaitFor(t, 30*time.Second, "the reader to crash", func() bool { return a.Crashed() || b.Crashed() })
+	wait.For(t, 30*time.Second, "the reader to crash", func() bool { return a.Crashed() || b.Crashed() })
 	tr.post(20)
-	bridgetest.WaitFor(t, 60*time.Second, "every event relayed", func() bool { return bridgetest.Unrelayed(t, pool) == 0 })
+	wait.For(t, 60*time.Second, "every event relayed", func() bool { return relaytest.Unrelayed(t, pool) == 0 })
 
 	ids := make([]string, len(tr.posted))
 	for i, p := range tr.posted {

@@ -16,15 +16,16 @@ import (
 
 	"github.com/posthorn/posthorn/adapters/kafka"
 	"github.com/posthorn/posthorn/adapters/kafka/kafkagroup"
-	"github.com/posthorn/posthorn/adapters/kfakebroker"
 	"github.com/posthorn/posthorn/adapters/postgres/inboxstore"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
-	"github.com/posthorn/posthorn/bridge"
-	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/consumers"
 	"github.com/posthorn/posthorn/consumers/auditlog"
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/dev/kfakebroker"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/relaytest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
+	"github.com/posthorn/posthorn/relay"
 )
 
 // The consumer benchmark's backlog: the 10,000 postings' worth of
@@ -88,7 +89,7 @@ func BenchmarkConsumerApply(b *testing.B) {
 func relayBacklog(b *testing.B, ctx context.Context, brokers []string, prefix string, accounts, perAccount int) {
 	b.Helper()
 	_, pool := pgtest.Ledger(b)
-	if err := bridgetest.Fill(ctx, pool, prefix, accounts, perAccount); err != nil {
+	if err := relaytest.Fill(ctx, pool, prefix, accounts, perAccount); err != nil {
 		b.Fatal(err)
 	}
 	sink, err := kafka.New(kafka.Config{Brokers: brokers})
@@ -96,11 +97,11 @@ func relayBacklog(b *testing.B, ctx context.Context, brokers []string, prefix st
 		b.Fatal(err)
 	}
 	defer sink.Close()
-	r := startRelay(b, pool, sink, bridge.Config{
+	r := startRelay(b, pool, sink, relay.Settings{
 		Owner: "bench", SinkName: "kafka", Logger: relayQuietLog, Registerer: prometheus.NewRegistry(), StatsInterval: time.Minute,
 	})
 	defer r.Stop(ctx)
-	bridgetest.WaitFor(b, 3*time.Minute, "the relay to drain the backlog", func() bool { return bridgetest.Unrelayed(b, pool) == 0 })
+	wait.For(b, 3*time.Minute, "the relay to drain the backlog", func() bool { return relaytest.Unrelayed(b, pool) == 0 })
 }
 
 // applyClock records the first and the last time a run applied an event,
@@ -197,7 +198,7 @@ func benchConsumers(b *testing.B, ctx context.Context, run string, names []strin
 	// The inbox is asked only once the handlers have seen every event:
 	// its count groups the whole inbox, and asked every 10 ms during the
 	// run it took up to 0.7 of a core from the consumer it measures.
-	bridgetest.WaitFor(b, 5*time.Minute, run+": every event applied by every consumer", func() bool {
+	wait.For(b, 5*time.Minute, run+": every event applied by every consumer", func() bool {
 		for _, n := range names {
 			if !clocks[n].reached(events) {
 				return false
@@ -249,6 +250,6 @@ func benchPlainHandler(b *testing.B, ctx context.Context, run string, events int
 	})
 	stop, _ := runInBackground(b, ctx, router.Run, b.Errorf)
 	defer stop()
-	bridgetest.WaitFor(b, 5*time.Minute, "the plain handler to apply every event", func() bool { return clock.reached(events) })
+	wait.For(b, 5*time.Minute, "the plain handler to apply every event", func() bool { return clock.reached(events) })
 	return clock.rate(events)
 }

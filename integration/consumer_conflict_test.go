@@ -19,13 +19,13 @@ import (
 	"github.com/posthorn/posthorn/adapters/postgres/inboxstore"
 	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
 	"github.com/posthorn/posthorn/adapters/postgres/opsstore"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
-	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/consumers"
 	"github.com/posthorn/posthorn/consumers/auditlog"
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
-	"github.com/posthorn/posthorn/internal/promset/promtest"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/promtest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 )
 
 // lockedBuffer is a log destination the test reads while consumers write.
@@ -148,7 +148,7 @@ func failoverConflicts(t *testing.T, oldRule bool) {
 	}
 	r.relay(t, nil)
 	total := int64(before + len(ghosts) + after)
-	bridgetest.WaitFor(t, opsWait, "every event has a disposition in both consumers", func() bool {
+	wait.For(t, opsWait, "every event has a disposition in both consumers", func() bool {
 		for _, c := range []string{projection.Name, auditlog.Name} {
 			var n int64
 			for _, v := range counts(t, pool, c).Events {

@@ -18,18 +18,19 @@ import (
 
 	"github.com/posthorn/posthorn/adapters/kafka"
 	"github.com/posthorn/posthorn/adapters/kafka/kafkagroup"
-	"github.com/posthorn/posthorn/adapters/kfakebroker"
 	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
-	"github.com/posthorn/posthorn/adapters/sinktest"
 	"github.com/posthorn/posthorn/api"
-	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/consumers"
 	"github.com/posthorn/posthorn/consumers/auditlog"
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/demo"
-	"github.com/posthorn/posthorn/integration/faultkit"
+	"github.com/posthorn/posthorn/internal/dev/kfakebroker"
+	"github.com/posthorn/posthorn/internal/testkit/faultkit"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/sinktest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
+	"github.com/posthorn/posthorn/relay"
 )
 
 // effectClock records, per event ID, when each consumer's handling of it
@@ -102,7 +103,7 @@ func startE2EPath(b *testing.B, ctx context.Context) *e2ePath {
 
 	relayPool := pgtest.Pool(b, faultkit.WithAppName(ledgerURL, e2eAppRelay), 4)
 	sink := sinktest.Open(b, kafka.New, kafka.Config{Brokers: brokers})
-	r := startRelay(b, relayPool, sink, bridge.Config{
+	r := startRelay(b, relayPool, sink, relay.Settings{
 		Owner: "e2e", SinkName: "kafka", Logger: relayQuietLog, Registerer: prometheus.NewRegistry()})
 	b.Cleanup(func() { r.Stop(ctx) }) // runs before the sink closes: cleanups run last registered first
 
@@ -365,13 +366,10 @@ func e2eProgress(b *testing.B, ctx context.Context, p *e2ePath) demo.Progress {
 
 func waitCaughtUp(b *testing.B, ctx context.Context, p *e2ePath, d time.Duration) {
 	b.Helper()
-	deadline := time.Now().Add(d)
-	for !e2eProgress(b, ctx, p).Delivered() {
-		if time.Now().After(deadline) {
-			b.Fatalf("consumers not caught up after %s: %+v", d, e2eProgress(b, ctx, p))
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	wait.ForStatus(b, d, "the consumers to catch up", func() (bool, string) {
+		pr := e2eProgress(b, ctx, p)
+		return pr.Delivered(), fmt.Sprintf("%+v", pr)
+	})
 }
 
 // machineCPU is a reading of /proc/stat's first line: the whole machine's

@@ -21,11 +21,11 @@ import (
 
 	"github.com/posthorn/posthorn/adapters/kafka/kafkagroup"
 	"github.com/posthorn/posthorn/adapters/postgres/inboxstore"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/consumers"
 	"github.com/posthorn/posthorn/consumers/auditlog"
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
 )
 
 // consumerTransport is a broker the consumer scenarios run over.
@@ -320,24 +320,6 @@ func postedRun(run, prefix, currency string, accounts int, revisions int64, delt
 		}
 	}
 	return msgs, want
-}
-
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, what string, d time.Duration, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	var last string
-	for {
-		ok, state := cond()
-		if ok {
-			return
-		}
-		last = state
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s; last state: %s", d, what, last)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 func counts(t *testing.T, pool *pgxpool.Pool, consumer string) inboxstore.Counts {

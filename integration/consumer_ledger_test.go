@@ -12,12 +12,13 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
 	"github.com/posthorn/posthorn/consumers/auditlog"
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
-	"github.com/posthorn/posthorn/internal/promset/promtest"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/promtest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 )
 
 // The projection's balances equal the ledger's after a few thousand
@@ -103,7 +104,7 @@ func TestConsumerProjectionMatchesLedger(t *testing.T) {
 	rig := startConsumer(t, tr, consumerPool, rigOptions{audit: true})
 	start := time.Now()
 	tr.publish(t, msgs...)
-	waitFor(t, "every outbox event applied", 3*time.Minute, func() (bool, string) {
+	wait.ForStatus(t, 3*time.Minute, "every outbox event applied", func() (bool, string) {
 		p, a := counts(t, consumerPool, projection.Name), counts(t, consumerPool, auditlog.Name)
 		return p.Events[core.DispositionApplied] == int64(events) && a.Events[core.DispositionApplied] == int64(events),
 			fmt.Sprintf("projection %+v, audit %+v", p, a)

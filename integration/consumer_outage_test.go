@@ -1,15 +1,17 @@
 package integration
 
 import (
+	"fmt"
 	"os/exec"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/posthorn/posthorn/adapters/kfakebroker"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
-	"github.com/posthorn/posthorn/internal/childtest"
-	"github.com/posthorn/posthorn/internal/syncbuf"
+	"github.com/posthorn/posthorn/internal/dev/kfakebroker"
+	"github.com/posthorn/posthorn/internal/testkit/childtest"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/syncbuf"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 )
 
 // TestConsumeWaitsForBrokerAtStart: `posthorn consume` started while the
@@ -31,18 +33,14 @@ func TestConsumeWaitsForBrokerAtStart(t *testing.T) {
 
 	waitLog := func(what string, n int, d time.Duration) {
 		t.Helper()
-		deadline := time.Now().Add(d)
-		for strings.Count(stderr.String(), what) < n {
+		wait.ForStatus(t, d, fmt.Sprintf("%q (x%d)", what, n), func() (bool, string) {
 			select {
 			case <-consume.Exited():
 				t.Fatalf("posthorn consume exited (%v) while waiting for %q:\n%s", consume.Err(), what, stderr.String())
 			default:
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("no %q (x%d) within %s:\n%s", what, n, d, stderr.String())
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+			return strings.Count(stderr.String(), what) >= n, "\n" + stderr.String()
+		})
 	}
 	// Three failed attempts span 0.5 s + 1 s of backoff: the process is
 	// still there after the moment it used to exit.

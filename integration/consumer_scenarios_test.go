@@ -13,7 +13,8 @@ import (
 	"github.com/posthorn/posthorn/consumers/auditlog"
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
-	"github.com/posthorn/posthorn/internal/promset/promtest"
+	"github.com/posthorn/posthorn/internal/testkit/promtest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 )
 
 // overTransports runs scenario once per broker, in parallel.
@@ -43,7 +44,7 @@ func TestConsumerEveryEventAppliedOnce(t *testing.T) {
 		})
 		tr.publish(t, msgs...)
 		total := int64(accounts * revisions)
-		waitFor(t, "every event applied by every consumer", waitLong, func() (bool, string) {
+		wait.ForStatus(t, waitLong, "every event applied by every consumer", func() (bool, string) {
 			p, a, o := counts(t, pool, projection.Name), counts(t, pool, auditlog.Name), counts(t, pool, probeConsumer)
 			return p.Events[core.DispositionApplied] == total && a.Events[core.DispositionApplied] == total &&
 					o.Events[core.DispositionApplied] == total,
@@ -79,7 +80,7 @@ func TestConsumerDuplicateDeliveryOneEffect(t *testing.T) {
 		rig := startConsumer(t, tr, pool, rigOptions{})
 		m := posted("dup", "acc-dup", 1, "EUR", 1250)
 		tr.publish(t, m, m, m) // a resend and a replay of the same event ID
-		waitFor(t, "one applied and two duplicates", waitLong, func() (bool, string) {
+		wait.ForStatus(t, waitLong, "one applied and two duplicates", func() (bool, string) {
 			c := counts(t, pool, projection.Name)
 			return c.Events[core.DispositionApplied] == 1 && c.DuplicatesAbsorbed == 2, fmt.Sprintf("%+v", c)
 		})
@@ -106,7 +107,7 @@ func TestConsumerDuplicateDeliveryWithoutInboxMultipliesEffect(t *testing.T) {
 		startConsumer(t, tr, pool, rigOptions{noInbox: true})
 		m := posted("dup", "acc-dup", 1, "EUR", 1250)
 		tr.publish(t, m, m, m)
-		waitFor(t, "three effects without the inbox", waitLong, func() (bool, string) {
+		wait.ForStatus(t, waitLong, "three effects without the inbox", func() (bool, string) {
 			b := balance(t, pool, "acc-dup", "EUR")
 			return b == 3*1250, fmt.Sprintf("balance %d", b)
 		})
@@ -118,12 +119,12 @@ func TestConsumerOutOfOrderHeldThenAppliedInOrder(t *testing.T) {
 		rig := startConsumer(t, tr, pool, rigOptions{probe: true})
 		const acc = "acc-ooo"
 		tr.publish(t, posted("ooo", acc, 1, "EUR", 100))
-		waitFor(t, "revision 1 applied", waitLong, func() (bool, string) {
+		wait.ForStatus(t, waitLong, "revision 1 applied", func() (bool, string) {
 			d := disposition(t, pool, probeConsumer, "ooo-acc-ooo-1")
 			return d == core.DispositionApplied, string(d)
 		})
 		tr.publish(t, posted("ooo", acc, 3, "EUR", 300))
-		waitFor(t, "revision 3 held", waitLong, func() (bool, string) {
+		wait.ForStatus(t, waitLong, "revision 3 held", func() (bool, string) {
 			p, o := disposition(t, pool, projection.Name, "ooo-acc-ooo-3"), disposition(t, pool, probeConsumer, "ooo-acc-ooo-3")
 			return p == core.DispositionHeld && o == core.DispositionHeld, fmt.Sprintf("projection %s, probe %s", p, o)
 		})
@@ -131,7 +132,7 @@ func TestConsumerOutOfOrderHeldThenAppliedInOrder(t *testing.T) {
 			t.Fatalf("balance %d while revision 3 is held, want 100", got)
 		}
 		tr.publish(t, posted("ooo", acc, 2, "EUR", 200))
-		waitFor(t, "revisions 2 and 3 applied", waitLong, func() (bool, string) {
+		wait.ForStatus(t, waitLong, "revisions 2 and 3 applied", func() (bool, string) {
 			b := balance(t, pool, acc, "EUR")
 			o := probeOrder(t, pool, acc)
 			return b == 600 && len(o) == 3, fmt.Sprintf("balance %d, probe order %v", b, o)
@@ -154,7 +155,7 @@ func TestConsumerMissingPredecessorParkedThenReleased(t *testing.T) {
 		ctx := context.Background()
 		const acc = "acc-gap"
 		tr.publish(t, posted("gap", acc, 1, "EUR", 1), posted("gap", acc, 3, "EUR", 3), posted("gap", acc, 4, "EUR", 4))
-		waitFor(t, "the account parked after the hold time", waitLong, func() (bool, string) {
+		wait.ForStatus(t, waitLong, "the account parked after the hold time", func() (bool, string) {
 			var state string
 			for _, c := range []string{projection.Name, probeConsumer} {
 				parked, err := inboxstore.New(rig.pool).Parked(ctx, c)
@@ -178,7 +179,7 @@ func TestConsumerMissingPredecessorParkedThenReleased(t *testing.T) {
 		if got := balance(t, pool, acc, "EUR"); got != 1 {
 			t.Fatalf("balance %d while parked, want 1: nothing applied past the gap", got)
 		}
-		waitFor(t, "parked metrics", waitLong, func() (bool, string) {
+		wait.ForStatus(t, waitLong, "parked metrics", func() (bool, string) {
 			g := promtest.Value(t, rig.prom, "posthorn_consumer_parked_aggregates", "consumer", projection.Name)
 			c := promtest.Value(t, rig.prom, "posthorn_consumer_messages_total", "consumer", projection.Name, "disposition", "parked_gap")
 			return g == 1 && c == 2, fmt.Sprintf("gauge %v, parked_gap counter %v", g, c)
@@ -186,7 +187,7 @@ func TestConsumerMissingPredecessorParkedThenReleased(t *testing.T) {
 		// Other accounts keep flowing, and the audit log (not ordered) has
 		// stored all three events.
 		tr.publish(t, posted("gap", "acc-other", 1, "EUR", 7))
-		waitFor(t, "another account applied", waitLong, func() (bool, string) {
+		wait.ForStatus(t, waitLong, "another account applied", func() (bool, string) {
 			b := balance(t, pool, "acc-other", "EUR")
 			a := counts(t, pool, auditlog.Name).Events[core.DispositionApplied]
 			return b == 7 && a == 4, fmt.Sprintf("acc-other %d, audit applied %d", b, a)
@@ -197,7 +198,7 @@ func TestConsumerMissingPredecessorParkedThenReleased(t *testing.T) {
 		replayed := posted("gap", acc, 2, "EUR", 2)
 		replayed.Metadata.Set(core.HeaderReplay, "true")
 		tr.publish(t, replayed)
-		waitFor(t, "the replayed event kept behind the park", waitLong, func() (bool, string) {
+		wait.ForStatus(t, waitLong, "the replayed event kept behind the park", func() (bool, string) {
 			d := disposition(t, pool, projection.Name, replayed.UUID)
 			return d == core.DispositionParkedGap, string(d)
 		})
@@ -231,7 +232,7 @@ func TestConsumerTwoInstancesRaceOneEffect(t *testing.T) {
 		total := int64(accounts * revisions)
 		// Both instances receive every event: total applications plus
 		// total absorbed repeats, whatever the interleaving.
-		waitFor(t, "every event applied once and absorbed once", waitLong, func() (bool, string) {
+		wait.ForStatus(t, waitLong, "every event applied once and absorbed once", func() (bool, string) {
 			c := counts(t, pool, projection.Name)
 			return c.Events[core.DispositionApplied] == total && c.DuplicatesAbsorbed == total, fmt.Sprintf("%+v", c)
 		})
@@ -239,7 +240,7 @@ func TestConsumerTwoInstancesRaceOneEffect(t *testing.T) {
 			if got := balance(t, pool, acc, "USD"); got != sum {
 				t.Errorf("%s balance %d, want %d (one effect per event)", acc, got, sum)
 			}
-			waitFor(t, "probe applied "+acc, waitLong, func() (bool, string) {
+			wait.ForStatus(t, waitLong, "probe applied "+acc, func() (bool, string) {
 				o := probeOrder(t, pool, acc)
 				return len(o) == revisions, fmt.Sprint(o)
 			})
@@ -261,7 +262,7 @@ func TestConsumerPoisonParksAndRejectsWrongKind(t *testing.T) {
 		cmd := posted("poison", "acc-cmd", 1, "EUR", 1)
 		cmd.Metadata.Set(core.HeaderKind, string(core.KindCommand))
 		tr.publish(t, bad, later, good, cmd)
-		waitFor(t, "poison parked, good applied, command rejected", waitLong, func() (bool, string) {
+		wait.ForStatus(t, waitLong, "poison parked, good applied, command rejected", func() (bool, string) {
 			c := counts(t, pool, projection.Name)
 			return c.Events[core.DispositionParkedPoison] == 1 && c.Events[core.DispositionRejected] == 1 &&
 					c.Events[core.DispositionApplied] == 1 && c.Events[core.DispositionParkedGap]+c.Events[core.DispositionHeld] == 1,
@@ -280,7 +281,7 @@ func TestConsumerPoisonParksAndRejectsWrongKind(t *testing.T) {
 		}
 		// The audit log does not depend on the predecessor: it stores the
 		// bad event (valid JSON) and revision 2, and rejects the command.
-		waitFor(t, "audit log", waitLong, func() (bool, string) {
+		wait.ForStatus(t, waitLong, "audit log", func() (bool, string) {
 			c := counts(t, pool, auditlog.Name)
 			return c.Events[core.DispositionApplied] == 3 && c.Events[core.DispositionRejected] == 1, fmt.Sprintf("%+v", c)
 		})
@@ -298,7 +299,7 @@ func TestConsumerTwoInstancesWithoutInboxDoubleEffect(t *testing.T) {
 			msgs = append(msgs, posted("race-ctl", "race-ctl", rev, "USD", rev))
 		}
 		tr.publish(t, msgs...)
-		waitFor(t, "every event applied by both instances", waitLong, func() (bool, string) {
+		wait.ForStatus(t, waitLong, "every event applied by both instances", func() (bool, string) {
 			b := balance(t, pool, "race-ctl", "USD")
 			return b == 2*15, fmt.Sprintf("balance %d (one effect each would be 15)", b)
 		})
@@ -317,14 +318,14 @@ func TestConsumerRestartMidStreamAppliesOnce(t *testing.T) {
 	msgs, want := postedRun("restart", "restart", "EUR", accounts, revisions, func(_ int, rev int64) int64 { return rev * 3 })
 	tr.publish(t, msgs...)
 	total := int64(accounts * revisions)
-	waitFor(t, "some events applied before the stop", waitLong, func() (bool, string) {
+	wait.ForStatus(t, waitLong, "some events applied before the stop", func() (bool, string) {
 		n := counts(t, pool, projection.Name).Events[core.DispositionApplied]
 		return n >= 10, fmt.Sprint(n)
 	})
 	first.stop()
 	stoppedAt := counts(t, pool, projection.Name).Events[core.DispositionApplied]
 	startConsumer(t, tr, pool, rigOptions{audit: true})
-	waitFor(t, "every event applied after the restart", waitLong, func() (bool, string) {
+	wait.ForStatus(t, waitLong, "every event applied after the restart", func() (bool, string) {
 		p, a := counts(t, pool, projection.Name), counts(t, pool, auditlog.Name)
 		return p.Events[core.DispositionApplied] == total && a.Events[core.DispositionApplied] == total,
 			fmt.Sprintf("projection %+v, audit %+v", p, a)

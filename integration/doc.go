@@ -55,10 +55,10 @@
 //
 //   - PostgreSQL at POSTHORN_TEST_DATABASE_URL (default
 //     postgres://postgres@127.0.0.1:5432/postgres, trust auth); each test
-//     gets fresh databases (adapters/postgres/pgtest), so the server's
+//     gets fresh databases (internal/testkit/pgtest), so the server's
 //     max_connections bounds how many run at once.
 //   - The PostgreSQL server binaries (initdb, pg_ctl) for the CDC tests'
-//     throwaway wal_level=logical clusters (adapters/postgres/pgcluster).
+//     throwaway wal_level=logical clusters (internal/dev/pgcluster).
 //   - nats-server and redis-server binaries (the tests start their own,
 //     to kill them), and RabbitMQ: the machine's node on 127.0.0.1:5672
 //     with guest/guest, plus rabbitmq-server to start a node of a test's

@@ -19,16 +19,17 @@ import (
 	"github.com/posthorn/posthorn/adapters/memory"
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
-	"github.com/posthorn/posthorn/adapters/postgres/roles/roletest"
 	"github.com/posthorn/posthorn/api"
-	"github.com/posthorn/posthorn/bridge"
-	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/core"
-	"github.com/posthorn/posthorn/integration/faultkit"
-	"github.com/posthorn/posthorn/internal/promset/promtest"
-	"github.com/posthorn/posthorn/internal/syncbuf"
+	"github.com/posthorn/posthorn/internal/testkit/faultkit"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/promtest"
+	"github.com/posthorn/posthorn/internal/testkit/relaytest"
+	"github.com/posthorn/posthorn/internal/testkit/roletest"
+	"github.com/posthorn/posthorn/internal/testkit/syncbuf"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
+	"github.com/posthorn/posthorn/relay"
 )
 
 // watchedPool opens a pool on url whose every connection reads the
@@ -109,19 +110,19 @@ func TestRelayAndAPIHoldOnAnUnacceptedHistory(t *testing.T) {
 	var log syncbuf.Buffer
 	open := func(gated bool) *ledger {
 		url, owner := pgtest.Ledger(t)
-		if err := bridgetest.Fill(ctx, owner, "h", 10, 3); err != nil {
+		if err := relaytest.Fill(ctx, owner, "h", 10, 3); err != nil {
 			t.Fatal(err)
 		}
 		l := &ledger{sink: memory.New(memory.Config{}), reg: prometheus.NewRegistry(), accept: unacceptHistory(t, owner)}
 		t.Cleanup(func() { _ = l.sink.Close() })
 		l.pool, l.watch = watchedPool(t, url)
-		cfg := bridge.Config{Owner: fmt.Sprintf("gated-%v", gated), SinkName: "memory", PollInterval: 50 * time.Millisecond,
+		cfg := relay.Settings{Owner: fmt.Sprintf("gated-%v", gated), SinkName: "memory", PollInterval: 50 * time.Millisecond,
 			LeaseTTL: 5 * time.Second, Registerer: l.reg, Logger: slog.New(slog.NewTextHandler(&log, nil))}
 		acfg := api.Config{Logger: slog.New(slog.NewTextHandler(&log, nil))}
 		if gated {
 			cfg.History, acfg.History = l.watch, l.watch
 		}
-		bridgetest.Start(t, newRelay(t, l.pool, l.sink, cfg))
+		relaytest.Start(t, newRelay(t, l.pool, l.sink, cfg))
 		srv, err := api.New(acfg, ledgerstore.New(l.pool, ledgerstore.Config{}))
 		if err != nil {
 			t.Fatal(err)
@@ -134,7 +135,7 @@ func TestRelayAndAPIHoldOnAnUnacceptedHistory(t *testing.T) {
 	gated := open(true)
 
 	// The control publishes the 30 waiting events and takes a posting.
-	bridgetest.WaitFor(t, 10*time.Second, "the control relay to publish on the unaccepted history", func() bool {
+	wait.For(t, 10*time.Second, "the control relay to publish on the unaccepted history", func() bool {
 		return len(control.sink.Records(core.TopicEvents)) == 30
 	})
 	if code, body := postOnce(t, control.srv.URL, "k-1"); code != http.StatusCreated {
@@ -143,7 +144,7 @@ func TestRelayAndAPIHoldOnAnUnacceptedHistory(t *testing.T) {
 	t.Logf("control (no history check): %d events published and a posting taken on the unaccepted history", len(control.sink.Records(core.TopicEvents)))
 
 	// The gated relay holds, visibly; its API refuses and writes nothing.
-	bridgetest.WaitFor(t, 10*time.Second, "the gated relay to hold", func() bool {
+	wait.For(t, 10*time.Second, "the gated relay to hold", func() bool {
 		return promtest.Value(t, gated.reg, "posthorn_relay_held_by_ledger_history") == 1
 	})
 	if !strings.Contains(log.String(), "RELAY HOLDS BACK PUBLISHING") {
@@ -172,14 +173,14 @@ func TestRelayAndAPIHoldOnAnUnacceptedHistory(t *testing.T) {
 
 	// Accepting the history (what failover recover ends with) lets both go on.
 	gated.accept()
-	bridgetest.WaitFor(t, 10*time.Second, "the gated relay to publish once the history is accepted", func() bool {
+	wait.For(t, 10*time.Second, "the gated relay to publish once the history is accepted", func() bool {
 		return len(gated.sink.Records(core.TopicEvents)) == 30 && promtest.Value(t, gated.reg, "posthorn_relay_held_by_ledger_history") == 0
 	})
 	if code, body := postOnce(t, gated.srv.URL, "k-1"); code != http.StatusCreated {
 		t.Fatalf("gated API after acceptance: %d %s", code, body)
 	}
 	// Every record names the timeline of the history its row was written on.
-	for _, e := range bridgetest.Delivered(t, gated.sink) {
+	for _, e := range relaytest.Delivered(t, gated.sink) {
 		if e.LedgerTimeline != st.History.Timeline {
 			t.Fatalf("record %s: ledger_timeline %d, want the server's %d", e.EventID, e.LedgerTimeline, st.History.Timeline)
 		}
@@ -242,7 +243,7 @@ func TestRelayAndAPIProcessesHoldOnAnUnacceptedHistory(t *testing.T) {
 	if code, body := postOnce(t, apiURL, "p-1"); code != http.StatusCreated {
 		t.Fatalf("a posting on the accepted history: %d %s", code, body)
 	}
-	bridgetest.WaitFor(t, 30*time.Second, "the relay to publish on the accepted history", func() bool { return bridgetest.Unrelayed(t, owner) == 0 })
+	wait.For(t, 30*time.Second, "the relay to publish on the accepted history", func() bool { return relaytest.Unrelayed(t, owner) == 0 })
 
 	accept := unacceptHistory(t, owner)
 	// A failover ends every session: end the components' own.
@@ -250,7 +251,7 @@ func TestRelayAndAPIProcessesHoldOnAnUnacceptedHistory(t *testing.T) {
 		t.Fatal(err)
 	}
 	code, body := 0, ""
-	bridgetest.WaitFor(t, 30*time.Second, "the API to refuse postings", func() bool {
+	wait.For(t, 30*time.Second, "the API to refuse postings", func() bool {
 		code, body = postOnce(t, apiURL, "p-2")
 		if code == http.StatusCreated {
 			t.Fatalf("the API took a posting on the unaccepted history: %s", body)
@@ -260,12 +261,12 @@ func TestRelayAndAPIProcessesHoldOnAnUnacceptedHistory(t *testing.T) {
 	if !strings.Contains(body, "ledger-history-not-accepted") {
 		t.Fatalf("503 body %s", body)
 	}
-	bridgetest.MustPost(t, owner, "acc-h1", "acc-h2") // a row the relay must hold
-	bridgetest.WaitFor(t, 30*time.Second, "the relay to hold", func() bool {
+	relaytest.MustPost(t, owner, "acc-h1", "acc-h2") // a row the relay must hold
+	wait.For(t, 30*time.Second, "the relay to hold", func() bool {
 		return gauge(t, relayAddr, "posthorn_relay_held_by_ledger_history") == 1
 	})
 	time.Sleep(time.Second) // ten of the relay's polls
-	if n := bridgetest.Unrelayed(t, owner); n == 0 {
+	if n := relaytest.Unrelayed(t, owner); n == 0 {
 		t.Fatal("the relay published on the unaccepted history")
 	}
 	if b, _ := os.ReadFile(relay.LogPath()); !strings.Contains(string(b), "RELAY HOLDS BACK PUBLISHING") {
@@ -276,8 +277,8 @@ func TestRelayAndAPIProcessesHoldOnAnUnacceptedHistory(t *testing.T) {
 	}
 
 	accept()
-	bridgetest.WaitFor(t, 30*time.Second, "the relay to publish once the history is accepted", func() bool {
-		return bridgetest.Unrelayed(t, owner) == 0 && gauge(t, relayAddr, "posthorn_relay_held_by_ledger_history") == 0
+	wait.For(t, 30*time.Second, "the relay to publish once the history is accepted", func() bool {
+		return relaytest.Unrelayed(t, owner) == 0 && gauge(t, relayAddr, "posthorn_relay_held_by_ledger_history") == 0
 	})
 	if code, body := postOnce(t, apiURL, "p-2"); code != http.StatusCreated {
 		t.Fatalf("a posting once the history is accepted: %d %s", code, body)

@@ -13,11 +13,12 @@ import (
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
 	"github.com/posthorn/posthorn/adapters/postgres/opsstore"
-	"github.com/posthorn/posthorn/adapters/postgres/pgcluster"
-	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/consumers/auditlog"
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/dev/pgcluster"
+	"github.com/posthorn/posthorn/internal/testkit/relaytest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 	"github.com/posthorn/posthorn/ops"
 )
 
@@ -70,7 +71,7 @@ func readLedgerState(t *testing.T, pool *pgxpool.Pool) ledgerState {
 
 func failoverRecover(t *testing.T, cdcMode, recover bool) {
 	ctx := context.Background()
-	f := bridgetest.NewFailover(t, pgcluster.Options{Logical: cdcMode})
+	f := relaytest.NewFailover(t, pgcluster.Options{Logical: cdcMode})
 	consumer := smallConsumerPool(t)
 	startOpsConsumers(t, f.Sink, consumer)
 	r := &opsRig{ledger: f.Pool, consumer: consumer, store: ledgerstore.New(f.Pool, ledgerstore.Config{}),
@@ -188,11 +189,11 @@ func failoverRecover(t *testing.T, cdcMode, recover bool) {
 		if h, err := opsstore.NewFailoverStore(pool).History(ctx); err != nil || !h.Accepted {
 			t.Fatalf("history after the recovery: %+v, %v", h, err)
 		}
-		bridgetest.WaitFor(t, 5*time.Second, "the relay's and the API's check to accept the recovered history", func() bool {
+		wait.For(t, 5*time.Second, "the relay's and the API's check to accept the recovered history", func() bool {
 			return watch.Check(ctx) == nil
 		})
-		if bridgetest.Unrelayed(t, pool) != 0 {
-			t.Fatalf("%d outbox rows unrelayed after the recovery: the re-committed events would go out as new", bridgetest.Unrelayed(t, pool))
+		if relaytest.Unrelayed(t, pool) != 0 {
+			t.Fatalf("%d outbox rows unrelayed after the recovery: the re-committed events would go out as new", relaytest.Unrelayed(t, pool))
 		}
 		nr.assertBalancesMatch(t)
 		again, err := ops.FailoverRecover(ctx, cfg, false)
@@ -206,7 +207,7 @@ func failoverRecover(t *testing.T, cdcMode, recover bool) {
 	newEvents := nr.post(t, 8)
 	nr.relay(t, nil)
 	total := int64(before + events + newEvents)
-	bridgetest.WaitFor(t, opsWait, "every event has a disposition in both consumers", func() bool {
+	wait.For(t, opsWait, "every event has a disposition in both consumers", func() bool {
 		for _, c := range []string{projection.Name, auditlog.Name} {
 			var n int64
 			for _, v := range counts(t, consumer, c).Events {
@@ -245,7 +246,7 @@ func failoverRecover(t *testing.T, cdcMode, recover bool) {
 		}
 	}
 	timelines := map[string]map[int32]int{"lost": {}, "new": {}}
-	for _, e := range bridgetest.Delivered(t, f.Sink) {
+	for _, e := range relaytest.Delivered(t, f.Sink) {
 		switch {
 		case newIDs[e.EventID]:
 			timelines["new"][e.LedgerTimeline]++

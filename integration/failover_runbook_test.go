@@ -17,15 +17,16 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/posthorn/posthorn/adapters/kafka"
-	"github.com/posthorn/posthorn/adapters/kafka/kafkacluster"
 	"github.com/posthorn/posthorn/adapters/postgres/opsstore"
-	"github.com/posthorn/posthorn/adapters/postgres/pgcluster"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
-	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/consumers/auditlog"
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
-	"github.com/posthorn/posthorn/integration/faultkit"
+	"github.com/posthorn/posthorn/internal/dev/pgcluster"
+	"github.com/posthorn/posthorn/internal/testkit/faultkit"
+	"github.com/posthorn/posthorn/internal/testkit/kafkacluster"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/relaytest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 	"github.com/posthorn/posthorn/ops"
 )
 
@@ -139,7 +140,7 @@ func rbPostBatch(t *testing.T, apiURL, prefix string, from, to int) []string {
 		key := fmt.Sprintf("%s-%d", prefix, i)
 		var code int
 		var journal, body string
-		bridgetest.WaitFor(t, 30*time.Second, "posting "+key+" to be taken", func() bool {
+		wait.For(t, 30*time.Second, "posting "+key+" to be taken", func() bool {
 			code, journal, body = rbPost(t, apiURL, key, rbPosting(i))
 			return code == http.StatusCreated || code == http.StatusOK
 		})
@@ -164,7 +165,7 @@ FROM consumer_inbox WHERE disposition = 'applied'`, projection.Name, auditlog.Na
 // waitApplied waits until both consumers applied n events.
 func waitApplied(t *testing.T, consumer *pgxpool.Pool, n int64) {
 	t.Helper()
-	bridgetest.WaitFor(t, 60*time.Second, fmt.Sprintf("both consumers to apply %d events", n), func() bool {
+	wait.For(t, 60*time.Second, fmt.Sprintf("both consumers to apply %d events", n), func() bool {
 		p, a := applied(t, consumer)
 		return p == n && a == n
 	})
@@ -202,13 +203,13 @@ func failoverRunbook(t *testing.T, rb runbook, sinceStart time.Time) runbookResu
 	ctx := context.Background()
 	bin := posthornBin(t)
 	dir := t.TempDir()
-	f := bridgetest.NewFailover(t, pgcluster.Options{Logical: rb.mode == "cdc"})
+	f := relaytest.NewFailover(t, pgcluster.Options{Logical: rb.mode == "cdc"})
 	ledgerURL := fmt.Sprintf("postgres://%s@127.0.0.1:%d,127.0.0.1:%d/ledger?sslmode=disable&target_session_attrs=read-write",
 		f.Primary.User(), f.Primary.Port(), f.Standby.Port())
 	consumerURL, consumer := pgtest.Consumer(t)
 	relayEnv := []string{"POSTHORN_RELAY__MODE=" + rb.mode, "POSTHORN_RELAY__LEASE_TTL=2s"}
 	if rb.required {
-		relayEnv = append(relayEnv, "POSTHORN_RELAY__STANDBY_FLUSH=required", "POSTHORN_RELAY__STANDBY_NAMES="+bridgetest.StandbyName)
+		relayEnv = append(relayEnv, "POSTHORN_RELAY__STANDBY_FLUSH=required", "POSTHORN_RELAY__STANDBY_NAMES="+relaytest.StandbyName)
 	}
 	s, err := faultkit.StartSystem(ctx, faultkit.SystemConfig{Bin: bin, LedgerURL: ledgerURL, ConsumerURL: consumerURL, Dir: dir,
 		Relays: 1, Consumers: 1, Kafka: rb.kafka, RelayEnv: relayEnv})
@@ -232,8 +233,8 @@ func failoverRunbook(t *testing.T, rb runbook, sinceStart time.Time) runbookResu
 	lostJournals := rbPostBatch(t, s.APIURL, "b2", 5, 25)
 	if rb.required {
 		// The relay holds batch 2 for the standby that is gone.
-		bridgetest.WaitFor(t, 30*time.Second, "the relay to hold for the standby", func() bool {
-			return bridgetest.Unrelayed(t, f.Pool) == 40
+		wait.For(t, 30*time.Second, "the relay to hold for the standby", func() bool {
+			return relaytest.Unrelayed(t, f.Pool) == 40
 		})
 	} else {
 		waitApplied(t, consumer, 50)
@@ -243,7 +244,7 @@ func failoverRunbook(t *testing.T, rb runbook, sinceStart time.Time) runbookResu
 	if rb.required {
 		// The runbook attaches a standby to the new primary: a relay that
 		// must publish only what a standby holds waits for one.
-		again, err := f.Standby.StartStandby(ctx, bridgetest.StandbyName)
+		again, err := f.Standby.StartStandby(ctx, relaytest.StandbyName)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -253,11 +254,11 @@ func failoverRunbook(t *testing.T, rb runbook, sinceStart time.Time) runbookResu
 		// The relay follows the multi-host URL and streams from a new slot
 		// on the new primary before the recovery: the rows it re-commits
 		// are in the stream.
-		bridgetest.WaitFor(t, 60*time.Second, "the CDC relay to stream from a slot on the new primary", func() bool {
+		wait.For(t, 60*time.Second, "the CDC relay to stream from a slot on the new primary", func() bool {
 			return pgtest.Column[int64](t, newPrimary, `SELECT count(*) FROM pg_replication_slots WHERE active AND slot_type = 'logical'`)[0] == 1
 		})
 	}
-	bridgetest.WaitFor(t, 30*time.Second, "the API to refuse postings on the unaccepted history", func() bool {
+	wait.For(t, 30*time.Second, "the API to refuse postings on the unaccepted history", func() bool {
 		code, _, body := rbPost(t, s.APIURL, "b3-refused", rbPosting(25))
 		if code == http.StatusCreated {
 			t.Fatalf("the API took a posting on the unaccepted history: %s", body)
@@ -307,7 +308,7 @@ func failoverRunbook(t *testing.T, rb runbook, sinceStart time.Time) runbookResu
 	}
 	key := fmt.Sprintf("b2-%d", 5+retry)
 	before := journals()
-	bridgetest.WaitFor(t, 30*time.Second, "the API to answer the retry", func() bool {
+	wait.For(t, 30*time.Second, "the API to answer the retry", func() bool {
 		res.retryStatus, res.retryJournal, _ = rbPost(t, s.APIURL, key, rbPosting(5+retry))
 		return res.retryStatus != http.StatusServiceUnavailable && res.retryStatus != 0
 	})
@@ -339,18 +340,14 @@ func failoverRunbook(t *testing.T, rb runbook, sinceStart time.Time) runbookResu
 			want += 2
 		}
 	}
-	wait := 60 * time.Second
+	patience := 60 * time.Second
 	if rb.asBefore {
-		wait = 30 * time.Second // the control is expected to stall
+		patience = 30 * time.Second // the control is expected to stall
 	}
-	deadline := time.Now().Add(wait)
-	for time.Now().Before(deadline) {
+	wait.Until(patience, func() (bool, string) {
 		p, a := applied(t, consumer)
-		if p >= want && a >= want && bridgetest.Unrelayed(t, newPrimary) == 0 {
-			break
-		}
-		time.Sleep(200 * time.Millisecond) // poll interval of the wait for delivery
-	}
+		return p >= want && a >= want && relaytest.Unrelayed(t, newPrimary) == 0, ""
+	})
 	res.batch3Took = time.Since(began)
 	p, a := applied(t, consumer)
 	res.batch3Delivered = int(max(0, min(p, a)-(want-40)))

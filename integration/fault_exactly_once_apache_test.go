@@ -6,9 +6,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/posthorn/posthorn/adapters/kafka/kafkacluster"
 	"github.com/posthorn/posthorn/core"
-	"github.com/posthorn/posthorn/integration/faultkit"
+	"github.com/posthorn/posthorn/internal/testkit/faultkit"
+	"github.com/posthorn/posthorn/internal/testkit/kafkacluster"
 )
 
 // apacheExactlyOnceFaults are the exactly-once runs' faults on a real

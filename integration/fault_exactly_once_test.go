@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/posthorn/posthorn/integration/faultkit"
+	"github.com/posthorn/posthorn/internal/testkit/faultkit"
 )
 
 // exactlyOnceFaults are the faults of the exactly-once runs: relay

@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/demo"
-	"github.com/posthorn/posthorn/integration/faultkit"
+	"github.com/posthorn/posthorn/internal/testkit/faultkit"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
 )
 
 // The fault suite runs Posthorn as separate processes — the dev broker,

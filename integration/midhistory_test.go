@@ -16,11 +16,12 @@ import (
 	"github.com/posthorn/posthorn/adapters/postgres/inboxstore"
 	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
 	"github.com/posthorn/posthorn/adapters/postgres/opsstore"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
-	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/consumers"
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/relaytest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 	"github.com/posthorn/posthorn/ops"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -60,7 +61,7 @@ func startMidHistory(t *testing.T) *midHistory {
 
 func (m *midHistory) relayed(t *testing.T) {
 	t.Helper()
-	bridgetest.WaitFor(t, 30*time.Second, "every row relayed", func() bool { return bridgetest.Unrelayed(t, m.ledger) == 0 })
+	wait.For(t, 30*time.Second, "every row relayed", func() bool { return relaytest.Unrelayed(t, m.ledger) == 0 })
 }
 
 // forget deletes every record of ledger.events so far, as the topic's
@@ -128,7 +129,7 @@ func TestNewConsumerBootstrapByReplay(t *testing.T) {
 	t.Run("negative control: live topic only", func(t *testing.T) {
 		pool := smallConsumerPool(t)
 		m.startProjection(t, pool, time.Second, core.TopicEvents)
-		waitFor(t, "accounts parked behind their missing history", 30*time.Second, func() (bool, string) {
+		wait.ForStatus(t, 30*time.Second, "accounts parked behind their missing history", func() (bool, string) {
 			c := counts(t, pool, projection.Name)
 			return c.ParkedAggregates > 0, fmt.Sprintf("%+v", c)
 		})
@@ -145,7 +146,7 @@ func TestNewConsumerBootstrapByReplay(t *testing.T) {
 		t.Fatalf("replay to %s: %+v, %v (want %d sent)", bootstrap, res, err, total)
 	}
 	m.startProjection(t, pool, time.Minute, core.TopicEvents, bootstrap)
-	waitFor(t, "every event applied", 60*time.Second, func() (bool, string) {
+	wait.ForStatus(t, 60*time.Second, "every event applied", func() (bool, string) {
 		c := counts(t, pool, projection.Name)
 		return c.Events[core.DispositionApplied] == total, fmt.Sprintf("%+v of %d", c, total)
 	})
@@ -202,7 +203,7 @@ func TestNewConsumerBaselineAtACut(t *testing.T) {
 	m.relayed(t)
 	total := int64(countEvents(t, m.ledger))
 	m.startProjection(t, pool, time.Minute, core.TopicEvents)
-	waitFor(t, "the events after the cut applied", 60*time.Second, func() (bool, string) {
+	wait.ForStatus(t, 60*time.Second, "the events after the cut applied", func() (bool, string) {
 		c := counts(t, pool, projection.Name)
 		seen := c.Events[core.DispositionApplied] + c.Events[core.DispositionDuplicate]
 		return seen == total, fmt.Sprintf("%+v of %d", c, total)
@@ -214,7 +215,7 @@ func TestNewConsumerBaselineAtACut(t *testing.T) {
 	checkBalances(t, m.ledger, pool)
 
 	m.startProjection(t, control, time.Minute, core.TopicEvents)
-	waitFor(t, "the control applied every event", 60*time.Second, func() (bool, string) {
+	wait.ForStatus(t, 60*time.Second, "the control applied every event", func() (bool, string) {
 		a := counts(t, control, projection.Name).Events[core.DispositionApplied]
 		return a == total, fmt.Sprintf("applied %d of %d", a, total)
 	})

@@ -14,10 +14,10 @@ import (
 	"github.com/posthorn/posthorn/adapters/postgres/inboxstore"
 	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
 	"github.com/posthorn/posthorn/adapters/postgres/opsstore"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/consumers/auditlog"
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
 	"github.com/posthorn/posthorn/ops"
 )
 
@@ -101,7 +101,7 @@ func BenchmarkOps(b *testing.B) {
 			b.Fatal(err)
 		}
 		start = time.Now()
-		ares, err := ops.Archive(ctx, ops.ArchiveConfig{Ledger: opsStore, Store: archive, Required: []string{projection.Name, auditlog.Name}})
+		ares, err := ops.Archive(ctx, ops.ArchiveConfig{Ledger: opsStore, Archive: archive, Required: []string{projection.Name, auditlog.Name}})
 		if err != nil {
 			b.Fatal(err)
 		}

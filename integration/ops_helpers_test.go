@@ -17,16 +17,18 @@ import (
 	"github.com/posthorn/posthorn/adapters/postgres/inboxstore"
 	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
 	"github.com/posthorn/posthorn/adapters/postgres/opsstore"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
-	"github.com/posthorn/posthorn/bridge"
-	"github.com/posthorn/posthorn/bridge/bridgetest"
-	"github.com/posthorn/posthorn/bridge/cdc"
 	"github.com/posthorn/posthorn/consumers"
 	"github.com/posthorn/posthorn/consumers/auditlog"
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/relaytest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 	"github.com/posthorn/posthorn/ops"
+	"github.com/posthorn/posthorn/relay"
+	"github.com/posthorn/posthorn/relay/cdc"
+	"github.com/posthorn/posthorn/relay/polling"
 )
 
 // opsRig is a ledger, the memory sink as the broker, and the two example
@@ -108,19 +110,19 @@ func (r *opsRig) post(t *testing.T, n int) int {
 	return events
 }
 
-// relay runs the bridge until the outbox has no unrelayed row, then stops it.
-func (r *opsRig) relay(t *testing.T, hooks *bridge.Hooks) *bridge.Relay {
+// relay runs the polling relay until the outbox has no unrelayed row, then stops it.
+func (r *opsRig) relay(t *testing.T, hooks *polling.Hooks) *polling.Relay {
 	t.Helper()
 	if r.cdc {
 		r.relayCDC(t)
 		return nil
 	}
-	rel := startRelay(t, r.ledger, r.sink, bridge.Config{
+	rel := startRelay(t, r.ledger, r.sink, relay.Settings{
 		Owner: fmt.Sprintf("ops-relay-%d", time.Now().UnixNano()), BatchSize: 200, LeaseTTL: time.Second,
-		PollInterval: 50 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Hooks: hooks,
-	})
+		PollInterval: 50 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	}, hooks)
 	if hooks == nil {
-		bridgetest.WaitFor(t, 60*time.Second, "outbox relayed", func() bool { return bridgetest.Unrelayed(t, r.ledger) == 0 })
+		wait.For(t, 60*time.Second, "outbox relayed", func() bool { return relaytest.Unrelayed(t, r.ledger) == 0 })
 		stopCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		if err := rel.Stop(stopCtx); err != nil {
@@ -134,10 +136,10 @@ func (r *opsRig) relay(t *testing.T, hooks *bridge.Hooks) *bridge.Relay {
 // then stops it; the slot stays for the next run.
 func (r *opsRig) relayCDC(t *testing.T) {
 	t.Helper()
-	rel, err := cdc.New(relaystore.New(r.ledger), cdcsource.New(r.ledger), r.sink, cdc.Config{
-		Owner: fmt.Sprintf("ops-cdc-%d", time.Now().UnixNano()), SinkName: "memory", Slot: "ops", LeaseTTL: 2 * time.Second,
-		RetryInitial: 10 * time.Millisecond, RetryMax: 100 * time.Millisecond, StatusInterval: 200 * time.Millisecond,
-		HeartbeatInterval: 200 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	rel, err := cdc.New(relaystore.New(r.ledger), cdcsource.New(r.ledger), r.sink, relay.Settings{
+		Owner: fmt.Sprintf("ops-cdc-%d", time.Now().UnixNano()), SinkName: "memory", LeaseTTL: 2 * time.Second,
+		RetryInitial: 10 * time.Millisecond, RetryMax: 100 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		CDC: relay.CDC{Slot: "ops", StatusInterval: 200 * time.Millisecond, HeartbeatInterval: 200 * time.Millisecond},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -145,7 +147,7 @@ func (r *opsRig) relayCDC(t *testing.T) {
 	if err := rel.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	bridgetest.WaitFor(t, 60*time.Second, "outbox relayed in CDC mode", func() bool { return bridgetest.Unrelayed(t, r.ledger) == 0 })
+	wait.For(t, 60*time.Second, "outbox relayed in CDC mode", func() bool { return relaytest.Unrelayed(t, r.ledger) == 0 })
 	stopCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := rel.Stop(stopCtx); err != nil {
@@ -166,7 +168,7 @@ func (r *opsRig) deliver(t *testing.T, n int) int {
 // waitApplied waits until both example consumers applied events events.
 func (r *opsRig) waitApplied(t *testing.T, events int) {
 	t.Helper()
-	bridgetest.WaitFor(t, opsWait, fmt.Sprintf("both consumers applied %d events", events), func() bool {
+	wait.For(t, opsWait, fmt.Sprintf("both consumers applied %d events", events), func() bool {
 		p, a := counts(t, r.consumer, projection.Name), counts(t, r.consumer, auditlog.Name)
 		return p.Events[core.DispositionApplied] == int64(events) && a.Events[core.DispositionApplied] == int64(events)
 	})
@@ -175,7 +177,7 @@ func (r *opsRig) waitApplied(t *testing.T, events int) {
 // waitDuplicates waits until each consumer absorbed n repeats in total.
 func (r *opsRig) waitDuplicates(t *testing.T, n int64) {
 	t.Helper()
-	bridgetest.WaitFor(t, opsWait, fmt.Sprintf("both consumers absorbed %d repeats", n), func() bool {
+	wait.For(t, opsWait, fmt.Sprintf("both consumers absorbed %d repeats", n), func() bool {
 		p, a := counts(t, r.consumer, projection.Name), counts(t, r.consumer, auditlog.Name)
 		return p.DuplicatesAbsorbed == n && a.DuplicatesAbsorbed == n
 	})

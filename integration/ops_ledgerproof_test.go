@@ -12,10 +12,10 @@ import (
 
 	"github.com/posthorn/posthorn/adapters/postgres/inboxstore"
 	"github.com/posthorn/posthorn/adapters/postgres/opsstore"
-	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/consumers"
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 	"github.com/posthorn/posthorn/ops"
 )
 
@@ -227,7 +227,7 @@ func TestOpsReconcileCoversPublishedEvents(t *testing.T) {
 	}
 
 	wallet := walletConsumer(t, r)
-	bridgetest.WaitFor(t, opsWait, "wallet consumer applied", func() bool {
+	wait.For(t, opsWait, "wallet consumer applied", func() bool {
 		return counts(t, r.consumer, wallet.Name).Events[core.DispositionApplied] == int64(len(published))
 	})
 	sources := append(r.sources(), wallet)

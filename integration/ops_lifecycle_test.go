@@ -11,13 +11,14 @@ import (
 
 	"github.com/posthorn/posthorn/adapters/fsarchive"
 	"github.com/posthorn/posthorn/adapters/postgres/opsstore"
-	"github.com/posthorn/posthorn/bridge"
-	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/consumers"
 	"github.com/posthorn/posthorn/consumers/auditlog"
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/testkit/relaytest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 	"github.com/posthorn/posthorn/ops"
+	"github.com/posthorn/posthorn/relay/polling"
 )
 
 var required = []string{projection.Name, auditlog.Name}
@@ -94,7 +95,7 @@ func TestOpsReplayArchiveCleanupLifecycle(t *testing.T) {
 		return ops.Cleanup(ctx, ops.CleanupConfig{Ledger: r.ops, Archive: archive, Required: req, ReplayWindow: window, BatchSize: 13, DryRun: dry})
 	}
 	// No coverage yet: archive and cleanup refuse.
-	if _, err := ops.Archive(ctx, ops.ArchiveConfig{Ledger: r.ops, Store: archive, Required: required}); !errors.Is(err, ops.ErrNoCoverage) {
+	if _, err := ops.Archive(ctx, ops.ArchiveConfig{Ledger: r.ops, Archive: archive, Required: required}); !errors.Is(err, ops.ErrNoCoverage) {
 		t.Fatalf("archive without coverage: %v", err)
 	}
 	if _, err := cleanup(0, required, false); !refusedWith(err, "no archive coverage") {
@@ -110,7 +111,7 @@ func TestOpsReplayArchiveCleanupLifecycle(t *testing.T) {
 	r.relay(t, nil)
 	r.waitApplied(t, events+later)
 
-	ares, err := ops.Archive(ctx, ops.ArchiveConfig{Ledger: r.ops, Store: archive, Required: required, SegmentRows: 25})
+	ares, err := ops.Archive(ctx, ops.ArchiveConfig{Ledger: r.ops, Archive: archive, Required: required, SegmentRows: 25})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -225,14 +226,14 @@ func TestOpsResendUncertainAfterLostAck(t *testing.T) {
 	ctx := context.Background()
 	r := newOpsRig(t)
 	events := r.post(t, 6)
-	crashed := r.relay(t, &bridge.Hooks{AfterAck: func([]core.Envelope) error { return errors.New("crash after ACK") }})
+	crashed := r.relay(t, &polling.Hooks{AfterAck: func([]core.Envelope) error { return errors.New("crash after ACK") }})
 	select {
 	case <-crashed.Stopped():
 	case <-time.After(30 * time.Second):
 		t.Fatal("relay did not crash")
 	}
 	r.waitApplied(t, events) // delivered although the ledger has no marker
-	unrelayed := bridgetest.Unrelayed(t, r.ledger)
+	unrelayed := relaytest.Unrelayed(t, r.ledger)
 	if unrelayed == 0 {
 		t.Fatal("the crash left no unmarked row")
 	}
@@ -248,7 +249,7 @@ func TestOpsResendUncertainAfterLostAck(t *testing.T) {
 		}
 	}
 	var rows []opsstore.UncertainRow
-	bridgetest.WaitFor(t, 10*time.Second, "the crashed relay's lease to expire", func() bool {
+	wait.For(t, 10*time.Second, "the crashed relay's lease to expire", func() bool {
 		var err error
 		var n int64
 		rows, n, err = r.ops.Uncertain(ctx, 100)
@@ -290,7 +291,7 @@ func TestOpsResendUncertainAfterLostAck(t *testing.T) {
 	resentEvents := r.count(t, `SELECT count(*) FROM outbox WHERE event_id = ANY($1::text[]::uuid[]) AND kind = 'event'`, ids)
 	r.waitDuplicates(t, resentEvents)
 	r.assertBalancesMatch(t)
-	if n := bridgetest.Unrelayed(t, r.ledger); n != 0 {
+	if n := relaytest.Unrelayed(t, r.ledger); n != 0 {
 		t.Fatalf("%d rows still unmarked", n)
 	}
 	if _, n, _ := r.ops.Uncertain(ctx, 1); n != 0 {
@@ -328,7 +329,7 @@ func TestOpsReplayWithoutInboxDoublesBalances(t *testing.T) {
 		}
 		return bs
 	}
-	bridgetest.WaitFor(t, opsWait, "the bare projection to match the ledger once", func() bool {
+	wait.For(t, opsWait, "the bare projection to match the ledger once", func() bool {
 		return fmt.Sprint(nonZero(bareBalances())) == fmt.Sprint(ledger)
 	})
 	if _, err := ops.Replay(ctx, ops.ReplayConfig{Ledger: r.ops, Sink: r.sink}); err != nil {
@@ -341,7 +342,7 @@ func TestOpsReplayWithoutInboxDoublesBalances(t *testing.T) {
 			doubled[acc][cur] = new(big.Int).Mul(v, big.NewInt(2))
 		}
 	}
-	bridgetest.WaitFor(t, opsWait, "the bare projection to apply the replay again", func() bool {
+	wait.For(t, opsWait, "the bare projection to apply the replay again", func() bool {
 		return fmt.Sprint(nonZero(bareBalances())) == fmt.Sprint(doubled)
 	})
 	r.waitDuplicates(t, int64(events))

@@ -22,12 +22,13 @@ import (
 	"github.com/posthorn/posthorn/adapters/memory"
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
-	"github.com/posthorn/posthorn/adapters/postgres/roles/roletest"
-	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/consumers"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/relaytest"
+	"github.com/posthorn/posthorn/internal/testkit/roletest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 	"github.com/posthorn/posthorn/publish"
 )
 
@@ -129,7 +130,7 @@ func wallet(id string, rev int64) publish.Message {
 }
 
 // TestPublishTransactionIDInversionKeepsRevisionOrder is the ledger path's
-// deterministic inversion (bridge's TestTransactionIDInversionKeepsRevisionOrder)
+// deterministic inversion (relay/polling's TestTransactionIDInversionKeepsRevisionOrder)
 // run through each writer: T2 takes its transaction ID first (a write on
 // wallet B), T1 publishes revision 1 of wallet A, T2 publishes revision 2
 // of A, which waits for T1's aggregate lock, and commits after T1. So
@@ -191,13 +192,13 @@ func TestPublishTransactionIDInversionKeepsRevisionOrder(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer t2.Rollback(ctx)
-		if _, err := bridgetest.Insert(ctx, t2, "A", 2, nil); err != nil {
+		if _, err := relaytest.Insert(ctx, t2, "A", 2, nil); err != nil {
 			t.Fatal(err)
 		}
 		if err := t2.Commit(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := bridgetest.Insert(ctx, t1, "A", 1, nil); err != nil {
+		if _, err := relaytest.Insert(ctx, t1, "A", 1, nil); err != nil {
 			t.Fatal(err)
 		}
 		if err := t1.Commit(ctx); err != nil {
@@ -205,9 +206,9 @@ func TestPublishTransactionIDInversionKeepsRevisionOrder(t *testing.T) {
 		}
 		sink := memory.New(memory.Config{})
 		startTestRelay(t, pool, sink, "relay-control", "memory")
-		bridgetest.WaitFor(t, 10*time.Second, "both rows relayed", func() bool { return bridgetest.Unrelayed(t, pool) == 0 })
+		wait.For(t, 10*time.Second, "both rows relayed", func() bool { return relaytest.Unrelayed(t, pool) == 0 })
 		var revs []int64
-		for _, e := range bridgetest.Delivered(t, sink) {
+		for _, e := range relaytest.Delivered(t, sink) {
 			revs = append(revs, e.Revision)
 		}
 		if fmt.Sprint(revs) != "[2 1]" {
@@ -228,7 +229,7 @@ func mustPublish(t *testing.T, pub func(publish.Message) (publish.Published, err
 // waitForLock waits until backend pid waits for a lock.
 func waitForLock(t *testing.T, pool *pgxpool.Pool, pid int) {
 	t.Helper()
-	bridgetest.WaitFor(t, 10*time.Second, "T2 to wait for A's lock", func() bool {
+	wait.For(t, 10*time.Second, "T2 to wait for A's lock", func() bool {
 		var waiting bool
 		_ = pool.QueryRow(context.Background(), `SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&waiting)
 		return waiting
@@ -257,11 +258,11 @@ func relayedRevisions(t *testing.T, pool *pgxpool.Pool, agg string, want int) []
 	t.Helper()
 	sink := memory.New(memory.Config{})
 	startTestRelay(t, pool, sink, "relay-publish", "memory")
-	bridgetest.WaitFor(t, 10*time.Second, "every row relayed", func() bool {
-		return bridgetest.Unrelayed(t, pool) == 0 && len(sink.Records(walletTopic)) >= want
+	wait.For(t, 10*time.Second, "every row relayed", func() bool {
+		return relaytest.Unrelayed(t, pool) == 0 && len(sink.Records(walletTopic)) >= want
 	})
 	var revs []int64
-	for _, e := range bridgetest.DeliveredOn(t, sink, walletTopic) {
+	for _, e := range relaytest.DeliveredOn(t, sink, walletTopic) {
 		if e.AggregateID == agg {
 			revs = append(revs, e.Revision)
 		}
@@ -311,8 +312,8 @@ func TestPublishConcurrentWritersKeepRevisionsGapless(t *testing.T) {
 	}
 	sink := memory.New(memory.Config{})
 	startTestRelay(t, pool, sink, "relay-concurrent", "memory")
-	bridgetest.WaitFor(t, 20*time.Second, "every row relayed", func() bool { return len(sink.Records(walletTopic)) >= total })
-	bridgetest.CheckOrder(t, bridgetest.DeliveredOn(t, sink, walletTopic), false)
+	wait.For(t, 20*time.Second, "every row relayed", func() bool { return len(sink.Records(walletTopic)) >= total })
+	relaytest.CheckOrder(t, relaytest.DeliveredOn(t, sink, walletTopic), false)
 }
 
 // TestPublishRolledBackNeverReachesTheSink: a message published in a
@@ -339,7 +340,7 @@ func TestPublishRolledBackNeverReachesTheSink(t *testing.T) {
 			}
 			sink := memory.New(memory.Config{})
 			startTestRelay(t, pool, sink, "relay-rollback", "memory")
-			bridgetest.WaitFor(t, 10*time.Second, "the committed event relayed", func() bool { return len(sink.Records(walletTopic)) >= 1 })
+			wait.For(t, 10*time.Second, "the committed event relayed", func() bool { return len(sink.Records(walletTopic)) >= 1 })
 			// The relay passed the rolled-back transaction's position: a
 			// second committed event behind it arrives, the rolled-back one never.
 			pub, end, _ = w.begin(t, pool)
@@ -347,8 +348,8 @@ func TestPublishRolledBackNeverReachesTheSink(t *testing.T) {
 			if err := end(true); err != nil {
 				t.Fatal(err)
 			}
-			bridgetest.WaitFor(t, 10*time.Second, "the second event relayed", func() bool { return len(sink.Records(walletTopic)) >= 2 })
-			for _, e := range bridgetest.DeliveredOn(t, sink, walletTopic) {
+			wait.For(t, 10*time.Second, "the second event relayed", func() bool { return len(sink.Records(walletTopic)) >= 2 })
+			for _, e := range relaytest.DeliveredOn(t, sink, walletTopic) {
 				if e.EventID == gone.EventID {
 					t.Fatalf("event %s of a rolled-back transaction was delivered", gone.EventID)
 				}
@@ -615,11 +616,11 @@ func TestVersionedPayloadsGoToTheirHandlers(t *testing.T) {
 		t.Fatal(err)
 	}
 	runRegistry(t, reg, t.Errorf)
-	waitFor(t, "the unknown version parked", 20*time.Second, func() (bool, string) {
+	wait.ForStatus(t, 20*time.Second, "the unknown version parked", func() (bool, string) {
 		d := disposition(t, pool, "wallet-cents", unknown.EventID)
 		return d == core.DispositionParkedPoison, string(d)
 	})
-	waitFor(t, "wallet v-1 applied", 20*time.Second, func() (bool, string) {
+	wait.ForStatus(t, 20*time.Second, "wallet v-1 applied", func() (bool, string) {
 		got := pgtest.Column[string](t, pool, `SELECT cents || ' ' || seen FROM wallet_cents WHERE wallet = 'v-1'`)
 		return fmt.Sprint(got) == "[1300 121]", fmt.Sprint(got)
 	})

@@ -10,13 +10,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/posthorn/posthorn/adapters/kafka"
-	"github.com/posthorn/posthorn/adapters/kafka/kafkacluster"
-	"github.com/posthorn/posthorn/adapters/kafka/saramacontrol"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
-	"github.com/posthorn/posthorn/bridge"
-	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/core"
-	"github.com/posthorn/posthorn/integration/faultkit"
+	"github.com/posthorn/posthorn/internal/testkit/faultkit"
+	"github.com/posthorn/posthorn/internal/testkit/kafkacluster"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/relaytest"
+	"github.com/posthorn/posthorn/internal/testkit/saramacontrol"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
+	"github.com/posthorn/posthorn/relay"
 )
 
 // apacheDrain is what one drain through a real cluster's faults saw.
@@ -45,17 +46,17 @@ func drainThroughApacheFaults(t *testing.T, k *kafkacluster.Cluster, name string
 	ctx := context.Background()
 	_, pool := pgtest.Ledger(t)
 	const accounts, perAccount = 1500, 40
-	if err := bridgetest.Fill(ctx, pool, name, accounts, perAccount); err != nil {
+	if err := relaytest.Fill(ctx, pool, name, accounts, perAccount); err != nil {
 		t.Fatal(err)
 	}
 	d := apacheDrain{backlog: accounts * perAccount}
 	began := time.Now()
-	r := startRelay(t, pool, sink, bridge.Config{
+	r := startRelay(t, pool, sink, relay.Settings{
 		Owner: name, SinkName: "kafka", Logger: relayQuietLog, Registerer: prometheus.NewRegistry(),
 		BatchSize: 1000, RetryInitial: 20 * time.Millisecond, RetryMax: 500 * time.Millisecond,
 	})
 	defer r.Stop(ctx)
-	pending := func() int { return bridgetest.Unrelayed(t, pool) }
+	pending := func() int { return relaytest.Unrelayed(t, pool) }
 
 	// Live postings beside the backlog, on accounts of their own.
 	stopPosting := livePostings(t, pool, name+"-live")
@@ -76,7 +77,7 @@ func drainThroughApacheFaults(t *testing.T, k *kafkacluster.Cluster, name string
 		}
 	}
 	d.posted = stopPosting()
-	bridgetest.WaitFor(t, 5*time.Minute, "the relay to drain everything", func() bool { return pending() == 0 })
+	wait.For(t, 5*time.Minute, "the relay to drain everything", func() bool { return pending() == 0 })
 	d.took = time.Since(began)
 	if err := r.Ready(); err != nil {
 		t.Fatalf("relay not ready after the faults: %v", err)

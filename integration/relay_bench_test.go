@@ -19,11 +19,12 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/posthorn/posthorn/adapters/kafka"
-	"github.com/posthorn/posthorn/adapters/kafka/saramacontrol"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
-	"github.com/posthorn/posthorn/bridge"
-	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/relaytest"
+	"github.com/posthorn/posthorn/internal/testkit/saramacontrol"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
+	"github.com/posthorn/posthorn/relay"
 )
 
 const (
@@ -55,7 +56,7 @@ func BenchmarkRelayDrainVsStockForwarder(b *testing.B) {
 	ctx := context.Background()
 	relayRate := benchRelayDrain(b, ctx, kafkaSink)
 	stockRate := benchStockDrain(b, ctx)
-	fmt.Printf("relay drain: %d events in backlog, %.0f events/s (kafka sink, batches of %d)\n", drainEvents, relayRate, bridge.BatchSizeDefault)
+	fmt.Printf("relay drain: %d events in backlog, %.0f events/s (kafka sink, batches of %d)\n", drainEvents, relayRate, relay.BatchSizeDefault)
 	fmt.Printf("stock forwarder drain: %d events in backlog, first %d forwarded, %.0f events/s\n", drainEvents, stockDrainEvents, stockRate)
 	fmt.Printf("relay drain speedup vs stock forwarder: %.1fx\n", relayRate/stockRate)
 	b.ReportMetric(relayRate, "relay-events/s")
@@ -94,7 +95,7 @@ func median(xs []float64) float64 {
 func benchRelayDrain(b *testing.B, ctx context.Context, newSink func([]string) (core.Sink, error)) float64 {
 	_, pool := pgtest.Ledger(b)
 	brokers := benchKfake(b, 16)
-	if err := bridgetest.Fill(ctx, pool, "drain", 2000, drainEvents/2000); err != nil {
+	if err := relaytest.Fill(ctx, pool, "drain", 2000, drainEvents/2000); err != nil {
 		b.Fatal(err)
 	}
 	if _, err := pool.Exec(ctx, `VACUUM ANALYZE outbox`); err != nil {
@@ -106,15 +107,15 @@ func benchRelayDrain(b *testing.B, ctx context.Context, newSink func([]string) (
 	}
 	defer sink.Close()
 	reg := prometheus.NewRegistry()
-	cfg := bridge.Config{Owner: "bench", SinkName: "kafka", Logger: relayQuietLog, Registerer: reg, StatsInterval: time.Minute}
-	_, cfg.ExactlyOnce = sink.(bridge.FencedSink)
+	cfg := relay.Settings{Owner: "bench", SinkName: "kafka", Logger: relayQuietLog, Registerer: reg, StatsInterval: time.Minute}
+	_, cfg.ExactlyOnce = sink.(relay.FencedSink)
 	r := newRelay(b, pool, sink, cfg)
 	start := time.Now()
 	if err := r.Start(ctx); err != nil {
 		b.Fatal(err)
 	}
 	defer r.Stop(ctx)
-	bridgetest.WaitFor(b, 3*time.Minute, "the relay to drain the backlog", func() bool {
+	wait.For(b, 3*time.Minute, "the relay to drain the backlog", func() bool {
 		var n int
 		if err := pool.QueryRow(ctx, `SELECT count(*) FROM (SELECT 1 FROM outbox_pending LIMIT 1) x`).Scan(&n); err != nil {
 			b.Fatal(err)
@@ -187,7 +188,7 @@ FROM generate_series(0, $1::int - 1) AS i`, drainEvents, core.TopicEvents); err 
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { defer close(done); _ = fwd.Run(runCtx) }()
-	bridgetest.WaitFor(b, 3*time.Minute, "the stock forwarder to drain", func() bool { return pub.n.Load() >= stockDrainEvents })
+	wait.For(b, 3*time.Minute, "the stock forwarder to drain", func() bool { return pub.n.Load() >= stockDrainEvents })
 	rate := stockDrainEvents / time.Since(start).Seconds()
 	cancel()
 	_ = fwd.Close()
@@ -201,7 +202,7 @@ FROM generate_series(0, $1::int - 1) AS i`, drainEvents, core.TopicEvents); err 
 // PublishShard's transaction commit, recorded in times.
 type timingFencedSink struct {
 	*kafka.ExactlyOnceSink
-	times *bridgetest.AckTimes
+	times *relaytest.AckTimes
 }
 
 func (s timingFencedSink) PublishShard(ctx context.Context, shard int, batch []core.Envelope, ids []int64) error {
@@ -268,7 +269,7 @@ func relayCommitToAck(b *testing.B, exactlyOnce bool) ackLatency {
 	_, pool := pgtest.Ledger(b)
 	brokers := benchKfake(b, 16)
 	var (
-		times *bridgetest.AckTimes
+		times *relaytest.AckTimes
 		sink  core.Sink
 	)
 	if exactlyOnce {
@@ -276,20 +277,20 @@ func relayCommitToAck(b *testing.B, exactlyOnce bool) ackLatency {
 		if err != nil {
 			b.Fatal(err)
 		}
-		times = bridgetest.NewAckTimes(ks)
+		times = relaytest.NewAckTimes(ks)
 		sink = timingFencedSink{ks, times}
 	} else {
 		ks, err := kafka.New(kafka.Config{Brokers: brokers})
 		if err != nil {
 			b.Fatal(err)
 		}
-		times = bridgetest.NewAckTimes(ks)
+		times = relaytest.NewAckTimes(ks)
 		sink = times
 	}
 	defer sink.Close()
-	r := startRelay(b, pool, sink, bridge.Config{Owner: "bench", SinkName: "kafka", Logger: relayQuietLog, ExactlyOnce: exactlyOnce})
+	r := startRelay(b, pool, sink, relay.Settings{Owner: "bench", SinkName: "kafka", Logger: relayQuietLog, ExactlyOnce: exactlyOnce})
 	defer r.Stop(ctx)
-	bridgetest.MustPost(b, pool, "acc-warmup")
+	relaytest.MustPost(b, pool, "acc-warmup")
 
 	var (
 		mu        sync.Mutex
@@ -308,7 +309,7 @@ func relayCommitToAck(b *testing.B, exactlyOnce bool) ackLatency {
 				if a == c {
 					continue
 				}
-				ps, err := bridgetest.Commit(ctx, pool, a, c)
+				ps, err := relaytest.Commit(ctx, pool, a, c)
 				now := time.Now()
 				if err != nil {
 					failures.Add(1)
@@ -336,7 +337,7 @@ func relayCommitToAck(b *testing.B, exactlyOnce bool) ackLatency {
 	close(jobs)
 	wg.Wait()
 	elapsed := time.Since(start)
-	bridgetest.WaitFor(b, time.Minute, "every event ACKed", func() bool {
+	wait.For(b, time.Minute, "every event ACKed", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		for id := range committed {

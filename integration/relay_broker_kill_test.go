@@ -9,12 +9,13 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/posthorn/posthorn/adapters/kafka/saramacontrol"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
-	"github.com/posthorn/posthorn/bridge"
-	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/core"
-	"github.com/posthorn/posthorn/integration/faultkit"
+	"github.com/posthorn/posthorn/internal/testkit/faultkit"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/relaytest"
+	"github.com/posthorn/posthorn/internal/testkit/saramacontrol"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
+	"github.com/posthorn/posthorn/relay"
 )
 
 // brokerKillDrain is the operator's view of the Kafka sink's ACK: a backlog
@@ -27,7 +28,7 @@ func brokerKillDrain(t *testing.T, newSink func([]string) (core.Sink, error), ev
 	t.Helper()
 	ctx := context.Background()
 	_, pool := pgtest.Ledger(t)
-	if err := bridgetest.Fill(ctx, pool, "kill", 2000, events/2000); err != nil {
+	if err := relaytest.Fill(ctx, pool, "kill", 2000, events/2000); err != nil {
 		t.Fatal(err)
 	}
 	addr := freeAddr(t)
@@ -44,12 +45,12 @@ func brokerKillDrain(t *testing.T, newSink func([]string) (core.Sink, error), ev
 		t.Fatal(err)
 	}
 	defer sink.Close()
-	r := startRelay(t, pool, sink, bridge.Config{
+	r := startRelay(t, pool, sink, relay.Settings{
 		Owner: "kill-drain", SinkName: "kafka", Logger: relayQuietLog, Registerer: prometheus.NewRegistry(),
 		RetryInitial: 20 * time.Millisecond, RetryMax: 500 * time.Millisecond,
 	})
 	defer r.Stop(ctx)
-	pending := func() int { return bridgetest.Unrelayed(t, pool) }
+	pending := func() int { return relaytest.Unrelayed(t, pool) }
 	for range kills {
 		time.Sleep(every) // the pace of the fault, not a synchronisation
 		if pending() == 0 {
@@ -61,7 +62,7 @@ func brokerKillDrain(t *testing.T, newSink func([]string) (core.Sink, error), ev
 			t.Fatalf("restart broker: %v\n%s", err, faultkit.Tail(broker.LogPath(), 20))
 		}
 	}
-	bridgetest.WaitFor(t, 5*time.Minute, "the relay to drain the backlog", func() bool { return pending() == 0 })
+	wait.For(t, 5*time.Minute, "the relay to drain the backlog", func() bool { return pending() == 0 })
 	lost, err = faultkit.RelayedNotOnBroker(ctx, pool, addr)
 	if err != nil {
 		t.Fatal(err)

@@ -11,15 +11,16 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/posthorn/posthorn/adapters/kafka"
-	"github.com/posthorn/posthorn/adapters/kafka/kafkatest"
 	"github.com/posthorn/posthorn/adapters/postgres/opsstore"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
-	"github.com/posthorn/posthorn/adapters/sinktest"
-	"github.com/posthorn/posthorn/bridge"
-	"github.com/posthorn/posthorn/bridge/bridgetest"
-	"github.com/posthorn/posthorn/bridge/cdc"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/testkit/kafkatest"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/relaytest"
+	"github.com/posthorn/posthorn/internal/testkit/sinktest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 	"github.com/posthorn/posthorn/ops"
+	"github.com/posthorn/posthorn/relay/cdc"
+	"github.com/posthorn/posthorn/relay/polling"
 )
 
 // newExactlyOnceSink is the Kafka sink in exactly-once mode on brokers,
@@ -33,19 +34,19 @@ func newExactlyOnceSink(t *testing.T, brokers []string) *kafka.ExactlyOnceSink {
 // the broker committed its first batch (no marker), and starts a second
 // relay, with hooks, that drains the outbox. It returns the posted events
 // and how often a read_committed reader received each, in the order read.
-func ackThenCrash(t *testing.T, hooks *bridge.Hooks) ([]bridgetest.Posted, map[string]int, []*kgo.Record) {
+func ackThenCrash(t *testing.T, hooks *polling.Hooks) ([]relaytest.Posted, map[string]int, []*kgo.Record) {
 	t.Helper()
 	_, pool := pgtest.Ledger(t)
 	b := startRelayBroker(t)
-	posted := bridgetest.MustPostTransfers(t, pool, 60, 11, 3)
+	posted := relaytest.MustPostTransfers(t, pool, 60, 11, 3)
 	crashed, _ := startTestRelay(t, pool, newExactlyOnceSink(t, b.addrs), "relay-crashing", "kafka",
-		&bridge.Hooks{AfterAck: func([]core.Envelope) error { return errors.New("crash after the commit") }})
+		&polling.Hooks{AfterAck: func([]core.Envelope) error { return errors.New("crash after the commit") }})
 	<-crashed.Stopped()
-	if n := bridgetest.Unrelayed(t, pool); n != len(posted) {
+	if n := relaytest.Unrelayed(t, pool); n != len(posted) {
 		t.Fatalf("after a crash before the marker %d rows are unrelayed, want all %d", n, len(posted))
 	}
 	startTestRelay(t, pool, newExactlyOnceSink(t, b.addrs), "relay-next", "kafka", hooks)
-	bridgetest.WaitFor(t, 30*time.Second, "the outbox drained", func() bool { return bridgetest.Unrelayed(t, pool) == 0 })
+	wait.For(t, 30*time.Second, "the outbox drained", func() bool { return relaytest.Unrelayed(t, pool) == 0 })
 	recs := kafkatest.MustReadTopic(t, b.addrs, core.TopicEvents, true)
 	count := map[string]int{}
 	for _, r := range recs {
@@ -59,7 +60,7 @@ func ackThenCrash(t *testing.T, hooks *bridge.Hooks) ([]bridgetest.Posted, map[s
 // shards, reads the positions and marks what was committed, so a
 // read_committed reader receives every event exactly once, per account in
 // revision order. (Without exactly-once the same crash sends the batch
-// again: bridge's TestCrashAfterAckBeforeMarkerResends.)
+// again: relay/polling's TestCrashAfterAckBeforeMarkerResends.)
 func TestRelayExactlyOnceAckThenCrash(t *testing.T) {
 	t.Parallel()
 	posted, count, recs := ackThenCrash(t, nil)
@@ -90,7 +91,7 @@ func TestRelayExactlyOnceAckThenCrash(t *testing.T) {
 // read_committed reader receives the crashed batch twice.
 func TestRelayExactlyOnceControlWithoutPositions(t *testing.T) {
 	t.Parallel()
-	posted, count, _ := ackThenCrash(t, &bridge.Hooks{UnsafeSkipPositions: true})
+	posted, count, _ := ackThenCrash(t, &polling.Hooks{UnsafeSkipPositions: true})
 	repeats := 0
 	for _, p := range posted {
 		repeats += count[p.EventID] - 1
@@ -109,10 +110,10 @@ func TestRelayExactlyOnceResendStillSends(t *testing.T) {
 	t.Parallel()
 	_, pool := pgtest.Ledger(t)
 	b := startRelayBroker(t)
-	posted := bridgetest.MustPost(t, pool, "acc-resend-a", "acc-resend-b")
+	posted := relaytest.MustPost(t, pool, "acc-resend-a", "acc-resend-b")
 	sink := newExactlyOnceSink(t, b.addrs)
 	startTestRelay(t, pool, sink, "relay-resend", "kafka")
-	bridgetest.WaitFor(t, 30*time.Second, "the outbox drained", func() bool { return bridgetest.Unrelayed(t, pool) == 0 })
+	wait.For(t, 30*time.Second, "the outbox drained", func() bool { return relaytest.Unrelayed(t, pool) == 0 })
 	ctx := context.Background()
 	res, err := ops.Resend(ctx, ops.ResendConfig{Ledger: opsstore.New(pool), Sink: sink, EventIDs: []string{posted[0].EventID}})
 	if err != nil || res.Sent != 1 {
@@ -153,16 +154,16 @@ func TestCDCRelayExactlyOnceThroughOutageAndCrash(t *testing.T) {
 			b := startCDCRelay(t, pool, broker.addrs, "relay-b", hooks, true)
 			tr := &transfers{t: t, pool: pool, accounts: 7, step: 3}
 			tr.post(10)
-			bridgetest.WaitFor(t, 30*time.Second, "the first events relayed", func() bool { return bridgetest.Unrelayed(t, pool) == 0 })
+			wait.For(t, 30*time.Second, "the first events relayed", func() bool { return relaytest.Unrelayed(t, pool) == 0 })
 			broker.stop()
 			tr.post(10)
 			broker.restart()
-			bridgetest.WaitFor(t, 60*time.Second, "delivery after the outage", func() bool { return bridgetest.Unrelayed(t, pool) == 0 })
+			wait.For(t, 60*time.Second, "delivery after the outage", func() bool { return relaytest.Unrelayed(t, pool) == 0 })
 			armed.Store(true)
 			tr.post(20)
-			bridgetest.WaitFor(t, 30*time.Second, "the reader to crash", func() bool { return a.Crashed() || b.Crashed() })
+			wait.For(t, 30*time.Second, "the reader to crash", func() bool { return a.Crashed() || b.Crashed() })
 			tr.post(10)
-			bridgetest.WaitFor(t, 60*time.Second, "every event relayed", func() bool { return bridgetest.Unrelayed(t, pool) == 0 })
+			wait.For(t, 60*time.Second, "every event relayed", func() bool { return relaytest.Unrelayed(t, pool) == 0 })
 			recs := kafkatest.MustReadTopic(t, broker.addrs, core.TopicEvents, true)
 			count := map[string]int{}
 			last := map[string]int64{}

@@ -12,15 +12,21 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
-	"github.com/posthorn/posthorn/bridge"
-	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/testkit/relaytest"
+	"github.com/posthorn/posthorn/relay"
+	"github.com/posthorn/posthorn/relay/polling"
 )
 
-// newRelay builds a polling relay with cfg on pool's outbox to sink.
-func newRelay(tb testing.TB, pool *pgxpool.Pool, sink core.Sink, cfg bridge.Config) *bridge.Relay {
+// newRelay builds a polling relay with cfg on pool's outbox to sink, with
+// hooks when given.
+func newRelay(tb testing.TB, pool *pgxpool.Pool, sink core.Sink, cfg relay.Settings, hooks ...*polling.Hooks) *polling.Relay {
 	tb.Helper()
-	r, err := bridge.New(relaystore.New(pool), sink, cfg)
+	var h *polling.Hooks
+	if len(hooks) > 0 {
+		h = hooks[0]
+	}
+	r, err := polling.NewWithHooks(relaystore.New(pool), sink, cfg, h)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -30,9 +36,9 @@ func newRelay(tb testing.TB, pool *pgxpool.Pool, sink core.Sink, cfg bridge.Conf
 // startRelay is newRelay, started. The caller stops it: a benchmark as
 // soon as its measurement ends, so that the relay does not run beside what
 // it measures next.
-func startRelay(tb testing.TB, pool *pgxpool.Pool, sink core.Sink, cfg bridge.Config) *bridge.Relay {
+func startRelay(tb testing.TB, pool *pgxpool.Pool, sink core.Sink, cfg relay.Settings, hooks ...*polling.Hooks) *polling.Relay {
 	tb.Helper()
-	r := newRelay(tb, pool, sink, cfg)
+	r := newRelay(tb, pool, sink, cfg, hooks...)
 	if err := r.Start(context.Background()); err != nil {
 		tb.Fatal(err)
 	}
@@ -43,21 +49,18 @@ func startRelay(tb testing.TB, pool *pgxpool.Pool, sink core.Sink, cfg bridge.Co
 // timings short enough for a test (polls of 50 ms, retries from 20 ms up
 // to 300 ms, a 5 s lease) and stops it at cleanup. It returns the relay
 // and the registry of its metrics. hooks, when given, are the relay's; a
-// bridge.FencedSink is used in exactly-once mode.
-func startTestRelay(t *testing.T, pool *pgxpool.Pool, sink core.Sink, owner, sinkName string, hooks ...*bridge.Hooks) (*bridge.Relay, *prometheus.Registry) {
+// relay.FencedSink is used in exactly-once mode.
+func startTestRelay(t *testing.T, pool *pgxpool.Pool, sink core.Sink, owner, sinkName string, hooks ...*polling.Hooks) (*polling.Relay, *prometheus.Registry) {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	cfg := bridge.Config{
+	cfg := relay.Settings{
 		Owner: owner, SinkName: sinkName, PollInterval: 50 * time.Millisecond, LeaseTTL: 5 * time.Second,
 		RetryInitial: 20 * time.Millisecond, RetryMax: 300 * time.Millisecond, StatsInterval: 50 * time.Millisecond,
 		Logger: relayQuietLog, Registerer: reg,
 	}
-	for _, h := range hooks {
-		cfg.Hooks = h
-	}
-	_, cfg.ExactlyOnce = sink.(bridge.FencedSink)
-	r := newRelay(t, pool, sink, cfg)
-	bridgetest.Start(t, r)
+	_, cfg.ExactlyOnce = sink.(relay.FencedSink)
+	r := newRelay(t, pool, sink, cfg, hooks...)
+	relaytest.Start(t, r)
 	return r, reg
 }
 
@@ -86,7 +89,7 @@ func livePostings(t *testing.T, pool *pgxpool.Pool, prefix string) (stop func() 
 				return
 			default:
 			}
-			p, err := bridgetest.Commit(context.Background(), pool, fmt.Sprintf("acc-%s-%d", prefix, i%23), fmt.Sprintf("acc-%s-%d", prefix, (i+7)%23))
+			p, err := relaytest.Commit(context.Background(), pool, fmt.Sprintf("acc-%s-%d", prefix, i%23), fmt.Sprintf("acc-%s-%d", prefix, (i+7)%23))
 			if err != nil {
 				t.Errorf("post: %v", err)
 				return

@@ -14,12 +14,13 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/posthorn/posthorn/adapters/kafka"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
-	"github.com/posthorn/posthorn/adapters/sinktest"
-	"github.com/posthorn/posthorn/bridge"
-	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/core"
-	"github.com/posthorn/posthorn/integration/faultkit"
+	"github.com/posthorn/posthorn/internal/testkit/faultkit"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/relaytest"
+	"github.com/posthorn/posthorn/internal/testkit/sinktest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
+	"github.com/posthorn/posthorn/relay"
 )
 
 // TestRelayKafkaLeadershipMoves: against a three-node kfake cluster, while
@@ -63,11 +64,11 @@ func TestRelayKafkaLeadershipMoves(t *testing.T) {
 		return nil, nil, false
 	})
 
-	if err := bridgetest.Fill(ctx, pool, "lead", 1000, 60); err != nil {
+	if err := relaytest.Fill(ctx, pool, "lead", 1000, 60); err != nil {
 		t.Fatal(err)
 	}
 	sink := sinktest.Open(t, kafka.New, kafka.Config{Brokers: cluster.ListenAddrs()})
-	r := startRelay(t, pool, sink, bridge.Config{
+	r := startRelay(t, pool, sink, relay.Settings{
 		Owner: "leaders", SinkName: "kafka", Logger: relayQuietLog, Registerer: prometheus.NewRegistry(),
 		BatchSize: 1000, RetryInitial: 20 * time.Millisecond, RetryMax: 300 * time.Millisecond,
 	})
@@ -105,7 +106,7 @@ func TestRelayKafkaLeadershipMoves(t *testing.T) {
 		time.Sleep(100 * time.Millisecond) // the pace of the fault, not a synchronisation
 	}
 	posted := stopPosting()
-	bridgetest.WaitFor(t, 2*time.Minute, "the relay to drain everything", func() bool { return bridgetest.Unrelayed(t, pool) == 0 })
+	wait.For(t, 2*time.Minute, "the relay to drain everything", func() bool { return relaytest.Unrelayed(t, pool) == 0 })
 	if err := r.Ready(); err != nil {
 		t.Fatalf("relay not ready after the moves: %v", err)
 	}

@@ -22,14 +22,15 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/posthorn/posthorn/adapters/kafka"
-	"github.com/posthorn/posthorn/adapters/kafka/kafkatest"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
-	"github.com/posthorn/posthorn/adapters/sinktest"
-	"github.com/posthorn/posthorn/bridge"
-	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/core"
-	"github.com/posthorn/posthorn/internal/promset/promtest"
+	"github.com/posthorn/posthorn/internal/testkit/kafkatest"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/promtest"
+	"github.com/posthorn/posthorn/internal/testkit/relaytest"
+	"github.com/posthorn/posthorn/internal/testkit/sinktest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
+	"github.com/posthorn/posthorn/relay/polling"
 )
 
 var relayQuietLog = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
@@ -128,7 +129,7 @@ func (b *relayBroker) recordsHolding(eventIDs []string, d time.Duration) []*kgo.
 	return out
 }
 
-func startKafkaRelay(t *testing.T, pool *pgxpool.Pool, brokers []string, owner string) (*bridge.Relay, *prometheus.Registry) {
+func startKafkaRelay(t *testing.T, pool *pgxpool.Pool, brokers []string, owner string) (*polling.Relay, *prometheus.Registry) {
 	t.Helper()
 	return startTestRelay(t, pool, newKafkaSink(t, brokers), owner, "kafka")
 }
@@ -153,10 +154,10 @@ func TestRelayToKafkaReadByWatermillSubscriber(t *testing.T) {
 	t.Parallel()
 	_, pool := pgtest.Ledger(t)
 	b := startRelayBroker(t)
-	posted := bridgetest.MustPostTransfers(t, pool, 100, 9, 4)
+	posted := relaytest.MustPostTransfers(t, pool, 100, 9, 4)
 	ctx := context.Background()
 	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { // rolled back: never sent
-		_, err := bridgetest.Post(ctx, tx, "acc-rolled-back")
+		_, err := relaytest.Post(ctx, tx, "acc-rolled-back")
 		if err == nil {
 			err = fmt.Errorf("roll back")
 		}
@@ -227,24 +228,24 @@ func TestRelayKafkaOutageAndRecovery(t *testing.T) {
 	_, pool := pgtest.Ledger(t)
 	b := startRelayBroker(t)
 	_, reg := startKafkaRelay(t, pool, b.addrs, "relay-outage")
-	first := bridgetest.MustPost(t, pool, "acc-1", "acc-2")
+	first := relaytest.MustPost(t, pool, "acc-1", "acc-2")
 	if n := len(b.records(len(first), 20*time.Second)); n != len(first) {
 		t.Fatalf("before the outage: %d records", n)
 	}
-	bridgetest.WaitFor(t, 10*time.Second, "markers", func() bool { return bridgetest.Unrelayed(t, pool) == 0 })
+	wait.For(t, 10*time.Second, "markers", func() bool { return relaytest.Unrelayed(t, pool) == 0 })
 	b.stop()
-	posted := bridgetest.MustPostN(t, pool, 40, 6)
-	bridgetest.WaitFor(t, 20*time.Second, "retries during the outage", func() bool {
+	posted := relaytest.MustPostN(t, pool, 40, 6)
+	wait.For(t, 20*time.Second, "retries during the outage", func() bool {
 		return promtest.Value(t, reg, "posthorn_relay_retries_total") >= 2
 	})
-	if n := bridgetest.Unrelayed(t, pool); n != len(posted) {
+	if n := relaytest.Unrelayed(t, pool); n != len(posted) {
 		t.Fatalf("during the outage %d rows unrelayed, want %d (nothing marked without an ACK)", n, len(posted))
 	}
-	bridgetest.WaitFor(t, 5*time.Second, "backlog gauge", func() bool {
+	wait.For(t, 5*time.Second, "backlog gauge", func() bool {
 		return promtest.Value(t, reg, "posthorn_outbox_backlog_events") == float64(len(posted))
 	})
 	b.restart()
-	bridgetest.WaitFor(t, 60*time.Second, "delivery to resume", func() bool { return bridgetest.Unrelayed(t, pool) == 0 })
+	wait.For(t, 60*time.Second, "delivery to resume", func() bool { return relaytest.Unrelayed(t, pool) == 0 })
 	recs := b.records(len(first)+len(posted), 20*time.Second)
 	ids := map[string]bool{}
 	last := map[string]int64{}
@@ -282,17 +283,17 @@ func recordTooLargeParksOnlyItsAccount(t *testing.T, exactlyOnce bool) {
 	_, pool := pgtest.Ledger(t)
 	b := startRelayBroker(t)
 	ctx := context.Background()
-	bridgetest.MustPostPayload(t, pool, "acc-huge", make([]byte, 2<<20))
-	bridgetest.MustPost(t, pool, "acc-huge")
-	good := bridgetest.MustPostN(t, pool, 30, 5)
+	relaytest.MustPostPayload(t, pool, "acc-huge", make([]byte, 2<<20))
+	relaytest.MustPost(t, pool, "acc-huge")
+	good := relaytest.MustPostN(t, pool, 30, 5)
 	var reg *prometheus.Registry
 	if exactlyOnce {
 		_, reg = startTestRelay(t, pool, newExactlyOnceSink(t, b.addrs), "relay-park", "kafka")
 	} else {
 		_, reg = startKafkaRelay(t, pool, b.addrs, "relay-park")
 	}
-	bridgetest.WaitFor(t, 20*time.Second, "the good accounts delivered", func() bool { return bridgetest.Unrelayed(t, pool) == 2 })
-	bridgetest.WaitFor(t, 5*time.Second, "parked gauge", func() bool {
+	wait.For(t, 20*time.Second, "the good accounts delivered", func() bool { return relaytest.Unrelayed(t, pool) == 2 })
+	wait.For(t, 5*time.Second, "parked gauge", func() bool {
 		return promtest.Value(t, reg, "posthorn_relay_parked_aggregates") == 1
 	})
 	for _, r := range b.records(len(good), 20*time.Second) {
@@ -321,7 +322,7 @@ func TestRelayKafkaTopicReadByKcat(t *testing.T) {
 	}
 	_, pool := pgtest.Ledger(t)
 	b := startRelayBroker(t) // 4 partitions
-	posted := bridgetest.MustPostTransfers(t, pool, 150, 37, 5)
+	posted := relaytest.MustPostTransfers(t, pool, 150, 37, 5)
 	startKafkaRelay(t, pool, b.addrs, "relay-kcat")
 	if got := b.recordsHolding(eventIDs(posted), 30*time.Second); len(got) < len(posted) {
 		t.Fatalf("the relay wrote %d of %d records", len(got), len(posted))
@@ -333,7 +334,7 @@ func TestRelayKafkaTopicReadByKcat(t *testing.T) {
 	if err != nil {
 		t.Fatalf("kcat: %v\n%s", err, out)
 	}
-	want := map[string]bridgetest.Posted{}
+	want := map[string]relaytest.Posted{}
 	for _, p := range posted {
 		want[p.EventID] = p
 	}
@@ -388,7 +389,7 @@ func kcatHeaders(s string) map[string]string {
 	return h
 }
 
-func eventIDs(posted []bridgetest.Posted) []string {
+func eventIDs(posted []relaytest.Posted) []string {
 	ids := make([]string, len(posted))
 	for i, p := range posted {
 		ids[i] = p.EventID

@@ -12,10 +12,10 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
-	"github.com/posthorn/posthorn/bridge/bridgetest"
-	"github.com/posthorn/posthorn/integration/faultkit"
-	"github.com/posthorn/posthorn/internal/promset/promtest"
+	"github.com/posthorn/posthorn/internal/testkit/faultkit"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/promtest"
+	"github.com/posthorn/posthorn/internal/testkit/relaytest"
 )
 
 // BenchmarkRelayMemory1M drains a backlog of 1,000,000 events with
@@ -68,12 +68,12 @@ func BenchmarkRelayMemory1M(b *testing.B) {
 }
 
 // backlogLedger is a fresh ledger holding a backlog of events unrelayed
-// events on 2,000 accounts (bridgetest.Fill with prefix), vacuumed and
+// events on 2,000 accounts (relaytest.Fill with prefix), vacuumed and
 // analyzed, so that the relay's reads are planned on its real size.
 func backlogLedger(b *testing.B, prefix string, events int) (string, *pgxpool.Pool) {
 	ctx := context.Background()
 	url, pool := pgtest.Ledger(b)
-	if err := bridgetest.Fill(ctx, pool, prefix, 2000, events/2000); err != nil {
+	if err := relaytest.Fill(ctx, pool, prefix, 2000, events/2000); err != nil {
 		b.Fatal(err)
 	}
 	if _, err := pool.Exec(ctx, `VACUUM ANALYZE outbox, outbox_pending`); err != nil {

@@ -9,10 +9,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
-	"github.com/posthorn/posthorn/bridge"
-	"github.com/posthorn/posthorn/bridge/bridgetest"
-	"github.com/posthorn/posthorn/integration/faultkit"
+	"github.com/posthorn/posthorn/internal/testkit/faultkit"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
+	"github.com/posthorn/posthorn/relay"
 )
 
 // BenchmarkRelayDrainProcessFactors takes apart why `posthorn relay` as its
@@ -52,12 +52,12 @@ func BenchmarkRelayDrainProcessFactors(b *testing.B) {
 		conns int32
 		// stats is the in-process relay's StatsInterval: make bench's
 		// relay refreshes its backlog gauges once a minute, posthorn relay
-		// every bridge.StatsIntervalDefault.
+		// every relay.StatsIntervalDefault.
 		stats time.Duration
 	}{
 		{"in-process relay, pool of 16, kfake in-process, stats 1 min (make bench)", inMemory, 16, time.Minute},
 		{"in-process relay, pool of 4 (as posthorn relay's)", inMemory, 4, time.Minute},
-		{"in-process relay, stats every 2 s (as posthorn relay's)", inMemory, 16, bridge.StatsIntervalDefault},
+		{"in-process relay, stats every 2 s (as posthorn relay's)", inMemory, 16, relay.StatsIntervalDefault},
 		{"posthorn relay process, kfake in-process", inMemory, 0, 0},
 		{"in-process relay, dev broker process in memory", devBroker(false), 16, time.Minute},
 		{"in-process relay, dev broker process on a data dir", devBroker(true), 16, time.Minute},
@@ -80,23 +80,23 @@ func BenchmarkRelayDrainProcessFactors(b *testing.B) {
 func drainFactor(b *testing.B, brokers []string, conns int32, stats time.Duration) (rate float64, ready time.Duration, afterReady float64) {
 	ctx := context.Background()
 	url, pool := backlogLedger(b, "drain", drainEvents)
-	var relay *faultkit.Proc
+	var proc *faultkit.Proc
 	if conns == 0 {
-		relay, _ = relayProcess(b, url, brokers) // builds the binary on first use: before the clock starts
+		proc, _ = relayProcess(b, url, brokers) // builds the binary on first use: before the clock starts
 	}
 	start := time.Now()
 	if conns == 0 {
-		if err := relay.Start(ctx); err != nil {
+		if err := proc.Start(ctx); err != nil {
 			b.Fatal(err)
 		}
-		defer relay.Close()
+		defer proc.Close()
 	} else {
 		sink, err := kafkaSink(brokers)
 		if err != nil {
 			b.Fatal(err)
 		}
 		defer sink.Close()
-		r := startRelay(b, pgtest.SmallPool(b, url, conns), sink, bridge.Config{Owner: "bench", SinkName: "kafka", Logger: relayQuietLog,
+		r := startRelay(b, pgtest.SmallPool(b, url, conns), sink, relay.Settings{Owner: "bench", SinkName: "kafka", Logger: relayQuietLog,
 			Registerer: prometheus.NewRegistry(), StatsInterval: stats})
 		defer r.Stop(ctx)
 	}
@@ -105,7 +105,7 @@ func drainFactor(b *testing.B, brokers []string, conns int32, stats time.Duratio
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox_pending`).Scan(&left); err != nil {
 		b.Fatal(err)
 	}
-	bridgetest.WaitFor(b, 5*time.Minute, "the relay to drain the backlog", func() bool {
+	wait.For(b, 5*time.Minute, "the relay to drain the backlog", func() bool {
 		var n int
 		if err := pool.QueryRow(ctx, `SELECT count(*) FROM (SELECT 1 FROM outbox_pending LIMIT 1) x`).Scan(&n); err != nil {
 			b.Fatal(err)

@@ -19,10 +19,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/posthorn/posthorn/adapters/amqp/amqptest"
 	"github.com/posthorn/posthorn/adapters/brokers"
 	"github.com/posthorn/posthorn/configs"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/testkit/amqptest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 )
 
 // brokerTLS writes httptest's certificate for 127.0.0.1 and its key as PEM
@@ -60,18 +61,16 @@ func startServer(t *testing.T, port int, bin string, args ...string) {
 		t.Fatalf("start %s: %v", bin, err)
 	}
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait(); out.Close() })
-	deadline := time.Now().Add(15 * time.Second)
-	for {
+	open := wait.Until(15*time.Second, func() (bool, string) {
 		c, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(port), 100*time.Millisecond)
 		if err == nil {
 			c.Close()
-			return
 		}
-		if time.Now().After(deadline) {
-			b, _ := os.ReadFile(out.Name())
-			t.Fatalf("%s did not open port %d:\n%s", bin, port, b)
-		}
-		time.Sleep(20 * time.Millisecond)
+		return err == nil, ""
+	})
+	if !open {
+		b, _ := os.ReadFile(out.Name())
+		t.Fatalf("%s did not open port %d:\n%s", bin, port, b)
 	}
 }
 

@@ -24,12 +24,12 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/posthorn/posthorn/adapters/postgres"
-	"github.com/posthorn/posthorn/adapters/postgres/roles/roletest"
-	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/consumers/auditlog"
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
-	"github.com/posthorn/posthorn/integration/faultkit"
+	"github.com/posthorn/posthorn/internal/testkit/faultkit"
+	"github.com/posthorn/posthorn/internal/testkit/roletest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 )
 
 // secretForms are the shapes a secret could take in a log line: as is,
@@ -195,7 +195,7 @@ func TestSecurityNoSecretInAnyLog(t *testing.T) {
 	if code := post(secrets["api token"], "logs-bad", `{"entries":[`); code != http.StatusBadRequest {
 		t.Fatalf("bad body: %d", code)
 	}
-	bridgetest.WaitFor(t, 90*time.Second, "both consumers applied every event", func() bool {
+	wait.For(t, 90*time.Second, "both consumers applied every event", func() bool {
 		var n int
 		if err := consumerOwner.QueryRow(ctx, `SELECT count(*) FROM consumer_inbox WHERE disposition = 'applied'`).Scan(&n); err != nil {
 			t.Fatal(err)

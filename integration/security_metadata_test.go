@@ -19,11 +19,12 @@ import (
 
 	"github.com/posthorn/posthorn/adapters/memory"
 	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/api"
-	"github.com/posthorn/posthorn/bridge"
-	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/relaytest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
+	"github.com/posthorn/posthorn/relay"
 )
 
 // wireRecord is one record as a sink holds it: key (Kafka), headers, payload.
@@ -76,16 +77,16 @@ func postThroughAPI(t *testing.T, store api.Store, n int, md string) {
 	}
 }
 
-// relayToMemory runs the bridge into a fresh memory sink until the outbox
+// relayToMemory runs the relay into a fresh memory sink until the outbox
 // is drained and returns every record it holds.
 func relayToMemory(t *testing.T, pool *pgxpool.Pool) []wireRecord {
 	t.Helper()
 	sink := memory.New(memory.Config{})
 	defer sink.Close()
-	rel := startRelay(t, pool, sink, bridge.Config{
+	rel := startRelay(t, pool, sink, relay.Settings{
 		Owner: "md-relay-memory", PollInterval: 50 * time.Millisecond, LeaseTTL: 5 * time.Second, Logger: relayQuietLog,
 	})
-	bridgetest.WaitFor(t, 60*time.Second, "outbox relayed to memory", func() bool { return bridgetest.Unrelayed(t, pool) == 0 })
+	wait.For(t, 60*time.Second, "outbox relayed to memory", func() bool { return relaytest.Unrelayed(t, pool) == 0 })
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := rel.Stop(ctx); err != nil {
@@ -100,13 +101,13 @@ func relayToMemory(t *testing.T, pool *pgxpool.Pool) []wireRecord {
 	return out
 }
 
-// relayToKafka runs the bridge into a kfake broker over real sockets and
+// relayToKafka runs the relay into a kfake broker over real sockets and
 // reads every topic back from the start with franz-go.
 func relayToKafka(t *testing.T, pool *pgxpool.Pool, want int) []wireRecord {
 	t.Helper()
 	b := startRelayBroker(t)
 	rel, _ := startKafkaRelay(t, pool, b.addrs, "md-relay-kafka")
-	bridgetest.WaitFor(t, 60*time.Second, "outbox relayed to kafka", func() bool { return bridgetest.Unrelayed(t, pool) == 0 })
+	wait.For(t, 60*time.Second, "outbox relayed to kafka", func() bool { return relaytest.Unrelayed(t, pool) == 0 })
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := rel.Stop(ctx); err != nil {

@@ -15,15 +15,16 @@ import (
 
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/cdcsource"
-	"github.com/posthorn/posthorn/adapters/postgres/pgcluster"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
-	"github.com/posthorn/posthorn/adapters/postgres/roles/roletest"
-	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/consumers/auditlog"
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
-	"github.com/posthorn/posthorn/integration/faultkit"
-	"github.com/posthorn/posthorn/internal/promset/promtest"
+	"github.com/posthorn/posthorn/internal/dev/pgcluster"
+	"github.com/posthorn/posthorn/internal/testkit/faultkit"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/promtest"
+	"github.com/posthorn/posthorn/internal/testkit/relaytest"
+	"github.com/posthorn/posthorn/internal/testkit/roletest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 )
 
 // opsKitFiles are the operators' kit files whose queries name metrics.
@@ -101,20 +102,10 @@ func TestOpsKitMetricsAreExposedByRunningComponents(t *testing.T) {
 	// The CDC relay on a throwaway cluster with wal_level=logical.
 	cctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	pc, err := pgcluster.Start(cctx, pgcluster.Options{Logical: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = pc.Stop() })
+	pc := pgtest.LogicalCluster(t, pgcluster.Options{})
+	_, cdcOwnerURL := pgtest.LedgerIn(t, pc, 2)
 	admin, err := pgx.Connect(cctx, pc.URL("postgres"))
 	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := admin.Exec(cctx, "CREATE DATABASE ledger"); err != nil {
-		t.Fatal(err)
-	}
-	cdcOwnerURL := pc.URL("ledger")
-	if err := postgres.Migrate(cctx, cdcOwnerURL, postgres.LedgerSchema); err != nil {
 		t.Fatal(err)
 	}
 	if err := postgres.ApplyRoles(cctx, cdcOwnerURL, postgres.LedgerSchema); err != nil {
@@ -145,14 +136,14 @@ func TestOpsKitMetricsAreExposedByRunningComponents(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	bridgetest.MustPost(t, ledgerOwner, "acc-a", "acc-b")
-	bridgetest.MustPost(t, cdcPool, "acc-a", "acc-b")
-	bridgetest.WaitFor(t, 60*time.Second, "both relays relayed and the consumers applied", func() bool {
+	relaytest.MustPost(t, ledgerOwner, "acc-a", "acc-b")
+	relaytest.MustPost(t, cdcPool, "acc-a", "acc-b")
+	wait.For(t, 60*time.Second, "both relays relayed and the consumers applied", func() bool {
 		var n int
 		if err := consumerOwner.QueryRow(ctx, `SELECT count(*) FROM consumer_inbox WHERE disposition = 'applied'`).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
-		return n == 4 && bridgetest.Unrelayed(t, cdcPool) == 0
+		return n == 4 && relaytest.Unrelayed(t, cdcPool) == 0
 	})
 
 	exposed := map[string]bool{}

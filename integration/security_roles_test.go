@@ -22,15 +22,16 @@ import (
 	"github.com/posthorn/posthorn/adapters/postgres/inboxstore"
 	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
 	"github.com/posthorn/posthorn/adapters/postgres/opsstore"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
-	"github.com/posthorn/posthorn/adapters/postgres/roles/roletest"
-	"github.com/posthorn/posthorn/bridge"
-	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/consumers/auditlog"
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/relaytest"
+	"github.com/posthorn/posthorn/internal/testkit/roletest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 	"github.com/posthorn/posthorn/ops"
+	"github.com/posthorn/posthorn/relay"
 )
 
 // TestSecurityEveryComponentUnderItsRole runs the whole life of a posting
@@ -84,11 +85,11 @@ func TestSecurityEveryComponentUnderItsRole(t *testing.T) {
 	}
 
 	// Relay as posthorn_relay.
-	rel := startRelay(t, relayPool, sink, bridge.Config{
+	rel := startRelay(t, relayPool, sink, relay.Settings{
 		Owner: "roles-relay", PollInterval: 50 * time.Millisecond, LeaseTTL: 5 * time.Second,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
-	bridgetest.WaitFor(t, opsWait, "outbox relayed by posthorn_relay", func() bool { return bridgetest.Unrelayed(t, ledgerOwner) == 0 })
+	wait.For(t, opsWait, "outbox relayed by posthorn_relay", func() bool { return relaytest.Unrelayed(t, ledgerOwner) == 0 })
 	stopCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if err := rel.Stop(stopCtx); err != nil {
@@ -109,7 +110,7 @@ func TestSecurityEveryComponentUnderItsRole(t *testing.T) {
 	if res, err := ops.Replay(ctx, ops.ReplayConfig{Ledger: relayOps, Sink: sink, Name: "roles"}); err != nil || res.Sent != int64(events) {
 		t.Fatalf("replay as posthorn_relay: %+v %v (want %d events)", res, err, events)
 	}
-	bridgetest.WaitFor(t, opsWait, "repeats absorbed", func() bool {
+	wait.For(t, opsWait, "repeats absorbed", func() bool {
 		p, a := counts(t, consumerOwner, projection.Name), counts(t, consumerOwner, auditlog.Name)
 		return p.DuplicatesAbsorbed == int64(events+1) && a.DuplicatesAbsorbed == int64(events+1)
 	})
@@ -129,7 +130,7 @@ func TestSecurityEveryComponentUnderItsRole(t *testing.T) {
 		t.Fatal(err)
 	}
 	required := []string{projection.Name, auditlog.Name}
-	ares, err := ops.Archive(ctx, ops.ArchiveConfig{Ledger: maintainer, Store: archive, Required: required})
+	ares, err := ops.Archive(ctx, ops.ArchiveConfig{Ledger: maintainer, Archive: archive, Required: required})
 	if err != nil || ares.Rows == 0 {
 		t.Fatalf("archive as posthorn_maintainer: %+v %v", ares, err)
 	}
@@ -150,7 +151,7 @@ func TestSecurityEveryComponentUnderItsRole(t *testing.T) {
 
 func waitAppliedOn(t *testing.T, consumer *pgxpool.Pool, events int) {
 	t.Helper()
-	bridgetest.WaitFor(t, opsWait, fmt.Sprintf("both consumers applied %d events", events), func() bool {
+	wait.For(t, opsWait, fmt.Sprintf("both consumers applied %d events", events), func() bool {
 		p, a := counts(t, consumer, projection.Name), counts(t, consumer, auditlog.Name)
 		return p.Events[core.DispositionApplied] == int64(events) && a.Events[core.DispositionApplied] == int64(events)
 	})

@@ -11,15 +11,16 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/posthorn/posthorn/adapters/amqp/amqptest"
 	"github.com/posthorn/posthorn/adapters/brokers"
 	"github.com/posthorn/posthorn/adapters/kafka"
-	"github.com/posthorn/posthorn/adapters/nats/natstest"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
-	"github.com/posthorn/posthorn/adapters/redisstream/redistest"
-	"github.com/posthorn/posthorn/bridge"
-	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/testkit/amqptest"
+	"github.com/posthorn/posthorn/internal/testkit/natstest"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/redistest"
+	"github.com/posthorn/posthorn/internal/testkit/relaytest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
+	"github.com/posthorn/posthorn/relay"
 )
 
 const sinkDrainEvents = 100_000
@@ -40,7 +41,7 @@ func BenchmarkSinksDrain(b *testing.B) {
 	}
 	// The machine is shared: a busy one slows every sink, so say how busy.
 	fmt.Printf("relay drain of a %d-event backlog, batches of %d, one run (load average %s before, %s after):\n",
-		sinkDrainEvents, bridge.BatchSizeDefault, loadBefore, loadAvg())
+		sinkDrainEvents, relay.BatchSizeDefault, loadBefore, loadAvg())
 	for _, kind := range kinds {
 		fmt.Printf("  %-8s %8.0f events/s drained; inside Publish alone %8.0f events/s\n", kind, rates[kind], sinkRates[kind])
 		b.ReportMetric(rates[kind], kind+"-events/s")
@@ -81,7 +82,7 @@ func (c *publishClock) Publish(ctx context.Context, batch []core.Envelope) error
 func benchSinkDrain(b *testing.B, kind string) (drain, publish float64) {
 	ctx := context.Background()
 	_, pool := pgtest.Ledger(b)
-	if err := bridgetest.Fill(ctx, pool, "drain", 1000, sinkDrainEvents/1000); err != nil {
+	if err := relaytest.Fill(ctx, pool, "drain", 1000, sinkDrainEvents/1000); err != nil {
 		b.Fatal(err)
 	}
 	if _, err := pool.Exec(ctx, `VACUUM ANALYZE outbox`); err != nil {
@@ -117,7 +118,7 @@ func benchSinkDrain(b *testing.B, kind string) (drain, publish float64) {
 	}
 	defer sink.Close()
 	clock := &publishClock{Sink: sink}
-	r := newRelay(b, pool, clock, bridge.Config{
+	r := newRelay(b, pool, clock, relay.Settings{
 		Owner: "bench-" + kind, SinkName: kind, Logger: relayQuietLog, Registerer: prometheus.NewRegistry(), StatsInterval: time.Minute,
 	})
 	start := time.Now()
@@ -130,7 +131,7 @@ func benchSinkDrain(b *testing.B, kind string) (drain, publish float64) {
 			_ = r.Stop(ctx)
 		}
 	}()
-	bridgetest.WaitFor(b, 3*time.Minute, kind+": the relay to drain the backlog", func() bool {
+	wait.For(b, 3*time.Minute, kind+": the relay to drain the backlog", func() bool {
 		var n int
 		if err := pool.QueryRow(ctx, `SELECT count(*) FROM (SELECT 1 FROM outbox_pending LIMIT 1) x`).Scan(&n); err != nil {
 			b.Fatal(err)

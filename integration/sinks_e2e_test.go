@@ -11,18 +11,19 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/posthorn/posthorn/adapters/amqp/amqptest"
 	"github.com/posthorn/posthorn/adapters/brokers"
-	"github.com/posthorn/posthorn/adapters/nats/natstest"
 	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
-	"github.com/posthorn/posthorn/adapters/redisstream/redistest"
-	"github.com/posthorn/posthorn/adapters/sqlsink/sqltest"
-	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/consumers"
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
-	"github.com/posthorn/posthorn/internal/promset/promtest"
+	"github.com/posthorn/posthorn/internal/testkit/amqptest"
+	"github.com/posthorn/posthorn/internal/testkit/natstest"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/promtest"
+	"github.com/posthorn/posthorn/internal/testkit/redistest"
+	"github.com/posthorn/posthorn/internal/testkit/relaytest"
+	"github.com/posthorn/posthorn/internal/testkit/sqltest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 )
 
 // sinkBroker is one broker kind, configured for one test, with a way to
@@ -180,10 +181,10 @@ func runSinkEndToEnd(t *testing.T, b sinkBroker) (missing, notApplied int) {
 		up := b.down(t)
 		retries := promtest.Value(t, reg, "posthorn_relay_retries_total")
 		post(during)
-		waitFor(t, "the relay to retry during "+what, 30*time.Second, func() (bool, string) {
+		wait.ForStatus(t, 30*time.Second, "the relay to retry during "+what, func() (bool, string) {
 			return promtest.Value(t, reg, "posthorn_relay_retries_total") > retries, "no retry yet"
 		})
-		if n := bridgetest.Unrelayed(t, ledgerPool); n == 0 {
+		if n := relaytest.Unrelayed(t, ledgerPool); n == 0 {
 			t.Fatalf("%s: every row relayed during the outage: the broker was not down", what)
 		}
 		up()
@@ -192,8 +193,8 @@ func runSinkEndToEnd(t *testing.T, b sinkBroker) (missing, notApplied int) {
 	// 1. Events the broker ACKed and nobody has read yet survive its crash:
 	// the consumers start only after the restart.
 	post(150)
-	waitFor(t, "every event ACKed before the first outage", 60*time.Second, func() (bool, string) {
-		n := bridgetest.Unrelayed(t, ledgerPool)
+	wait.ForStatus(t, 60*time.Second, "every event ACKed before the first outage", func() (bool, string) {
+		n := relaytest.Unrelayed(t, ledgerPool)
 		return n == 0, fmt.Sprintf("unrelayed %d", n)
 	})
 	outage("the first outage (no consumer running)", 100)
@@ -208,7 +209,7 @@ func runSinkEndToEnd(t *testing.T, b sinkBroker) (missing, notApplied int) {
 		}
 		return n
 	}
-	waitFor(t, "the consumer to receive events before the second outage", 60*time.Second, func() (bool, string) {
+	wait.ForStatus(t, 60*time.Second, "the consumer to receive events before the second outage", func() (bool, string) {
 		return seen() > 0, "none received"
 	})
 	if b.consumerOutageRaces != "" && sinksRaceDetector {
@@ -221,13 +222,13 @@ func runSinkEndToEnd(t *testing.T, b sinkBroker) (missing, notApplied int) {
 	total := int64(countEvents(t, ledgerPool))
 	// All marked means the relay has every ACK; then wait for the consumer
 	// to go quiet (a lost event never arrives).
-	waitFor(t, "the backlog to drain after the restart", 90*time.Second, func() (bool, string) {
-		n := bridgetest.Unrelayed(t, ledgerPool)
+	wait.ForStatus(t, 90*time.Second, "the backlog to drain after the restart", func() (bool, string) {
+		n := relaytest.Unrelayed(t, ledgerPool)
 		return n == 0, fmt.Sprintf("unrelayed %d", n)
 	})
 	var last int64 = -1
 	stable := time.Now()
-	waitFor(t, "the projection to apply every event or stop moving", 90*time.Second, func() (bool, string) {
+	wait.ForStatus(t, 90*time.Second, "the projection to apply every event or stop moving", func() (bool, string) {
 		a := applied()
 		if a != last {
 			last, stable = a, time.Now()

@@ -18,9 +18,9 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/adapters/tracing"
 	"github.com/posthorn/posthorn/api"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
 )
 
 // BenchmarkTracingWritePath measures the write path (the Posting API's

@@ -25,23 +25,25 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/posthorn/posthorn/adapters/kafka/kafkagroup"
-	"github.com/posthorn/posthorn/adapters/kafka/kafkatest"
 	"github.com/posthorn/posthorn/adapters/memory"
 	"github.com/posthorn/posthorn/adapters/postgres/cdcsource"
 	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
 	"github.com/posthorn/posthorn/adapters/postgres/opsstore"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
 	"github.com/posthorn/posthorn/adapters/tracing"
-	"github.com/posthorn/posthorn/adapters/tracing/tracingtest"
 	"github.com/posthorn/posthorn/api"
-	"github.com/posthorn/posthorn/bridge"
-	"github.com/posthorn/posthorn/bridge/bridgetest"
-	"github.com/posthorn/posthorn/bridge/cdc"
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/testkit/kafkatest"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/relaytest"
+	"github.com/posthorn/posthorn/internal/testkit/tracingtest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 	"github.com/posthorn/posthorn/ops"
 	"github.com/posthorn/posthorn/publish"
+	"github.com/posthorn/posthorn/relay"
+	"github.com/posthorn/posthorn/relay/cdc"
+	"github.com/posthorn/posthorn/relay/polling"
 )
 
 // The caller of the Posting API in these tests sends this traceparent: the
@@ -57,7 +59,7 @@ const (
 // the Kafka sink, and the balance projection reading it with the Kafka
 // subscriber into its own database. tp nil is tracing off, wired as cmd
 // wires it (tracing.Sink returns the bare sink); exactlyOnce selects the
-// Kafka sink's exactly-once mode (a bridge.FencedSink).
+// Kafka sink's exactly-once mode (a relay.FencedSink).
 type traceRig struct {
 	pool   *pgxpool.Pool
 	broker *relayBroker
@@ -228,7 +230,7 @@ func TestOneTraceFromAPIToConsumer(t *testing.T) {
 	// The first relay crashes after the broker's ACK, before the marker;
 	// the second takes the expired leases over and publishes again.
 	var crashed atomic.Bool
-	first, _ := startTestRelay(t, r.pool, r.sink, "relay-crashes", "kafka", &bridge.Hooks{AfterAck: func([]core.Envelope) error {
+	first, _ := startTestRelay(t, r.pool, r.sink, "relay-crashes", "kafka", &polling.Hooks{AfterAck: func([]core.Envelope) error {
 		crashed.Store(true)
 		return errors.New("crash between ACK and marker")
 	}})
@@ -241,7 +243,7 @@ func TestOneTraceFromAPIToConsumer(t *testing.T) {
 		t.Fatal("the first relay stopped without an ACK")
 	}
 	startTestRelay(t, r.pool, r.sink, "relay-takes-over", "kafka")
-	waitFor(t, "the successor to publish every row again", 30*time.Second, func() (bool, string) {
+	wait.ForStatus(t, 30*time.Second, "the successor to publish every row again", func() (bool, string) {
 		got := spansBy(exp, "publish ")
 		return len(got[events[0]]) >= 2 && len(got[events[1]]) >= 2, fmt.Sprintf("publish spans %d, %d", len(got[events[0]]), len(got[events[1]]))
 	})
@@ -250,7 +252,7 @@ func TestOneTraceFromAPIToConsumer(t *testing.T) {
 		t.Fatal(err)
 	}
 	publishes := map[string]int{events[0]: 3, events[1]: 2}
-	waitFor(t, "an apply span for every record", 30*time.Second, func() (bool, string) {
+	wait.ForStatus(t, 30*time.Second, "an apply span for every record", func() (bool, string) {
 		got := spansBy(exp, "apply "+projection.Name)
 		return len(got[events[0]]) >= publishes[events[0]] && len(got[events[1]]) >= publishes[events[1]],
 			fmt.Sprintf("apply spans %d, %d", len(got[events[0]]), len(got[events[1]]))
@@ -328,11 +330,11 @@ func TestOneTraceExactlyOnce(t *testing.T) {
 	t.Parallel()
 	tp, exp := tracingtest.Memory(t)
 	r := newTraceRig(t, tp, true)
-	if _, ok := r.sink.(bridge.FencedSink); !ok {
+	if _, ok := r.sink.(relay.FencedSink); !ok {
 		t.Fatal("the traced exactly-once sink is not a FencedSink")
 	}
 	res := r.post(t)
-	first, _ := startTestRelay(t, r.pool, r.sink, "relay-crashes", "kafka", &bridge.Hooks{AfterAck: func([]core.Envelope) error {
+	first, _ := startTestRelay(t, r.pool, r.sink, "relay-crashes", "kafka", &polling.Hooks{AfterAck: func([]core.Envelope) error {
 		return errors.New("crash between ACK and marker")
 	}})
 	select {
@@ -341,7 +343,7 @@ func TestOneTraceExactlyOnce(t *testing.T) {
 		t.Fatal("the first relay did not crash")
 	}
 	startTestRelay(t, r.pool, r.sink, "relay-takes-over", "kafka")
-	waitFor(t, "the successor to mark every row", 30*time.Second, func() (bool, string) {
+	wait.ForStatus(t, 30*time.Second, "the successor to mark every row", func() (bool, string) {
 		n := pgtest.Column[int64](t, r.pool, `SELECT count(*) FROM outbox_pending`)[0]
 		return n == 0, fmt.Sprintf("%d rows unmarked", n)
 	})
@@ -378,15 +380,15 @@ func TestOneTraceThroughCDC(t *testing.T) {
 	tp, exp := tracingtest.Memory(t)
 	mem := memory.New(memory.Config{})
 	r := newTraceRigOn(t, cdcLedger(t), nil, mem, tp)
-	relay, err := cdc.New(relaystore.New(r.pool), cdcsource.New(r.pool), r.sink, cdc.Config{
+	rel, err := cdc.New(relaystore.New(r.pool), cdcsource.New(r.pool), r.sink, relay.Settings{
 		Owner: "relay-cdc", SinkName: "memory", LeaseTTL: 2 * time.Second, Logger: relayQuietLog})
 	if err != nil {
 		t.Fatal(err)
 	}
-	bridgetest.Start(t, relay)
+	relaytest.Start(t, rel)
 	res := r.post(t)
 	want := len(res.Events) + len(res.Commands)
-	waitFor(t, "the CDC relay to publish the posting", 30*time.Second, func() (bool, string) {
+	wait.ForStatus(t, 30*time.Second, "the CDC relay to publish the posting", func() (bool, string) {
 		n, spans := len(mem.Records(core.TopicEvents)), len(spansBy(exp, "publish "))
 		return n == len(res.Events) && spans == want, fmt.Sprintf("%d event records, %d publish spans", n, spans)
 	})
@@ -446,7 +448,7 @@ func TestTracingOffWritesNoTraceContext(t *testing.T) {
 			}
 		}
 	}
-	waitFor(t, "the projection to apply both events", 30*time.Second, func() (bool, string) {
+	wait.ForStatus(t, 30*time.Second, "the projection to apply both events", func() (bool, string) {
 		n := counts(t, cons.pool, projection.Name).Events[core.DispositionApplied]
 		return n == 2, fmt.Sprintf("applied %d", n)
 	})
@@ -494,7 +496,7 @@ func TestPublishContinuesTheCallersTrace(t *testing.T) {
 	}
 	sink := memory.New(memory.Config{})
 	startTestRelay(t, pool, tracing.Sink(sink, tp, "memory"), "relay-publish-trace", "memory")
-	bridgetest.WaitFor(t, 10*time.Second, "both rows relayed", func() bool { return bridgetest.Unrelayed(t, pool) == 0 })
+	wait.For(t, 10*time.Second, "both rows relayed", func() bool { return relaytest.Unrelayed(t, pool) == 0 })
 	pubs := spansBy(exp, "publish ")[traced.EventID]
 	if len(pubs) != 1 || pubs[0].Parent.SpanID() != caller.SpanContext().SpanID() || pubs[0].SpanContext.TraceID() != caller.SpanContext().TraceID() {
 		t.Fatalf("publish spans of the traced event %+v, want one child of the caller's span %s", pubs, caller.SpanContext().SpanID())

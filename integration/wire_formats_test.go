@@ -22,14 +22,15 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/posthorn/posthorn/adapters/brokers"
-	"github.com/posthorn/posthorn/adapters/kafka/kafkatest"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
-	"github.com/posthorn/posthorn/bridge"
-	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/consumers"
 	"github.com/posthorn/posthorn/consumers/auditlog"
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/testkit/kafkatest"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/relaytest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
+	"github.com/posthorn/posthorn/relay"
 )
 
 // documentedHeaders reads docs/sinks.md's table of the headers per wire
@@ -111,8 +112,8 @@ func TestWireFormatsReadByKcat(t *testing.T) {
 			} else {
 				sink = newKafkaSink(t, b.addrs)
 			}
-			startTestRelay(t, pool, bridge.Formatted(sink, wf), "relay-"+string(format), "kafka")
-			bridgetest.WaitFor(t, 30*time.Second, "the outbox drained", func() bool { return bridgetest.Unrelayed(t, pool) == 0 })
+			startTestRelay(t, pool, relay.Formatted(sink, wf), "relay-"+string(format), "kafka")
+			wait.For(t, 30*time.Second, "the outbox drained", func() bool { return relaytest.Unrelayed(t, pool) == 0 })
 
 			recs := kafkatest.MustReadTopic(t, b.addrs, topic, exactlyOnce)
 			if len(recs) < events {
@@ -251,7 +252,7 @@ func applyWithExampleConsumers(t *testing.T, addrs []string, topic string, ledge
 	}
 	runRegistry(t, reg, t.Logf)
 	for _, c := range []string{projection.Name, auditlog.Name} {
-		waitFor(t, c+" to apply every event", time.Minute, func() (bool, string) {
+		wait.ForStatus(t, time.Minute, c+" to apply every event", func() (bool, string) {
 			n := counts(t, pool, c).Events[core.DispositionApplied]
 			return n == int64(events), fmt.Sprintf("applied %d of %d", n, events)
 		})

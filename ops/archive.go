@@ -100,8 +100,9 @@ var (
 
 // ArchiveConfig configures Archive.
 type ArchiveConfig struct {
-	Ledger Store
-	Store  ArchiveStore
+	Ledger ArchiveLedger
+	// Archive is where the segments and the manifest are written.
+	Archive ArchiveStore
 	// Required consumers must have verified coverage of every archived row.
 	Required []string
 	// SegmentRows is the most rows per segment (default DefaultSegmentRows).
@@ -119,7 +120,7 @@ type ArchiveResult struct {
 
 // requiredCoverage returns the lowest verified boundary of the required
 // consumers, or ErrNoCoverage naming the first without one.
-func requiredCoverage(ctx context.Context, ledger Store, required []string) (Coverage, error) {
+func requiredCoverage(ctx context.Context, ledger CoverageReader, required []string) (Coverage, error) {
 	if len(required) == 0 {
 		return Coverage{}, fmt.Errorf("%w: no required consumers configured", ErrNoCoverage)
 	}
@@ -170,7 +171,7 @@ func Archive(ctx context.Context, cfg ArchiveConfig) (ArchiveResult, error) {
 		return res, err
 	}
 	res.Through = through
-	m, err := LoadManifest(ctx, cfg.Store)
+	m, err := LoadManifest(ctx, cfg.Archive)
 	if err != nil {
 		return res, err
 	}
@@ -187,19 +188,19 @@ func Archive(ctx context.Context, cfg ArchiveConfig) (ArchiveResult, error) {
 		if err != nil {
 			return res, err
 		}
-		if err := cfg.Store.Put(ctx, seg.Name, data); err != nil {
+		if err := cfg.Archive.Put(ctx, seg.Name, data); err != nil {
 			return res, fmt.Errorf("write segment %s: %w", seg.Name, err)
 		}
 		// A segment left by an interrupted run at the same start is replaced.
 		m.Segments = slices.DeleteFunc(m.Segments, func(s ManifestSegment) bool { return s.FirstID >= seg.FirstID })
 		m.Segments = append(m.Segments, seg)
-		if err := putManifest(ctx, cfg.Store, m); err != nil {
+		if err := putManifest(ctx, cfg.Archive, m); err != nil {
 			return res, err
 		}
-		if err := verifySegment(ctx, cfg.Store, seg); err != nil {
+		if err := verifySegment(ctx, cfg.Archive, seg); err != nil {
 			return res, err
 		}
-		if err := verifyManifestHas(ctx, cfg.Store, seg); err != nil {
+		if err := verifyManifestHas(ctx, cfg.Archive, seg); err != nil {
 			return res, err
 		}
 		if err := cfg.Ledger.RecordSegment(ctx, ArchiveSegment{Segment: seg.Name, FirstID: seg.FirstID,
@@ -342,7 +343,7 @@ type VerifyResult struct {
 // checksum, rows and id range, that the segments are contiguous, and that
 // every segment the ledger recorded is in the manifest with the same
 // checksum. Problems are listed, not returned as an error.
-func VerifyArchive(ctx context.Context, ledger Store, store ArchiveStore) (VerifyResult, error) {
+func VerifyArchive(ctx context.Context, ledger SegmentLister, store ArchiveStore) (VerifyResult, error) {
 	res := VerifyResult{Problems: []string{}}
 	m, err := LoadManifest(ctx, store)
 	if err != nil {
@@ -391,7 +392,7 @@ func VerifyArchive(ctx context.Context, ledger Store, store ArchiveStore) (Verif
 // file is present, hashes to that checksum and holds exactly those rows in
 // its id range. Cleanup calls it before deleting: it deletes only rows it
 // can still read back. Problems are listed, not returned as an error.
-func VerifyRange(ctx context.Context, ledger Store, store ArchiveStore, firstID, lastID int64) ([]string, error) {
+func VerifyRange(ctx context.Context, ledger SegmentLister, store ArchiveStore, firstID, lastID int64) ([]string, error) {
 	problems := []string{}
 	recorded, err := ledger.ArchiveSegments(ctx)
 	if err != nil {

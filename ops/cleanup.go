@@ -15,7 +15,7 @@ var ErrCleanupRefused = errors.New("cleanup refused")
 
 // CleanupConfig configures Cleanup.
 type CleanupConfig struct {
-	Ledger Store
+	Ledger CleanupStore
 	// Archive is re-verified (VerifyRange) over the rows to delete before
 	// anything goes; required.
 	Archive      ArchiveStore

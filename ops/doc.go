@@ -13,9 +13,12 @@
 //
 // # Ports
 //
-// ops imports no adapter: it declares the stores it calls, Store (the
-// ledger database) and Inbox (a consumer's inbox), with the types they
-// exchange, in store.go; adapters/postgres/opsstore and inboxstore implement them.
+// ops imports no adapter: it declares the stores it calls, with the types
+// they exchange, in store.go: each operation's narrow port on the ledger
+// database (ReconcileStore, ArchiveLedger, CleanupStore, ReplayStore,
+// ResendStore, RetentionStore, and FailoverStore in failover.go), Store
+// (all of them), and Inbox (a consumer's inbox);
+// adapters/postgres/opsstore and inboxstore implement them.
 //
 // # Coverage
 //

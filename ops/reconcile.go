@@ -8,7 +8,7 @@ import (
 
 // ReconcileConfig configures Reconcile.
 type ReconcileConfig struct {
-	Ledger Store
+	Ledger ReconcileStore
 	// Consumers are read concurrently, one goroutine per consumer, so
 	// their readers (and Ledger) must allow concurrent calls.
 	Consumers []ConsumerSource

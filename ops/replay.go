@@ -56,7 +56,7 @@ func (s ReplaySpec) matches(r ArchivedRow) bool {
 
 // ReplayConfig configures Replay.
 type ReplayConfig struct {
-	Ledger Store
+	Ledger ReplayStore
 	// Archive holds rows already cleaned up from the outbox; required only
 	// when the range reaches below the cleanup boundary.
 	Archive ArchiveStore

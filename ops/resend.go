@@ -22,7 +22,7 @@ var (
 
 // ResendConfig configures Resend: either EventIDs or FromID..ToID.
 type ResendConfig struct {
-	Ledger   Store
+	Ledger   ResendStore
 	Sink     core.Sink
 	EventIDs []string
 	// FromID and ToID select outbox ids, inclusive.
@@ -140,7 +140,7 @@ func resendRows(ctx context.Context, cfg ResendConfig) ([]StoredRow, error) {
 
 // checkOvertake returns ErrWouldOvertake when an unrelayed row of rows
 // follows an unrelayed row of its aggregate that is not being resent.
-func checkOvertake(ctx context.Context, ledger Store, rows []StoredRow) error {
+func checkOvertake(ctx context.Context, ledger ResendStore, rows []StoredRow) error {
 	inSet := make(map[int64]bool, len(rows))
 	for _, r := range rows {
 		inSet[r.ID] = true

@@ -15,7 +15,7 @@ type RetentionConfig struct {
 	// Consumers are the consumers whose inbox rows are pruned.
 	Consumers []string
 	// Ledger is the ledger; nil skips idempotency-key retention.
-	Ledger Store
+	Ledger RetentionStore
 	// ReplayWindow is cleanup.replay_window: a replay may resend events this
 	// old, so an unordered consumer keeps its rows for it plus Margin.
 	ReplayWindow time.Duration

@@ -8,18 +8,32 @@ import (
 	"github.com/posthorn/posthorn/core"
 )
 
-// The ops store's port: what the operators' commands read and write in the
-// ledger database (Store) and in a consumer's inbox (Inbox), and the types
-// they exchange. adapters/postgres/opsstore and adapters/postgres/inboxstore
+// The ops store's ports: what each operator's command reads and writes in
+// the ledger database (Store, and the narrow port of each operation) and
+// in a consumer's inbox (Inbox), and the types they exchange. adapters/postgres/opsstore and adapters/postgres/inboxstore
 // implement them, and only they may: a cut's proof, coverage and cleanup's floor are statements about one
 // PostgreSQL snapshot of the ledger, which a second implementation would
 // have to reproduce exactly for reconcile's verdict to mean anything.
 
-// Store is the operators' view of the ledger database: cuts for
-// reconciliation, verified coverage, outbox rows, archive segments, the
-// cleanup floor, replay progress and resend markers. Every method but
+// Store is the operators' whole view of the ledger database: every
+// operation's port below, which adapters/postgres/opsstore.Store
+// implements and the console passes on. Each operation takes only its own
+// (ReconcileStore, ArchiveLedger, CleanupStore, ReplayStore, ResendStore,
+// RetentionStore; the failover's is FailoverStore). Every method but
 // OpenCut is one short statement or transaction.
 type Store interface {
+	ReconcileStore
+	ArchiveLedger
+	CleanupStore
+	ReplayStore
+	ResendStore
+	RetentionStore
+}
+
+// ReconcileStore is what Reconcile reads and records in the ledger: the
+// cut, the event IDs no outbox row carries, and the consumers' coverage.
+type ReconcileStore interface {
+	CoverageReader
 	// OpenCut proves and opens a cut; it returns ErrCutNotProvable (wrapped,
 	// with the reason) when the cut lies beyond the last committed sequence
 	// or in-flight transactions did not end within req.Settle.
@@ -30,32 +44,28 @@ type Store interface {
 	// RecordCoverage advances a consumer's verified boundary (never lowers
 	// it) and returns the boundary now recorded.
 	RecordCoverage(ctx context.Context, consumer string, cut, coveredID int64) (Coverage, error)
-	// Coverages returns every consumer's verified boundary, by name.
-	Coverages(ctx context.Context) (map[string]Coverage, error)
+}
 
-	// CountRows counts the outbox rows matching f.
-	CountRows(ctx context.Context, f RowFilter) (int64, error)
-	// ReadRows returns up to limit outbox rows matching f, in id order.
-	ReadRows(ctx context.Context, f RowFilter, limit int) ([]StoredRow, error)
-	// MarkResent writes the relay marker of the rows ids a resend got ACKed.
-	MarkResent(ctx context.Context, ids []int64) (int, error)
-	// FirstUnrelayedBefore returns the aggregate's first unrelayed row with
-	// id < beforeID (nil: none).
-	FirstUnrelayedBefore(ctx context.Context, aggregateType, aggregateID string, beforeID int64) (*UnrelayedPredecessor, error)
+// ArchiveLedger is what Archive reads and records in the ledger: how far
+// the consumers' coverage and the archive reach, the rows to archive, and
+// each verified segment.
+type ArchiveLedger interface {
+	CoverageReader
+	ArchiveCoverage
+	RowReader
 	// FirstUnrelayedID is the smallest id of an unrelayed row (0: none).
 	FirstUnrelayedID(ctx context.Context) (int64, error)
-
 	// RecordSegment records a verified archive segment; it returns
 	// ErrArchiveGap unless the segment starts right after ArchiveThrough.
 	RecordSegment(ctx context.Context, seg ArchiveSegment) error
-	// ArchiveSegments lists the recorded segments in id order.
-	ArchiveSegments(ctx context.Context) ([]ArchiveSegment, error)
-	// ArchiveThrough is the recorded archive coverage: every outbox row with
-	// id <= it is in a verified segment (0: none).
-	ArchiveThrough(ctx context.Context) (int64, error)
+}
 
-	// Cleaned returns the cleanup state (zero before the first cleanup).
-	Cleaned(ctx context.Context) (CleanupState, error)
+// CleanupStore is what Cleanup reads and deletes in the ledger: the
+// coverage it may not pass, the archive it verifies first, and the rows.
+type CleanupStore interface {
+	CoverageReader
+	ArchiveCoverage
+	SegmentLister
 	// PlanCleanup computes the journal floor for rows up to through, capped
 	// by maxSequence, and counts the rows eligible outside window.
 	PlanCleanup(ctx context.Context, through, maxSequence int64, window time.Duration) (CleanupPlan, error)
@@ -64,14 +74,60 @@ type Store interface {
 	DeleteBatch(ctx context.Context, plan CleanupPlan, after int64, limit int) (int64, int64, error)
 	// RecordCleanup advances the cleanup state.
 	RecordCleanup(ctx context.Context, through, floor, deleted int64) error
-	// PruneIdempotencyKeys deletes the Posting API's idempotency keys created
-	// before before, in batches of at most batch.
-	PruneIdempotencyKeys(ctx context.Context, before time.Time, batch int) (PruneResult, error)
+}
 
+// ReplayStore is what Replay reads and saves in the ledger: what cleanup
+// removed (read from the archive instead), the rows, and its progress.
+type ReplayStore interface {
+	RowReader
+	// Cleaned returns the cleanup state (zero before the first cleanup).
+	Cleaned(ctx context.Context) (CleanupState, error)
+	// CountRows counts the outbox rows matching f.
+	CountRows(ctx context.Context, f RowFilter) (int64, error)
 	// LoadReplay returns the saved progress of a named replay (found false
 	// if none); SaveReplay writes it.
 	LoadReplay(ctx context.Context, name string) (ReplayProgress, bool, error)
 	SaveReplay(ctx context.Context, p ReplayProgress) error
+}
+
+// ResendStore is what Resend reads and marks in the ledger.
+type ResendStore interface {
+	RowReader
+	// MarkResent writes the relay marker of the rows ids a resend got ACKed.
+	MarkResent(ctx context.Context, ids []int64) (int, error)
+	// FirstUnrelayedBefore returns the aggregate's first unrelayed row with
+	// id < beforeID (nil: none).
+	FirstUnrelayedBefore(ctx context.Context, aggregateType, aggregateID string, beforeID int64) (*UnrelayedPredecessor, error)
+}
+
+// RetentionStore is what Retain prunes in the ledger.
+type RetentionStore interface {
+	// PruneIdempotencyKeys deletes the Posting API's idempotency keys created
+	// before before, in batches of at most batch.
+	PruneIdempotencyKeys(ctx context.Context, before time.Time, batch int) (PruneResult, error)
+}
+
+// CoverageReader reads every consumer's verified boundary, by name.
+type CoverageReader interface {
+	Coverages(ctx context.Context) (map[string]Coverage, error)
+}
+
+// RowReader reads stored outbox rows.
+type RowReader interface {
+	// ReadRows returns up to limit outbox rows matching f, in id order.
+	ReadRows(ctx context.Context, f RowFilter, limit int) ([]StoredRow, error)
+}
+
+// ArchiveCoverage is the recorded archive coverage: every outbox row with
+// id <= ArchiveThrough is in a verified segment (0: none).
+type ArchiveCoverage interface {
+	ArchiveThrough(ctx context.Context) (int64, error)
+}
+
+// SegmentLister lists the recorded archive segments in id order (what
+// VerifyArchive and VerifyRange hold the archive against).
+type SegmentLister interface {
+	ArchiveSegments(ctx context.Context) ([]ArchiveSegment, error)
 }
 
 // Inbox is what the operators' commands read and prune in a consumer's

@@ -11,9 +11,9 @@ import (
 	"go.uber.org/goleak"
 
 	phamqp "github.com/posthorn/posthorn/adapters/amqp"
-	"github.com/posthorn/posthorn/adapters/amqp/amqptest"
-	"github.com/posthorn/posthorn/adapters/sinktest"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/testkit/amqptest"
+	"github.com/posthorn/posthorn/internal/testkit/sinktest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

@@ -9,9 +9,9 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	phamqp "github.com/posthorn/posthorn/adapters/amqp"
-	"github.com/posthorn/posthorn/adapters/amqp/amqptest"
-	"github.com/posthorn/posthorn/adapters/sinktest"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/testkit/amqptest"
+	"github.com/posthorn/posthorn/internal/testkit/sinktest"
 )
 
 // The queue of consumer c on topic wallet_x and the queue of consumer x_c

@@ -29,11 +29,9 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/prometheus/client_golang/prometheus"
 
 	phamqp "github.com/posthorn/posthorn/adapters/amqp"
 	phkafka "github.com/posthorn/posthorn/adapters/kafka"
@@ -59,18 +57,13 @@ type Config struct {
 	Postgres sqlsink.Config
 }
 
-// Options are what the subscribers need beyond Config. Logger is
-// Watermill's for every kind (nil discards); Registerer, LagInterval,
-// StallAfter, InstanceID and Fenced are the Kafka subscribers', passed on
-// as kafkagroup.Options, which says what each does; Memory is the memory
-// kind's.
+// Options are what the subscribers need beyond Config.
 type Options struct {
-	Logger      watermill.LoggerAdapter
-	Registerer  prometheus.Registerer
-	LagInterval time.Duration
-	StallAfter  time.Duration
-	InstanceID  string
-	Fenced      func(error)
+	// Logger is Watermill's, for every kind; nil discards.
+	Logger watermill.LoggerAdapter
+	// Kafka is what the Kafka subscribers take besides (kafkagroup.Options
+	// says what each field does); its Logger is Logger.
+	Kafka kafkagroup.Options
 	// Memory is the in-process subscriber of kind memory (the memory
 	// sink's Subscriber). The memory broker lives in one process, so it is
 	// only usable when the relay runs in the same process (posthorn demo,
@@ -94,10 +87,9 @@ var kinds = map[string]kind{
 			return asSink(phkafka.New(c.Kafka))
 		},
 		subscribers: func(c Config, o Options) (consumers.SubscriberFactory, error) {
-			return kafkagroup.Factory(c.Kafka.Brokers, c.Kafka.Security, kafkagroup.Options{
-				Logger: o.Logger, Registerer: o.Registerer, LagInterval: o.LagInterval,
-				StallAfter: o.StallAfter, InstanceID: o.InstanceID, Fenced: o.Fenced,
-			})
+			k := o.Kafka
+			k.Logger = o.Logger
+			return kafkagroup.Factory(c.Kafka.Brokers, c.Kafka.Security, k)
 		},
 	},
 	// An in-process broker: useful in the demo and tests, where consumers

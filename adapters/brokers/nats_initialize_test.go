@@ -12,9 +12,9 @@ import (
 
 	"github.com/posthorn/posthorn/adapters/brokers"
 	phnats "github.com/posthorn/posthorn/adapters/nats"
-	"github.com/posthorn/posthorn/adapters/nats/natstest"
-	"github.com/posthorn/posthorn/adapters/sinktest"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/testkit/natstest"
+	"github.com/posthorn/posthorn/internal/testkit/sinktest"
 )
 
 // TestNATSSubscribeInitializeMakesTheSinksStream: a consumer's subscriber

@@ -10,17 +10,17 @@ import (
 	"github.com/ThreeDotsLabs/watermill/pubsub/tests"
 
 	phamqp "github.com/posthorn/posthorn/adapters/amqp"
-	"github.com/posthorn/posthorn/adapters/amqp/amqptest"
 	"github.com/posthorn/posthorn/adapters/brokers"
 	phkafka "github.com/posthorn/posthorn/adapters/kafka"
-	"github.com/posthorn/posthorn/adapters/kafka/kafkacluster"
 	phnats "github.com/posthorn/posthorn/adapters/nats"
-	"github.com/posthorn/posthorn/adapters/nats/natstest"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/adapters/redisstream"
-	"github.com/posthorn/posthorn/adapters/redisstream/redistest"
-	"github.com/posthorn/posthorn/adapters/sinktest"
 	"github.com/posthorn/posthorn/adapters/sqlsink"
+	"github.com/posthorn/posthorn/internal/testkit/amqptest"
+	"github.com/posthorn/posthorn/internal/testkit/kafkacluster"
+	"github.com/posthorn/posthorn/internal/testkit/natstest"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/redistest"
+	"github.com/posthorn/posthorn/internal/testkit/sinktest"
 )
 
 // universal runs Watermill's universal pub/sub tests on the sink and the

@@ -10,9 +10,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/posthorn/posthorn/adapters/kafka"
-	"github.com/posthorn/posthorn/adapters/kafka/kafkatest"
-	"github.com/posthorn/posthorn/adapters/sinktest"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/testkit/kafkatest"
+	"github.com/posthorn/posthorn/internal/testkit/sinktest"
 )
 
 // startTxBroker starts kfake over real sockets with the event topic.

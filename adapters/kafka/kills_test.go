@@ -14,10 +14,10 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/posthorn/posthorn/adapters/kafka"
-	"github.com/posthorn/posthorn/adapters/kafka/saramacontrol"
-	"github.com/posthorn/posthorn/adapters/kfakebroker/kfakeproc"
-	"github.com/posthorn/posthorn/adapters/sinktest"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/testkit/kfakeproc"
+	"github.com/posthorn/posthorn/internal/testkit/saramacontrol"
+	"github.com/posthorn/posthorn/internal/testkit/sinktest"
 )
 
 // TestKfakeBrokerProcess is the broker process of the kill tests (this

@@ -14,10 +14,10 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/posthorn/posthorn/adapters/kafka"
-	"github.com/posthorn/posthorn/adapters/kafka/kafkatest"
-	"github.com/posthorn/posthorn/adapters/sinktest"
 	"github.com/posthorn/posthorn/configs"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/testkit/kafkatest"
+	"github.com/posthorn/posthorn/internal/testkit/sinktest"
 )
 
 // The reference values of Kafka's own UtilsTest.testMurmur2.
@@ -156,8 +156,8 @@ func TestBinaryDoesNotImportSaramaControl(t *testing.T) {
 	if !strings.Contains(string(out), "github.com/posthorn/posthorn/adapters/kafka\n") {
 		t.Fatalf("go list -deps of the binary does not list adapters/kafka: the check is broken")
 	}
-	if strings.Contains(string(out), "adapters/kafka/saramacontrol") {
-		t.Fatal("cmd/posthorn depends on adapters/kafka/saramacontrol, the negative control")
+	if strings.Contains(string(out), "internal/testkit/saramacontrol") {
+		t.Fatal("cmd/posthorn depends on internal/testkit/saramacontrol, the negative control")
 	}
 }
 

@@ -10,7 +10,7 @@
 // messages and fans out live ones from one goroutine per message, and says
 // so ("messages order is not guaranteed"); per-account order is the
 // guarantee this project exists for, so a sink that reorders cannot pass
-// adapters/sinktest.
+// internal/testkit/sinktest.
 //
 // It can emulate a broker's limits for fault tests: records larger than
 // Config.MaxPayloadBytes are rejected permanently (like Kafka's

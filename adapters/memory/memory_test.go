@@ -7,7 +7,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/posthorn/posthorn/adapters/memory"
-	"github.com/posthorn/posthorn/adapters/sinktest"
+	"github.com/posthorn/posthorn/internal/testkit/sinktest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

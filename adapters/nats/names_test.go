@@ -10,9 +10,9 @@ import (
 	"github.com/nats-io/nats.go"
 
 	phnats "github.com/posthorn/posthorn/adapters/nats"
-	"github.com/posthorn/posthorn/adapters/nats/natstest"
-	"github.com/posthorn/posthorn/adapters/sinktest"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/testkit/natstest"
+	"github.com/posthorn/posthorn/internal/testkit/sinktest"
 )
 
 // oldStreamName is the mapping earlier versions used: the subject with '.'

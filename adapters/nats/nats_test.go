@@ -11,9 +11,9 @@ import (
 	"go.uber.org/goleak"
 
 	phnats "github.com/posthorn/posthorn/adapters/nats"
-	"github.com/posthorn/posthorn/adapters/nats/natstest"
-	"github.com/posthorn/posthorn/adapters/sinktest"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/testkit/natstest"
+	"github.com/posthorn/posthorn/internal/testkit/sinktest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

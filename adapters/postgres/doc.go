@@ -9,7 +9,8 @@
 //
 //   - ledgerstore: the ledger store behind the Posting API (api.LedgerStore)
 //     and Watermill's outbox schema adapter on its write path;
-//   - relaystore: the polling relay's store (bridge.Store);
+//   - relaystore: the polling relay's store (polling.Store) and the CDC
+//     relay's outbox reads (cdc.OutboxStore);
 //   - cdcsource: the CDC relay's source (cdc.Source) and replication stream;
 //   - inboxstore: the consumers' inbox (consumers.Inbox, ops.Inbox);
 //   - opsstore: the operators' store (ops.Store) and the failover store;

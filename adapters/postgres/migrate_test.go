@@ -6,8 +6,8 @@ import (
 	"testing"
 
 	"github.com/posthorn/posthorn/adapters/postgres"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/consumers/projection"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
 )
 
 // CheckSchema tells a database without the schema, one behind the binary

@@ -6,8 +6,8 @@ import (
 	"time"
 
 	"github.com/posthorn/posthorn/adapters/redisstream"
-	"github.com/posthorn/posthorn/adapters/redisstream/redistest"
-	"github.com/posthorn/posthorn/adapters/sinktest"
+	"github.com/posthorn/posthorn/internal/testkit/redistest"
+	"github.com/posthorn/posthorn/internal/testkit/sinktest"
 )
 
 // TestBrokerKillsControlVolatile is the negative control of the conformance

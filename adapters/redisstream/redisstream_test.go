@@ -10,8 +10,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/posthorn/posthorn/adapters/redisstream"
-	"github.com/posthorn/posthorn/adapters/redisstream/redistest"
-	"github.com/posthorn/posthorn/adapters/sinktest"
+	"github.com/posthorn/posthorn/internal/testkit/redistest"
+	"github.com/posthorn/posthorn/internal/testkit/sinktest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

@@ -9,10 +9,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/goleak"
 
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
-	"github.com/posthorn/posthorn/adapters/sinktest"
 	"github.com/posthorn/posthorn/adapters/sqlsink"
-	"github.com/posthorn/posthorn/adapters/sqlsink/sqltest"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/sinktest"
+	"github.com/posthorn/posthorn/internal/testkit/sqltest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

@@ -10,8 +10,8 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/relay"
 )
 
 // Attribute keys of Posthorn's own span attributes (beside OpenTelemetry's
@@ -38,14 +38,14 @@ const (
 // inner returns, with an error status when its record failed (a
 // *core.BatchError names which; any other error fails them all).
 //
-// It is a bridge.Wrap, so over a bridge.FencedSink the result is one too,
+// It is a relay.Wrap, so over a relay.FencedSink the result is one too,
 // and the relay's exactly-once mode still finds it.
 func Sink(inner core.Sink, tp trace.TracerProvider, system string) core.Sink {
 	if tp == nil {
 		return inner
 	}
 	tracer := tp.Tracer(ScopeName)
-	return bridge.Wrap(inner, func(ctx context.Context, batch []core.Envelope, publish bridge.PublishFunc) error {
+	return relay.Wrap(inner, func(ctx context.Context, batch []core.Envelope, publish relay.PublishFunc) error {
 		traced, spans := start(ctx, tracer, system, batch)
 		err := publish(ctx, traced)
 		end(spans, err)

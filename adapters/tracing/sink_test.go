@@ -12,9 +12,9 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/posthorn/posthorn/adapters/tracing"
-	"github.com/posthorn/posthorn/adapters/tracing/tracingtest"
-	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/testkit/tracingtest"
+	"github.com/posthorn/posthorn/relay"
 )
 
 // scripted is an inner sink that keeps what it was given and answers err.
@@ -78,7 +78,7 @@ func TestSinkPublishSpanContinuesTheRow(t *testing.T) {
 	rowTraceparent := headers[tracing.HeaderTraceparent]
 	inner := &scripted{}
 	sink := tracing.Sink(inner, tp, "memory")
-	if _, ok := sink.(bridge.FencedSink); ok {
+	if _, ok := sink.(relay.FencedSink); ok {
 		t.Fatal("a plain sink became a FencedSink")
 	}
 	batch := []core.Envelope{envelope("a", headers), envelope("b", nil)}
@@ -140,7 +140,7 @@ func TestSinkSpanStatusFollowsTheRecord(t *testing.T) {
 func TestSinkKeepsTheFencedSink(t *testing.T) {
 	tp, exp := tracingtest.Memory(t)
 	inner := &fenced{}
-	fs, ok := tracing.Sink(inner, tp, "kafka").(bridge.FencedSink)
+	fs, ok := tracing.Sink(inner, tp, "kafka").(relay.FencedSink)
 	if !ok {
 		t.Fatal("the decorator hid the FencedSink")
 	}

@@ -9,9 +9,9 @@ import (
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"go.uber.org/goleak"
 
-	"github.com/posthorn/posthorn/adapters/sinktest"
 	"github.com/posthorn/posthorn/adapters/watermillsink"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/testkit/sinktest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

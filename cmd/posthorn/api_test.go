@@ -8,7 +8,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
 )
 
 // `posthorn api` serves postings on the configured database, says at start

@@ -41,7 +41,7 @@ func runArchive(ctx context.Context, args []string) error {
 		}
 		return nil
 	}
-	res, err := ops.Archive(ctx, ops.ArchiveConfig{Ledger: ledger, Store: store, Required: requiredConsumers(p.cfg), SegmentRows: p.cfg.Archive.SegmentRows})
+	res, err := ops.Archive(ctx, ops.ArchiveConfig{Ledger: ledger, Archive: store, Required: requiredConsumers(p.cfg), SegmentRows: p.cfg.Archive.SegmentRows})
 	if err != nil {
 		return err
 	}

@@ -7,14 +7,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/posthorn/posthorn/adapters/amqp/amqptest"
 	"github.com/posthorn/posthorn/adapters/brokers"
-	"github.com/posthorn/posthorn/adapters/nats/natstest"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
-	"github.com/posthorn/posthorn/adapters/redisstream/redistest"
-	"github.com/posthorn/posthorn/adapters/sinktest"
 	"github.com/posthorn/posthorn/configs"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/testkit/amqptest"
+	"github.com/posthorn/posthorn/internal/testkit/natstest"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/redistest"
+	"github.com/posthorn/posthorn/internal/testkit/sinktest"
 )
 
 // brokerSinks are a configs.Sink per broker kind on this machine's

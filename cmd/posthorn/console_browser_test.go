@@ -16,9 +16,10 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/posthorn/posthorn/adapters/memory"
-	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/configs"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/testkit/relaytest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 )
 
 // chromiumPath is Debian's chromium, which .ci/run installs.
@@ -77,12 +78,7 @@ func evalJS[T any](t *testing.T, ctx context.Context, js string) T {
 func waitJS(t *testing.T, ctx context.Context, d time.Duration, what, js string) time.Duration {
 	t.Helper()
 	start := time.Now()
-	for !evalJS[bool](t, ctx, js) {
-		if time.Since(start) > d {
-			t.Fatalf("timed out after %s waiting for %s (%s)", d, what, js)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	wait.For(t, d, what+" ("+js+")", func() bool { return evalJS[bool](t, ctx, js) })
 	return time.Since(start)
 }
 
@@ -148,11 +144,11 @@ func TestConsoleBrowser(t *testing.T) {
 
 	// The relay parks acc-park; the page shows it within seconds.
 	if err := pgx.BeginFunc(ctx, r.ledger, func(tx pgx.Tx) error {
-		rev, err := bridgetest.Lock(ctx, tx, "acc-park")
+		rev, err := relaytest.Lock(ctx, tx, "acc-park")
 		if err != nil {
 			return err
 		}
-		_, err = bridgetest.Insert(ctx, tx, "acc-park", rev, fmt.Appendf(nil, `{"pad":%q}`, strings.Repeat("x", 8192)))
+		_, err = relaytest.Insert(ctx, tx, "acc-park", rev, fmt.Appendf(nil, `{"pad":%q}`, strings.Repeat("x", 8192)))
 		return err
 	}); err != nil {
 		t.Fatal(err)

@@ -23,6 +23,7 @@ import (
 	"github.com/posthorn/posthorn/configs"
 	"github.com/posthorn/posthorn/console"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 )
 
 // listenAddrHandler is a log handler that hands over the addr attribute of
@@ -188,32 +189,21 @@ func TestConsoleLagIsTheMetricsLag(t *testing.T) {
 	}
 	// Every event is applied; the console's next sample is taken after it.
 	var rd reading
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	wait.ForStatus(t, 60*time.Second, fmt.Sprintf("every event applied (%d events each)", events), func() (bool, string) {
 		var done bool
-		if rd, done = read(); done {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("events not all applied within 60s: %+v (want %d events each)", rd, events)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		rd, done = read()
+		return done, fmt.Sprintf("%+v", rd)
+	})
 	settled := time.Now()
-	for {
+	wait.For(t, 30*time.Second, "the console to take a sample after the events were applied", func() bool {
 		var s console.Series
 		_, body := r.get("/samples")
 		if err := json.Unmarshal([]byte(body), &s); err != nil {
 			t.Fatal(err)
 		}
-		if n := len(s.Time); n > 0 && time.UnixMilli(int64(s.Time[n-1]*1000)).After(settled) {
-			break
-		}
-		if time.Since(settled) > 30*time.Second {
-			t.Fatal("the console took no sample after the events were applied")
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		n := len(s.Time)
+		return n > 0 && time.UnixMilli(int64(s.Time[n-1]*1000)).After(settled)
+	})
 	rd, _ = read()
 
 	var maxID int64

@@ -25,16 +25,18 @@ import (
 	"github.com/posthorn/posthorn/adapters/memory"
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/cdcsource"
-	"github.com/posthorn/posthorn/adapters/postgres/pgcluster"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
-	"github.com/posthorn/posthorn/adapters/postgres/roles/roletest"
-	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/configs"
 	"github.com/posthorn/posthorn/console"
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/dev/pgcluster"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/roletest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 	"github.com/posthorn/posthorn/ops"
+	"github.com/posthorn/posthorn/relay"
+	"github.com/posthorn/posthorn/relay/polling"
 )
 
 // consoleToken is the console.token of the tests' consoles.
@@ -469,22 +471,18 @@ func TestConsoleCommand(t *testing.T) {
 	var errOut bytes.Buffer
 	cmd.Stderr = &errOut
 	startCLI(t, cmd)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	wait.ForStatus(t, 30*time.Second, "the console to come up on "+addr, func() (bool, string) {
 		resp, err := http.Get("http://" + addr + "/")
-		if err == nil {
-			body, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode != 200 || !strings.Contains(string(body), "actions need the console token") {
-				t.Fatalf("status %d:\n%s", resp.StatusCode, body)
-			}
-			break
+		if err != nil {
+			return false, err.Error()
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the console did not come up on %s: %v", addr, err)
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || !strings.Contains(string(body), "actions need the console token") {
+			t.Fatalf("status %d:\n%s", resp.StatusCode, body)
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return true, ""
+	})
 	if err := cmd.Process.Signal(os.Interrupt); err != nil {
 		t.Fatal(err)
 	}
@@ -642,7 +640,7 @@ func TestConsoleShowsTheCleanupBoundary(t *testing.T) {
 // called.
 func startRigRelay(t *testing.T, ctx context.Context, ledger *pgxpool.Pool, sink core.Sink, owner, sinkName string, poll time.Duration) (stop func()) {
 	t.Helper()
-	relay, err := bridge.New(relaystore.New(ledger), sink, bridge.Config{Owner: owner, SinkName: sinkName, PollInterval: poll})
+	relay, err := polling.New(relaystore.New(ledger), sink, relay.Settings{Owner: owner, SinkName: sinkName, PollInterval: poll})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/posthorn/posthorn/adapters/brokers"
+	"github.com/posthorn/posthorn/adapters/kafka/kafkagroup"
 	"github.com/posthorn/posthorn/adapters/metricshttp"
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/inboxstore"
@@ -170,8 +171,8 @@ func runConsumers(ctx context.Context, cfg configs.Config, o consumeOptions) err
 	}
 	wlog := watermill.NewSlogLogger(log)
 	reg := newRegistry()
-	factory, err := openSubscribers(cfg.Sink, brokers.Options{Logger: wlog, Memory: o.memory, Registerer: reg,
-		InstanceID: cfg.Consumer.InstanceID, Fenced: fenced}) // brokers.go
+	factory, err := openSubscribers(cfg.Sink, brokers.Options{Logger: wlog, Memory: o.memory,
+		Kafka: kafkagroup.Options{Registerer: reg, InstanceID: cfg.Consumer.InstanceID, Fenced: fenced}}) // brokers.go
 	if err != nil {
 		return err
 	}

@@ -7,8 +7,8 @@ import (
 	"testing"
 
 	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
 )
 
 // `posthorn consume baseline` writes the balance projection's state at the

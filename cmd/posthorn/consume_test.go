@@ -15,9 +15,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kfake"
 
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/core"
-	"github.com/posthorn/posthorn/internal/childtest"
+	"github.com/posthorn/posthorn/internal/testkit/childtest"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 )
 
 // consume reads what a relay published to Kafka (kfake over a socket),
@@ -108,23 +109,20 @@ func kafkaWithEvents(t *testing.T) string {
 // running), failing if consume exits first.
 func waitApplied(t *testing.T, pool *pgxpool.Pool, consume *childtest.Child, stderr fmt.Stringer, balance int64) {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		var bal, audited int64
+	var bal, audited int64
+	applied := wait.Until(60*time.Second, func() (bool, string) {
 		_ = pool.QueryRow(context.Background(), `SELECT coalesce((SELECT balance::bigint FROM projection_balances WHERE account = 'acc-cli'), 0),
 			(SELECT count(*) FROM audit_log)`).Scan(&bal, &audited)
-		if bal == balance && audited == 3 {
-			return
-		}
 		select {
 		case <-consume.Exited():
 			t.Fatalf("consume exited early: %v\n%s", consume.Err(), stderr)
 		default:
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("balance %d, audited %d; stderr:\n%s", bal, audited, stderr)
-		}
-		time.Sleep(50 * time.Millisecond)
+		return bal == balance && audited == 3, ""
+	})
+	if !applied {
+		// stderr is read only now: the child may still be writing it.
+		t.Fatalf("balance %d, audited %d after 60s, want %d and 3; stderr:\n%s", bal, audited, balance, stderr)
 	}
 }
 

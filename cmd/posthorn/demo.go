@@ -14,17 +14,17 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/posthorn/posthorn/adapters/kfakebroker"
 	"github.com/posthorn/posthorn/adapters/memory"
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/api"
-	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/configs"
 	"github.com/posthorn/posthorn/consumers/auditlog"
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/demo"
+	"github.com/posthorn/posthorn/internal/dev/kfakebroker"
 	"github.com/posthorn/posthorn/ops"
+	"github.com/posthorn/posthorn/relay/polling"
 )
 
 // demoSummary is the --json object of contract.md's Demo section. Fields
@@ -135,7 +135,7 @@ type demoRun struct {
 	// database roles (the throwaway cluster only; else the configured URL).
 	apiURL, relayURL string
 
-	relay     *bridge.Relay
+	relay     *polling.Relay
 	relaySink core.Sink
 	relayCut  *atomic.Bool // set when the demo cuts this relay short on purpose
 	relayN    int

@@ -11,8 +11,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
-	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/relay"
+	"github.com/posthorn/posthorn/relay/polling"
 )
 
 // startRelay starts a new relay instance with its own sink connection
@@ -29,13 +30,15 @@ func (d *demoRun) startRelay(pool *pgxpool.Pool) error {
 	}
 	d.relayN++
 	cut := new(atomic.Bool)
-	r, err := bridge.New(relaystore.New(pool), sink, bridge.Config{
-		Owner:        fmt.Sprintf("demo-relay-%d", d.relayN),
-		SinkName:     d.cfg.Sink.Kind,
-		BatchSize:    d.cfg.Relay.BatchSize,
-		PollInterval: d.cfg.Relay.PollInterval,
-		LeaseTTL:     d.cfg.Relay.LeaseTTL,
-		Logger:       slog.New(plannedCrash{Handler: d.log.Handler(), cut: cut}),
+	r, err := polling.New(relaystore.New(pool), sink, relay.Settings{
+		Owner:             fmt.Sprintf("demo-relay-%d", d.relayN),
+		SinkName:          d.cfg.Sink.Kind,
+		BatchSize:         d.cfg.Relay.BatchSize,
+		PollInterval:      d.cfg.Relay.PollInterval,
+		LeaseTTL:          d.cfg.Relay.LeaseTTL,
+		ParkAfterAttempts: d.cfg.Relay.ParkAfterAttempts,
+		ParkAfter:         d.cfg.Relay.ParkAfter,
+		Logger:            slog.New(plannedCrash{Handler: d.log.Handler(), cut: cut}),
 	})
 	if err != nil {
 		sink.Close()

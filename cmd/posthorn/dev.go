@@ -8,7 +8,7 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/posthorn/posthorn/adapters/kfakebroker"
+	"github.com/posthorn/posthorn/internal/dev/kfakebroker"
 )
 
 // runDevKafka runs kfake as a broker process until SIGINT or SIGTERM. The

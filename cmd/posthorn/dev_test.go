@@ -13,6 +13,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 )
 
 // startDevKafka runs `posthorn dev kafka` and returns the address from its
@@ -112,11 +114,5 @@ func TestDevKafkaNodesAndLeaderMovesOnSIGUSR1(t *testing.T) {
 	if err := cmd.Process.Signal(syscall.SIGUSR1); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for leaders() == before {
-		if time.Now().After(deadline) {
-			t.Fatalf("partition leaders unchanged 10 s after SIGUSR1: %s", before)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	wait.For(t, 10*time.Second, "the partition leaders to change after SIGUSR1 (were "+before+")", func() bool { return leaders() != before })
 }

@@ -15,9 +15,10 @@
 // at once.
 //
 // This package is the edge where configuration is mapped: koanf and
-// configs.Config end here. The business packages (core, api, bridge, ops
+// configs.Config end here. The business packages (core, api, relay, ops
 // and the consumers' middleware) receive plain Config structs and stores
-// that this package fills in, and never import configs; besides this
+// that this package fills in (the relay's settings are relay.Settings,
+// decoded by configs as they are), and never import configs; besides this
 // package, only the broker wiring that turns configs.Sink into a sink or
 // subscribers (adapters/brokers) reads it.
 package main

@@ -6,9 +6,9 @@ import (
 	"testing"
 
 	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/configs"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
 )
 
 // A caller who can write an aggregate ID cannot drive the operator's

@@ -17,10 +17,10 @@ import (
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/opsstore"
 	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
-	"github.com/posthorn/posthorn/bridge/cdc"
 	"github.com/posthorn/posthorn/configs"
 	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/ops"
+	"github.com/posthorn/posthorn/relay/cdc"
 )
 
 // connectRelayPool opens the ledger pool under the relay's application

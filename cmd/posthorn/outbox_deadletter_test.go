@@ -15,24 +15,13 @@ import (
 	"github.com/posthorn/posthorn/adapters/memory"
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/inboxstore"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
-	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/configs"
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/relaytest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 )
-
-// waitFor polls cond until it holds or d has passed.
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", d, what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
 
 // A record the sink can never take parks its account on the relay; a
 // release parks it again (the control: without the dead-letter action the
@@ -70,13 +59,13 @@ func TestOutboxDeadLetterLetsTheAggregateFlow(t *testing.T) {
 		}
 	}
 	post("dl-1") // acc-dl revision 1
-	var big bridgetest.Posted
+	var big relaytest.Posted
 	if err := pgx.BeginFunc(ctx, r.ledger, func(tx pgx.Tx) error {
-		rev, err := bridgetest.Lock(ctx, tx, "acc-dl")
+		rev, err := relaytest.Lock(ctx, tx, "acc-dl")
 		if err != nil {
 			return err
 		}
-		big, err = bridgetest.Insert(ctx, tx, "acc-dl", rev, fmt.Appendf(nil, `{"pad":%q}`, strings.Repeat("x", 8192)))
+		big, err = relaytest.Insert(ctx, tx, "acc-dl", rev, fmt.Appendf(nil, `{"pad":%q}`, strings.Repeat("x", 8192)))
 		return err
 	}); err != nil {
 		t.Fatal(err)
@@ -92,13 +81,13 @@ func TestOutboxDeadLetterLetsTheAggregateFlow(t *testing.T) {
 		}
 		return last
 	}
-	waitFor(t, 10*time.Second, "the relay to park acc-dl", parked)
-	waitFor(t, 10*time.Second, "revision 1 applied", func() bool { return position(projection.Name) == 1 })
+	wait.For(t, 10*time.Second, "the relay to park acc-dl", parked)
+	wait.For(t, 10*time.Second, "revision 1 applied", func() bool { return position(projection.Name) == 1 })
 
 	// Control: a release sends the same record, which the sink refuses
 	// again; acc-dl parks again and revision 3 does not arrive.
 	r.run("outbox", "release", "--account", "acc-dl")
-	waitFor(t, 10*time.Second, "acc-dl parked again after the release", parked)
+	wait.For(t, 10*time.Second, "acc-dl parked again after the release", parked)
 	if p := position(projection.Name); p != 1 {
 		t.Fatalf("control: after a release the projection is at revision %d of acc-dl, want 1 (still parked)", p)
 	}
@@ -110,11 +99,11 @@ func TestOutboxDeadLetterLetsTheAggregateFlow(t *testing.T) {
 	}
 	t.Log(strings.TrimSpace(stdout))
 	// The projection is ordered: it applies revision 3 only past the skip.
-	waitFor(t, 15*time.Second, "the projection past the dead-lettered revision", func() bool { return position(projection.Name) == 3 })
+	wait.For(t, 15*time.Second, "the projection past the dead-lettered revision", func() bool { return position(projection.Name) == 3 })
 	for _, c := range exampleNames() {
 		var rec core.InboxRecord
 		var ok bool
-		waitFor(t, 15*time.Second, c+" to record the skip marker", func() bool {
+		wait.For(t, 15*time.Second, c+" to record the skip marker", func() bool {
 			recs, err := inboxstore.New(r.consumer).Dispositions(ctx, c, []string{big.EventID})
 			if err != nil {
 				t.Fatal(err)

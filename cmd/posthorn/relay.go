@@ -14,9 +14,10 @@ import (
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
 	"github.com/posthorn/posthorn/adapters/tracing"
-	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/configs"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/relay"
+	"github.com/posthorn/posthorn/relay/polling"
 )
 
 // openSink returns the sink configured by sink.* (brokers.go), decorated
@@ -33,7 +34,7 @@ func openSink(c configs.Sink, tp trace.TracerProvider) (core.Sink, error) {
 // publish span (tracing.*; none when tp is nil). The span sees the record
 // as it goes out: its format's topic and headers.
 func decorateSink(s core.Sink, c configs.Sink, tp trace.TracerProvider) core.Sink {
-	return bridge.Formatted(tracing.Sink(s, tp, c.Kind), c.WireFormat())
+	return relay.Formatted(tracing.Sink(s, tp, c.Kind), c.WireFormat())
 }
 
 func runRelay(ctx context.Context, args []string) error {
@@ -46,37 +47,35 @@ func runRelay(ctx context.Context, args []string) error {
 		return err
 	}
 	defer p.close()
-	if p.cfg.Relay.Mode == "cdc" {
+	if p.cfg.Relay.Mode == relay.ModeCDC {
 		return runCDCRelay(ctx, p) // relay_cdc.go
 	}
-	cfg := p.cfg
 	postgres.WarnIfSuperuser(ctx, p.ledger, p.log, "relay", postgres.RoleRelay)
-	parkAttempts, parkAfter := cfg.Relay.RetryPark()
 	store := relaystore.New(p.ledger)
-	standby := cfg.Relay.StandbyFlushConfig(store)
-	if err := bridge.CheckStandbys(ctx, standby, p.log); err != nil {
+	settings := relaySettings(p, store)
+	if err := relay.CheckStandbys(ctx, settings.StandbyFlush, p.log); err != nil {
 		return fmt.Errorf("config key relay.standby_flush: %w", err)
 	}
-	relay, err := bridge.New(store, p.sink, bridge.Config{
-		ParkAfterAttempts: parkAttempts,
-		ParkAfter:         parkAfter,
-		Owner:             cfg.Relay.Owner,
-		SinkName:          cfg.Sink.Kind,
-		ExactlyOnce:       cfg.Sink.Kind == "kafka" && cfg.Sink.Kafka.ExactlyOnce,
-		BatchSize:         cfg.Relay.BatchSize,
-		PollInterval:      cfg.Relay.PollInterval,
-		LeaseTTL:          cfg.Relay.LeaseTTL,
-		StandbyFlush:      standby,
-		History:           p.history,
-		Logger:            p.log,
-		Registerer:        p.reg,
-		Hooks:             unsafeRelayHooks(*unsafeMark, p.log),
-	})
+	r, err := polling.NewWithHooks(store, p.sink, settings, unsafeRelayHooks(*unsafeMark, p.log))
 	if err != nil {
 		return err
 	}
-	return serveRelay(ctx, p, relay, []any{"owner", relay.Owner(), "sink", cfg.Sink.Kind},
+	return serveRelay(ctx, p, r, []any{"owner", r.Owner(), "sink", p.cfg.Sink.Kind},
 		"finishing the in-flight batch, releasing leases", "unmarked")
+}
+
+// relaySettings returns relay.* as both modes take it, with what this
+// process wires in: the sink's name and exactly-once mode, the standby
+// probe, the ledger's history, the logger and the registry.
+func relaySettings(p *prelude, probe relay.StandbyProbe) relay.Settings {
+	s := p.cfg.Relay
+	s.SinkName = p.cfg.Sink.Kind
+	s.ExactlyOnce = p.cfg.Sink.Kind == "kafka" && p.cfg.Sink.Kafka.ExactlyOnce
+	s.StandbyFlush.Probe = probe
+	s.History = p.history
+	s.Logger = p.log
+	s.Registerer = p.reg
+	return s
 }
 
 // runningRelay is what serveRelay needs of the polling and the CDC relay.
@@ -93,11 +92,11 @@ type runningRelay interface {
 // `posthorn relay` both modes share. /readyz answers ready while the relay
 // runs, the ledger answers and the sink is reachable and took its last
 // publish.
-func serveRelay(ctx context.Context, p *prelude, relay runningRelay, started []any, stopping, resent string) error {
+func serveRelay(ctx context.Context, p *prelude, r runningRelay, started []any, stopping, resent string) error {
 	log := p.log
 	if p.cfg.Metrics.Listen != "" {
 		srv, err := metricshttp.Start(p.cfg.Metrics.Listen, p.reg, func() error {
-			if err := relay.Ready(); err != nil {
+			if err := r.Ready(); err != nil {
 				return err
 			}
 			rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -114,20 +113,20 @@ func serveRelay(ctx context.Context, p *prelude, relay runningRelay, started []a
 		log.Info("metrics listening", "addr", srv.Addr())
 	}
 	// The relay stops softly when ctx (the signal context) is cancelled.
-	if err := relay.Start(context.WithoutCancel(ctx)); err != nil {
+	if err := r.Start(context.WithoutCancel(ctx)); err != nil {
 		return err
 	}
 	log.Info("relay started", started...)
 	select {
 	case <-ctx.Done():
-	case <-relay.Stopped():
+	case <-r.Stopped():
 		return errors.New("relay stopped unexpectedly")
 	}
 	log.Info("stopping relay: " + stopping)
 	stopCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	// The relay logs its own "stopped" line, with the shards it released.
-	if err := relay.Stop(stopCtx); err != nil {
+	if err := r.Stop(stopCtx); err != nil {
 		log.Warn("relay stop cut short; "+resent+" records will be sent again", "err", err)
 	}
 	return nil
@@ -135,10 +134,10 @@ func serveRelay(ctx context.Context, p *prelude, relay runningRelay, started []a
 
 // unsafeRelayHooks returns the hooks of --unsafe-mark-before-ack (nil
 // without it), which only the fault suite's negative control sets.
-func unsafeRelayHooks(markBeforeAck bool, log *slog.Logger) *bridge.Hooks {
+func unsafeRelayHooks(markBeforeAck bool, log *slog.Logger) *polling.Hooks {
 	if !markBeforeAck {
 		return nil
 	}
 	log.Warn("UNSAFE --unsafe-mark-before-ack: markers are written before the broker ACK, so a crash loses events; for negative-control tests only")
-	return &bridge.Hooks{UnsafeMarkBeforeAck: true}
+	return &polling.Hooks{UnsafeMarkBeforeAck: true}
 }

@@ -11,48 +11,30 @@ import (
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/cdcsource"
 	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
-	"github.com/posthorn/posthorn/bridge"
-	"github.com/posthorn/posthorn/bridge/cdc"
 	"github.com/posthorn/posthorn/internal/units"
+	"github.com/posthorn/posthorn/relay"
+	"github.com/posthorn/posthorn/relay/cdc"
 )
 
 // runCDCRelay runs `posthorn relay` with relay.mode cdc: the outbox is
-// streamed from a logical replication slot (bridge/cdc). The server is
+// streamed from a logical replication slot (relay/cdc). The server is
 // checked first: wal_level must be logical and the role needs REPLICATION.
 func runCDCRelay(ctx context.Context, p *prelude) error {
-	cfg := p.cfg
 	postgres.WarnIfSuperuser(ctx, p.ledger, p.log, "relay", postgres.RoleRelayCDC)
-	parkAttempts, parkAfter := cfg.Relay.RetryPark()
 	store := relaystore.New(p.ledger)
-	standby := cfg.Relay.StandbyFlushConfig(store)
-	if err := bridge.CheckStandbys(ctx, standby, p.log); err != nil {
+	settings := relaySettings(p, store)
+	if err := relay.CheckStandbys(ctx, settings.StandbyFlush, p.log); err != nil {
 		return fmt.Errorf("config key relay.standby_flush: %w", err)
 	}
-	relay, err := cdc.New(store, cdcsource.New(p.ledger), p.sink, cdc.Config{
-		ParkAfterAttempts: parkAttempts,
-		ParkAfter:         parkAfter,
-		Owner:             cfg.Relay.Owner,
-		SinkName:          cfg.Sink.Kind,
-		ExactlyOnce:       cfg.Sink.Kind == "kafka" && cfg.Sink.Kafka.ExactlyOnce,
-		Slot:              cfg.Relay.CDC.Slot,
-		Publication:       cfg.Relay.CDC.Publication,
-		BatchSize:         cfg.Relay.BatchSize,
-		LeaseTTL:          cfg.Relay.LeaseTTL,
-		StatusInterval:    cfg.Relay.CDC.StatusInterval,
-		HeartbeatInterval: cfg.Relay.CDC.HeartbeatInterval,
-		StandbyFlush:      standby,
-		History:           p.history,
-		Logger:            p.log,
-		Registerer:        p.reg,
-	})
+	r, err := cdc.New(store, cdcsource.New(p.ledger), p.sink, settings)
 	if err != nil {
 		return err
 	}
-	if err := relay.Check(ctx); err != nil {
+	if err := r.Check(ctx); err != nil {
 		return fmt.Errorf("config key relay.mode: cdc: %w", err)
 	}
-	return serveRelay(ctx, p, relay,
-		[]any{"mode", "cdc", "owner", relay.Owner(), "sink", cfg.Sink.Kind, "slot", cfg.Relay.CDC.Slot},
+	return serveRelay(ctx, p, r,
+		[]any{"mode", "cdc", "owner", r.Owner(), "sink", p.cfg.Sink.Kind, "slot", settings.CDC.Slot},
 		"finishing the in-flight batch, confirming its position, releasing the slot lease", "unconfirmed")
 }
 

@@ -7,9 +7,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/posthorn/posthorn/adapters/postgres/pgcluster"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
-	"github.com/posthorn/posthorn/bridge/bridgetest"
+	"github.com/posthorn/posthorn/internal/dev/pgcluster"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/relaytest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 )
 
 // relay.mode cdc on a server with wal_level=replica (the shared one) stops
@@ -34,9 +35,9 @@ func TestRelayCDCRunsAndStatusShowsTheSlot(t *testing.T) {
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	startCLI(t, cmd)
-	bridgetest.MustPost(t, pool, "acc-a", "acc-b")
-	bridgetest.WaitFor(t, 30*time.Second, "the CDC relay to relay the posting", func() bool {
-		return bridgetest.Unrelayed(t, pool) == 0
+	relaytest.MustPost(t, pool, "acc-a", "acc-b")
+	wait.For(t, 30*time.Second, "the CDC relay to relay the posting", func() bool {
+		return relaytest.Unrelayed(t, pool) == 0
 	})
 
 	code, stdout, serr := runCLI(t, []string{"POSTHORN_DATABASE__URL=" + url}, "outbox", "status")

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
 )
 
 // `posthorn relay` with relay.standby_flush required refuses to start as a

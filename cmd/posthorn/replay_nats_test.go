@@ -9,8 +9,8 @@ import (
 	"github.com/nats-io/nats.go"
 
 	phnats "github.com/posthorn/posthorn/adapters/nats"
-	"github.com/posthorn/posthorn/adapters/nats/natstest"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/testkit/natstest"
 	"github.com/posthorn/posthorn/ops"
 )
 

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/posthorn/posthorn/adapters/postgres"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
 )
 
 // Every command that works on the ledger or the consumer database stops at

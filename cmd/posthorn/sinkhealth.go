@@ -12,9 +12,9 @@ import (
 	"time"
 
 	"github.com/posthorn/posthorn/adapters/postgres"
-	"github.com/posthorn/posthorn/bridge"
 	"github.com/posthorn/posthorn/configs"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/relay"
 )
 
 // sinkWatch names the configured sink's address in its errors, with the
@@ -88,7 +88,7 @@ func urlHosts(s string, defaultPorts map[string]string) []string {
 // explained and remembered, a success clears it. Permanent failures
 // (a record the sink refuses for good) say nothing about reachability.
 func (w *sinkWatch) wrap(s core.Sink) core.Sink {
-	return bridge.Wrap(s, func(ctx context.Context, batch []core.Envelope, publish bridge.PublishFunc) error {
+	return relay.Wrap(s, func(ctx context.Context, batch []core.Envelope, publish relay.PublishFunc) error {
 		err := publish(ctx, batch)
 		if err == nil {
 			w.set(nil)

@@ -11,11 +11,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/posthorn/posthorn/adapters/nats/natstest"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
-	"github.com/posthorn/posthorn/adapters/sinktest"
 	"github.com/posthorn/posthorn/configs"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/testkit/natstest"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/sinktest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 )
 
 // closedAddr is a loopback address nothing listens on.
@@ -154,19 +155,16 @@ func TestRelayReadinessFollowsTheSink(t *testing.T) {
 // or 30 s pass, and returns the last answer.
 func waitReadyz(t *testing.T, url string, want int, wantBody string) (int, string) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
 	code, body := 0, ""
-	for time.Now().Before(deadline) {
+	wait.Until(30*time.Second, func() (bool, string) {
 		resp, err := http.Get(url)
-		if err == nil {
-			b, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			code, body = resp.StatusCode, string(b)
-			if code == want && strings.Contains(body, wantBody) {
-				break
-			}
+		if err != nil {
+			return false, ""
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		code, body = resp.StatusCode, string(b)
+		return code == want && strings.Contains(body, wantBody), ""
+	})
 	return code, body
 }

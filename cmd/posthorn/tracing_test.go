@@ -17,7 +17,8 @@ import (
 	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 )
 
 // collectedSpan is one span a stand-in OTLP collector received.
@@ -131,13 +132,9 @@ func TestTracingFromTheBinary(t *testing.T) {
 	// The batch processor exports every 5 s; the stop flushes at once.
 	// Wait for the rows to be relayed, then stop.
 	pool := pgtest.Pool(t, url, 1)
-	deadline := time.Now().Add(30 * time.Second)
-	for pgtest.Column[int64](t, pool, `SELECT count(*) FROM outbox_pending`)[0] > 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the relay did not relay the posting's rows")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	wait.For(t, 30*time.Second, "the relay to relay the posting's rows", func() bool {
+		return pgtest.Column[int64](t, pool, `SELECT count(*) FROM outbox_pending`)[0] == 0
+	})
 	if err := relay.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}

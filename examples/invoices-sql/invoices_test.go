@@ -11,8 +11,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
-	"github.com/posthorn/posthorn/examples/exampletest"
+	"github.com/posthorn/posthorn/internal/testkit/exampletest"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 )
 
 // python is Debian's Python 3, which has python3-psycopg (.ci/run installs
@@ -63,8 +64,9 @@ func TestInvoicesSQLEndToEndThroughRelayKills(t *testing.T) {
 	ledger := pgtest.Pool(t, path.LedgerURL, 2)
 	cons := pgtest.Pool(t, path.ConsumerURL, 2)
 	var summary map[string]int
-	deadline := time.Now().Add(90 * time.Second)
-	for {
+	// The relay may still be catching up: consume again until every
+	// invoice is there (the checks below say what is missing if not).
+	wait.Until(90*time.Second, func() (bool, string) {
 		if err := json.Unmarshal(script(t, py, "consume", "--consumer-db", path.ConsumerURL, "--broker", path.Brokers[0]), &summary); err != nil {
 			t.Fatal(err)
 		}
@@ -72,11 +74,8 @@ func TestInvoicesSQLEndToEndThroughRelayKills(t *testing.T) {
 		if err := cons.QueryRow(ctx, `SELECT count(*) FROM customer_invoices`).Scan(&lines); err != nil {
 			t.Fatal(err)
 		}
-		if lines == invoices || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(300 * time.Millisecond) // the relay is still catching up
-	}
+		return lines == invoices, ""
+	})
 	// Reading the whole topic again applies nothing twice: every record
 	// is a duplicate to the inbox.
 	var again map[string]int

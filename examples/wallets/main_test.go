@@ -7,8 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
-	"github.com/posthorn/posthorn/examples/exampletest"
+	"github.com/posthorn/posthorn/internal/testkit/exampletest"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 )
 
 // TestWalletsEndToEndThroughRelayKills: four writers credit 12 wallets
@@ -40,23 +41,16 @@ func TestWalletsEndToEndThroughRelayKills(t *testing.T) {
 						t.Errorf("credit: %v", err)
 						return
 					}
-					time.Sleep(25 * time.Millisecond)
+					time.Sleep(25 * time.Millisecond) // pacing the load across the relay kills, not synchronisation
 				}
 			})
 		}
 		wg.Wait()
 	})
-	deadline := time.Now().Add(90 * time.Second)
-	for {
+	wait.ForStatus(t, 90*time.Second, "every credit applied once, in order", func() (bool, string) {
 		err := Check(ctx, svc, cons)
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal(err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return err == nil, fmt.Sprint(err)
+	})
 	var applied, repeats int64
 	if err := cons.QueryRow(ctx, `SELECT count(*) FILTER (WHERE disposition = 'applied'), coalesce(sum(duplicates), 0)
 		FROM consumer_inbox WHERE consumer = $1`, Consumer).Scan(&applied, &repeats); err != nil {

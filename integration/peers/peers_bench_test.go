@@ -17,24 +17,22 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/posthorn/posthorn/adapters/kafka"
-	"github.com/posthorn/posthorn/adapters/kfakebroker"
 	"github.com/posthorn/posthorn/adapters/postgres"
-	"github.com/posthorn/posthorn/adapters/postgres/cdcsource"
 	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
-	"github.com/posthorn/posthorn/adapters/postgres/pgcluster"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
-	"github.com/posthorn/posthorn/bridge"
-	"github.com/posthorn/posthorn/bridge/bridgetest"
-	"github.com/posthorn/posthorn/bridge/cdc"
 	"github.com/posthorn/posthorn/core"
-	"github.com/posthorn/posthorn/internal/syncbuf"
+	"github.com/posthorn/posthorn/internal/dev/kfakebroker"
+	"github.com/posthorn/posthorn/internal/dev/pgcluster"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/relaytest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
+	"github.com/posthorn/posthorn/relay"
+	"github.com/posthorn/posthorn/relay/polling"
 )
 
 const (
@@ -115,7 +113,7 @@ func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d.Micros
 // (polling or cdc) to the real broker, then measures commit → readable.
 func runPosthorn(b *testing.B, c *pgcluster.Cluster, brokers []string, name, mode string) peerResult {
 	ctx := context.Background()
-	pool, url := ledgerDB(b, c)
+	pool, url := pgtest.LedgerIn(b, c, 16)
 	relayPool, err := postgres.Connect(ctx, url+"&application_name="+postgres.RelayApplicationName, 8)
 	if err != nil {
 		b.Fatal(err)
@@ -126,47 +124,28 @@ func runPosthorn(b *testing.B, c *pgcluster.Cluster, brokers []string, name, mod
 		b.Fatal(err)
 	}
 	defer func() { _ = sink.Close() }()
-	store := relaystore.New(relayPool)
-	logs := &syncbuf.Buffer{}
-	logger := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	slot := "bench_" + strings.ReplaceAll(uuid.NewString()[:8], "-", "")
 	start := func() func() {
-		switch mode {
-		case "polling":
-			r, err := bridge.New(store, sink, bridge.Config{Owner: "bench", SinkName: "kafka", Logger: logger})
-			if err != nil {
-				b.Fatal(err)
-			}
-			if err := r.Start(ctx); err != nil {
-				b.Fatal(err)
-			}
-			return func() { _ = r.Stop(ctx) }
-		default:
-			r, err := cdc.New(store, cdcsource.New(relayPool), sink, cdc.Config{Owner: "bench", SinkName: "kafka", Slot: slot, Logger: logger})
-			if err != nil {
-				b.Fatal(err)
-			}
-			if err := r.Start(ctx); err != nil {
-				b.Fatal(err)
-			}
-			return func() { _ = r.Stop(ctx) }
-		}
+		return relaytest.StartMode(b, mode, relayPool, sink, relay.Settings{Owner: "bench", SinkName: "kafka", CDC: relay.CDC{Slot: slot},
+			Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	}
-	if mode == "cdc" {
+	if mode == relay.ModeCDC {
 		// The slot exists before the backlog is written, as it does for a
-		// relay that has run for a while: start once, wait until it
-		// streams, stop. The drain then reads the backlog from the slot.
-		stop := start()
-		waitLog(b, logs, "streaming the outbox")
-		stop()
+		// relay that has run for a while: start once (StartMode returns
+		// once it streams), stop. The drain then reads the backlog from the
+		// slot.
+		start()()
 	}
-	if err := bridgetest.Fill(ctx, pool, "drain", drainAccounts, drainPerAccount); err != nil {
+	if err := relaytest.Fill(ctx, pool, "drain", drainAccounts, drainPerAccount); err != nil {
 		b.Fatal(err)
 	}
 	ids := pgtest.Column[string](b, pool, `SELECT event_id::text FROM outbox`)
 	rd := newReader(b, brokers, core.TopicEvents, core.HeaderEventID)
 	defer rd.close()
 	began := time.Now()
+	// A CDC relay's start returns once it streams, after its outbox
+	// catch-up has sent the backlog: the reader's timestamps time the
+	// drain all the same.
 	stop := start()
 	defer stop()
 	res := peerResult{name: name}
@@ -182,7 +161,7 @@ func runPosthorn(b *testing.B, c *pgcluster.Cluster, brokers []string, name, mod
 	waker := ledgerstore.NewRelayWaker(pool)
 	commit := func(i int) ([]string, error) {
 		a, bb := fmt.Sprintf("acc-%d", i%1000), fmt.Sprintf("acc-%d", (i+500)%1000)
-		ps, err := bridgetest.Commit(ctx, pool, a, bb)
+		ps, err := relaytest.Commit(ctx, pool, a, bb)
 		if err != nil {
 			return nil, err
 		}
@@ -202,7 +181,7 @@ func runPosthorn(b *testing.B, c *pgcluster.Cluster, brokers []string, name, mod
 // Kafka Connect standalone, then measures commit → readable.
 func runDebezium(b *testing.B, c *pgcluster.Cluster, brokers []string, root, classpath string) peerResult {
 	ctx := context.Background()
-	pool, _ := ledgerDB(b, c)
+	pool, _ := pgtest.LedgerIn(b, c, 16)
 	db := pool.Config().ConnConfig.Database
 	for _, q := range []string{
 		`CREATE TABLE outbox_dbz (id uuid PRIMARY KEY, aggregatetype varchar(255) NOT NULL,
@@ -214,7 +193,7 @@ func runDebezium(b *testing.B, c *pgcluster.Cluster, brokers []string, root, cla
 			b.Fatalf("%s: %v", q, err)
 		}
 	}
-	// The same events as bridgetest.Fill writes: account acc-drain-i,
+	// The same events as relaytest.Fill writes: account acc-drain-i,
 	// revisions 1..drainPerAccount in order, the same payload.
 	if _, err := pool.Exec(ctx, `
 INSERT INTO outbox_dbz (id, aggregatetype, aggregateid, type, payload)
@@ -315,7 +294,7 @@ func runKfakeDrain(b *testing.B, c *pgcluster.Cluster) float64 {
 		b.Fatal(err)
 	}
 	defer fake.Close()
-	pool, url := ledgerDB(b, c)
+	pool, url := pgtest.LedgerIn(b, c, 16)
 	relayPool, err := postgres.Connect(ctx, url+"&application_name="+postgres.RelayApplicationName, 8)
 	if err != nil {
 		b.Fatal(err)
@@ -326,14 +305,14 @@ func runKfakeDrain(b *testing.B, c *pgcluster.Cluster) float64 {
 		b.Fatal(err)
 	}
 	defer func() { _ = sink.Close() }()
-	if err := bridgetest.Fill(ctx, pool, "drain", drainAccounts, drainPerAccount); err != nil {
+	if err := relaytest.Fill(ctx, pool, "drain", drainAccounts, drainPerAccount); err != nil {
 		b.Fatal(err)
 	}
 	ids := pgtest.Column[string](b, pool, `SELECT event_id::text FROM outbox`)
 	rd := newReader(b, fake.Addrs(), core.TopicEvents, core.HeaderEventID)
 	defer rd.close()
 	began := time.Now()
-	r, err := bridge.New(relaystore.New(relayPool), sink, bridge.Config{Owner: "bench", SinkName: "kafka",
+	r, err := polling.New(relaystore.New(relayPool), sink, relay.Settings{Owner: "bench", SinkName: "kafka",
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		b.Fatal(err)
@@ -497,9 +476,8 @@ func (r *reader) readAt(id string) time.Time {
 
 // waitFor waits until every one of ids has been read, within d.
 func (r *reader) waitFor(b *testing.B, name string, ids []string, d time.Duration) {
-	deadline := time.Now().Add(d)
 	pending := slices.Clone(ids)
-	for {
+	wait.ForStatus(b, d, name+": every event readable on the topic", func() (bool, string) {
 		r.mu.Lock()
 		pending = slices.DeleteFunc(pending, func(id string) bool { _, ok := r.first[id]; return ok })
 		noID := r.noID
@@ -508,18 +486,15 @@ func (r *reader) waitFor(b *testing.B, name string, ids []string, d time.Duratio
 			b.Fatalf("%s: %d records on the topic without a %q header", name, noID, r.header)
 		}
 		if len(pending) == 0 {
-			return
+			return true, ""
 		}
 		if r.failIfExited != nil {
 			if err := r.failIfExited(); err != nil {
 				b.Fatalf("%s: %v", name, err)
 			}
 		}
-		if time.Now().After(deadline) {
-			b.Fatalf("%s: after %s, %d of %d events are not readable on the topic (e.g. %s)", name, d, len(pending), len(ids), pending[0])
-		}
-		time.Sleep(20 * time.Millisecond) // polling the reader's map with a deadline
-	}
+		return false, fmt.Sprintf("%d of %d events are not readable (e.g. %s)", len(pending), len(ids), pending[0])
+	})
 }
 
 // waitAll waits for every one of ids and returns, from began, when the
@@ -590,34 +565,6 @@ func createTopics(b *testing.B, brokers []string, topics ...string) {
 
 // ledgerDB creates a migrated ledger database in c (dropped when the
 // benchmark ends, its slots first) and returns a pool on it and its URL.
-func ledgerDB(b *testing.B, c *pgcluster.Cluster) (*pgxpool.Pool, string) {
-	ctx := context.Background()
-	name := "bench_" + strings.ReplaceAll(uuid.NewString()[:8], "-", "")
-	admin, err := pgx.Connect(ctx, c.URL("postgres"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer admin.Close(ctx)
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() {
-		a, err := pgx.Connect(ctx, c.URL("postgres"))
-		if err != nil {
-			return
-		}
-		defer a.Close(ctx)
-		_, _ = a.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE database = $1 AND active_pid IS NOT NULL`, name)
-		_, _ = a.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = $1 AND NOT active`, name)
-		_, _ = a.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
-	})
-	url := c.URL(name)
-	if err := postgres.Migrate(ctx, url, postgres.LedgerSchema); err != nil {
-		b.Fatal(err)
-	}
-	return pgtest.Pool(b, url, 16), url
-}
-
 // waitSlotCaughtUp waits until slot has confirmed the WAL written before
 // the call: the relay reading it is past the backlog and streams new
 // commits as they come.
@@ -627,15 +574,11 @@ func waitSlotCaughtUp(b *testing.B, pool *pgxpool.Pool, slot string) {
 	if err := pool.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&lsn); err != nil {
 		b.Fatal(err)
 	}
-	bridgetest.WaitFor(b, 2*time.Minute, "slot "+slot+" to confirm "+lsn, func() bool {
+	wait.For(b, 2*time.Minute, "slot "+slot+" to confirm "+lsn, func() bool {
 		var ok bool
 		err := pool.QueryRow(ctx, `SELECT coalesce(confirmed_flush_lsn >= $2::pg_lsn, false) FROM pg_replication_slots WHERE slot_name = $1`, slot, lsn).Scan(&ok)
 		return err == nil && ok
 	})
-}
-
-func waitLog(b *testing.B, logs *syncbuf.Buffer, want string) {
-	bridgetest.WaitFor(b, time.Minute, "the relay to log "+want, func() bool { return strings.Contains(logs.String(), want) })
 }
 
 func repoRoot(b *testing.B) string {

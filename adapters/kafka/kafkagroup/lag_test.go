@@ -14,6 +14,7 @@ import (
 
 	phkafka "github.com/posthorn/posthorn/adapters/kafka"
 	"github.com/posthorn/posthorn/adapters/kafka/kafkagroup"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 )
 
 func TestKafkaOffsetLag(t *testing.T) {
@@ -77,15 +78,8 @@ func lagValue(t *testing.T, reg *prometheus.Registry) (float64, bool) {
 
 func waitLag(t *testing.T, lag func() (float64, bool), want float64) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	wait.ForStatus(t, 30*time.Second, fmt.Sprintf("offset lag %v", want), func() (bool, string) {
 		got, ok := lag()
-		if ok && got == want {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("offset lag %v, want %v", got, want)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return ok && got == want, fmt.Sprintf("%v (known %v)", got, ok)
+	})
 }

@@ -18,7 +18,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/posthorn/posthorn/adapters/kafka/kafkagroup"
-	"github.com/posthorn/posthorn/adapters/kfakebroker"
+	"github.com/posthorn/posthorn/internal/dev/kfakebroker"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 )
 
 const outageTopic = "ledger.events"
@@ -155,7 +156,7 @@ func TestKafkaConsumerSurvivesBrokerRestart(t *testing.T) {
 				pub, err = kafka.NewPublisher(kafka.PublisherConfig{Brokers: []string{addr}, Marshaler: kafka.DefaultMarshaler{}}, watermill.NopLogger{})
 				if err != nil {
 					pub = nil
-					time.Sleep(200 * time.Millisecond)
+					time.Sleep(200 * time.Millisecond) // the broker is down: the publisher's retry pace
 					continue
 				}
 			}
@@ -168,7 +169,7 @@ func TestKafkaConsumerSurvivesBrokerRestart(t *testing.T) {
 			mu.Lock()
 			ids = append(ids, id)
 			mu.Unlock()
-			time.Sleep(5 * time.Millisecond)
+			time.Sleep(5 * time.Millisecond) // pacing the load, not synchronisation
 		}
 		if pub != nil {
 			_ = pub.Close()
@@ -197,19 +198,12 @@ func TestKafkaConsumerSurvivesBrokerRestart(t *testing.T) {
 	all := append([]string(nil), ids...)
 	mu.Unlock()
 	t0 := time.Now()
-	deadline := t0.Add(60 * time.Second)
-	for {
+	if !wait.Until(60*time.Second, func() (bool, string) { return len(got.missing(all)) == 0, "" }) {
 		miss := got.missing(all)
-		if len(miss) == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			// Their goroutine dumps go to stderr, for the diagnosis.
-			_ = c1.Process.Signal(syscall.SIGQUIT)
-			_ = c2.Process.Signal(syscall.SIGQUIT)
-			t.Fatalf("%d of %d messages not delivered within %s, e.g. %v", len(miss), len(all), time.Since(t0), miss[:min(5, len(miss))])
-		}
-		time.Sleep(100 * time.Millisecond)
+		// Their goroutine dumps go to stderr, for the diagnosis.
+		_ = c1.Process.Signal(syscall.SIGQUIT)
+		_ = c2.Process.Signal(syscall.SIGQUIT)
+		t.Fatalf("%d of %d messages not delivered within %s, e.g. %v", len(miss), len(all), time.Since(t0), miss[:min(5, len(miss))])
 	}
 	t.Logf("%d messages; all delivered %s after the load", len(all), time.Since(t0))
 }

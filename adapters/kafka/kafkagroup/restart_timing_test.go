@@ -13,8 +13,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/posthorn/posthorn/adapters/kafka/kafkacluster"
 	"github.com/posthorn/posthorn/adapters/kafka/kafkagroup"
+	"github.com/posthorn/posthorn/internal/testkit/kafkacluster"
 )
 
 // restartBacklog is the records a restarted consumer catches up on.

@@ -16,6 +16,7 @@ import (
 
 	phkafka "github.com/posthorn/posthorn/adapters/kafka"
 	"github.com/posthorn/posthorn/adapters/kafka/kafkagroup"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 )
 
 const (
@@ -73,17 +74,12 @@ func describeGroup(t *testing.T, cl *kgo.Client, group string) groupView {
 // seconds).
 func waitGroup(t *testing.T, cl *kgo.Client, what string, ok func(groupView) bool) groupView {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for {
-		v := describeGroup(t, cl, ghostGroup)
-		if ok(v) {
-			return v
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("group never %s: %v", what, v)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	var v groupView
+	wait.ForStatus(t, time.Minute, "the group to be "+what, func() (bool, string) {
+		v = describeGroup(t, cl, ghostGroup)
+		return ok(v), fmt.Sprintf("%v", v)
+	})
+	return v
 }
 
 // ghostBroker is a kfake cluster (the broker of `posthorn dev kafka`) that
@@ -171,7 +167,8 @@ func (b *ghostBroker) addGhostMember(t *testing.T, admin *kgo.Client) (string, g
 			_, in := v.members[ghost]
 			return v.state == "Stable" && (!in || len(v.members[ghost]) > 0)
 		})
-		// A ghost with a running session timer is gone within it.
+		// A ghost with a running session timer is gone within it: wait
+		// out the window in which it may still be there.
 		time.Sleep(3 * ghostSession)
 		v := describeGroup(t, admin, ghostGroup)
 		if v.state == "Stable" && len(v.members[ghost]) > 0 {

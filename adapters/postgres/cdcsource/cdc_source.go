@@ -12,8 +12,8 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/posthorn/posthorn/bridge/cdc"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/relay/cdc"
 )
 
 // This file is the CDC relay's view of the ledger database (cdc.Source):

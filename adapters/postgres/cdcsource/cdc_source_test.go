@@ -2,17 +2,19 @@ package cdcsource_test
 
 import (
 	"context"
+	"fmt"
 	"reflect"
 	"testing"
 	"time"
 
 	"github.com/posthorn/posthorn/adapters/postgres/cdcsource"
-	"github.com/posthorn/posthorn/adapters/postgres/pgcluster"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
-	"github.com/posthorn/posthorn/bridge/bridgetest"
-	"github.com/posthorn/posthorn/bridge/cdc"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/dev/pgcluster"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/relaytest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
+	"github.com/posthorn/posthorn/relay/cdc"
 )
 
 // A row streamed from the slot decodes to exactly what the polling read
@@ -85,15 +87,11 @@ VALUES ('0190a000-0000-7000-8000-000000000001', 'command', 'payouts.payout.execu
 	if _, err := pool.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = 's1'`); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if err := src.DropSlot(ctx, "s1"); err == nil {
-			break
-		} else if time.Now().After(deadline) {
-			t.Fatal(err)
-		}
-		time.Sleep(20 * time.Millisecond) // the WAL sender exits asynchronously
-	}
+	// The WAL sender exits asynchronously: its slot can be dropped then.
+	wait.ForStatus(t, 10*time.Second, "slot s1 dropped", func() (bool, string) {
+		err := src.DropSlot(ctx, "s1")
+		return err == nil, fmt.Sprint(err)
+	})
 	if _, err := cdcsource.OpenStream(ctx, pool, "s1", "posthorn_outbox"); !cdcsource.IsSlotGone(err) {
 		t.Fatalf("stream of a dropped slot: %v, want IsSlotGone", err)
 	}
@@ -115,13 +113,13 @@ func TestMarkRelayedCDCReportsInvisibleRows(t *testing.T) {
 	if err != nil || !ok {
 		t.Fatalf("acquire: %v %v", ok, err)
 	}
-	visible := bridgetest.MustPost(t, pool, "acc-1")
+	visible := relaytest.MustPost(t, pool, "acc-1")
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	if _, err := bridgetest.Post(ctx, tx, "acc-2"); err != nil {
+	if _, err := relaytest.Post(ctx, tx, "acc-2"); err != nil {
 		t.Fatal(err)
 	}
 	var openID int64
@@ -151,7 +149,7 @@ func TestMarkRelayedCDCReportsInvisibleRows(t *testing.T) {
 	if _, ok, err := st.AcquireLease(ctx, "s", "relay-b", time.Minute); err != nil || !ok {
 		t.Fatalf("takeover: %v %v", ok, err)
 	}
-	more := bridgetest.MustPost(t, pool, "acc-3")
+	more := relaytest.MustPost(t, pool, "acc-3")
 	var moreID int64
 	if err := pool.QueryRow(ctx, `SELECT id FROM outbox WHERE event_id = $1`, more[0].EventID).Scan(&moreID); err != nil {
 		t.Fatal(err)

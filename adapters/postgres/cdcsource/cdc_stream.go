@@ -18,8 +18,8 @@ import (
 
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/internal/outboxrow"
-	"github.com/posthorn/posthorn/bridge/cdc"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/relay/cdc"
 )
 
 // This file is the CDC relay's replication client: pgoutput over

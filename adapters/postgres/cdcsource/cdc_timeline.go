@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/posthorn/posthorn/adapters/postgres"
-	"github.com/posthorn/posthorn/bridge/cdc"
+	"github.com/posthorn/posthorn/relay/cdc"
 )
 
 // Timeline is the timeline of the history the server writes on

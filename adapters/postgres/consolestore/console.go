@@ -11,9 +11,9 @@ import (
 	"github.com/posthorn/posthorn/adapters/postgres/inboxstore"
 	"github.com/posthorn/posthorn/adapters/postgres/internal/pgrows"
 	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
-	"github.com/posthorn/posthorn/bridge/cdc"
 	"github.com/posthorn/posthorn/console"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/relay/cdc"
 )
 
 // Store is the operator console's store: the reads and releases of

@@ -14,10 +14,10 @@ import (
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
 	"github.com/posthorn/posthorn/adapters/postgres/opsstore"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
-	"github.com/posthorn/posthorn/adapters/postgres/roles/roletest"
-	"github.com/posthorn/posthorn/bridge/bridgetest"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/relaytest"
+	"github.com/posthorn/posthorn/internal/testkit/roletest"
 	"github.com/posthorn/posthorn/ops"
 )
 
@@ -74,7 +74,7 @@ func TestFailoverStoreRecoversAsTheMaintainerOnly(t *testing.T) {
 		got.Entries[1].EventID != j.Lines[1].EventID || got.Entries[1].Amount != "500" || got.Sequence <= 200 {
 		t.Fatalf("re-committed posting %+v", got)
 	}
-	if n := bridgetest.Unrelayed(t, owner); n != 0 {
+	if n := relaytest.Unrelayed(t, owner); n != 0 {
 		t.Fatalf("%d re-committed events pending: the relay would send them as new", n)
 	}
 	if revs := pgtest.Column[int64](t, owner, `SELECT revision FROM accounts WHERE id = 'acc-c'

@@ -1,5 +1,5 @@
 // Package relaystore is the polling relay's view of the ledger database
-// (bridge.Store): it reads unrelayed outbox rows shard by shard, writes the
+// (polling.Store, and the outbox reads of the CDC relay, cdc.OutboxStore): it reads unrelayed outbox rows shard by shard, writes the
 // fenced markers that settle them, keeps the shard leases, parks and
 // releases aggregates, dead-letters a record, and reports the standbys'
 // flush position and the relay's backlog.

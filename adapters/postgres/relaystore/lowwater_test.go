@@ -7,9 +7,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 )
 
 // sameShard returns n account IDs of shard's shard, prefix-0 … in order.
@@ -53,14 +54,11 @@ func drain(t *testing.T, store *relaystore.Store, leases []core.Lease) []int64 {
 // raised drains until the mark of shard reaches at least want.
 func raised(t *testing.T, store *relaystore.Store, leases []core.Lease, shard int, want int64) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for store.Marks([]int{shard})[0] < want {
-		if time.Now().After(deadline) {
-			t.Fatalf("the mark of shard %d stayed at %d, below %d, for 30 s of reads", shard, store.Marks([]int{shard})[0], want)
-		}
+	wait.ForStatus(t, 30*time.Second, fmt.Sprintf("the mark of shard %d to reach %d", shard, want), func() (bool, string) {
 		drain(t, store, leases)
-		time.Sleep(20 * time.Millisecond) // the relay's shortest poll
-	}
+		m := store.Marks([]int{shard})[0]
+		return m >= want, fmt.Sprintf("mark %d", m)
+	})
 }
 
 func takeAllShards(t *testing.T, store *relaystore.Store, owner string) []core.Lease {
@@ -293,11 +291,10 @@ func TestLowWaterMarkRisesPastAnOpenTransactionThatWritesNoOutbox(t *testing.T) 
 			const shard = 7
 			ids := commitRows(t, pool, sameShard("acc", shard, 10)...)
 			last := ids[len(ids)-1].ID
-			deadline := time.Now().Add(5 * time.Second)
-			for time.Now().Before(deadline) && store.Marks([]int{shard})[0] <= last {
+			wait.Until(5*time.Second, func() (bool, string) {
 				drain(t, store, leases)
-				time.Sleep(20 * time.Millisecond) // the relay's shortest poll
-			}
+				return store.Marks([]int{shard})[0] > last, ""
+			})
 			mark := store.Marks([]int{shard})[0]
 			t.Logf("control %v: mark of shard %d after 5 s of reads with an unrelated transaction open: %d (last id %d)", control, shard, mark, last)
 			if (mark > last) == control {

@@ -9,8 +9,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
 )
 
 // The relay's read must probe the outbox row by row even with a plan made

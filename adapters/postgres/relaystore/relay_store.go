@@ -11,9 +11,9 @@ import (
 
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/internal/outboxrow"
-	"github.com/posthorn/posthorn/bridge"
-	"github.com/posthorn/posthorn/bridge/cdc"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/relay/cdc"
+	"github.com/posthorn/posthorn/relay/polling"
 )
 
 // Store is the relay's view of the ledger database: it reads unrelayed
@@ -484,6 +484,6 @@ func (s *Store) Listen(ctx context.Context, notify func()) error {
 }
 
 var (
-	_ bridge.Store    = (*Store)(nil)
+	_ polling.Store   = (*Store)(nil)
 	_ cdc.OutboxStore = (*Store)(nil)
 )

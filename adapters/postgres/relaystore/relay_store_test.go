@@ -12,9 +12,10 @@ import (
 
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/opsstore"
-	"github.com/posthorn/posthorn/adapters/postgres/pgtest"
 	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 )
 
 // insertRelayRow writes one outbox row for account after its row lock, as
@@ -195,20 +196,13 @@ func TestRelayStoreOldestOpenTransaction(t *testing.T) {
 	}
 	defer tx.Rollback(ctx)
 	insertRelayRow(t, tx, "acc-open") // takes a transaction ID
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	wait.For(t, 5*time.Second, "the open transaction with an xid to be seen", func() bool {
 		age, err := s.OldestOpenTransactionAge(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if age > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("open transaction with an xid not seen")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return age > 0
+	})
 }
 
 // The work queue migration keeps the backlog: rows an older release had not

@@ -6,10 +6,10 @@ import (
 
 	"github.com/jackc/pglogrepl"
 
-	"github.com/posthorn/posthorn/bridge"
+	"github.com/posthorn/posthorn/relay"
 )
 
-var _ bridge.StandbyProbe = (*Store)(nil)
+var _ relay.StandbyProbe = (*Store)(nil)
 
 // standbyStatus reads the WAL insert position and the physical standbys in
 // one statement. A WAL sender that streams a logical slot (the CDC relay,
@@ -25,32 +25,32 @@ LEFT JOIN pg_stat_replication r ON r.pid NOT IN (
 // StandbyStatus reads the ledger's WAL insert position and its physical
 // standbys with their flush positions (pg_stat_replication; the role needs
 // pg_read_all_stats to see them, else they read as not flushed).
-func (s *Store) StandbyStatus(ctx context.Context) (bridge.StandbyStatus, error) {
+func (s *Store) StandbyStatus(ctx context.Context) (relay.StandbyStatus, error) {
 	rows, err := s.pool.Query(ctx, standbyStatus)
 	if err != nil {
-		return bridge.StandbyStatus{}, fmt.Errorf("read pg_stat_replication: %w", err)
+		return relay.StandbyStatus{}, fmt.Errorf("read pg_stat_replication: %w", err)
 	}
 	defer rows.Close()
-	var st bridge.StandbyStatus
+	var st relay.StandbyStatus
 	for rows.Next() {
 		var insert pglogrepl.LSN
 		var name, state *string
 		var flush *pglogrepl.LSN
 		if err := rows.Scan(&insert, &name, &state, &flush); err != nil {
-			return bridge.StandbyStatus{}, fmt.Errorf("read pg_stat_replication: %w", err)
+			return relay.StandbyStatus{}, fmt.Errorf("read pg_stat_replication: %w", err)
 		}
-		st.Insert = bridge.LSN(insert)
+		st.Insert = relay.LSN(insert)
 		if name == nil {
 			continue // the LEFT JOIN's row when there is no standby
 		}
-		sb := bridge.Standby{Name: *name, State: *state}
+		sb := relay.Standby{Name: *name, State: *state}
 		if flush != nil {
-			sb.Flush = bridge.LSN(*flush)
+			sb.Flush = relay.LSN(*flush)
 		}
 		st.Standbys = append(st.Standbys, sb)
 	}
 	if err := rows.Err(); err != nil {
-		return bridge.StandbyStatus{}, fmt.Errorf("read pg_stat_replication: %w", err)
+		return relay.StandbyStatus{}, fmt.Errorf("read pg_stat_replication: %w", err)
 	}
 	return st, nil
 }
