@@ -67,3 +67,11 @@ func NewWaitingForEveryTransaction(pool *pgxpool.Pool) *Store {
 	s.low.unsafe.ignoreWriters = true
 	return s
 }
+
+// NewUsingSnapshotXmax takes a snapshot's xmax for the next transaction ID
+// of its ticks: the control of the concurrent-commit test.
+func NewUsingSnapshotXmax(pool *pgxpool.Pool) *Store {
+	s := New(pool)
+	s.low.unsafe.xmaxAsNext = true
+	return s
+}

@@ -66,6 +66,10 @@ type unsafeLowWater struct {
 	// transaction has passed it, whatever it writes: any open transaction
 	// that holds a transaction ID stops the marks (safe, and slow).
 	ignoreWriters bool
+	// xmaxAsNext takes a snapshot's xmax for a tick's next transaction ID:
+	// it is the latest completed one plus one, and a transaction still
+	// running may hold a greater ID and an id below the tick's last.
+	xmaxAsNext bool
 }
 
 // tick is an outbox id given out (last) and a transaction ID assigned after

@@ -4,12 +4,14 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
 	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/relaytest"
 	"github.com/posthorn/posthorn/internal/testkit/wait"
 )
 
@@ -302,4 +304,98 @@ func TestLowWaterMarkRisesPastAnOpenTransactionThatWritesNoOutbox(t *testing.T) 
 			}
 		})
 	}
+}
+
+// Two relays share one store (as relays in one process do), each reading
+// and marking its own half of the shards in a loop, while 200 rows commit
+// one transaction at a time: every row is read. A tick's next transaction
+// ID must bound every transaction that had taken an outbox id when its last
+// id was read. Control: a snapshot's xmax, which is the latest completed
+// transaction plus one, not the next to be assigned; a transaction still
+// running can hold a greater ID, and rows are stepped over (up to three
+// runs, since the loss needs a commit to fall between two statements).
+func TestLowWaterMarkLosesNothingUnderConcurrentCommits(t *testing.T) {
+	t.Parallel()
+	for _, control := range []bool{false, true} {
+		t.Run(fmt.Sprintf("control=%v", control), func(t *testing.T) {
+			t.Parallel()
+			var missing []int64
+			for run := range 3 {
+				missing = concurrentCommits(t, control)
+				t.Logf("control %v, run %d: %d of 200 rows never read", control, run+1, len(missing))
+				if !control || len(missing) > 0 {
+					break
+				}
+			}
+			if (len(missing) > 0) != control {
+				t.Fatalf("control %v: rows never read: %v", control, missing)
+			}
+		})
+	}
+}
+
+// concurrentCommits runs two readers over halves of the shards of one
+// store while 200 rows commit, and returns the ids never read.
+func concurrentCommits(t *testing.T, control bool) []int64 {
+	t.Helper()
+	ctx := context.Background()
+	_, pool := pgtest.Ledger(t)
+	store := relaystore.New(pool)
+	if control {
+		store = relaystore.NewUsingSnapshotXmax(pool)
+	}
+	var seen sync.Map
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for _, owner := range []string{"a", "b"} {
+		leases, err := store.AcquireLeases(ctx, owner, core.Shards/2, nil, time.Minute)
+		if err != nil || len(leases) != core.Shards/2 {
+			t.Fatalf("leases %v, %v", leases, err)
+		}
+		var shards []int
+		for _, l := range leases {
+			shards = append(shards, l.Shard)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				rows, err := store.ReadBatchSkipping(ctx, shards, 10, nil, core.OrderByID)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				refs := make([]core.RowRef, len(rows))
+				for i, r := range rows {
+					seen.Store(r.ID, true)
+					refs[i] = core.RowRef{ID: r.ID, Shard: r.Shard}
+				}
+				if _, _, err := store.MarkRelayed(ctx, refs, leases); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	var posted []int64
+	for i := range 200 {
+		posted = append(posted, commitRows(t, pool, fmt.Sprintf("acc-%d", i%40))[0].ID)
+	}
+	// Both readers drain what is left; a row a mark stepped over stays
+	// unread for good.
+	wait.Until(10*time.Second, func() (bool, string) { return relaytest.Unrelayed(t, pool) == 0, "" })
+	close(stop)
+	wg.Wait()
+	var missing []int64
+	for _, id := range posted {
+		if _, ok := seen.Load(id); !ok {
+			missing = append(missing, id)
+		}
+	}
+	return missing
 }

@@ -96,10 +96,16 @@ const readHorizon = `SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigin
              AND r.database = (SELECT oid FROM pg_database WHERE datname = current_database())
              AND x.locktype = 'transactionid' AND age(x.transactionid) > age($1::text::xid8::xid))`
 
-// readNextXID is read after the batch: the next transaction ID to be
-// assigned, which every transaction that took an id up to the last one
-// readHorizon saw is below.
-const readNextXID = `SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint`
+// readNextXID is read after the batch's transaction, in a transaction of
+// its own: the next transaction ID to be assigned, which every transaction
+// that took an id up to the last one readHorizon saw is below. It is the
+// snapshot's oldest running transaction plus that one's age, since age()
+// counts from the next transaction ID (read once per transaction, hence
+// the transaction of its own). A snapshot's xmax will not do: it is the
+// latest completed transaction plus one, and a transaction that is still
+// running may hold a greater ID.
+const readNextXID = `SELECT pg_snapshot_xmin(s)::text::bigint + age(pg_snapshot_xmin(s)::xid)
+FROM (SELECT pg_current_snapshot() AS s) AS q`
 
 // readSettings are set for the read's transaction only (see ReadBatchSkipping).
 const readSettings = `SELECT set_config('enable_sort', 'off', true), set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)`
@@ -128,10 +134,10 @@ func (s *Store) ReadBatchSkipping(ctx context.Context, shards []int, perShard in
 	return out, nil
 }
 
-// readBatch runs the read in one read-only transaction, sent in one round
-// trip: the settings, readHorizon (asking about the outbox's writers older
-// than writersBefore, unless it is 0), the batch from the marks lows, and
-// readNextXID.
+// readBatch runs the read in one read-only transaction, then readNextXID,
+// sent in one round trip: the settings, readHorizon (asking about the
+// outbox's writers older than writersBefore, unless it is 0), the batch
+// from the marks lows.
 func (s *Store) readBatch(ctx context.Context, q string, shards []int, perShard int, skip, lows []int64, writersBefore int64) ([]core.OutboxRow, horizon, error) {
 	var h horizon
 	b := &pgx.Batch{}
@@ -145,8 +151,12 @@ func (s *Store) readBatch(ctx context.Context, q string, shards []int, perShard 
 	b.Queue(readSettings)
 	b.Queue(readHorizon, writersBefore)
 	b.Queue(q, toInt32(shards), perShard, skip, lows)
-	b.Queue(readNextXID)
 	b.Queue("COMMIT")
+	if s.low != nil && s.low.unsafe.xmaxAsNext {
+		b.Queue(`SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint`)
+	} else {
+		b.Queue(readNextXID)
+	}
 	br := s.pool.SendBatch(ctx, b)
 	defer br.Close()
 	for range 2 {
@@ -166,10 +176,10 @@ func (s *Store) readBatch(ctx context.Context, q string, shards []int, perShard 
 	if err != nil {
 		return nil, h, err
 	}
-	if err := br.QueryRow().Scan(&h.next); err != nil {
+	if _, err := br.Exec(); err != nil {
 		return nil, h, err
 	}
-	if _, err := br.Exec(); err != nil {
+	if err := br.QueryRow().Scan(&h.next); err != nil {
 		return nil, h, err
 	}
 	return out, h, br.Close()
