@@ -36,4 +36,5 @@ var OperatorMetrics = []string{
 	"posthorn_relay_held_by_standby_seconds",
 	"posthorn_relay_held_by_ledger_history",
 	"posthorn_cdc_published_past_branch_point_total",
+	"posthorn_ledger_horizon_age_seconds",
 }

@@ -7,7 +7,7 @@ import (
 	"github.com/posthorn/posthorn/relay/internal/relaymetrics"
 )
 
-// refreshStats updates the backlog, parked and open-transaction gauges,
+// refreshStats updates the backlog, parked, horizon and open-transaction gauges,
 // waiting StatsWait between reads.
 func (r *Relay) refreshStats(ctx context.Context) {
 	t := time.NewTimer(r.cfg.StatsInterval)
@@ -16,9 +16,7 @@ func (r *Relay) refreshStats(ctx context.Context) {
 		began := time.Now()
 		st, err := r.store.Status(ctx)
 		if err == nil {
-			r.m.Backlog.Set(float64(st.Backlog))
-			r.m.OldestAge.Set(st.OldestUnrelayedAge)
-			r.m.Parked.Set(float64(len(st.Parked)))
+			r.m.SetStatus(st)
 		} else if ctx.Err() == nil {
 			r.log.Warn("outbox status", "err", err)
 		}

@@ -32,7 +32,7 @@ type Parts struct {
 // (relay.Settings.Checked) that publishes to sink and logs to log;
 // skipPositions is the negative control's switch (UnsafeSkipPositions).
 func NewParts(cfg relay.Settings, sink core.Sink, skipPositions bool, log *slog.Logger) (Parts, error) {
-	m, err := relaymetrics.New(cfg.Registerer, cfg.SinkName)
+	m, err := relaymetrics.New(cfg.Registerer, cfg.SinkName, log)
 	if err != nil {
 		return Parts{}, fmt.Errorf("relay metrics: %w", err)
 	}

@@ -4,6 +4,9 @@
 package relaymetrics
 
 import (
+	"log/slog"
+	"strconv"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -30,13 +33,35 @@ type Metrics struct {
 	HeldByStandby    prometheus.Gauge
 	StandbyWait      prometheus.Histogram
 	HeldByHistory    prometheus.Gauge
+	HorizonAge       prometheus.Gauge
+	HorizonXIDAge    prometheus.Gauge
+	HorizonHolder    *prometheus.GaugeVec
+
+	horizon horizonWatch
 }
 
+// horizonWatch follows what holds the ledger's MVCC horizon between two
+// reads of the gauges: since when this relay has seen a slot or a standby
+// hold it (the server does not say), and when it last warned.
+type horizonWatch struct {
+	mu       sync.Mutex
+	log      *slog.Logger
+	key      string
+	since    time.Time
+	warnedAt time.Time
+}
+
+// HorizonWarnAge is how long something may hold the ledger's horizon before
+// the relay warns (and the alert on posthorn_ledger_horizon_age_seconds
+// fires): the tables that churn then keep that long's dead versions.
+const HorizonWarnAge = 5 * time.Minute
+
 // New registers the relay's series on reg (nil: none) with the sink label
-// sink.
-func New(reg prometheus.Registerer, sink string) (*Metrics, error) {
+// sink; log receives the warnings of a held horizon.
+func New(reg prometheus.Registerer, sink string, log *slog.Logger) (*Metrics, error) {
 	var s promset.Set
 	m := &Metrics{
+		horizon: horizonWatch{log: log},
 		Backlog:        s.Gauge("posthorn_outbox_backlog_events", "Outbox rows not yet relayed (parked aggregates included)."),
 		OldestAge:      s.Gauge("posthorn_outbox_oldest_unrelayed_age_seconds", "Age of the oldest outbox row not yet relayed."),
 		PublishedTotal: s.CounterVec("posthorn_relay_published_total", "Records the sink acknowledged.", "sink").WithLabelValues(sink),
@@ -57,6 +82,12 @@ func New(reg prometheus.Registerer, sink string) (*Metrics, error) {
 			prometheus.ExponentialBuckets(0.0002, 2, 18)),
 		HeldByHistory: s.Gauge("posthorn_relay_held_by_ledger_history",
 			"1 while the relay publishes nothing because the ledger runs on a history (system identifier, timeline) other than the accepted one: after a failover, until posthorn failover recover accepts it."),
+		HorizonAge: s.Gauge("posthorn_ledger_horizon_age_seconds",
+			"How long what holds the ledger database's MVCC horizon back the furthest has held it (a session's or prepared transaction's age; for a slot or a standby, since this relay first saw it); 0 when nothing but running statements does."),
+		HorizonXIDAge: s.Gauge("posthorn_ledger_horizon_xid_age",
+			"How many transactions the ledger database's MVCC horizon is behind: the row versions of that many transactions cannot be vacuumed."),
+		HorizonHolder: s.GaugeVec("posthorn_ledger_horizon_holder",
+			"1 for what holds the ledger database's MVCC horizon back the furthest: kind (session, prepared, slot, standby) and holder (application name and pid, gid, slot name, standby's application name and pid).", "kind", "holder"),
 	}
 	return m, s.Register(reg)
 }
@@ -84,11 +115,44 @@ func (m *Metrics) Abandoned() { m.AbandonedBatches.Inc() }
 // NewlyParked counts an aggregate parked now.
 func (m *Metrics) NewlyParked() { m.Parked.Inc() }
 
-// SetStatus sets the backlog, oldest-age and parked gauges from st.
+// SetStatus sets the backlog, oldest-age, parked and horizon gauges from
+// st.
 func (m *Metrics) SetStatus(st core.OutboxStatus) {
 	m.Backlog.Set(float64(st.Backlog))
 	m.OldestAge.Set(st.OldestUnrelayedAge)
 	m.Parked.Set(float64(len(st.Parked)))
+	m.setHorizon(st.Horizon, time.Now())
+}
+
+// setHorizon sets the horizon gauges from h (nil: nothing holds it) and
+// warns, at most once a minute, while it has been held past HorizonWarnAge.
+func (m *Metrics) setHorizon(h *core.LedgerHorizon, now time.Time) {
+	w := &m.horizon
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	m.HorizonHolder.Reset()
+	if h == nil {
+		w.key = ""
+		m.HorizonAge.Set(0)
+		m.HorizonXIDAge.Set(0)
+		return
+	}
+	if key := h.Kind + "\x00" + h.Holder + "\x00" + strconv.FormatInt(h.Xmin, 10); key != w.key {
+		w.key, w.since = key, now
+	}
+	age := h.AgeSeconds
+	if age < 0 {
+		age = now.Sub(w.since).Seconds()
+	}
+	m.HorizonAge.Set(age)
+	m.HorizonXIDAge.Set(float64(h.XIDAge))
+	m.HorizonHolder.WithLabelValues(h.Kind, h.Holder).Set(1)
+	if age >= HorizonWarnAge.Seconds() && now.Sub(w.warnedAt) >= time.Minute && w.log != nil {
+		w.warnedAt = now
+		w.log.Warn("the ledger's MVCC horizon is held: rows deleted or updated since cannot be vacuumed (docs/operations.md, the ledger's horizon)",
+			"kind", h.Kind, "holder", h.Holder, "state", h.State, "age", time.Duration(age*float64(time.Second)).Round(time.Second),
+			"transactions_behind", h.XIDAge)
+	}
 }
 
 // SetHeldByOpenTransaction sets the open-transaction gauge.
