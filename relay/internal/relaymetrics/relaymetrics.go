@@ -61,7 +61,7 @@ const HorizonWarnAge = 5 * time.Minute
 func New(reg prometheus.Registerer, sink string, log *slog.Logger) (*Metrics, error) {
 	var s promset.Set
 	m := &Metrics{
-		horizon: horizonWatch{log: log},
+		horizon:        horizonWatch{log: log},
 		Backlog:        s.Gauge("posthorn_outbox_backlog_events", "Outbox rows not yet relayed (parked aggregates included)."),
 		OldestAge:      s.Gauge("posthorn_outbox_oldest_unrelayed_age_seconds", "Age of the oldest outbox row not yet relayed."),
 		PublishedTotal: s.CounterVec("posthorn_relay_published_total", "Records the sink acknowledged.", "sink").WithLabelValues(sink),
