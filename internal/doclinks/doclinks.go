@@ -29,7 +29,9 @@ type Problem struct {
 	Reason string
 }
 
-func (p Problem) String() string { return fmt.Sprintf("%s:%d: %s: %s", p.File, p.Line, p.Link, p.Reason) }
+func (p Problem) String() string {
+	return fmt.Sprintf("%s:%d: %s: %s", p.File, p.Line, p.Link, p.Reason)
+}
 
 var md = goldmark.New(goldmark.WithExtensions(extension.GFM))
 
