@@ -366,10 +366,11 @@ func e2eProgress(b *testing.B, ctx context.Context, p *e2ePath) demo.Progress {
 
 func waitCaughtUp(b *testing.B, ctx context.Context, p *e2ePath, d time.Duration) {
 	b.Helper()
-	wait.ForStatus(b, d, "the consumers to catch up", func() (bool, string) {
-		pr := e2eProgress(b, ctx, p)
-		return pr.Delivered(), fmt.Sprintf("%+v", pr)
-	})
+	// Every 50 ms: the progress is read with counts, beside the path whose
+	// CPU is measured.
+	if !wait.UntilEvery(d, 50*time.Millisecond, func() (bool, string) { return e2eProgress(b, ctx, p).Delivered(), "" }) {
+		b.Fatalf("consumers not caught up after %s: %+v", d, e2eProgress(b, ctx, p))
+	}
 }
 
 // machineCPU is a reading of /proc/stat's first line: the whole machine's

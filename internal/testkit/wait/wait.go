@@ -37,6 +37,12 @@ func ForStatus(t testing.TB, d time.Duration, what string, cond func() (ok bool,
 // Until polls cond every Every until it holds (true) or d has passed
 // (false), for a caller that fails in its own way.
 func Until(d time.Duration, cond func() (ok bool, state string)) bool {
+	return UntilEvery(d, Every, cond)
+}
+
+// UntilEvery is Until polling every every: for a benchmark whose
+// condition is a costly read beside what it measures.
+func UntilEvery(d, every time.Duration, cond func() (ok bool, state string)) bool {
 	deadline := time.Now().Add(d)
 	for {
 		if ok, _ := cond(); ok {
@@ -45,6 +51,6 @@ func Until(d time.Duration, cond func() (ok bool, state string)) bool {
 		if time.Now().After(deadline) {
 			return false
 		}
-		time.Sleep(Every) // the polling interval, with the deadline above
+		time.Sleep(every) // the polling interval, with the deadline above
 	}
 }
