@@ -129,30 +129,45 @@ func CommandTopic(prefix, commandType string) string {
 // WireHeaders returns every header the contract requires, plus the extra ones.
 func (e Envelope) WireHeaders() map[string]string {
 	h := make(map[string]string, len(e.Headers)+11)
+	e.EachWireHeader(func(k, v string) { h[k] = v })
+	return h
+}
+
+// EachWireHeader calls fn with every header of WireHeaders, each key once,
+// without building the map: the extra headers first (but those the
+// envelope's own fields set), then the contract's.
+func (e Envelope) EachWireHeader(fn func(k, v string)) {
 	for k, v := range e.Headers {
-		h[k] = v
+		if !wireField[k] {
+			fn(k, v)
+		}
 	}
-	h[HeaderEventID] = e.EventID
-	h[HeaderKind] = string(e.Kind)
-	h[HeaderType] = e.Type
-	h[HeaderAggregateType] = e.AggregateType
-	h[HeaderAggregateID] = e.AggregateID
-	h[HeaderRevision] = strconv.FormatInt(e.Revision, 10)
-	h[HeaderJournalID] = e.JournalID
-	h[HeaderOccurredAt] = e.OccurredAt.UTC().Format(time.RFC3339Nano)
-	h[HeaderSchemaVersion] = e.version()
-	h[HeaderContentType] = e.MediaType()
+	fn(HeaderEventID, e.EventID)
+	fn(HeaderKind, string(e.Kind))
+	fn(HeaderType, e.Type)
+	fn(HeaderAggregateType, e.AggregateType)
+	fn(HeaderAggregateID, e.AggregateID)
+	fn(HeaderRevision, strconv.FormatInt(e.Revision, 10))
+	fn(HeaderJournalID, e.JournalID)
+	fn(HeaderOccurredAt, e.OccurredAt.UTC().Format(time.RFC3339Nano))
+	fn(HeaderSchemaVersion, e.version())
+	fn(HeaderContentType, e.MediaType())
 	if e.Replay {
-		h[HeaderReplay] = "true"
-	} else {
-		delete(h, HeaderReplay)
+		fn(HeaderReplay, "true")
 	}
 	if e.LedgerTimeline > 0 {
-		h[HeaderLedgerTimeline] = strconv.FormatInt(int64(e.LedgerTimeline), 10)
-	} else {
-		delete(h, HeaderLedgerTimeline)
+		fn(HeaderLedgerTimeline, strconv.FormatInt(int64(e.LedgerTimeline), 10))
 	}
-	return h
+}
+
+// wireField are the headers of the envelope's own fields: EachWireHeader
+// never takes them from Headers (an extra header of the same name never
+// overrides them; replay and ledger_timeline are left out when the field
+// is unset), and EnvelopeFromHeaders reads them into the fields.
+var wireField = map[string]bool{
+	HeaderEventID: true, HeaderKind: true, HeaderType: true, HeaderAggregateType: true, HeaderAggregateID: true,
+	HeaderRevision: true, HeaderJournalID: true, HeaderOccurredAt: true, HeaderSchemaVersion: true,
+	HeaderContentType: true, HeaderReplay: true, HeaderLedgerTimeline: true,
 }
 
 // version is the payload schema's version as a header value: the field's,
@@ -236,25 +251,17 @@ func EnvelopeFromHeaders(h map[string]string, payload []byte) (Envelope, error) 
 		e.LedgerTimeline = int32(v)
 	}
 	for k, v := range h {
-		if envelopeField[k] {
+		if wireField[k] {
 			continue
 		}
 		if e.Headers == nil {
-			e.Headers = make(map[string]string, len(h)-len(envelopeField))
+			e.Headers = make(map[string]string, len(h))
 		}
 		e.Headers[k] = v
 	}
 	return e, nil
 }
 
-// envelopeField are the headers EnvelopeFromHeaders reads into the
-// envelope's own fields; every other header stays in Headers (as
-// WireHeaders put it there, or as a transport added it).
-var envelopeField = map[string]bool{
-	HeaderEventID: true, HeaderKind: true, HeaderType: true, HeaderAggregateType: true, HeaderAggregateID: true,
-	HeaderRevision: true, HeaderJournalID: true, HeaderOccurredAt: true, HeaderReplay: true,
-	HeaderSchemaVersion: true, HeaderContentType: true, HeaderLedgerTimeline: true,
-}
 
 // ToMessage converts an envelope to a Watermill message whose UUID is the
 // event ID and whose metadata are the wire headers, so any Watermill

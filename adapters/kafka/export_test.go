@@ -1,6 +1,10 @@
 package kafka
 
-import "github.com/twmb/franz-go/pkg/kgo"
+import (
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/posthorn/posthorn/core"
+)
 
 // SetStall installs a hook that runs before a transaction's first record
 // is sent (stage "send") and before its commit ("commit"): a relay that
@@ -28,3 +32,6 @@ func NewLeaderAckControl(cfg Config) (*Sink, error) {
 	s.cl = cl
 	return s, nil
 }
+
+// Record is the record the sink builds for e.
+func (s *Sink) Record(e core.Envelope) (*kgo.Record, error) { return s.record(e) }
