@@ -262,7 +262,6 @@ func EnvelopeFromHeaders(h map[string]string, payload []byte) (Envelope, error) 
 	return e, nil
 }
 
-
 // ToMessage converts an envelope to a Watermill message whose UUID is the
 // event ID and whose metadata are the wire headers, so any Watermill
 // publisher carries the contract unchanged.
