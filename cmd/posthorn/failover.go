@@ -10,6 +10,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/posthorn/posthorn/adapters/kafka"
 	"github.com/posthorn/posthorn/adapters/postgres/opsstore"
 	"github.com/posthorn/posthorn/configs"
@@ -56,11 +58,7 @@ func runFailover(ctx context.Context, name string, args []string) error {
 		if settle != nil && *settle < 0 {
 			return fmt.Errorf("--settle must be 0 or more, is %s", *settle)
 		}
-		if err := cfg.RequireDatabase(); err != nil {
-			return err
-		}
-		list, err = reconcileConsumers(*cfg)
-		return err
+		return requireConsumers(cfg, &list)
 	}
 	p, err := fs.start(ctx, args, needs{ledger: 2, check: checks})
 	if err != nil {
@@ -70,15 +68,14 @@ func runFailover(ctx context.Context, name string, args []string) error {
 	pools := readOnlyPools{}
 	defer pools.close()
 	var sources []ops.SeenSource
-	for _, c := range list {
-		pool, err := pools.of(ctx, c)
-		if err != nil {
-			return couldNotRun(err)
-		}
+	if err := pools.each(ctx, list, func(c configs.ReconcileConsumer, pool *pgxpool.Pool) error {
 		sources = append(sources, opsstore.InboxSeen{Pool: pool, Consumer: c.Name})
 		if c.Name == auditlog.Name {
 			sources = append(sources, opsstore.AuditLogSeen{Pool: pool})
 		}
+		return nil
+	}); err != nil {
+		return couldNotRun(err)
 	}
 	if *sinkSince > 0 {
 		s, err := sinkSeen(p.cfg.Sink, time.Now().Add(-*sinkSince))

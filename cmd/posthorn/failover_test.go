@@ -11,8 +11,9 @@ import (
 // process: clean on the accepted history (exit 0); after the ledger moved
 // to a history nobody accepted (here: restored on another server, as the
 // system identifier says), check and a dry run exit 1 naming it and write
-// nothing, recover accepts it (exit 0) and check is clean again; a bad
-// flag exits 2 naming it.
+// nothing, recover accepts it and, with the rig's rows never relayed,
+// exits 1 naming them as not whole; check is clean again; a bad flag
+// exits 2 naming it.
 func TestFailoverCommand(t *testing.T) {
 	t.Parallel()
 	r := newOpsCLIRig(t)
@@ -37,9 +38,12 @@ func TestFailoverCommand(t *testing.T) {
 			t.Fatalf("%v on an unaccepted history: code %d, want 1\n%s%s", args, code, out, errOut)
 		}
 	}
-	code, out, errOut = check("recover")
-	if code != 0 {
-		t.Fatalf("recover: code %d\n%s%s", code, out, errOut)
+	// The rig delivers without a relay, so its outbox rows stay unrelayed:
+	// recover accepts the history and says the system is not whole yet.
+	code, out, errOut = check("recover", "--settle", "0")
+	if code != 1 || !strings.Contains(out, "history accepted") || !strings.Contains(out, "STILL NOT WHOLE") ||
+		!strings.Contains(out, "outbox rows unrelayed") {
+		t.Fatalf("recover: code %d, want 1 naming the unrelayed rows\n%s%s", code, out, errOut)
 	}
 	var rep struct {
 		History struct {
@@ -53,5 +57,8 @@ func TestFailoverCommand(t *testing.T) {
 	}
 	if code, _, errOut := check("check", "--sink-since", "-1h"); code != 2 || !strings.Contains(errOut, "--sink-since") {
 		t.Fatalf("--sink-since -1h: code %d, %s", code, errOut)
+	}
+	if code, _, errOut := check("recover", "--settle", "-1s"); code != 2 || !strings.Contains(errOut, "--settle") {
+		t.Fatalf("--settle -1s: code %d, %s", code, errOut)
 	}
 }

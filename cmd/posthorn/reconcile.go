@@ -116,6 +116,31 @@ func (ps readOnlyPools) of(ctx context.Context, c configs.ReconcileConsumer) (*p
 	return pool, nil
 }
 
+// each opens the database of every consumer in list and calls fn with it,
+// stopping at the first error.
+func (ps readOnlyPools) each(ctx context.Context, list []configs.ReconcileConsumer, fn func(configs.ReconcileConsumer, *pgxpool.Pool) error) error {
+	for _, c := range list {
+		pool, err := ps.of(ctx, c)
+		if err != nil {
+			return err
+		}
+		if err := fn(c, pool); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// requireConsumers checks the ledger's key and reads which consumers to
+// read into list: configuration, known before anything connects.
+func requireConsumers(cfg *configs.Config, list *[]configs.ReconcileConsumer) (err error) {
+	if err := cfg.RequireDatabase(); err != nil {
+		return err
+	}
+	*list, err = reconcileConsumers(*cfg)
+	return err
+}
+
 func (ps readOnlyPools) close() {
 	for _, pool := range ps {
 		pool.Close()
@@ -163,13 +188,7 @@ func runReconcile(ctx context.Context, args []string) error {
 		if *limit < 1 {
 			return fmt.Errorf("--cap must be at least 1, is %d", *limit)
 		}
-		// Which consumers to read is configuration too: known before
-		// anything connects, after the ledger's own key.
-		if err := cfg.RequireDatabase(); err != nil {
-			return err
-		}
-		list, err = reconcileConsumers(*cfg)
-		return err
+		return requireConsumers(cfg, &list)
 	}
 	p, err := fs.start(ctx, args, needs{ledger: 4, archive: true, check: checks})
 	if err != nil {
@@ -179,16 +198,16 @@ func runReconcile(ctx context.Context, args []string) error {
 	pools := readOnlyPools{}
 	defer pools.close()
 	var sources []ops.ConsumerSource
-	for _, c := range list {
-		pool, err := pools.of(ctx, c)
-		if err != nil {
-			return couldNotRun(err)
-		}
+	err = pools.each(ctx, list, func(c configs.ReconcileConsumer, pool *pgxpool.Pool) error {
 		src, err := consumerSource(c, pool)
 		if err != nil {
-			return couldNotRun(err)
+			return err
 		}
 		sources = append(sources, src)
+		return nil
+	})
+	if err != nil {
+		return couldNotRun(err)
 	}
 	rep, err := ops.Reconcile(ctx, ops.ReconcileConfig{
 		Ledger: opsstore.New(p.ledger), Consumers: sources, Archive: p.archive, Cut: req, Cap: *limit, Record: !*noRecord,
