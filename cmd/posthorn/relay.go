@@ -41,13 +41,19 @@ func runRelay(ctx context.Context, args []string) error {
 	// Test-only: the fault suite's negative control (marker before ACK);
 	// the flag exists only in a binary built with -tags posthorn_unsafe.
 	unsafeMark := unsafeFlag(fs.FlagSet, "unsafe-mark-before-ack", "UNSAFE, tests only: write the marker before the broker ACK")
+	// And the partition suite's exactly-once control: fence, but do not
+	// mark what the shard's committed transactions hold.
+	unsafeSkip := unsafeFlag(fs.FlagSet, "unsafe-skip-positions", "UNSAFE, tests only: with exactly-once, fence without marking what committed transactions hold")
 	p, err := fs.start(ctx, args, needs{relayLedger: true, history: true, sink: true, metrics: true})
 	if err != nil {
 		return err
 	}
 	defer p.close()
+	if *unsafeSkip {
+		p.log.Warn("UNSAFE --unsafe-skip-positions: a shard's committed transactions are not marked after a fence, so they are sent again; for negative-control tests only")
+	}
 	if p.cfg.Relay.Mode == "cdc" {
-		return runCDCRelay(ctx, p) // relay_cdc.go
+		return runCDCRelay(ctx, p, *unsafeSkip) // relay_cdc.go
 	}
 	cfg := p.cfg
 	postgres.WarnIfSuperuser(ctx, p.ledger, p.log, "relay", postgres.RoleRelay)
@@ -70,7 +76,7 @@ func runRelay(ctx context.Context, args []string) error {
 		History:           p.history,
 		Logger:            p.log,
 		Registerer:        p.reg,
-		Hooks:             unsafeRelayHooks(*unsafeMark, p.log),
+		Hooks:             unsafeRelayHooks(*unsafeMark, *unsafeSkip, p.log),
 	})
 	if err != nil {
 		return err
@@ -133,12 +139,15 @@ func serveRelay(ctx context.Context, p *prelude, relay runningRelay, started []a
 	return nil
 }
 
-// unsafeRelayHooks returns the hooks of --unsafe-mark-before-ack (nil
-// without it), which only the fault suite's negative control sets.
-func unsafeRelayHooks(markBeforeAck bool, log *slog.Logger) *bridge.Hooks {
-	if !markBeforeAck {
+// unsafeRelayHooks returns the hooks of --unsafe-mark-before-ack and
+// --unsafe-skip-positions (nil without them), which only the fault suites'
+// negative controls set.
+func unsafeRelayHooks(markBeforeAck, skipPositions bool, log *slog.Logger) *bridge.Hooks {
+	if !markBeforeAck && !skipPositions {
 		return nil
 	}
-	log.Warn("UNSAFE --unsafe-mark-before-ack: markers are written before the broker ACK, so a crash loses events; for negative-control tests only")
-	return &bridge.Hooks{UnsafeMarkBeforeAck: true}
+	if markBeforeAck {
+		log.Warn("UNSAFE --unsafe-mark-before-ack: markers are written before the broker ACK, so a crash loses events; for negative-control tests only")
+	}
+	return &bridge.Hooks{UnsafeMarkBeforeAck: markBeforeAck, UnsafeSkipPositions: skipPositions}
 }

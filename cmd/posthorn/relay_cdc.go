@@ -19,7 +19,8 @@ import (
 // runCDCRelay runs `posthorn relay` with relay.mode cdc: the outbox is
 // streamed from a logical replication slot (bridge/cdc). The server is
 // checked first: wal_level must be logical and the role needs REPLICATION.
-func runCDCRelay(ctx context.Context, p *prelude) error {
+// skipPositions is --unsafe-skip-positions (negative controls only).
+func runCDCRelay(ctx context.Context, p *prelude, skipPositions bool) error {
 	cfg := p.cfg
 	postgres.WarnIfSuperuser(ctx, p.ledger, p.log, "relay", postgres.RoleRelayCDC)
 	parkAttempts, parkAfter := cfg.Relay.RetryPark()
@@ -44,6 +45,7 @@ func runCDCRelay(ctx context.Context, p *prelude) error {
 		History:           p.history,
 		Logger:            p.log,
 		Registerer:        p.reg,
+		Hooks:             unsafeCDCHooks(skipPositions),
 	})
 	if err != nil {
 		return err
@@ -54,6 +56,15 @@ func runCDCRelay(ctx context.Context, p *prelude) error {
 	return serveRelay(ctx, p, relay,
 		[]any{"mode", "cdc", "owner", relay.Owner(), "sink", cfg.Sink.Kind, "slot", cfg.Relay.CDC.Slot},
 		"finishing the in-flight batch, confirming its position, releasing the slot lease", "unconfirmed")
+}
+
+// unsafeCDCHooks returns the hooks of --unsafe-skip-positions (nil
+// without it).
+func unsafeCDCHooks(skipPositions bool) *cdc.Hooks {
+	if !skipPositions {
+		return nil
+	}
+	return &cdc.Hooks{UnsafeSkipPositions: true}
 }
 
 // cdcSlotStatus reads the CDC slot for `outbox status`; nil when there is
