@@ -12,13 +12,13 @@ import (
 
 // Figures are what a run measured.
 type Figures struct {
-	Postings   int
-	Events     int64
-	Faults     map[string]int
-	Recovery   map[string][]time.Duration
-	Takeovers  []time.Duration
+	Postings  int
+	Events    int64
+	Faults    map[string]int
+	Recovery  map[string][]time.Duration
+	Takeovers []time.Duration
 	// Heals are the scripted faults, when each began and was healed.
-	Heals []Heal
+	Heals      []Heal
 	Terminated int
 	Crashes    int
 	// Rejoins are the consumers' re-joins of a stalled Kafka group, as
@@ -40,7 +40,7 @@ type Figures struct {
 
 // Heal is when a scripted fault began and was healed.
 type Heal struct {
-	Fault          string
+	Fault         string
 	Began, Healed time.Time
 }
 

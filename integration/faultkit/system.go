@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -85,6 +86,8 @@ type SystemConfig struct {
 	// command lines, RelayEnv to the relays' environment (after the
 	// suite's own, so it wins).
 	RelayArgs, ConsumerArgs, RelayEnv []string
+	// RelayEnvEach adds to one relay's environment, by name (relay-A).
+	RelayEnvEach map[string][]string
 	// Users gives processes, by name (relay-A, consumer-1), a Unix user of
 	// their own, so that a partition can cut their links (netfault); Bin
 	// must then lie where those users can reach it (ExposeDir).
@@ -206,7 +209,7 @@ func StartSystem(ctx context.Context, cfg SystemConfig) (*System, error) {
 			env = append(env, "POSTHORN_RELAY__MODE="+cfg.RelayMode)
 		}
 		p := NewProc(ProcConfig{Name: name, Bin: cfg.Bin, LogDir: cfg.Dir, Args: args,
-			Env: append(env, cfg.RelayEnv...), User: cfg.Users[name]})
+			Env: append(append(env, cfg.RelayEnv...), cfg.RelayEnvEach[name]...), User: cfg.Users[name]})
 		if err := p.Start(ctx); err != nil {
 			return nil, err
 		}
@@ -545,4 +548,20 @@ func freePorts(n int) (int, error) {
 		}
 	}
 	return 0, fmt.Errorf("no %d consecutive free ports on 127.0.0.1", n)
+}
+
+// Reconcile runs `posthorn reconcile --no-record` over the run's ledger
+// and consumer databases and returns its output and whether it said clean
+// (exit 0 and "result: clean"): the command an operator runs, held to what
+// the suite's own checks found.
+func (s *System) Reconcile(ctx context.Context) (string, bool, error) {
+	cmd := exec.CommandContext(ctx, s.cfg.Bin, "reconcile", "--no-record")
+	cmd.Env = append(os.Environ(), "POSTHORN_DATABASE__URL="+s.cfg.LedgerURL, "POSTHORN_CONSUMER__DATABASE__URL="+s.cfg.ConsumerURL,
+		"POSTHORN_LOG__LEVEL=warn")
+	out, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	if err != nil && !errors.As(err, &exit) {
+		return string(out), false, fmt.Errorf("posthorn reconcile: %w", err)
+	}
+	return string(out), err == nil && strings.Contains(string(out), "result: clean"), nil
 }

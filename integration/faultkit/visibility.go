@@ -8,7 +8,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -22,8 +21,8 @@ import (
 // and when, it tells which records belong to aborted transactions, whether
 // the read_committed reader received any of them or missed a committed
 // one, and how long each event the ledger marked relayed stayed invisible
-// to it. It trusts nothing of the relay's: only the broker's records and
-// markers, and the ledger's relayed_at.
+// to it after it was on the log (the read_uncommitted reader had it). It
+// trusts nothing of the relay's: only the broker's records and markers.
 type VisibilityWatch struct {
 	cancel context.CancelFunc
 	done   sync.WaitGroup
@@ -32,8 +31,10 @@ type VisibilityWatch struct {
 
 	mu sync.Mutex
 	// ruRecs are the read_uncommitted reader's records, markers included,
-	// in the order received (per partition in offset order).
+	// in the order received (per partition in offset order); ruAt when
+	// each was received.
 	ruRecs []*kgo.Record
+	ruAt   []time.Time
 	// rcSeen is, per partition and offset, when the read_committed reader
 	// received the record; rcFirst per event ID the first receipt.
 	rcSeen  map[int32]map[int64]time.Time
@@ -62,8 +63,9 @@ func WatchVisibility(brokers []string) (*VisibilityWatch, error) {
 	w.done.Go(func() {
 		for ctx.Err() == nil {
 			fs := ru.PollFetches(ctx)
+			now := time.Now()
 			w.mu.Lock()
-			fs.EachRecord(func(r *kgo.Record) { w.ruRecs = append(w.ruRecs, r) })
+			fs.EachRecord(func(r *kgo.Record) { w.ruRecs, w.ruAt = append(w.ruRecs, r), append(w.ruAt, now) })
 			w.mu.Unlock()
 		}
 	})
@@ -97,35 +99,35 @@ type Visibility struct {
 	// outcome (records outside transactions count as committed); Open are
 	// records whose transaction had no marker when the watch stopped.
 	Records, Committed, Aborted, Open int
-	// AbortedTxns counts the distinct transactions (producer ID and
-	// epoch) that ended with an abort marker; CommittedTxns those with a
-	// commit marker.
+	// AbortedTxns and CommittedTxns count the transactions that ended
+	// with an abort or a commit marker: a transaction writes one marker on
+	// each partition it touched, so per producer ID and epoch the count is
+	// the most markers of that kind on one partition (a lower bound when a
+	// producer's consecutive transactions touched different partitions).
 	AbortedTxns, CommittedTxns int
 	// ReadCommitted is what the read_committed reader received;
 	// AbortedReads how many of those were records of aborted transactions;
 	// MissedCommitted how many committed records it did not receive.
 	ReadCommitted, AbortedReads, MissedCommitted int
-	// MaxInvisible is the longest an event stayed invisible to the
-	// read_committed reader after the ledger marked it relayed
-	// (relayed_at); AfterHeal the longest an event marked before the last
-	// heal stayed invisible after that heal; Marked counts the events
-	// compared. Unseen counts marked events the reader never received.
+	// MaxInvisible is the longest a committed record stayed invisible to
+	// the read_committed reader after the read_uncommitted one had it (a
+	// transaction open before it on its partition holds it back);
+	// AfterHeal the longest a committed record that was on the log before
+	// the last heal stayed invisible after that heal.
 	MaxInvisible, AfterHeal time.Duration
-	Marked, Unseen          int
 }
 
 func (v Visibility) String() string {
-	return fmt.Sprintf("read_uncommitted %d records (%d committed, %d aborted in %d transactions, %d open; %d committed transactions); read_committed %d records, %d aborted reads, %d committed missed; %d marked events: invisible at most %v after their marker, %v after the heal, %d never seen",
+	return fmt.Sprintf("read_uncommitted %d records (%d committed, %d aborted in %d transactions, %d open; %d committed transactions); read_committed %d records, %d aborted reads, %d committed missed; committed records invisible to read_committed at most %v after they were on the log, %v after the heal",
 		v.Records, v.Committed, v.Aborted, v.AbortedTxns, v.Open, v.CommittedTxns, v.ReadCommitted, v.AbortedReads, v.MissedCommitted,
-		v.Marked, v.MaxInvisible.Round(10*time.Millisecond), v.AfterHeal.Round(10*time.Millisecond), v.Unseen)
+		v.MaxInvisible.Round(10*time.Millisecond), v.AfterHeal.Round(10*time.Millisecond))
 }
 
 // Stop waits until both readers have read to the end of every partition
 // (the read_committed one to the last stable offset, which an open
 // transaction holds back: it waits up to wait for that), stops them and
-// returns what they saw, held against the ledger's markers. lastHeal is
-// the last fault's heal (zero: none).
-func (w *VisibilityWatch) Stop(ctx context.Context, ledger *pgxpool.Pool, lastHeal time.Time, wait time.Duration) (Visibility, error) {
+// returns what they saw. lastHeal is the last fault's heal (zero: none).
+func (w *VisibilityWatch) Stop(ctx context.Context, lastHeal time.Time, wait time.Duration) (Visibility, error) {
 	defer w.close()
 	deadline := time.Now().Add(wait)
 	for {
@@ -144,13 +146,9 @@ func (w *VisibilityWatch) Stop(ctx context.Context, ledger *pgxpool.Pool, lastHe
 	}
 	w.cancel()
 	w.done.Wait()
-	relayedAt, err := relayedTimes(ctx, ledger)
-	if err != nil {
-		return Visibility{}, err
-	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.report(relayedAt, lastHeal), nil
+	return w.report(lastHeal), nil
 }
 
 // caughtUp reports whether the read_uncommitted reader reached every
@@ -183,7 +181,7 @@ func (w *VisibilityWatch) caughtUp(ctx context.Context) (bool, error) {
 	}
 	// Every transaction has its marker and the read_committed reader has
 	// every committed record.
-	v := w.report(nil, time.Time{})
+	v := w.report(time.Time{})
 	return v.Open == 0 && v.MissedCommitted == 0, nil
 }
 
@@ -201,7 +199,7 @@ func markerType(r *kgo.Record) int {
 	return int(binary.BigEndian.Uint16(r.Key[2:4]))
 }
 
-func (w *VisibilityWatch) report(relayedAt map[string]time.Time, lastHeal time.Time) Visibility {
+func (w *VisibilityWatch) report(lastHeal time.Time) Visibility {
 	var v Visibility
 	type txn struct {
 		pid   int64
@@ -209,25 +207,32 @@ func (w *VisibilityWatch) report(relayedAt map[string]time.Time, lastHeal time.T
 	}
 	aborted := map[int32]map[int64]bool{}
 	committed := map[int32]map[int64]bool{}
+	onLog := map[int32]map[int64]time.Time{}
 	pending := map[int32]map[int64][]int64{} // partition, producer ID: offsets awaiting a marker
-	abortedTxns, committedTxns := map[txn]bool{}, map[txn]bool{}
+	type onPartition struct {
+		txn
+		p int32
+	}
+	abortedTxns, committedTxns := map[onPartition]int{}, map[onPartition]int{}
 	mark := func(m map[int32]map[int64]bool, p int32, off int64) {
 		if m[p] == nil {
 			m[p] = map[int64]bool{}
 		}
 		m[p][off] = true
 	}
-	for _, r := range w.ruRecs {
+	for i, r := range w.ruRecs {
 		if pending[r.Partition] == nil {
 			pending[r.Partition] = map[int64][]int64{}
+			onLog[r.Partition] = map[int64]time.Time{}
 		}
+		onLog[r.Partition][r.Offset] = w.ruAt[i]
 		switch {
 		case r.Attrs.IsControl():
 			into, txns := committed, committedTxns
 			if markerType(r) == markerAbort {
 				into, txns = aborted, abortedTxns
 			}
-			txns[txn{r.ProducerID, r.ProducerEpoch}] = true
+			txns[onPartition{txn{r.ProducerID, r.ProducerEpoch}, r.Partition}]++
 			for _, off := range pending[r.Partition][r.ProducerID] {
 				mark(into, r.Partition, off)
 			}
@@ -248,8 +253,15 @@ func (w *VisibilityWatch) report(relayedAt map[string]time.Time, lastHeal time.T
 	for p, offs := range committed {
 		v.Committed += len(offs)
 		for off := range offs {
-			if _, ok := w.rcSeen[p][off]; !ok {
+			seen, ok := w.rcSeen[p][off]
+			if !ok {
 				v.MissedCommitted++
+				continue
+			}
+			at := onLog[p][off]
+			v.MaxInvisible = max(v.MaxInvisible, seen.Sub(at))
+			if !lastHeal.IsZero() && !at.After(lastHeal) {
+				v.AfterHeal = max(v.AfterHeal, seen.Sub(lastHeal))
 			}
 		}
 	}
@@ -261,39 +273,19 @@ func (w *VisibilityWatch) report(relayedAt map[string]time.Time, lastHeal time.T
 			}
 		}
 	}
-	v.AbortedTxns, v.CommittedTxns, v.ReadCommitted = len(abortedTxns), len(committedTxns), w.rcRecs
-	for id, at := range relayedAt {
-		v.Marked++
-		seen, ok := w.rcFirst[id]
-		if !ok {
-			v.Unseen++
-			continue
+	count := func(m map[onPartition]int) int {
+		most := map[txn]int{}
+		for k, n := range m {
+			most[k.txn] = max(most[k.txn], n)
 		}
-		v.MaxInvisible = max(v.MaxInvisible, seen.Sub(at))
-		if !lastHeal.IsZero() && !at.After(lastHeal) {
-			v.AfterHeal = max(v.AfterHeal, seen.Sub(lastHeal))
+		total := 0
+		for _, n := range most {
+			total += n
 		}
+		return total
 	}
+	v.AbortedTxns, v.CommittedTxns, v.ReadCommitted = count(abortedTxns), count(committedTxns), w.rcRecs
 	return v
-}
-
-// relayedTimes returns, per event of the topic marked relayed, when.
-func relayedTimes(ctx context.Context, ledger *pgxpool.Pool) (map[string]time.Time, error) {
-	rows, err := ledger.Query(ctx, `SELECT event_id::text, relayed_at FROM outbox WHERE topic = $1 AND relayed_at IS NOT NULL`, core.TopicEvents)
-	if err != nil {
-		return nil, fmt.Errorf("relayed events: %w", err)
-	}
-	defer rows.Close()
-	out := map[string]time.Time{}
-	for rows.Next() {
-		var id string
-		var at time.Time
-		if err := rows.Scan(&id, &at); err != nil {
-			return nil, err
-		}
-		out[id] = at
-	}
-	return out, rows.Err()
 }
 
 func (w *VisibilityWatch) close() {

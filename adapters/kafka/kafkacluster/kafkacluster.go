@@ -151,6 +151,17 @@ func StartWith(t testing.TB, o Options) *Cluster {
 	began := time.Now()
 	if o.Dir == "" {
 		o.Dir = t.TempDir()
+		if len(o.Users) > 0 {
+			// Java checks its data files with access(2), which needs the
+			// nodes' users to be able to enter every directory above
+			// (their capabilities do not count there): the test's own
+			// directories, up to the temporary directory's root.
+			for d := o.Dir; d != "/" && d != os.TempDir(); d = filepath.Dir(d) {
+				if err := os.Chmod(d, 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
 	}
 	c, err := New(ctx, o)
 	if err != nil {
