@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/posthorn/posthorn/adapters/brokers"
@@ -22,11 +23,28 @@ import (
 // openSink returns the sink configured by sink.* (brokers.go), decorated
 // by decorateSink.
 func openSink(c configs.Sink, tp trace.TracerProvider) (core.Sink, error) {
-	s, err := openBroker(c, brokers.OpenSink)
+	s, _, err := openSinkOverBroker(c, tp)
+	return s, err
+}
+
+// openSinkOverBroker is openSink that also returns the broker's sink under
+// the decorations, whose own metrics registerSinkMetrics registers.
+func openSinkOverBroker(c configs.Sink, tp trace.TracerProvider) (sink, broker core.Sink, err error) {
+	broker, err = openBroker(c, brokers.OpenSink)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return decorateSink(s, c, tp), nil
+	return decorateSink(broker, c, tp), broker, nil
+}
+
+// registerSinkMetrics registers the metrics a broker's sink collects
+// itself (the Kafka sink in exactly-once mode:
+// posthorn_relay_open_transaction_age_seconds); none without reg.
+func registerSinkMetrics(reg prometheus.Registerer, broker core.Sink) error {
+	if c, ok := broker.(prometheus.Collector); ok && reg != nil {
+		return reg.Register(c)
+	}
+	return nil
 }
 
 // decorateSink lays s's records out in sink.format and gives each a
