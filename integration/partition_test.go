@@ -573,14 +573,15 @@ func urlPort(t *testing.T, dsn string) int {
 	return p
 }
 
-// partitionSubset is what make test runs: two scenarios at the short size
-// (about 4 minutes).
+// partitionSubset is what make test runs at the short size, with its
+// control: about 4 minutes on a 2-core machine. ACKs lost in exactly-once
+// mode is the fault where a relay least knows what it did: stored records
+// unacknowledged, commits whose outcome is unknown, transactions to abort.
 var partitionSubset = []struct {
 	scenario string
 	mode     partitionMode
 }{
 	{"ACKs lost", modeEOS},
-	{"relay cut from the ledger (zombie)", modePolling},
 }
 
 // partitionsAll reports whether the whole suite runs (make
@@ -637,8 +638,8 @@ func TestPartitions(t *testing.T) {
 		disorder += r.disorder
 	}
 	t.Logf("partition suite: %d runs in %v", len(partitionRuns.results), round(time.Since(began)))
-	// The summary make test-partitions prints last.
-	fmt.Printf("partitions: %d scenarios, %d runs, lost %d, doubled effects %d, aborted reads %d, out of order %d\n",
+	// The summary make test-partitions prints last, without the prefix.
+	fmt.Printf("PARTITIONS-SUMMARY partitions: %d scenarios, %d runs, lost %d, doubled effects %d, aborted reads %d, out of order %d\n",
 		len(scenarios), len(partitionRuns.results), lost, doubled, aborted, disorder)
 }
 
