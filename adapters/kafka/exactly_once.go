@@ -184,7 +184,9 @@ func (s *ExactlyOnceSink) Fence(ctx context.Context, shard int) ([]int64, error)
 	if err := s.ensurePositionsTopic(ctx); err != nil {
 		return nil, err
 	}
-	s.Unfence(shard)
+	// The new producer's InitProducerID below aborts whatever the old one
+	// left open; no separate abort first.
+	s.drop(shard, false)
 	// A copy: shards are fenced in parallel, and appending to the shared
 	// options could hand one shard another's transactional ID.
 	cl, err := kgo.NewClient(append(slices.Clone(s.opts),
@@ -217,7 +219,11 @@ func (s *ExactlyOnceSink) Fence(ctx context.Context, shard int) ([]int64, error)
 // lost). A transaction it may have left open is aborted first (within
 // abortTimeout); if that fails, the next owner's Fence or the broker's
 // transaction timeout aborts it.
-func (s *ExactlyOnceSink) Unfence(shard int) {
+func (s *ExactlyOnceSink) Unfence(shard int) { s.drop(shard, true) }
+
+// drop closes shard's producer; with abort, it first aborts a transaction
+// the producer may have left open (Unfence).
+func (s *ExactlyOnceSink) drop(shard int, abort bool) {
 	s.mu.Lock()
 	cl := s.producers[shard]
 	delete(s.producers, shard)
@@ -226,7 +232,7 @@ func (s *ExactlyOnceSink) Unfence(shard int) {
 	if cl == nil {
 		return
 	}
-	if open {
+	if open && abort {
 		if abortUnknown(cl) == nil {
 			s.ended(shard)
 		} else {
