@@ -435,6 +435,7 @@ func runPartition(t *testing.T, sc partitionScenario, mode partitionMode, size p
 
 	cfg := faultkit.SystemConfig{Bin: posthornBin(t), Dir: t.TempDir(), Kafka: e.k, LeaseTTL: apacheLeaseTTL,
 		ExactlyOnce: mode.eos, Users: e.users}
+	keepLogsOnFailure(t, cfg.Dir)
 	if err := faultkit.ExposeDir(filepath.Dir(cfg.Bin)); err != nil {
 		t.Fatal(err)
 	}
@@ -559,6 +560,29 @@ func runPartition(t *testing.T, sc partitionScenario, mode partitionMode, size p
 const invisibleBound = 20 * time.Second
 
 func round(d time.Duration) time.Duration { return d.Round(100 * time.Millisecond) }
+
+// keepLogsOnFailure copies the processes' logs of a run that failed out of
+// its temporary directory (removed when the test ends) to
+// $TMPDIR/posthorn-partitions-failed/<test>, for the evidence.
+func keepLogsOnFailure(t *testing.T, dir string) {
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		dst := filepath.Join(os.TempDir(), "posthorn-partitions-failed", strings.NewReplacer("/", "_", " ", "_").Replace(t.Name()))
+		if err := os.MkdirAll(dst, 0o755); err != nil {
+			t.Log(err)
+			return
+		}
+		logs, _ := filepath.Glob(filepath.Join(dir, "*.log"))
+		for _, l := range logs {
+			if data, err := os.ReadFile(l); err == nil {
+				_ = os.WriteFile(filepath.Join(dst, filepath.Base(l)), data, 0o644)
+			}
+		}
+		t.Logf("the processes' logs are kept in %s", dst)
+	})
+}
 
 func urlPort(t *testing.T, dsn string) int {
 	t.Helper()
