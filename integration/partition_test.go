@@ -113,6 +113,26 @@ func (e *partitionEnv) activeRelay(ctx context.Context) (string, error) {
 	return owner, nil
 }
 
+// killActiveRelay SIGKILLs the active relay after d and restarts it at
+// once (a control's crash during the fault).
+func (e *partitionEnv) killActiveRelay(ctx context.Context, d time.Duration) error {
+	name, err := e.activeRelay(ctx)
+	if err != nil {
+		return err
+	}
+	for _, p := range e.sys.Relays {
+		if p.Name == name {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(d):
+			}
+			return e.sys.KillAndRestart(ctx, p, 0)
+		}
+	}
+	return fmt.Errorf("no relay process %s", name)
+}
+
 // kafkaAdmin is a short-lived admin client of the cluster.
 func (e *partitionEnv) kafkaAdmin() (*kgo.Client, *kadm.Client, error) {
 	cl, err := kgo.NewClient(kgo.SeedBrokers(e.k.Brokers...))
@@ -213,6 +233,11 @@ type partitionControl struct {
 	what  string
 	sys   func(*faultkit.SystemConfig)
 	bites func(r partitionResult) (bool, string)
+	// killRelay SIGKILLs the active relay 5 s into the fault (restarted at
+	// once): the protection it switches off only matters when the relay
+	// dies with records unsent, since a living relay's producer keeps
+	// retrying them and delivers them after the heal.
+	killRelay bool
 }
 
 func healOf(f *netfault.Fault) func() error { return f.Heal }
@@ -232,9 +257,9 @@ var partitionScenarios = []partitionScenario{
 			}
 			return healOf(f), nil
 		},
-		control: partitionControl{mode: modePolling, what: "relays mark before the ACK (--unsafe-mark-before-ack)",
+		control: partitionControl{mode: modePolling, what: "relays mark before the ACK (--unsafe-mark-before-ack), the cut relay SIGKILLed during the cut",
 			sys:   func(c *faultkit.SystemConfig) { c.UnsafeMarkBeforeAck = true },
-			bites: bitesLost},
+			bites: bitesLost, killRelay: true},
 	},
 	{
 		name: "ACKs lost",
@@ -309,9 +334,9 @@ var partitionScenarios = []partitionScenario{
 			}
 			return healOf(f), nil
 		},
-		control: partitionControl{mode: modePolling, what: "relays mark before the ACK (--unsafe-mark-before-ack)",
-			sys:   func(c *faultkit.SystemConfig) { c.UnsafeMarkBeforeAck = true },
-			bites: bitesLost},
+		control: partitionControl{mode: modePolling, what: "consumers without the inbox (--unsafe-no-inbox)",
+			sys:   func(c *faultkit.SystemConfig) { c.UnsafeNoInbox = true },
+			bites: bitesDoubled},
 	},
 	{
 		name: "consumer cut during a rebalance",
@@ -404,10 +429,10 @@ var partitionRuns struct {
 // runPartition runs sc in mode at size on a fresh cluster; sysMod, when
 // set, switches a protection off (a control), and then the run is
 // not required to be clean.
-func runPartition(t *testing.T, sc partitionScenario, mode partitionMode, size partitionSize, sysMod func(*faultkit.SystemConfig)) partitionResult {
+func runPartition(t *testing.T, sc partitionScenario, mode partitionMode, size partitionSize, ctl *partitionControl) partitionResult {
 	t.Helper()
 	began := time.Now()
-	control := sysMod != nil
+	control := ctl != nil
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 
@@ -447,8 +472,8 @@ func runPartition(t *testing.T, sc partitionScenario, mode partitionMode, size p
 	}
 	cfg.ConsumerURL, _ = pgtest.Consumer(t)
 	e.ledgerPort, e.consumerPort = urlPort(t, cfg.LedgerURL), urlPort(t, cfg.ConsumerURL)
-	if sysMod != nil {
-		sysMod(&cfg)
+	if control {
+		ctl.sys(&cfg)
 	}
 	s, err := faultkit.StartSystem(ctx, cfg)
 	if err != nil {
@@ -469,7 +494,13 @@ func runPartition(t *testing.T, sc partitionScenario, mode partitionMode, size p
 	rc := faultkit.RunConfig{
 		Postings: int(size.Rate * loadFor.Seconds()), Rate: size.Rate, Workers: 8,
 		Scripted: []faultkit.ScriptedFault{{Name: sc.name, At: size.At, For: faultFor,
-			Inject: func(ctx context.Context) (func() error, error) { return sc.inject(ctx, e) }}},
+			Inject: func(ctx context.Context) (func() error, error) {
+				heal, err := sc.inject(ctx, e)
+				if err == nil && control && ctl.killRelay {
+					err = e.killActiveRelay(ctx, 5*time.Second)
+				}
+				return heal, err
+			}}},
 		Settle: faultkit.SettleDelivered, DrainTimeout: size.DrainTimeout, Logf: t.Logf,
 	}
 	if control {
@@ -685,7 +716,7 @@ func TestPartitionControls(t *testing.T) {
 				var ok bool
 				var why string
 				t.Run(fmt.Sprintf("%s/attempt-%d", sc.control.mode.name, attempt), func(t *testing.T) {
-					r := runPartition(t, sc, sc.control.mode, size, sc.control.sys)
+					r := runPartition(t, sc, sc.control.mode, size, &sc.control)
 					ok, why = sc.control.bites(r)
 				})
 				t.Logf("control of %q (%s, %s), attempt %d: bites %v: %s", sc.name, sc.control.mode.name, sc.control.what, attempt, ok, why)
