@@ -7,7 +7,7 @@ VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 
 # setup: make this machine ready for the tests (packages, services, the
 # Kafka broker's class path); idempotent, needs root. make test runs it first.
-.PHONY: setup build test test-race test-faults test-short lint bench bench-peers soak soak-kafka-control demo clean
+.PHONY: setup build test test-race test-faults test-partitions test-short lint bench bench-peers soak soak-kafka-control demo clean
 
 build:
 	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/posthorn
@@ -35,6 +35,17 @@ test-race: test
 # so its figures are printed.
 test-faults:
 	$(GO) test -race -count=1 -v -run '^TestFault' -timeout 30m ./integration/
+
+# The partition suite whole (make test runs a subset of it): eight network
+# faults on a real three-node Kafka cluster, each in polling, CDC and
+# exactly-once mode, and each scenario's negative control; verbose, the
+# figures in partitions.log. About an hour on a 2-core machine. Ends with
+# the one line "partitions: N scenarios, M runs, lost …".
+test-partitions: setup
+	@{ POSTHORN_PARTITIONS=all $(GO) test -count=1 -v -run '^TestPartition(s|Controls)$$' -timeout 3h ./integration/; \
+		echo $$? >.partitions.status; } 2>&1 | tee partitions.log
+	@status=$$(cat .partitions.status); rm -f .partitions.status; \
+		sed -n 's/^PARTITIONS-SUMMARY //p' partitions.log | tail -1; exit $$status
 
 test-short:
 	$(GO) test -short -count=1 $(PKGS)
@@ -74,13 +85,15 @@ demo: build
 
 # The long fault suite: SOAK_DURATION of load (default 30m), SOAK_POSTINGS
 # postings, hundreds of SIGKILLs; figures go to soak-YYYYMMDD-HHMM.txt. Then
-# the Kafka broker-kill drain at 400,000 events and its sarama control.
+# the Kafka broker-kill drain at 400,000 events and its sarama control, and
+# the whole partition suite (test-partitions).
 SOAK_DURATION ?= 30m
 SOAK_POSTINGS ?= 200000
 soak:
 	POSTHORN_SOAK=1 POSTHORN_SOAK_DURATION=$(SOAK_DURATION) POSTHORN_SOAK_POSTINGS=$(SOAK_POSTINGS) \
 		$(GO) test -count=1 -v -run '^(TestFaultSuite|TestRelayDrainThroughBrokerKills|TestRelayDrainThroughBrokerKillsSaramaControl)$$' -timeout 3h ./integration/
 	$(MAKE) soak-kafka-control
+	$(MAKE) test-partitions
 
 # The negative control of the Kafka broker-kill case at length:
 # the old sarama idempotent sink, KAFKA_CONTROL_RUNS runs of

@@ -13,6 +13,7 @@ var ContractMetrics = []string{
 	"posthorn_relay_lease_takeovers_total",
 	"posthorn_relay_parked_aggregates",
 	"posthorn_relay_held_by_open_transaction_seconds",
+	"posthorn_relay_open_transaction_age_seconds",
 	"posthorn_wal_slot_retained_bytes",
 	"posthorn_consumer_messages_total",
 	"posthorn_consumer_revision_gaps_total",

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -36,6 +37,19 @@ import (
 //     returns its ids; the relay marks them before it sends anything, so a
 //     record committed before a crash, a lost commit response or a takeover
 //     is never sent again.
+//   - A transaction left open holds back every read_committed reader of
+//     the partitions it touched (their last stable offset stops at its
+//     first record), committed records of every other shard included. So
+//     the sink ends it as soon as it can: a transaction whose records or
+//     commit failed, or whose commit's outcome is unknown (a lost
+//     response), is aborted at once by reloading the producer ID, which
+//     bumps the epoch and aborts whatever is still open under it (kgo's
+//     documented retry, as KIP-890 advises); when the brokers cannot be
+//     reached then, the shard's next Fence does the same. Unfence tries the
+//     abort before it lets the producer go. What nobody fences is aborted
+//     by the broker after TransactionTimeout. OpenTransactionAge says how
+//     long the oldest transaction this sink cannot show ended has been
+//     open (posthorn_relay_open_transaction_age_seconds).
 //
 // The plain Publish (resend and replay, which send again on purpose) goes
 // through the embedded idempotent Sink, outside any transaction.
@@ -50,6 +64,22 @@ const PositionsTopic = "posthorn.relay.positions"
 // Config.TransactionalIDPrefix is empty. Relays of one outbox must share it;
 // relays of different outboxes on one cluster must not.
 const TransactionalIDPrefixDefault = "posthorn-relay"
+
+// TransactionTimeout is the shards' transaction timeout: the broker aborts
+// a transaction open longer, if nobody ended or fenced it before. Longer
+// than a relay batch takes (the relay cuts a publish at its lease
+// deadline, 10 s by default, and a commit at endTimeout), short enough to
+// bound what an orphan nobody fences holds back: at most this plus the
+// broker's check interval (transaction.abort.timed.out.transaction.
+// cleanup.interval.ms, 10 s by default).
+const TransactionTimeout = 20 * time.Second
+
+// endTimeout bounds a commit or an abort (EndTxn); abortTimeout the abort
+// of a transaction whose outcome is unknown (a producer ID reload).
+const (
+	endTimeout   = 10 * time.Second
+	abortTimeout = 5 * time.Second
+)
 
 // positionsPartitioner places a positions record on its shard's partition
 // (Record.Partition) and every other record by key.
@@ -89,10 +119,19 @@ type ExactlyOnceSink struct {
 	topicReady bool
 	mu         sync.Mutex
 	producers  map[int]*kgo.Client // by shard, between Fence and Unfence
+	// open is, per shard, when the transaction this sink began and cannot
+	// show ended began; orphans are those of shards given up (Unfence)
+	// whose abort failed, until the broker's timeout surely ended them.
+	open    map[int]time.Time
+	orphans map[int]time.Time
 
 	// stall, set by tests only, runs before a transaction's first record
 	// is produced (stage "send") and before its commit ("commit").
 	stall func(stage string)
+	// noAbortUnknown, set by a negative control only, leaves a
+	// transaction whose end failed open, as the sink did before it
+	// aborted at once.
+	noAbortUnknown bool
 }
 
 // NewExactlyOnce returns the exactly-once sink. Like New it connects
@@ -124,7 +163,8 @@ func NewExactlyOnce(cfg Config) (*ExactlyOnceSink, error) {
 	if prefix == "" {
 		prefix = TransactionalIDPrefixDefault
 	}
-	return &ExactlyOnceSink{Sink: plain, prefix: prefix, opts: opts, readerOpts: readerOpts, producers: map[int]*kgo.Client{}}, nil
+	return &ExactlyOnceSink{Sink: plain, prefix: prefix, opts: opts, readerOpts: readerOpts, producers: map[int]*kgo.Client{},
+		open: map[int]time.Time{}, orphans: map[int]time.Time{}}, nil
 }
 
 // TransactionalID is shard's transactional ID: the same for every relay
@@ -144,14 +184,14 @@ func (s *ExactlyOnceSink) Fence(ctx context.Context, shard int) ([]int64, error)
 	if err := s.ensurePositionsTopic(ctx); err != nil {
 		return nil, err
 	}
-	s.Unfence(shard)
+	// The new producer's InitProducerID below aborts whatever the old one
+	// left open; no separate abort first.
+	s.drop(shard, false)
 	// A copy: shards are fenced in parallel, and appending to the shared
 	// options could hand one shard another's transactional ID.
 	cl, err := kgo.NewClient(append(slices.Clone(s.opts),
 		kgo.TransactionalID(s.TransactionalID(shard)),
-		// Longer than a relay batch takes, short enough that a transaction
-		// of a relay that died is aborted by the broker soon after.
-		kgo.TransactionTimeout(30*time.Second),
+		kgo.TransactionTimeout(TransactionTimeout),
 	)...)
 	if err != nil {
 		return nil, fmt.Errorf("kafka sink: %w", err)
@@ -162,6 +202,8 @@ func (s *ExactlyOnceSink) Fence(ctx context.Context, shard int) ([]int64, error)
 		cl.Close()
 		return nil, fmt.Errorf("kafka sink: fence shard %d (%s): %w", shard, s.TransactionalID(shard), err)
 	}
+	// The epoch bump ended whatever this sink (or anyone) left open.
+	s.ended(shard)
 	ids, err := s.committedPositions(ctx, shard)
 	if err != nil {
 		cl.Close()
@@ -174,16 +216,97 @@ func (s *ExactlyOnceSink) Fence(ctx context.Context, shard int) ([]int64, error)
 }
 
 // Unfence closes shard's producer, if any (the lease was given back or
-// lost). A transaction it left open is aborted by the next owner's Fence or
-// by the broker's transaction timeout.
-func (s *ExactlyOnceSink) Unfence(shard int) {
+// lost). A transaction it may have left open is aborted first (within
+// abortTimeout); if that fails, the next owner's Fence or the broker's
+// transaction timeout aborts it.
+func (s *ExactlyOnceSink) Unfence(shard int) { s.drop(shard, true) }
+
+// drop closes shard's producer; with abort, it first aborts a transaction
+// the producer may have left open (Unfence).
+func (s *ExactlyOnceSink) drop(shard int, abort bool) {
 	s.mu.Lock()
 	cl := s.producers[shard]
 	delete(s.producers, shard)
+	began, open := s.open[shard]
 	s.mu.Unlock()
-	if cl != nil {
-		cl.Close()
+	if cl == nil {
+		return
 	}
+	if open && abort {
+		if abortUnknown(cl) == nil {
+			s.ended(shard)
+		} else {
+			s.mu.Lock()
+			delete(s.open, shard)
+			s.orphans[shard] = began
+			s.mu.Unlock()
+		}
+	}
+	cl.Close()
+}
+
+// abortUnknown ends cl's transaction, whatever state it is in: an abort,
+// or when the last end's outcome is unknown a producer ID reload, which
+// bumps the epoch and aborts what is open under it (kgo's TryAbort after
+// an unconfirmed end does that).
+func abortUnknown(cl *kgo.Client) error {
+	ctx, cancel := context.WithTimeout(context.Background(), abortTimeout)
+	defer cancel()
+	return cl.EndTransaction(ctx, kgo.TryAbort)
+}
+
+// began records that shard's transaction is open from now on.
+func (s *ExactlyOnceSink) began(shard int) {
+	s.mu.Lock()
+	s.open[shard] = time.Now()
+	s.mu.Unlock()
+}
+
+// ended records that no transaction of shard is open any more.
+func (s *ExactlyOnceSink) ended(shard int) {
+	s.mu.Lock()
+	delete(s.open, shard)
+	delete(s.orphans, shard)
+	s.mu.Unlock()
+}
+
+// OpenTransactionAge is how long the oldest transaction this sink began
+// and cannot show ended has been open: zero when none is. An orphan (its
+// shard given up while the abort failed) counts until the broker's
+// transaction timeout and check interval have surely aborted it.
+func (s *ExactlyOnceSink) OpenTransactionAge() time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := time.Now()
+	var oldest time.Duration
+	for _, t := range s.open {
+		oldest = max(oldest, now.Sub(t))
+	}
+	for shard, t := range s.orphans {
+		if now.Sub(t) > TransactionTimeout+brokerAbortInterval {
+			delete(s.orphans, shard)
+			continue
+		}
+		oldest = max(oldest, now.Sub(t))
+	}
+	return oldest
+}
+
+// brokerAbortInterval is Kafka's default
+// transaction.abort.timed.out.transaction.cleanup.interval.ms.
+const brokerAbortInterval = 10 * time.Second
+
+var openTxnAgeDesc = prometheus.NewDesc("posthorn_relay_open_transaction_age_seconds",
+	"Exactly-once: age of the oldest Kafka transaction this relay began and has not seen end (0: none); read_committed readers of its partitions wait behind it.",
+	nil, nil)
+
+// Describe and Collect make the sink a prometheus.Collector of
+// posthorn_relay_open_transaction_age_seconds.
+func (s *ExactlyOnceSink) Describe(ch chan<- *prometheus.Desc) { ch <- openTxnAgeDesc }
+
+// Collect reports OpenTransactionAge.
+func (s *ExactlyOnceSink) Collect(ch chan<- prometheus.Metric) {
+	ch <- prometheus.MustNewConstMetric(openTxnAgeDesc, prometheus.GaugeValue, s.OpenTransactionAge().Seconds())
 }
 
 // PublishShard publishes batch, every record of shard, in one transaction
@@ -225,6 +348,7 @@ func (s *ExactlyOnceSink) PublishShard(ctx context.Context, shard int, batch []c
 	if err := cl.BeginTransaction(); err != nil {
 		return fmt.Errorf("kafka sink: begin transaction: %w", err)
 	}
+	s.began(shard)
 	results := produceAll(ctx, cl, recs)
 	var first error
 	for _, err := range results {
@@ -238,14 +362,25 @@ func (s *ExactlyOnceSink) PublishShard(ctx context.Context, shard int, batch []c
 		end = kgo.TryAbort
 	}
 	// The end of a transaction must not be cut short by ctx: its outcome
-	// would be unknowable (kgo's advice). The broker's timeout bounds it.
-	endCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	// would be unknowable (kgo's advice); endTimeout bounds it.
+	endCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), endTimeout)
 	defer cancel()
 	if end == kgo.TryCommit && s.stall != nil {
 		s.stall("commit")
 	}
-	if err := cl.EndTransaction(endCtx, end); err != nil && first == nil {
-		first = err
+	if err := cl.EndTransaction(endCtx, end); err != nil {
+		if first == nil {
+			first = err
+		}
+		// The end's outcome is unknown (a lost response, an unreachable
+		// coordinator) or it failed: abort now rather than leave the
+		// transaction open in front of every read_committed reader. If
+		// the brokers cannot be reached, the shard's next Fence ends it.
+		if !s.noAbortUnknown && abortUnknown(cl) == nil {
+			s.ended(shard)
+		}
+	} else {
+		s.ended(shard)
 	}
 	if first == nil && end == kgo.TryCommit {
 		return fails.Err()

@@ -5,9 +5,12 @@ import (
 	"errors"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/posthorn/posthorn/adapters/kafka"
 	"github.com/posthorn/posthorn/core"
@@ -242,5 +245,85 @@ func TestExactlyOnceFenceSkipsRecordsNotInTheTransaction(t *testing.T) {
 	}
 	if got := committedEventIDs(t, addrs); got[batch[2].EventID] != 1 || got[huge.EventID] != 0 || got[batch[1].EventID] != 0 {
 		t.Fatalf("read_committed: %v", got)
+	}
+}
+
+// TestExactlyOnceAbortsAnUnknownEndAtOnce: a commit whose response never
+// comes (every EndTxn of the shard's commit fails, as when the link to the
+// coordinator is cut) leaves the transaction's outcome unknown; the sink
+// aborts it at once by reloading the producer ID, so another shard's
+// transaction committed on the same partition right after is visible to a
+// read_committed reader at once, and OpenTransactionAge is back to zero.
+// The control leaves the failed transaction open: the reader gets the next
+// transaction's event only when the broker's transaction timeout
+// (kafka.TransactionTimeout) has aborted the open one, since the
+// partition's last stable offset stays behind it until then.
+func TestExactlyOnceAbortsAnUnknownEndAtOnce(t *testing.T) {
+	t.Parallel()
+	for _, control := range []bool{false, true} {
+		name := "aborted at once"
+		if control {
+			name = "control: left open"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, core.TopicEvents), kfake.AllowAutoTopicCreation())
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(c.Close)
+			addrs := c.ListenAddrs()
+			s := newExactlyOnce(t, addrs, "")
+			if control {
+				s.SetNoAbortOnUnknownEnd()
+			}
+			for _, shard := range []int{3, 4} {
+				if _, err := s.Fence(ctx, shard); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var failing atomic.Bool
+			failing.Store(true)
+			c.ControlKey(int16(kmsg.EndTxn), func(req kmsg.Request) (kmsg.Response, error, bool) {
+				c.KeepControl()
+				if r := req.(*kmsg.EndTxnRequest); failing.Load() && r.Commit && strings.HasSuffix(r.TransactionalID, "-shard-03") {
+					return nil, errors.New("the commit's response is lost"), true
+				}
+				return nil, nil, false
+			})
+			stuck := shardBatch("acc-p", 2)
+			if err := s.PublishShard(ctx, 3, stuck, []int64{1, 2}); err == nil {
+				t.Fatal("a commit that never reached the coordinator was reported committed")
+			}
+			failing.Store(false)
+			age := s.OpenTransactionAge()
+			next := shardBatch("acc-p", 1)
+			next[0] = sinktest.Envelope(core.TopicEvents, "acc-p", 3)
+			if err := s.PublishShard(ctx, 4, next, []int64{3}); err != nil {
+				t.Fatal(err)
+			}
+			began := time.Now()
+			got := committedEventIDs(t, addrs)
+			visible := time.Since(began)
+			t.Logf("open transaction age after the failed commit: %v; the next transaction's event visible to read_committed after %v", age, visible)
+			if control {
+				if age == 0 || visible < kafka.TransactionTimeout/2 {
+					t.Fatalf("with the failed transaction left open, the next event was visible after %v and the age is %v; the control expects it held back until the broker's timeout", visible, age)
+				}
+				return
+			}
+			if age != 0 || visible > 5*time.Second {
+				t.Fatalf("after the failed commit OpenTransactionAge is %v and the next event became visible after %v; want 0 and at once", age, visible)
+			}
+			if got[next[0].EventID] != 1 {
+				t.Fatalf("a read_committed reader received the next shard's committed event %d times; want 1 (not held back)", got[next[0].EventID])
+			}
+			for _, e := range stuck {
+				if got[e.EventID] != 0 {
+					t.Fatalf("the aborted transaction's event %s was read committed", e.EventID)
+				}
+			}
+		})
 	}
 }

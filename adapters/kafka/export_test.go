@@ -11,6 +11,10 @@ import (
 // stalls there, as a SIGSTOP or a long pause would stall it.
 func (s *ExactlyOnceSink) SetStall(f func(stage string)) { s.stall = f }
 
+// SetNoAbortOnUnknownEnd makes the sink leave a transaction whose end
+// failed open (the negative control of the abort at once).
+func (s *ExactlyOnceSink) SetNoAbortOnUnknownEnd() { s.noAbortUnknown = true }
+
 // NewLeaderAckControl is the negative control of the broker-kill case on
 // a replicated cluster: the sink with the producer settings it must not
 // have, acks=1 (the leader alone) and no idempotence, so a record is ACKed

@@ -192,17 +192,20 @@ func (p *prelude) open(ctx context.Context, n needs) error {
 			return err
 		}
 	}
+	if n.metrics {
+		p.reg = newRegistry()
+	}
 	if n.sink {
-		sink, err := openSink(p.cfg.Sink, p.tracer)
+		sink, broker, err := openSinkOverBroker(p.cfg.Sink, p.tracer)
 		if err != nil {
+			return err
+		}
+		p.closers = append(p.closers, func() { _ = sink.Close() })
+		if err := registerSinkMetrics(p.reg, broker); err != nil {
 			return err
 		}
 		p.sinkWatch = newSinkWatch(p.cfg.Sink)
 		p.sink = p.sinkWatch.wrap(sink)
-		p.closers = append(p.closers, func() { _ = sink.Close() })
-	}
-	if n.metrics {
-		p.reg = newRegistry()
 	}
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/posthorn/posthorn/adapters/brokers"
@@ -23,11 +24,28 @@ import (
 // openSink returns the sink configured by sink.* (brokers.go), decorated
 // by decorateSink.
 func openSink(c configs.Sink, tp trace.TracerProvider) (core.Sink, error) {
-	s, err := openBroker(c, brokers.OpenSink)
+	s, _, err := openSinkOverBroker(c, tp)
+	return s, err
+}
+
+// openSinkOverBroker is openSink that also returns the broker's sink under
+// the decorations, whose own metrics registerSinkMetrics registers.
+func openSinkOverBroker(c configs.Sink, tp trace.TracerProvider) (sink, broker core.Sink, err error) {
+	broker, err = openBroker(c, brokers.OpenSink)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return decorateSink(s, c, tp), nil
+	return decorateSink(broker, c, tp), broker, nil
+}
+
+// registerSinkMetrics registers the metrics a broker's sink collects
+// itself (the Kafka sink in exactly-once mode:
+// posthorn_relay_open_transaction_age_seconds); none without reg.
+func registerSinkMetrics(reg prometheus.Registerer, broker core.Sink) error {
+	if c, ok := broker.(prometheus.Collector); ok && reg != nil {
+		return reg.Register(c)
+	}
+	return nil
 }
 
 // decorateSink lays s's records out in sink.format and gives each a
@@ -42,13 +60,19 @@ func runRelay(ctx context.Context, args []string) error {
 	// Test-only: the fault suite's negative control (marker before ACK);
 	// the flag exists only in a binary built with -tags posthorn_unsafe.
 	unsafeMark := unsafeFlag(fs.FlagSet, "unsafe-mark-before-ack", "UNSAFE, tests only: write the marker before the broker ACK")
+	// And the partition suite's exactly-once control: fence, but do not
+	// mark what the shard's committed transactions hold.
+	unsafeSkip := unsafeFlag(fs.FlagSet, "unsafe-skip-positions", "UNSAFE, tests only: with exactly-once, fence without marking what committed transactions hold")
 	p, err := fs.start(ctx, args, needs{relayLedger: true, history: true, sink: true, metrics: true})
 	if err != nil {
 		return err
 	}
 	defer p.close()
+	if *unsafeSkip {
+		p.log.Warn("UNSAFE --unsafe-skip-positions: a shard's committed transactions are not marked after a fence, so they are sent again; for negative-control tests only")
+	}
 	if p.cfg.Relay.Mode == relay.ModeCDC {
-		return runCDCRelay(ctx, p) // relay_cdc.go
+		return runCDCRelay(ctx, p, *unsafeSkip) // relay_cdc.go
 	}
 	postgres.WarnIfSuperuser(ctx, p.ledger, p.log, "relay", postgres.RoleRelay)
 	store := relaystore.New(p.ledger)
@@ -56,7 +80,7 @@ func runRelay(ctx context.Context, args []string) error {
 	if err := relay.CheckStandbys(ctx, settings.StandbyFlush, p.log); err != nil {
 		return fmt.Errorf("config key relay.standby_flush: %w", err)
 	}
-	r, err := polling.NewWithHooks(store, p.sink, settings, unsafeRelayHooks(*unsafeMark, p.log))
+	r, err := polling.NewWithHooks(store, p.sink, settings, unsafeRelayHooks(*unsafeMark, *unsafeSkip, p.log))
 	if err != nil {
 		return err
 	}
@@ -132,12 +156,15 @@ func serveRelay(ctx context.Context, p *prelude, r runningRelay, started []any, 
 	return nil
 }
 
-// unsafeRelayHooks returns the hooks of --unsafe-mark-before-ack (nil
-// without it), which only the fault suite's negative control sets.
-func unsafeRelayHooks(markBeforeAck bool, log *slog.Logger) *polling.Hooks {
-	if !markBeforeAck {
+// unsafeRelayHooks returns the hooks of --unsafe-mark-before-ack and
+// --unsafe-skip-positions (nil without them), which only the fault suites'
+// negative controls set.
+func unsafeRelayHooks(markBeforeAck, skipPositions bool, log *slog.Logger) *polling.Hooks {
+	if !markBeforeAck && !skipPositions {
 		return nil
 	}
-	log.Warn("UNSAFE --unsafe-mark-before-ack: markers are written before the broker ACK, so a crash loses events; for negative-control tests only")
-	return &polling.Hooks{UnsafeMarkBeforeAck: true}
+	if markBeforeAck {
+		log.Warn("UNSAFE --unsafe-mark-before-ack: markers are written before the broker ACK, so a crash loses events; for negative-control tests only")
+	}
+	return &polling.Hooks{UnsafeMarkBeforeAck: markBeforeAck, UnsafeSkipPositions: skipPositions}
 }

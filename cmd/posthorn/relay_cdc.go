@@ -19,14 +19,15 @@ import (
 // runCDCRelay runs `posthorn relay` with relay.mode cdc: the outbox is
 // streamed from a logical replication slot (relay/cdc). The server is
 // checked first: wal_level must be logical and the role needs REPLICATION.
-func runCDCRelay(ctx context.Context, p *prelude) error {
+// skipPositions is --unsafe-skip-positions (negative controls only).
+func runCDCRelay(ctx context.Context, p *prelude, skipPositions bool) error {
 	postgres.WarnIfSuperuser(ctx, p.ledger, p.log, "relay", postgres.RoleRelayCDC)
 	store := relaystore.New(p.ledger)
 	settings := relaySettings(p, store)
 	if err := relay.CheckStandbys(ctx, settings.StandbyFlush, p.log); err != nil {
 		return fmt.Errorf("config key relay.standby_flush: %w", err)
 	}
-	r, err := cdc.New(store, cdcsource.New(p.ledger), p.sink, settings)
+	r, err := cdc.NewWithHooks(store, cdcsource.New(p.ledger), p.sink, settings, unsafeCDCHooks(skipPositions))
 	if err != nil {
 		return err
 	}
@@ -36,6 +37,15 @@ func runCDCRelay(ctx context.Context, p *prelude) error {
 	return serveRelay(ctx, p, r,
 		[]any{"mode", "cdc", "owner", r.Owner(), "sink", p.cfg.Sink.Kind, "slot", settings.CDC.Slot},
 		"finishing the in-flight batch, confirming its position, releasing the slot lease", "unconfirmed")
+}
+
+// unsafeCDCHooks returns the hooks of --unsafe-skip-positions (nil
+// without it).
+func unsafeCDCHooks(skipPositions bool) *cdc.Hooks {
+	if !skipPositions {
+		return nil
+	}
+	return &cdc.Hooks{UnsafeSkipPositions: true}
 }
 
 // cdcSlotStatus reads the CDC slot for `outbox status`; nil when there is

@@ -14,7 +14,7 @@ func TestUnsafeFlagsOnlyInTheTestBuild(t *testing.T) {
 	if unsafeFlags {
 		t.Skip("this test binary was built with -tags posthorn_unsafe")
 	}
-	for _, c := range []struct{ cmd, flag string }{{"relay", "--unsafe-mark-before-ack"}, {"consume", "--unsafe-no-inbox"}} {
+	for _, c := range []struct{ cmd, flag string }{{"relay", "--unsafe-mark-before-ack"}, {"relay", "--unsafe-skip-positions"}, {"consume", "--unsafe-no-inbox"}} {
 		code, stdout, stderr := runCLI(t, nil, c.cmd, "--help")
 		if code != 0 || strings.Contains(stdout+stderr, "unsafe") {
 			t.Errorf("%s --help: code %d, mentions unsafe: %s%s", c.cmd, code, stdout, stderr)
@@ -30,6 +30,7 @@ func TestUnsafeFlagsOnlyInTheTestBuild(t *testing.T) {
 	}
 	for _, c := range []struct{ cmd, flag, want string }{
 		{"relay", "--unsafe-mark-before-ack", "database.url"},
+		{"relay", "--unsafe-skip-positions", "database.url"},
 		{"consume", "--unsafe-no-inbox", "consumer.database.url"},
 	} {
 		cmd := exec.Command(tagged, c.cmd, c.flag)

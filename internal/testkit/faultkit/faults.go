@@ -25,8 +25,9 @@ const (
 var kafkaLeaders = &Proc{Name: "kafka leaders"}
 
 type plannedFault struct {
-	at   time.Duration
-	kind string
+	at       time.Duration
+	kind     string
+	scripted *ScriptedFault
 }
 
 // plan places every configured fault at a random moment of the load
@@ -48,8 +49,12 @@ func (r *runState) plan() []plannedFault {
 	} {
 		for i := 0; i < k.n; i++ {
 			at := time.Duration(float64(loadFor) * (0.05 + 0.85*r.rng.Float64()))
-			plan = append(plan, plannedFault{at, k.kind})
+			plan = append(plan, plannedFault{at: at, kind: k.kind})
 		}
+	}
+	for i := range r.cfg.Scripted {
+		sf := &r.cfg.Scripted[i]
+		plan = append(plan, plannedFault{at: sf.At, kind: sf.Name, scripted: sf})
 	}
 	sort.Slice(plan, func(i, j int) bool { return plan[i].at < plan[j].at })
 	return plan
@@ -66,6 +71,10 @@ func (r *runState) inject(ctx context.Context, plan []plannedFault) {
 		}
 		if ctx.Err() != nil {
 			return
+		}
+		if f.scripted != nil {
+			r.scripted(ctx, f.scripted)
+			continue
 		}
 		switch f.kind {
 		case FaultKillRelay:
@@ -109,6 +118,39 @@ func (r *runState) inject(ctx context.Context, plan []plannedFault) {
 			r.hold(ctx)
 		}
 	}
+}
+
+// scripted injects sf in the background, heals it after sf.For (also when
+// the run ends early) and registers its recoveries from the heal on.
+func (r *runState) scripted(ctx context.Context, sf *ScriptedFault) {
+	r.async.Go(func() {
+		began, beforeFault := time.Now(), r.before()
+		heal, err := sf.Inject(ctx)
+		if err != nil {
+			r.fail(ctx, fmt.Errorf("%s: %w", sf.Name, err))
+			return
+		}
+		r.count(sf.Name)
+		r.cfg.Logf("%s: injected at %s", sf.Name, began.Sub(r.start).Round(10*time.Millisecond))
+		select {
+		case <-ctx.Done():
+		case <-time.After(sf.For):
+		}
+		atHeal := r.before()
+		if err := heal(); err != nil {
+			// A heal that fails leaves rules behind: always an error.
+			err = fmt.Errorf("%s: heal: %w", sf.Name, err)
+			r.faultErr.CompareAndSwap(nil, &err)
+			return
+		}
+		healed := time.Now()
+		r.cfg.Logf("%s: healed at %s", sf.Name, healed.Sub(r.start).Round(10*time.Millisecond))
+		r.mu.Lock()
+		r.fig.Heals = append(r.fig.Heals, Heal{Fault: sf.Name, Began: began, Healed: healed})
+		r.mu.Unlock()
+		r.recoverAfter(sf.Name, beforeFault)
+		r.progressAfter(sf.Name, atHeal)
+	})
 }
 
 // fault runs one fault's injection, reports its error, counts it and

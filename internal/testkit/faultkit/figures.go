@@ -12,11 +12,13 @@ import (
 
 // Figures are what a run measured.
 type Figures struct {
-	Postings   int
-	Events     int64
-	Faults     map[string]int
-	Recovery   map[string][]time.Duration
-	Takeovers  []time.Duration
+	Postings  int
+	Events    int64
+	Faults    map[string]int
+	Recovery  map[string][]time.Duration
+	Takeovers []time.Duration
+	// Heals are the scripted faults, when each began and was healed.
+	Heals      []Heal
 	Terminated int
 	Crashes    int
 	// Rejoins are the consumers' re-joins of a stalled Kafka group, as
@@ -34,6 +36,26 @@ type Figures struct {
 	DrainTime  time.Duration
 	Elapsed    time.Duration
 	Report     demo.Report
+}
+
+// Heal is when a scripted fault began and was healed.
+type Heal struct {
+	Fault         string
+	Began, Healed time.Time
+}
+
+// AfterHeal returns, for the scripted fault kind, how long after its last
+// heal the relays first marked an event, the consumers first applied one,
+// the relay backlog was back and the consumers had caught up (0 when not
+// measured).
+func (f Figures) AfterHeal(kind string) (relayMoves, consumersMove, relayBack, caughtUp time.Duration) {
+	last := func(key string) time.Duration {
+		if d := f.Recovery[key]; len(d) > 0 {
+			return d[len(d)-1]
+		}
+		return 0
+	}
+	return last(relayMovesKey(kind)), last(consumersMoveKey(kind)), last(relayKey(kind)), last(kind)
 }
 
 // TotalFaults sums the injected faults.
@@ -57,12 +79,9 @@ func (f Figures) String() string {
 	for _, k := range slices.Sorted(maps.Keys(f.Faults)) {
 		fmt.Fprintf(&b, "  %-46s %5d", k, f.Faults[k])
 		b.WriteString("\n")
-		for _, key := range []string{relayKey(k), k} {
+		for _, key := range []string{relayMovesKey(k), consumersMoveKey(k), relayKey(k), k} {
 			if rec := f.Recovery[key]; len(rec) > 0 {
-				what := "consumers caught up"
-				if key != k {
-					what = "relay backlog back"
-				}
+				what := map[string]string{relayMovesKey(k): "relay moves", consumersMoveKey(k): "consumers move", relayKey(k): "relay backlog back", k: "consumers caught up"}[key]
 				p50, p95, mx := quantiles(rec)
 				fmt.Fprintf(&b, "      %-20s p50 %8s  p95 %8s  max %8s  (n=%d)\n", what, p50, p95, mx, len(rec))
 			}

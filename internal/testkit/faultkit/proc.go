@@ -25,6 +25,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/posthorn/posthorn/internal/testkit/netfault"
 )
 
 // Build compiles ./cmd/posthorn of the module that contains the working
@@ -61,6 +63,8 @@ type Proc struct {
 	readyLine string
 	// ready, when set, is polled by Start until it returns nil.
 	ready func(ctx context.Context) error
+	// attr, when set, is every run's SysProcAttr (a Unix user of its own).
+	attr func() *syscall.SysProcAttr
 
 	mu       sync.Mutex
 	cmd      *exec.Cmd
@@ -86,6 +90,10 @@ type ProcConfig struct {
 	// Ready is polled until nil when the process is ready (e.g. an HTTP
 	// health check).
 	Ready func(ctx context.Context) error
+	// User, when its Name is set, is the Unix user the process runs as,
+	// so that a partition can cut its links (netfault). Bin must then lie
+	// where that user can reach it (ExposeDir).
+	User netfault.User
 }
 
 // HTTPReady is a ProcConfig.Ready for a process that serves HTTP: ready
@@ -110,8 +118,25 @@ func HTTPReady(url string) func(ctx context.Context) error {
 
 // NewProc returns a process that is not started yet.
 func NewProc(c ProcConfig) *Proc {
-	return &Proc{Name: c.Name, bin: c.Bin, args: c.Args, env: c.Env, log: filepath.Join(c.LogDir, c.Name+".log"),
+	p := &Proc{Name: c.Name, bin: c.Bin, args: c.Args, env: c.Env, log: filepath.Join(c.LogDir, c.Name+".log"),
 		readyLine: c.ReadyLine, ready: c.Ready}
+	if c.User.Name != "" {
+		p.attr = c.User.SysProcAttr
+	}
+	return p
+}
+
+// ExposeDir makes dir and the directories above it, up to the temporary
+// directory's root, enterable by every user (0755): a process of a pool
+// user execs the binary in it (the exec's path lookup needs the search
+// permission that the capabilities it keeps only give it after exec).
+func ExposeDir(dir string) error {
+	for d := dir; d != "/" && d != "." && d != os.TempDir(); d = filepath.Dir(d) {
+		if err := os.Chmod(d, 0o755); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // LogPath is the file the process writes to.
@@ -140,6 +165,9 @@ func (p *Proc) Start(ctx context.Context) error {
 	fmt.Fprintf(f, "==== %s start %d at %s\n", p.Name, p.starts+1, time.Now().Format(time.RFC3339Nano))
 	cmd := exec.Command(p.bin, p.args...)
 	cmd.Env = append(os.Environ(), p.env...)
+	if p.attr != nil {
+		cmd.SysProcAttr = p.attr()
+	}
 	cmd.Stderr = f
 	readyc := make(chan struct{})
 	var pw *io.PipeWriter

@@ -45,6 +45,9 @@ type RunConfig struct {
 	// RollbackEvery is the pace of short postings on load accounts that
 	// roll back (0: none).
 	RollbackEvery time.Duration
+	// Scripted are faults at fixed moments of the load (a partition),
+	// each healed after its duration while the load goes on.
+	Scripted []ScriptedFault
 	// Settle selects how the run ends: SettleDelivered waits until every
 	// event is applied by both consumers; SettleAllSeen (control without
 	// the inbox) until every event reached the consumers at least once;
@@ -54,6 +57,14 @@ type RunConfig struct {
 	DrainTimeout time.Duration
 	Seed         uint64
 	Logf         func(string, ...any)
+}
+
+// ScriptedFault is a fault injected At after the load began and healed
+// For later. Inject makes it and returns its heal.
+type ScriptedFault struct {
+	Name    string
+	At, For time.Duration
+	Inject  func(ctx context.Context) (heal func() error, err error)
 }
 
 // Settle is how a run waits at its end.

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -26,6 +27,7 @@ import (
 	"github.com/posthorn/posthorn/consumers"
 	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/internal/testkit/kafkacluster"
+	"github.com/posthorn/posthorn/internal/testkit/netfault"
 )
 
 // Application names the suite gives its own sessions and the consumers'
@@ -77,9 +79,19 @@ type SystemConfig struct {
 	Kafka *kafkacluster.Cluster
 	// Format is the relays' sink.format (empty: the default, posthorn).
 	Format string
-	// RelayEnv is added to the relays' environment (relay.mode, standby
-	// settings).
-	RelayEnv []string
+	// RelayMode is the relays' relay.mode: empty (polling) or "cdc", for
+	// which LedgerURL must be a database with wal_level=logical.
+	RelayMode string
+	// RelayArgs and ConsumerArgs are added to the relays' and consumers'
+	// command lines, RelayEnv to the relays' environment (after the
+	// suite's own, so it wins).
+	RelayArgs, ConsumerArgs, RelayEnv []string
+	// RelayEnvEach adds to one relay's environment, by name (relay-A).
+	RelayEnvEach map[string][]string
+	// Users gives processes, by name (relay-A, consumer-1), a Unix user of
+	// their own, so that a partition can cut their links (netfault); Bin
+	// must then lie where those users can reach it (ExposeDir).
+	Users map[string]netfault.User
 }
 
 // System is the running set of processes plus the suite's own pools.
@@ -187,11 +199,17 @@ func StartSystem(ctx context.Context, cfg SystemConfig) (*System, error) {
 		if cfg.UnsafeMarkBeforeAck {
 			args = append(args, "--unsafe-mark-before-ack")
 		}
-		p := NewProc(ProcConfig{Name: fmt.Sprintf("relay-%c", 'A'+i), Bin: cfg.Bin, LogDir: cfg.Dir, Args: args,
-			Env: append([]string{"POSTHORN_DATABASE__URL=" + cfg.LedgerURL,
-				fmt.Sprintf("POSTHORN_RELAY__OWNER=relay-%c", 'A'+i),
-				"POSTHORN_RELAY__LEASE_TTL=" + cfg.LeaseTTL.String(),
-				"POSTHORN_RELAY__POLL_INTERVAL=200ms"}, append(sinkEnv, cfg.RelayEnv...)...)})
+		args = append(args, cfg.RelayArgs...)
+		name := fmt.Sprintf("relay-%c", 'A'+i)
+		env := append([]string{"POSTHORN_DATABASE__URL=" + cfg.LedgerURL,
+			"POSTHORN_RELAY__OWNER=" + name,
+			"POSTHORN_RELAY__LEASE_TTL=" + cfg.LeaseTTL.String(),
+			"POSTHORN_RELAY__POLL_INTERVAL=200ms"}, sinkEnv...)
+		if cfg.RelayMode != "" {
+			env = append(env, "POSTHORN_RELAY__MODE="+cfg.RelayMode)
+		}
+		p := NewProc(ProcConfig{Name: name, Bin: cfg.Bin, LogDir: cfg.Dir, Args: args,
+			Env: append(append(env, cfg.RelayEnv...), cfg.RelayEnvEach[name]...), User: cfg.Users[name]})
 		if err := p.Start(ctx); err != nil {
 			return nil, err
 		}
@@ -202,12 +220,13 @@ func StartSystem(ctx context.Context, cfg SystemConfig) (*System, error) {
 		if cfg.UnsafeNoInbox {
 			args = append(args, "--unsafe-no-inbox")
 		}
+		args = append(args, cfg.ConsumerArgs...)
 		name := fmt.Sprintf("consumer-%d", i+1)
 		env := append([]string{"POSTHORN_CONSUMER__DATABASE__URL=" + WithAppName(cfg.ConsumerURL, fmt.Sprintf("%s-%d", consumerAppName, i+1))}, sinkEnv...)
 		if cfg.StaticMembers {
 			env = append(env, "POSTHORN_CONSUMER__INSTANCE_ID="+name)
 		}
-		p := NewProc(ProcConfig{Name: name, Bin: cfg.Bin, LogDir: cfg.Dir, Args: args, Env: env})
+		p := NewProc(ProcConfig{Name: name, Bin: cfg.Bin, LogDir: cfg.Dir, Args: args, Env: env, User: cfg.Users[name]})
 		if err := p.Start(ctx); err != nil {
 			return nil, err
 		}
@@ -529,4 +548,20 @@ func freePorts(n int) (int, error) {
 		}
 	}
 	return 0, fmt.Errorf("no %d consecutive free ports on 127.0.0.1", n)
+}
+
+// Reconcile runs `posthorn reconcile --no-record` over the run's ledger
+// and consumer databases and returns its output and whether it said clean
+// (exit 0 and "result: clean"): the command an operator runs, held to what
+// the suite's own checks found.
+func (s *System) Reconcile(ctx context.Context) (string, bool, error) {
+	cmd := exec.CommandContext(ctx, s.cfg.Bin, "reconcile", "--no-record")
+	cmd.Env = append(os.Environ(), "POSTHORN_DATABASE__URL="+s.cfg.LedgerURL, "POSTHORN_CONSUMER__DATABASE__URL="+s.cfg.ConsumerURL,
+		"POSTHORN_LOG__LEVEL=warn")
+	out, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	if err != nil && !errors.As(err, &exit) {
+		return string(out), false, fmt.Errorf("posthorn reconcile: %w", err)
+	}
+	return string(out), err == nil && strings.Contains(string(out), "result: clean"), nil
 }

@@ -55,16 +55,60 @@ func (r *runState) recoverAfter(kind string, before demo.Progress) {
 		}
 		return p.Events > 0
 	}})
-	switch kind {
-	case FaultKillRelay, FaultFreezeRelay, FaultTerminate, FaultBroker, FaultLeaders:
+	if r.hitsRelay(kind) {
 		r.waiters = append(r.waiters, waiter{kind: relayKey(kind), start: time.Now(), done: func(p demo.Progress) bool {
 			return p.Unrelayed <= backlog
 		}})
 	}
 }
 
+// hitsRelay reports whether a fault kind can hold the relays back.
+func (r *runState) hitsRelay(kind string) bool {
+	switch kind {
+	case FaultKillRelay, FaultFreezeRelay, FaultTerminate, FaultBroker, FaultLeaders:
+		return true
+	}
+	return r.isScripted(kind)
+}
+
 // relayKey is the Recovery key of the relay-backlog figure of a fault kind.
 func relayKey(kind string) string { return kind + " (relay backlog)" }
+
+// Recovery keys of the first progress after a scripted fault's heal.
+func relayMovesKey(kind string) string    { return kind + " (relay moves)" }
+func consumersMoveKey(kind string) string { return kind + " (consumers move)" }
+
+func (r *runState) isScripted(kind string) bool {
+	for _, sf := range r.cfg.Scripted {
+		if sf.Name == kind {
+			return true
+		}
+	}
+	return false
+}
+
+// progressAfter registers the first progress after a heal: the relays
+// marked an event relayed that was not marked when the fault was healed
+// (while events waited), and every consumer applied one more event. Events
+// posted meanwhile count as progress too: the load goes on.
+func (r *runState) progressAfter(kind string, at demo.Progress) {
+	relayed := at.Events - at.Unrelayed
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := time.Now()
+	r.waiters = append(r.waiters,
+		waiter{kind: relayMovesKey(kind), start: now, done: func(p demo.Progress) bool {
+			return p.Events-p.Unrelayed > relayed || p.Unrelayed == 0 && p.Events == at.Events
+		}},
+		waiter{kind: consumersMoveKey(kind), start: now, done: func(p demo.Progress) bool {
+			for c, a := range p.Applied {
+				if a <= at.Applied[c] && a < p.Events {
+					return false
+				}
+			}
+			return len(p.Applied) > 0
+		}})
+}
 
 // monitor polls delivery progress, settles the recovery waiters and, when
 // every event must be applied (SettleDelivered), watches for a stall.

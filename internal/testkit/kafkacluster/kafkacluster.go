@@ -42,9 +42,10 @@ const EnvBrokers = "POSTHORN_TEST_KAFKA_BROKERS"
 // for test names and output that say which broker they ran against.
 const Version = "4.4.0"
 
-// Node is one node of a cluster the script started.
+// Node is one node of a cluster the script started: Port is its client
+// (and inter-broker) listener, ControllerPort its KRaft controller's.
 type Node struct {
-	ID, PID, Port int
+	ID, PID, Port, ControllerPort int
 }
 
 // Cluster is a running cluster.
@@ -83,6 +84,10 @@ type Options struct {
 	Dir string
 	// Partitions is the default of auto-created topics (0: the script's, 4).
 	Partitions int
+	// Users, when set, names one Unix user per node, which that node runs
+	// as (with root's file access): a test can then cut one node's links
+	// by its user.
+	Users []string
 }
 
 // New starts a cluster with the script (or returns the external one) and
@@ -99,6 +104,9 @@ func New(ctx context.Context, o Options) (*Cluster, error) {
 	args := []string{"start", "--nodes", strconv.Itoa(o.Nodes), "--dir", o.Dir, "--owner", strconv.Itoa(os.Getpid())}
 	if o.Partitions > 0 {
 		args = append(args, "--partitions", strconv.Itoa(o.Partitions))
+	}
+	if len(o.Users) > 0 {
+		args = append(args, "--users", strings.Join(o.Users, ","))
 	}
 	out, err := run(ctx, script, args...)
 	if err != nil {
@@ -129,13 +137,33 @@ func New(ctx context.Context, o Options) (*Cluster, error) {
 // test's, stopped at its cleanup. It skips in -short mode (it starts JVMs).
 func Start(t testing.TB, nodes int) *Cluster {
 	t.Helper()
+	return StartWith(t, Options{Nodes: nodes})
+}
+
+// StartWith is Start with options; o.Dir is the test's own when empty.
+func StartWith(t testing.TB, o Options) *Cluster {
+	t.Helper()
 	if testing.Short() && os.Getenv(EnvBrokers) == "" {
 		t.Skip("starts an Apache Kafka cluster")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	began := time.Now()
-	c, err := New(ctx, Options{Nodes: nodes, Dir: t.TempDir()})
+	if o.Dir == "" {
+		o.Dir = t.TempDir()
+		if len(o.Users) > 0 {
+			// Java checks its data files with access(2), which needs the
+			// nodes' users to be able to enter every directory above
+			// (their capabilities do not count there): the test's own
+			// directories, up to the temporary directory's root.
+			for d := o.Dir; d != "/" && d != os.TempDir(); d = filepath.Dir(d) {
+				if err := os.Chmod(d, 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	c, err := New(ctx, o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -290,11 +318,11 @@ func run(ctx context.Context, script string, args ...string) ([]byte, error) {
 	return out, nil
 }
 
-// parseNode reads a "node=I pid=P port=Q" line.
+// parseNode reads a "node=I pid=P port=Q cport=C" line.
 func parseNode(line string) (Node, error) {
 	var n Node
-	if _, err := fmt.Sscanf(line, "node=%d pid=%d port=%d", &n.ID, &n.PID, &n.Port); err != nil {
-		return n, fmt.Errorf("kafka-cluster printed %q, want node=I pid=P port=Q: %v", line, err)
+	if _, err := fmt.Sscanf(line, "node=%d pid=%d port=%d cport=%d", &n.ID, &n.PID, &n.Port, &n.ControllerPort); err != nil {
+		return n, fmt.Errorf("kafka-cluster printed %q, want node=I pid=P port=Q cport=C: %v", line, err)
 	}
 	return n, nil
 }
