@@ -12,10 +12,10 @@ import (
 func TestDecodeHeaders(t *testing.T) {
 	for in, want := range map[string]map[string]string{
 		`{"idempotency_digest": "j0fYlg7OSJfSxtO1oHmVkzT13eeYS7BLI_hC0ihy_po"}`: {"idempotency_digest": "j0fYlg7OSJfSxtO1oHmVkzT13eeYS7BLI_hC0ihy_po"},
-		`{"a": "", "b": "x: y, z"}`:          {"a": "", "b": "x: y, z"},
+		`{"a": "", "b": "x: y, z"}`:        {"a": "", "b": "x: y, z"},
 		`{"q": "say \"hi\"", "t": "a\tb"}`: {"q": `say "hi"`, "t": "a\tb"},
-		`{"u": "\u00e9", "n": "é"}`:         {"u": "é", "n": "é"},
-		`{"a":"b"}`:                         {"a": "b"},
+		`{"u": "\u00e9", "n": "é"}`:        {"u": "é", "n": "é"},
+		`{"a":"b"}`:                        {"a": "b"},
 	} {
 		got, err := decodeHeaders([]byte(in))
 		if err != nil || !maps.Equal(got, want) {
