@@ -75,3 +75,11 @@ func NewUsingSnapshotXmax(pool *pgxpool.Pool) *Store {
 	s.low.unsafe.xmaxAsNext = true
 	return s
 }
+
+// NewIgnoringHistory keeps the marks and ticks across a failover: the
+// control of the failover test.
+func NewIgnoringHistory(pool *pgxpool.Pool) *Store {
+	s := New(pool)
+	s.low.unsafe.ignoreHistory = true
+	return s
+}

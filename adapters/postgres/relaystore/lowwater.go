@@ -34,10 +34,20 @@ import (
 //
 // Parked aggregates' rows are not read and may lie below a mark; when a
 // park is deleted (a release or a dead-letter), the trigger on
-// relay_parked moves relay_release_seq, and the next read after the move
-// drops every mark: the released rows are read again, one read later. The
+// relay_parked moves relay_release_seq, and the first read that sees the
+// move drops every mark and is made again from the shards' first entries:
+// a released aggregate's rows are read whole and in order. The
 // marks are a property of the ledger, not of a relay, so one store may
 // serve several relays and a relay may lose and take back a shard.
+//
+// Marks and ticks hold for one history of the server only. After a
+// failover the promoted standby may give out again outbox ids and
+// transaction IDs the old primary had given (what it never received), so
+// a tick of the old primary would complete on the new one and raise marks
+// over rows the new primary commits later. A read that sees another
+// history (system identifier, timeline) drops every mark and tick and is
+// made again, as after a release. (Counters that go back are no sign of
+// it: reads of several relays sharing the store overlap.)
 type lowWater struct {
 	mu    sync.Mutex
 	mark  map[int]int64
@@ -47,6 +57,8 @@ type lowWater struct {
 	// release is the generation of relay_release_seq the marks were made
 	// under; -1 before the first read.
 	release int64
+	// history is the server's history the marks were made on.
+	history history
 	// unsafe switches a rule off for the tests' negative controls.
 	unsafe unsafeLowWater
 }
@@ -62,6 +74,9 @@ type unsafeLowWater struct {
 	// ignoreReleases keeps the marks when a park is deleted: the released
 	// aggregate's rows below them are never read again.
 	ignoreReleases bool
+	// ignoreHistory keeps the marks and ticks across a failover: a tick of
+	// the old primary completes on the new one over ids it gives out again.
+	ignoreHistory bool
 	// ignoreWriters completes a tick only once the oldest running
 	// transaction has passed it, whatever it writes: any open transaction
 	// that holds a transaction ID stops the marks (safe, and slow).
@@ -85,11 +100,20 @@ type horizon struct {
 	last, next int64
 	// release is relay_release_seq's value.
 	release int64
+	// history is the server's.
+	history history
 	// writersBefore is the transaction ID the read asked about
 	// (lowWater.writersBefore), 0 for none; noWriterBefore: no transaction
 	// that writes the outbox is older than it.
 	writersBefore  int64
 	noWriterBefore bool
+}
+
+// history names one linear history of a server: a failover changes the
+// timeline, a restore elsewhere the system identifier.
+type history struct {
+	system   int64
+	timeline int32
 }
 
 // maxTicks bounds the ticks kept while none completes (a transaction that
@@ -129,21 +153,36 @@ func (w *lowWater) marks(shards []int) []int64 {
 	return out
 }
 
-// advance raises the marks of shards after a read that returned rows
-// (each shard's lowest unrelayed, unparked rows not in skip, in id order)
-// and saw h.
-func (w *lowWater) advance(shards []int, rows []core.OutboxRow, skip []int64, h horizon) {
+// advance raises the marks of shards after a read from the marks lows
+// that returned rows (each shard's lowest unrelayed, unparked rows not in
+// skip, in id order) and saw h. It reports false when the read must be
+// thrown away: it started above zero although the marks no longer hold
+// (a park was deleted, or the server runs another history), so rows of an
+// aggregate below them may be missing while its later rows are there. The
+// marks are dropped then, and a read again from them is whole.
+func (w *lowWater) advance(shards []int, lows []int64, rows []core.OutboxRow, skip []int64, h horizon) bool {
 	if w == nil {
-		return
+		return true
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	dropped := false
 	if h.release != w.release && !(w.unsafe.ignoreReleases && w.release >= 0) {
 		// A park was deleted since the marks were made (or this is the
 		// first read): the released rows may lie below them.
 		clear(w.mark)
 		w.ticks = w.ticks[:0]
-		w.release = h.release
+		w.release, dropped = h.release, true
+	}
+	if h.history != w.history && !w.unsafe.ignoreHistory {
+		// Another history: what the marks and ticks say about outbox ids
+		// and transaction IDs no longer holds.
+		clear(w.mark)
+		w.ticks = w.ticks[:0]
+		w.history, dropped = h.history, true
+	}
+	if dropped && slices.ContainsFunc(lows, func(l int64) bool { return l > 0 }) {
+		return false
 	}
 	done, proved := int64(0), false
 	for len(w.ticks) > 0 && (w.ticks[0].next <= h.xmin || w.unsafe.trustEveryRead ||
@@ -160,7 +199,7 @@ func (w *lowWater) advance(shards []int, rows []core.OutboxRow, skip []int64, h 
 		w.ticks[len(w.ticks)-1] = tick{last: h.last, next: h.next}
 	}
 	if !proved {
-		return
+		return true
 	}
 	// The lowest row each shard still has to send: the first the read
 	// returned, or one whose marker is in flight.
@@ -183,4 +222,5 @@ func (w *lowWater) advance(shards []int, rows []core.OutboxRow, skip []int64, h 
 			w.mark[s] = m
 		}
 	}
+	return true
 }

@@ -81,7 +81,9 @@ ORDER BY ` + overall
 
 // readHorizon is read before the batch, in the same transaction: the
 // oldest transaction still running (every one below it has ended), the
-// last outbox id the sequence gave out, the release generation, and, when
+// last outbox id the sequence gave out, the release generation, the
+// server's history (system identifier and timeline: a failover or a
+// restore changes it, and with it every counter a mark relies on), and, when
 // $1 is a transaction ID, whether no transaction that holds the outbox's
 // write lock is older than it (lowwater.go). A transaction that took an
 // outbox id holds that lock, which an insert takes before its id, until it
@@ -90,11 +92,13 @@ ORDER BY ` + overall
 const readHorizon = `SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint,
        (SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM outbox_id_seq),
        (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM relay_release_seq),
+       h.system_identifier, h.timeline,
        $1::bigint > 0 AND NOT EXISTS (
            SELECT 1 FROM pg_locks AS r JOIN pg_locks AS x ON x.virtualtransaction = r.virtualtransaction
            WHERE r.locktype = 'relation' AND r.relation = 'outbox'::regclass AND r.mode = 'RowExclusiveLock'
              AND r.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-             AND x.locktype = 'transactionid' AND age(x.transactionid) > age($1::text::xid8::xid))`
+             AND x.locktype = 'transactionid' AND age(x.transactionid) > age($1::text::xid8::xid))
+FROM posthorn.ledger_history() AS h`
 
 // readNextXID is read after the batch's transaction, in a transaction of
 // its own: the next transaction ID to be assigned, which every transaction
@@ -126,12 +130,18 @@ func (s *Store) ReadBatchSkipping(ctx context.Context, shards []int, perShard in
 	if skip == nil {
 		skip = []int64{}
 	}
-	out, h, err := s.readBatch(ctx, q, shards, perShard, skip, s.low.marks(shards), s.low.writersBefore())
-	if err != nil {
-		return nil, fmt.Errorf("read outbox batch: %w", err)
+	// A read from marks that no longer hold is thrown away; the second
+	// starts from none, so it is whole.
+	for {
+		lows := s.low.marks(shards)
+		out, h, err := s.readBatch(ctx, q, shards, perShard, skip, lows, s.low.writersBefore())
+		if err != nil {
+			return nil, fmt.Errorf("read outbox batch: %w", err)
+		}
+		if s.low.advance(shards, lows, out, skip, h) {
+			return out, nil
+		}
 	}
-	s.low.advance(shards, out, skip, h)
-	return out, nil
 }
 
 // readBatch runs the read in one read-only transaction, then readNextXID,
@@ -165,7 +175,7 @@ func (s *Store) readBatch(ctx context.Context, q string, shards []int, perShard 
 		}
 	}
 	h.writersBefore = writersBefore
-	if err := br.QueryRow().Scan(&h.xmin, &h.last, &h.release, &h.noWriterBefore); err != nil {
+	if err := br.QueryRow().Scan(&h.xmin, &h.last, &h.release, &h.history.system, &h.history.timeline, &h.noWriterBefore); err != nil {
 		return nil, h, err
 	}
 	rows, err := br.Query()
