@@ -90,9 +90,11 @@ func TestOpsKitMetricsAreExposedByRunningComponents(t *testing.T) {
 	t.Cleanup(cluster.Close)
 	kafkaEnv := []string{"POSTHORN_SINK__KIND=kafka", "POSTHORN_SINK__KAFKA__BROKERS=" + strings.Join(cluster.ListenAddrs(), ",")}
 	relayAddr, consAddr, cdcAddr := freeAddr(t), freeAddr(t), freeAddr(t)
+	// The polling relay runs exactly once, for the open transaction's
+	// series.
 	relay := faultkit.NewProc(faultkit.ProcConfig{Name: "relay", Bin: bin, Args: []string{"relay"}, LogDir: logDir,
 		Env: append([]string{"POSTHORN_DATABASE__URL=" + roletest.Login(t, ledgerURL, postgres.RoleRelay, ""),
-			"POSTHORN_METRICS__LISTEN=" + relayAddr}, kafkaEnv...),
+			"POSTHORN_METRICS__LISTEN=" + relayAddr, "POSTHORN_SINK__KAFKA__EXACTLY_ONCE=true"}, kafkaEnv...),
 		Ready: faultkit.HTTPReady("http://" + relayAddr + "/readyz")})
 	consume := faultkit.NewProc(faultkit.ProcConfig{Name: "consume", Bin: bin, Args: []string{"consume"}, LogDir: logDir,
 		Env: append([]string{"POSTHORN_CONSUMER__DATABASE__URL=" + roletest.Consumers(t, consumerURL, "", projection.Name, auditlog.Name),
@@ -146,6 +148,18 @@ func TestOpsKitMetricsAreExposedByRunningComponents(t *testing.T) {
 		return n == 4 && relaytest.Unrelayed(t, cdcPool) == 0
 	})
 
+	// A snapshot held open on the ledger, for the horizon's holder.
+	snapshot, err := ledgerOwner.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer snapshot.Rollback(ctx) //nolint:errcheck
+	if _, err := snapshot.Exec(ctx, "SELECT 1"); err != nil {
+		t.Fatal(err)
+	}
+	wait.For(t, 30*time.Second, "the relay to name the snapshot as the horizon's holder", func() bool {
+		return exposedSeries(t, relayAddr)["posthorn_ledger_horizon_holder"]
+	})
 	exposed := map[string]bool{}
 	for _, addr := range []string{relayAddr, consAddr, cdcAddr} {
 		for n := range exposedSeries(t, addr) {
