@@ -111,6 +111,7 @@ func (m *member) Subscribe(ctx context.Context, topic string) (<-chan *message.M
 	m.mu.Unlock()
 	out := make(chan *message.Message)
 	fields := watermill.LogFields{"consumer_group": m.group, "topic": topic}
+	subscribed := time.Now()
 	go func() {
 		defer m.wg.Done()
 		for err := range cg.Errors() {
@@ -122,7 +123,8 @@ func (m *member) Subscribe(ctx context.Context, topic string) (<-chan *message.M
 	go func() {
 		defer m.wg.Done()
 		defer close(out)
-		h := &claimHandler{ctx: ctx, out: out, closing: m.closing, inFlight: m.inFlight, topic: topic}
+		h := &claimHandler{ctx: ctx, out: out, closing: m.closing, inFlight: m.inFlight, topic: topic,
+			logger: m.logger, fields: fields, subscribed: subscribed}
 		for {
 			err := cg.Consume(ctx, []string{topic}, h)
 			if errors.Is(err, sarama.ErrClosedConsumerGroup) || ctx.Err() != nil || isDone(m.closing) || m.isFenced(err) {
@@ -171,9 +173,37 @@ type claimHandler struct {
 	closing  <-chan struct{}
 	inFlight int
 	topic    string
+
+	logger watermill.LoggerAdapter
+	fields watermill.LogFields
+	// subscribed is when Subscribe was called: the start-up log lines
+	// say how long the join and the first fetch took from there.
+	subscribed  time.Time
+	firstRecord sync.Once
 }
 
-func (*claimHandler) Setup(sarama.ConsumerGroupSession) error   { return nil }
+// The start-up log lines of a member, at INFO, each with consumer_group,
+// topic and "after" (the time since Subscribe).
+const (
+	// SessionLogMessage is logged at the start of every group session
+	// (the join and every rebalance), with the generation and the
+	// partitions claimed.
+	SessionLogMessage = "Kafka consumer group session began"
+	// FirstRecordLogMessage is logged once per member, when it delivers
+	// its first record.
+	FirstRecordLogMessage = "Kafka consumer delivered its first record"
+)
+
+func (h *claimHandler) Setup(sess sarama.ConsumerGroupSession) error {
+	claimed := 0
+	for _, ps := range sess.Claims() {
+		claimed += len(ps)
+	}
+	h.logger.Info(SessionLogMessage, h.fields.Add(watermill.LogFields{"generation": sess.GenerationID(),
+		"partitions": claimed, "after": time.Since(h.subscribed).Round(time.Millisecond).String()}))
+	return nil
+}
+
 func (*claimHandler) Cleanup(sarama.ConsumerGroupSession) error { return nil }
 
 type delivered struct {
@@ -239,6 +269,10 @@ func (h *claimHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 				return nil
 			}
 			q = append(q, delivered{record: r, msg: msg, done: done})
+			h.firstRecord.Do(func() {
+				h.logger.Info(FirstRecordLogMessage, h.fields.Add(watermill.LogFields{
+					"after": time.Since(h.subscribed).Round(time.Millisecond).String()}))
+			})
 		case <-acked:
 			for len(q) > 0 && isDone(q[0].msg.Acked()) {
 				sess.MarkMessage(q[0].record, "")
