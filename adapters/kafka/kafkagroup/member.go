@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -258,10 +259,7 @@ func (h *claimHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 			if !ok {
 				return nil // the claim ended (rebalance or close)
 			}
-			msg, err := wmkafka.DefaultMarshaler{}.Unmarshal(r)
-			if err != nil {
-				return err // nothing later can be delivered in order; the session restarts
-			}
+			msg := unmarshal(r)
 			mctx, done := context.WithCancel(withRecord(ctx, r))
 			msg.SetContext(mctx)
 			if !h.send(sess, msg) {
@@ -312,29 +310,72 @@ func (h *claimHandler) send(sess sarama.ConsumerGroupSession, msg *message.Messa
 	return false
 }
 
-type (
-	partitionKey struct{}
-	offsetKey    struct{}
-	timestampKey struct{}
-)
+// recordKey is the context key of the record a message came from.
+type recordKey struct{}
+
+// recordInfo is what a message's context tells of its record: one value,
+// where three context values cost three allocations a message.
+type recordInfo struct {
+	partition int32
+	offset    int64
+	timestamp time.Time
+}
 
 func withRecord(ctx context.Context, r *sarama.ConsumerMessage) context.Context {
-	ctx = context.WithValue(ctx, timestampKey{}, r.Timestamp)
-	return context.WithValue(context.WithValue(ctx, partitionKey{}, r.Partition), offsetKey{}, r.Offset)
+	return context.WithValue(ctx, recordKey{}, &recordInfo{partition: r.Partition, offset: r.Offset, timestamp: r.Timestamp})
 }
 
 // RecordTimestamp returns the Kafka record timestamp of a message the Kafka
 // subscriber delivered (the producer's send time, as the relay's sink sets
 // it), e.g. to split a consumer's lag into the relay's part and its own.
 func RecordTimestamp(ctx context.Context) (time.Time, bool) {
-	t, ok := ctx.Value(timestampKey{}).(time.Time)
-	return t, ok && !t.IsZero()
+	r, ok := ctx.Value(recordKey{}).(*recordInfo)
+	if !ok || r.timestamp.IsZero() {
+		return time.Time{}, false
+	}
+	return r.timestamp, true
 }
 
 // messagePartition returns the Kafka partition and offset of a message a
 // member delivered.
 func messagePartition(ctx context.Context) (partition int32, offset int64, ok bool) {
-	p, ok1 := ctx.Value(partitionKey{}).(int32)
-	o, ok2 := ctx.Value(offsetKey{}).(int64)
-	return p, o, ok1 && ok2
+	r, ok := ctx.Value(recordKey{}).(*recordInfo)
+	if !ok {
+		return 0, 0, false
+	}
+	return r.partition, r.offset, true
+}
+
+// unmarshal is watermill-kafka's DefaultMarshaler.Unmarshal (the record's
+// headers become the message's metadata, its _watermill_message_uuid
+// header the message UUID, its value the payload) with a handful of
+// allocations instead of two per header: the headers' keys and values are
+// copied into one string and sliced from it. It cannot fail.
+func unmarshal(r *sarama.ConsumerMessage) *message.Message {
+	n := 0
+	for _, h := range r.Headers {
+		n += len(h.Key) + len(h.Value)
+	}
+	var b strings.Builder
+	b.Grow(n)
+	for _, h := range r.Headers {
+		b.Write(h.Key)
+		b.Write(h.Value)
+	}
+	all := b.String()
+	var uuid string
+	metadata := make(message.Metadata, len(r.Headers))
+	for _, h := range r.Headers {
+		k := all[:len(h.Key)]
+		v := all[len(h.Key) : len(h.Key)+len(h.Value)]
+		all = all[len(h.Key)+len(h.Value):]
+		if k == wmkafka.UUIDHeaderKey {
+			uuid = v
+		} else {
+			metadata[k] = v
+		}
+	}
+	msg := message.NewMessage(uuid, r.Value)
+	msg.Metadata = metadata
+	return msg
 }
