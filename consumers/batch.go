@@ -220,9 +220,14 @@ func (b *batcher) run(ctx context.Context, batch []*pending) {
 	if len(batch) > 1 {
 		res, err := b.r.inbox.ReceiveBatch(ctx, hc.consumer, hc.ordered, es, b.r.safeApply(hc), b.r.applyAll(hc))
 		if err == nil {
+			var counts [dispositionCount]int
 			for i, p := range batch {
 				p.out = res.Outcomes[i]
-				b.r.recorded(hc, p.out)
+				counts[dispositionIndex(p.out.Disposition)]++
+				b.r.logged(hc, p.out)
+			}
+			b.r.metrics.recordAll(hc.consumer, &counts)
+			for _, p := range batch {
 				close(p.done)
 			}
 			for _, ref := range res.Held {
