@@ -25,8 +25,10 @@ type levelGate struct {
 	log  *slog.Logger
 }
 
-func (g levelGate) Error(msg string, err error, fields watermill.LogFields) { g.next.Error(msg, err, fields) }
-func (g levelGate) Info(msg string, fields watermill.LogFields)             { g.next.Info(msg, fields) }
+func (g levelGate) Error(msg string, err error, fields watermill.LogFields) {
+	g.next.Error(msg, err, fields)
+}
+func (g levelGate) Info(msg string, fields watermill.LogFields) { g.next.Info(msg, fields) }
 
 func (g levelGate) Debug(msg string, fields watermill.LogFields) {
 	if g.log.Enabled(context.Background(), slog.LevelDebug) {
