@@ -69,12 +69,14 @@ bench:
 # Posthorn's polling and CDC relays side by side with Debezium (Kafka Connect
 # standalone, the Outbox Event Router) on the same 200,000 events, the same
 # PostgreSQL and one real Apache Kafka node, and the polling relay against
-# kfake: docs/measured.md. Resolves Connect and Debezium with Maven first
-# (scripts/debezium/pom.xml, cached in ~/.m2). Under 10 minutes.
+# kfake; then the example consumers as `posthorn consume` processes applying
+# 200,000 events from that node, from process start: docs/measured.md.
+# Resolves Connect and Debezium with Maven first (scripts/debezium/pom.xml,
+# cached in ~/.m2). Under 10 minutes on a quiet machine.
 bench-peers: setup
 	@out=$$(mvn -q -B -Dstyle.color=never -f scripts/debezium/pom.xml dependency:build-classpath -Dmdep.outputFile=.classpath 2>&1) || \
 		{ echo "$$out"; echo "Maven could not resolve scripts/debezium/pom.xml"; exit 1; }
-	$(GO) test -run '^$$' -bench BenchmarkPeersDrainToKafka -benchtime 1x -count 1 -timeout 10m ./integration/peers/
+	$(GO) test -run '^$$' -bench '^BenchmarkPeers(DrainToKafka|Consumers)$$' -benchtime 1x -count 1 -timeout 30m ./integration/peers/
 
 # The demo on embedded defaults: a throwaway PostgreSQL (needs the server
 # binaries, e.g. apt-get install postgresql), an in-process Kafka-protocol

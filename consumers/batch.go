@@ -75,11 +75,22 @@ type handOff struct {
 	mu      sync.Mutex
 	next    uint64
 	passed  map[uint64]bool
-	waiting map[uint64]chan struct{} // seq → closed when next reaches it
+	waiting map[uint64]*waiter // seq → released when next reaches it
+	// expiry releases the waiters that have waited handOffWait: one timer
+	// for all of them, armed for the oldest (most messages wait a moment
+	// for a predecessor, and a timer each cost an allocation and the
+	// runtime's timer heap twice).
+	expiry *time.Timer
+	armed  bool
+}
+
+type waiter struct {
+	ch    chan struct{}
+	since time.Time
 }
 
 func newHandOff() *handOff {
-	return &handOff{passed: map[uint64]bool{}, waiting: map[uint64]chan struct{}{}}
+	return &handOff{passed: map[uint64]bool{}, waiting: map[uint64]*waiter{}}
 }
 
 // wait blocks until every message numbered below seq has passed, ctx ends,
@@ -90,20 +101,52 @@ func (h *handOff) wait(ctx context.Context, seq uint64) {
 		h.mu.Unlock()
 		return
 	}
-	ch := make(chan struct{})
-	h.waiting[seq] = ch
-	h.mu.Unlock()
-	timeout := time.NewTimer(handOffWait)
-	defer timeout.Stop()
-	select {
-	case <-ch:
-		return
-	case <-ctx.Done():
-	case <-timeout.C:
+	w := &waiter{ch: make(chan struct{}), since: time.Now()}
+	h.waiting[seq] = w
+	if !h.armed {
+		h.arm(handOffWait)
 	}
-	h.mu.Lock()
-	delete(h.waiting, seq)
 	h.mu.Unlock()
+	select {
+	case <-w.ch:
+	case <-ctx.Done():
+		h.mu.Lock()
+		if h.waiting[seq] == w {
+			delete(h.waiting, seq)
+		}
+		h.mu.Unlock()
+	}
+}
+
+// arm starts the expiry timer for d; h.mu is held.
+func (h *handOff) arm(d time.Duration) {
+	h.armed = true
+	if h.expiry == nil {
+		h.expiry = time.AfterFunc(d, h.expire)
+		return
+	}
+	h.expiry.Reset(d)
+}
+
+// expire releases every waiter that has waited handOffWait and arms the
+// timer for the oldest of the others.
+func (h *handOff) expire() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.armed = false
+	now := time.Now()
+	var oldest time.Time
+	for seq, w := range h.waiting {
+		if now.Sub(w.since) >= handOffWait {
+			close(w.ch)
+			delete(h.waiting, seq)
+		} else if oldest.IsZero() || w.since.Before(oldest) {
+			oldest = w.since
+		}
+	}
+	if !oldest.IsZero() {
+		h.arm(handOffWait - now.Sub(oldest))
+	}
 }
 
 // pass records that message seq has gone through; passing twice (a retry)
@@ -119,8 +162,8 @@ func (h *handOff) pass(seq uint64) {
 		delete(h.passed, h.next)
 		h.next++
 	}
-	if ch, ok := h.waiting[h.next]; ok {
-		close(ch)
+	if w, ok := h.waiting[h.next]; ok {
+		close(w.ch)
 		delete(h.waiting, h.next)
 	}
 }
@@ -220,9 +263,14 @@ func (b *batcher) run(ctx context.Context, batch []*pending) {
 	if len(batch) > 1 {
 		res, err := b.r.inbox.ReceiveBatch(ctx, hc.consumer, hc.ordered, es, b.r.safeApply(hc), b.r.applyAll(hc))
 		if err == nil {
+			var counts [dispositionCount]int
 			for i, p := range batch {
 				p.out = res.Outcomes[i]
-				b.r.recorded(hc, p.out)
+				counts[dispositionIndex(p.out.Disposition)]++
+				b.r.logged(hc, p.out)
+			}
+			b.r.metrics.recordAll(hc.consumer, &counts)
+			for _, p := range batch {
 				close(p.done)
 			}
 			for _, ref := range res.Held {

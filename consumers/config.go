@@ -58,8 +58,9 @@ type Config struct {
 	// parks expired holds (default HoldTime/10, within 10ms..1s).
 	SweepInterval time.Duration
 	// Retry configures the retries of a failing handler; zero fields take
-	// the Default… values. Its ShouldRetry is replaced: permanent errors
-	// never reach it (they park).
+	// the Default… values. Its ShouldRetry and OnRetryHook are not used:
+	// permanent errors are never retried (they park). The waits are
+	// InitialInterval, then times Multiplier up to MaxInterval.
 	Retry middleware.Retry
 	// CommandTopicPrefix is the prefix of command topics (default
 	// core.CommandTopicPrefix).

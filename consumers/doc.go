@@ -96,9 +96,9 @@
 //
 // # Poison
 //
-// A handler error is retried with backoff by Watermill's Retry middleware
-// (a panic is turned into an error by its Recoverer first); when the
-// retries are exhausted the message is nacked and the broker redelivers it.
+// A handler error is retried with backoff as Config.Retry says (a panic is
+// turned into an error by Watermill's Recoverer first); when the retries
+// are exhausted the message is nacked and the broker redelivers it.
 // An error marked permanent (Permanent, or core.Permanent) is not retried:
 // the event is stored as parked_poison with the error as reason and
 // acknowledged. For a DependsOnPredecessor handler its aggregate is parked

@@ -75,6 +75,7 @@ type handlerConfig struct {
 
 	handOff *handOff
 	lanes   lanes
+	metrics applyMetrics
 	// firstApplied logs the first event applied (Registry.applied).
 	firstApplied sync.Once
 }

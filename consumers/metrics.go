@@ -95,29 +95,74 @@ func (m *metrics) init(consumer string) {
 }
 
 func (m *metrics) record(consumer string, d core.Disposition, n int) {
-	if d == core.DispositionHeld || n == 0 {
+	var counts [dispositionCount]int
+	counts[dispositionIndex(d)] = n
+	m.recordAll(consumer, &counts)
+}
+
+// dispositions are the dispositions counted, by index; dispositionCount
+// is one more, for a disposition outside them (never counted).
+var dispositions = [...]core.Disposition{core.DispositionApplied, core.DispositionDuplicate, core.DispositionParkedGap,
+	core.DispositionParkedPoison, core.DispositionRejected, core.DispositionRevisionConflict, core.DispositionSkipped}
+
+const dispositionCount = len(dispositions) + 1
+
+func dispositionIndex(d core.Disposition) int {
+	for i, x := range dispositions {
+		if x == d {
+			return i
+		}
+	}
+	return len(dispositions)
+}
+
+// recordAll counts a batch's dispositions (counts by dispositionIndex) at
+// once: a counter's labels are looked up once per disposition a batch had,
+// not per event.
+func (m *metrics) recordAll(consumer string, counts *[dispositionCount]int) {
+	var all, dup int
+	for i, d := range dispositions {
+		if counts[i] == 0 {
+			continue
+		}
+		m.messages.WithLabelValues(consumer, string(d)).Add(float64(counts[i]))
+		all += counts[i]
+		if d == core.DispositionDuplicate {
+			dup += counts[i]
+		}
+	}
+	if all == 0 {
 		return
 	}
-	m.messages.WithLabelValues(consumer, string(d)).Add(float64(n))
 	m.mu.Lock()
 	r := m.totals[consumer]
 	if r == nil {
 		r = &ratio{}
 		m.totals[consumer] = r
 	}
-	r.all += float64(n)
-	if d == core.DispositionDuplicate {
-		r.dup += float64(n)
-	}
+	r.all += float64(all)
+	r.dup += float64(dup)
 	v := r.dup / r.all
 	m.mu.Unlock()
 	m.dupRatio.WithLabelValues(consumer).Set(v)
 }
 
-func (m *metrics) observeApply(consumer string, start time.Time, occurredAt time.Time) {
-	now := time.Now()
-	m.handlerDur.WithLabelValues(consumer).Observe(now.Sub(start).Seconds())
+// applyMetrics are one consumer's apply latency and lag, their labels
+// looked up once.
+type applyMetrics struct {
+	handler prometheus.Observer
+	lag     prometheus.Gauge
+}
+
+func (m *metrics) applyOf(consumer string) applyMetrics {
+	return applyMetrics{handler: m.handlerDur.WithLabelValues(consumer), lag: m.lag.WithLabelValues(consumer)}
+}
+
+// observe records one apply that took took, of an event that occurred at
+// occurredAt (the zero time: unknown, the lag stays as it was).
+func (a applyMetrics) observe(took time.Duration, occurredAt time.Time) {
+	a.handler.Observe(took.Seconds())
 	if !occurredAt.IsZero() {
-		m.lag.WithLabelValues(consumer).Set(now.Sub(occurredAt).Seconds())
+		a.lag.Set(time.Since(occurredAt).Seconds())
 	}
 }

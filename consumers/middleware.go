@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -63,7 +64,7 @@ func (r *Registry) apply(hc *handlerConfig) Handler {
 		start := time.Now()
 		err := hc.handler(ctx, tx, e)
 		if err == nil {
-			r.metrics.observeApply(hc.consumer, start, e.OccurredAt)
+			hc.metrics.observe(time.Since(start), e.OccurredAt)
 		}
 		return err
 	}
@@ -142,28 +143,49 @@ const SkippedLogMessage = "consumer skipped a dead-lettered revision: recorded a
 // recorded turns one outcome into metrics and log lines.
 func (r *Registry) recorded(hc *handlerConfig, out Outcome) {
 	r.metrics.record(hc.consumer, out.Disposition, 1)
-	if out.Disposition == core.DispositionApplied {
+	r.logged(hc, out)
+}
+
+// logged logs one outcome: the first applied event since start, and every
+// disposition but applied at its level (the attributes are built only
+// when the logger takes the level).
+func (r *Registry) logged(hc *handlerConfig, out Outcome) {
+	var (
+		level slog.Level
+		msg   string
+	)
+	switch out.Disposition {
+	case core.DispositionApplied:
 		r.applied(hc)
+		return
+	case core.DispositionHeld:
+		r.metrics.gaps.WithLabelValues(hc.consumer).Inc()
+		level, msg = slog.LevelInfo, "consumer holds an event received ahead of its predecessor"
+	case core.DispositionParkedGap:
+		level, msg = slog.LevelWarn, "consumer parked an event behind a parked aggregate"
+	case core.DispositionParkedPoison:
+		level, msg = slog.LevelError, "consumer parked a poison event"
+	case core.DispositionRejected:
+		level, msg = slog.LevelWarn, "consumer rejected a record"
+	case core.DispositionDuplicate:
+		level, msg = slog.LevelDebug, "consumer absorbed a duplicate"
+	case core.DispositionSkipped:
+		level, msg = slog.LevelWarn, SkippedLogMessage
+	case core.DispositionRevisionConflict:
+		level, msg = slog.LevelError, RevisionConflictLogMessage
+	default:
+		return
+	}
+	ctx := context.Background()
+	if !r.log.Enabled(ctx, level) {
+		return
 	}
 	attrs := []any{"consumer", hc.consumer, "event_id", out.EventID, "aggregate_type", out.AggregateType,
 		"aggregate_id", out.AggregateID, "revision", out.Revision, "reason", out.Reason}
-	switch out.Disposition {
-	case core.DispositionHeld:
-		r.metrics.gaps.WithLabelValues(hc.consumer).Inc()
-		r.log.Info("consumer holds an event received ahead of its predecessor", attrs...)
-	case core.DispositionParkedGap:
-		r.log.Warn("consumer parked an event behind a parked aggregate", attrs...)
-	case core.DispositionParkedPoison:
-		r.log.Error("consumer parked a poison event", attrs...)
-	case core.DispositionRejected:
-		r.log.Warn("consumer rejected a record", attrs...)
-	case core.DispositionDuplicate:
-		r.log.Debug("consumer absorbed a duplicate", attrs...)
-	case core.DispositionSkipped:
-		r.log.Warn(SkippedLogMessage, attrs...)
-	case core.DispositionRevisionConflict:
-		r.log.Error(RevisionConflictLogMessage, append(attrs, "applied_event_id", out.ConflictsWith)...)
+	if out.Disposition == core.DispositionRevisionConflict {
+		attrs = append(attrs, "applied_event_id", out.ConflictsWith)
 	}
+	r.log.Log(ctx, level, msg, attrs...)
 }
 
 // applyAll is the handler's BatchHandler with the metrics and a panic
@@ -182,11 +204,13 @@ func (r *Registry) applyAll(hc *handlerConfig) BatchHandler {
 		if err := hc.batch(ctx, tx, es); err != nil {
 			return err
 		}
-		// Each event's share of the batch's time.
+		// Each event's share of the batch's time; the lag is the last
+		// event's.
 		per := time.Since(start) / time.Duration(len(es))
-		for _, e := range es {
-			r.metrics.observeApply(hc.consumer, time.Now().Add(-per), e.OccurredAt)
+		for range len(es) - 1 {
+			hc.metrics.observe(per, time.Time{})
 		}
+		hc.metrics.observe(per, es[len(es)-1].OccurredAt)
 		return nil
 	}
 }

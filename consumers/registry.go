@@ -144,12 +144,10 @@ func (r *Registry) add(consumer, topic string, kind core.Kind, h Handler, opts [
 	// (its transaction is rolled back by the deferred Rollback on the way
 	// out) and is retried like any other. Permanent errors never get here:
 	// the middleware parks them and acknowledges.
-	retry := r.cfg.Retry
-	retry.ShouldRetry = func(p middleware.RetryParams) bool { return !core.IsPermanent(p.Err) }
-	retry.OnRetryHook = nil
-	wh.AddMiddleware(retry.Middleware, middleware.Recoverer)
+	wh.AddMiddleware(retrying(r.cfg.Retry, func(err error) bool { return !core.IsPermanent(err) }), middleware.Recoverer)
 	r.handlers = append(r.handlers, hc)
 	r.metrics.init(consumer)
+	hc.metrics = r.metrics.applyOf(consumer)
 	return nil
 }
 

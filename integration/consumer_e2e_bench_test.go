@@ -127,14 +127,6 @@ func startE2EPath(b *testing.B, ctx context.Context) *e2ePath {
 	return &e2ePath{url: url, ledger: apiPool, consumer: pool, consumerDB: consumerDB, reg: reg, clock: clock}
 }
 
-// apiAlone starts the Posting API on a ledger of its own, with no relay
-// and no consumer, and returns its URL: the baseline of the end-to-end bar.
-func apiAlone(b *testing.B, ctx context.Context) string {
-	b.Helper()
-	_, pool := pgtest.Ledger(b)
-	return serveAPI(b, ctx, pool)
-}
-
 // serveAPI serves the Posting API on pool's ledger until the benchmark
 // ends and returns its URL.
 func serveAPI(b *testing.B, ctx context.Context, pool *pgxpool.Pool) string {
@@ -154,18 +146,25 @@ func serveAPI(b *testing.B, ctx context.Context, pool *pgxpool.Pool) string {
 	return "http://" + ln.Addr().String()
 }
 
-// flatOut posts as fast as workers clients can for d and returns the
-// postings per second.
-func flatOut(ctx context.Context, url, keyPrefix string, workers int, d time.Duration) (float64, error) {
+// flatOutResult is what flatOut measured.
+type flatOutResult struct {
+	rate     float64 // postings per second
+	postings float64
+	took     time.Duration
+}
+
+// flatOut posts as fast as workers clients can for d.
+func flatOut(ctx context.Context, url, keyPrefix string, workers int, d time.Duration) (flatOutResult, error) {
 	loadCtx, stop := context.WithTimeout(ctx, d)
 	defer stop()
 	t0 := time.Now()
 	res, err := demo.Load(loadCtx, demo.LoadConfig{BaseURL: url, Postings: 1 << 30, Workers: workers,
 		Accounts: 1000, AccountPrefix: "acc-e2e-", KeyPrefix: keyPrefix})
 	if err != nil && loadCtx.Err() == nil {
-		return 0, err
+		return flatOutResult{}, err
 	}
-	return float64(res.Postings) / time.Since(t0).Seconds(), nil
+	took := time.Since(t0)
+	return flatOutResult{rate: float64(res.Postings) / took.Seconds(), postings: float64(res.Postings), took: took}, nil
 }
 
 // e2eBar is the end-to-end bar: the whole path holds at least this share
@@ -177,38 +176,40 @@ const (
 	e2eBarP99   = 100 // ms
 )
 
-// BenchmarkConsumerEndToEnd posts through the Posting API, relays to kfake
-// and applies with both example consumers, all in one process, and holds
-// the whole path against the Posting API alone, in one run:
+// e2eWorkers is how many HTTP clients post when the path runs flat out.
+const e2eWorkers = 32
+
+// BenchmarkConsumerEndToEnd holds the whole path (the Posting API, the
+// relay to Kafka, both example consumers) against the Posting API alone,
+// in one run:
 //
-//   - first the Posting API alone (a ledger of its own, no relay, no
-//     consumer), as fast as 32 clients post, for 20 s: the baseline;
-//   - at a steady 500, 1,000 and half the API's own rate, 10 s each: the
-//     time from the API's 201 answer (the posting committed) to both
-//     consumers' inbox transactions for each of its events having
+//   - first `posthorn api` alone as a process (a ledger of its own, no
+//     relay, no consumer), as fast as 32 clients post, for 20 s: the
+//     baseline, with the CPU it and its PostgreSQL backends took;
+//   - then the path in this process (the API, the relay to kfake, both
+//     consumers) at a steady 500, 1,000 and half the API's own rate, 10 s
+//     each: the time from the API's 201 answer (the posting committed) to
+//     both consumers' inbox transactions for each of its events having
 //     committed, the machine's CPU per posting, and how much of it went to
 //     the API's, the relay's and the consumers' PostgreSQL backends and to
 //     this process (when PostgreSQL runs on this machine);
-//   - then the whole path as fast as 32 API clients post, for a minute,
-//     sampling every second the events committed, relayed and applied by
-//     each consumer: its highest steady rate, which stage limits it (a
-//     stage whose lag at the end is more than twice its lag at half time),
-//     and that rate as a share of the API's own.
+//   - then the whole path as processes (`posthorn dev kafka`, `posthorn
+//     api`, `posthorn relay`, `posthorn consume`), as fast as 32 API
+//     clients post, for a minute, sampling every second the events
+//     committed, relayed and applied by each consumer: its highest steady
+//     rate, which stage limits it (a stage whose lag at the end is more
+//     than twice its lag at half time), that rate as a share of the API's
+//     own, and the machine's CPU split between the processes (each child's
+//     /proc/<pid>/stat, the PostgreSQL backends of each, this process's
+//     load generator, and the rest of the machine).
 //
 // It prints the bar's verdict; a benchmark reports, it does not fail on a
 // figure.
 func BenchmarkConsumerEndToEnd(b *testing.B) {
 	ctx := context.Background()
-	const workers = 32
-	alone := apiAlone(b, ctx)
-	if _, err := demo.Load(ctx, demo.LoadConfig{BaseURL: alone, Postings: 500, Accounts: 1000, AccountPrefix: "acc-e2e-", KeyPrefix: "warm-alone-"}); err != nil {
-		b.Fatal(err)
-	}
-	apiRate, err := flatOut(ctx, alone, "alone-", workers, 20*time.Second)
-	if err != nil {
-		b.Fatal(err)
-	}
-	fmt.Printf("end to end, the Posting API alone (no relay, no consumer), %d clients for 20 s: %.0f postings/s\n", workers, apiRate)
+	apiRate, apiCPU := apiAloneProcess(b, ctx)
+	fmt.Printf("end to end, `posthorn api` alone (no relay, no consumer), %d clients for 20 s: %.0f postings/s; CPU per posting: %s\n",
+		e2eWorkers, apiRate, apiCPU)
 	b.ReportMetric(apiRate, "api-alone-postings/s")
 
 	p := startE2EPath(b, ctx)
@@ -216,7 +217,7 @@ func BenchmarkConsumerEndToEnd(b *testing.B) {
 	if _, err := demo.Load(ctx, demo.LoadConfig{BaseURL: p.url, Postings: 20, Accounts: 1000, AccountPrefix: "acc-warm-", KeyPrefix: "warm-"}); err != nil {
 		b.Fatal(err)
 	}
-	waitCaughtUp(b, ctx, p, 2*time.Minute)
+	waitCaughtUp(b, ctx, p.progress, 2*time.Minute)
 
 	// 500 and 1,000 postings/s, as points of comparison with earlier runs,
 	// then the bar's: half the API's own rate.
@@ -232,50 +233,7 @@ func BenchmarkConsumerEndToEnd(b *testing.B) {
 		b.ReportMetric(p99, "e2e-p99-ms-at-"+strconv.Itoa(rate))
 	}
 
-	// The whole path as fast as the API takes it.
-	const window = time.Minute
-	loadCtx, stop := context.WithTimeout(ctx, window)
-	defer stop()
-	base := e2eProgress(b, ctx, p)
-	samples := []demo.Progress{}
-	sampled := make(chan struct{})
-	go func() {
-		defer close(sampled)
-		t := time.NewTicker(time.Second)
-		defer t.Stop()
-		for {
-			select {
-			case <-loadCtx.Done():
-				return
-			case <-t.C:
-				samples = append(samples, e2eProgress(b, ctx, p))
-			}
-		}
-	}()
-	t0 := time.Now()
-	maxRes, _ := demo.Load(loadCtx, demo.LoadConfig{BaseURL: p.url, Postings: 1 << 30, Workers: workers,
-		Accounts: 1000, AccountPrefix: "acc-e2e-", KeyPrefix: "max-"})
-	<-sampled
-	dur := time.Since(t0)
-	last := samples[len(samples)-1]
-	mid := samples[len(samples)/2]
-	events := last.Events - base.Events
-	relayLag := func(s demo.Progress) int64 { return s.Unrelayed }
-	consumerLag := func(s demo.Progress) int64 { return s.Lag() - s.Unrelayed } // behind the relay
-	limit := "the Posting API (ledger writes): the relay and the consumers kept up"
-	lagFlat := true
-	switch {
-	case relayLag(last) > 2*max(relayLag(mid), 1000):
-		limit = "the relay: its backlog grew"
-		lagFlat = false
-	case consumerLag(last) > 2*max(consumerLag(mid), 1000):
-		limit = "the consumers: their lag behind the relay grew"
-		lagFlat = false
-	}
-	pathRate := float64(maxRes.Postings) / dur.Seconds()
-	fmt.Printf("end to end, highest steady rate over %s (%d API clients): %.0f postings/s, %.0f events/s; lag at %s / at the end: relay %d / %d events, consumers %d / %d events; limited by %s\n",
-		window, workers, pathRate, float64(events)/dur.Seconds(), window/2,
-		relayLag(mid), relayLag(last), consumerLag(mid), consumerLag(last), limit)
+	pathRate, lagFlat := flatOutProcesses(b, ctx, apiRate)
 	share := pathRate / apiRate
 	b.ReportMetric(share, "path/api-alone")
 	verdict := func(ok bool) string {
@@ -313,7 +271,7 @@ func steadyLatency(b *testing.B, ctx context.Context, p *e2ePath, rate int) floa
 		b.Fatal(err)
 	}
 	elapsed := time.Since(start)
-	waitCaughtUp(b, ctx, p, 3*time.Minute)
+	waitCaughtUp(b, ctx, p.progress, 3*time.Minute)
 	cpu, parts := readMachineCPU(b).since(cpu0), readPartsCPU(b, p).since(parts0)
 	var lat, toBroker, fromBroker []time.Duration
 	for id, c := range committed {
@@ -354,22 +312,29 @@ func steadyLatency(b *testing.B, ctx context.Context, p *e2ePath, rate int) floa
 	return pct(lat, 99)
 }
 
-// e2eProgress reads how far each stage is.
-func e2eProgress(b *testing.B, ctx context.Context, p *e2ePath) demo.Progress {
+// e2eProgress reads how far each stage of a path is: its ledger's events
+// relayed and its consumers' applied.
+func e2eProgress(b *testing.B, ctx context.Context, ledger, consumer *pgxpool.Pool) demo.Progress {
 	b.Helper()
-	pr, err := demo.ReadProgress(ctx, p.ledger, p.consumer, []string{projection.Name, auditlog.Name})
+	pr, err := demo.ReadProgress(ctx, ledger, consumer, []string{projection.Name, auditlog.Name})
 	if err != nil {
 		b.Fatal(err)
 	}
 	return pr
 }
 
-func waitCaughtUp(b *testing.B, ctx context.Context, p *e2ePath, d time.Duration) {
+func (p *e2ePath) progress(b *testing.B, ctx context.Context) demo.Progress {
+	return e2eProgress(b, ctx, p.ledger, p.consumer)
+}
+
+// waitCaughtUp waits until progress says every event is relayed and
+// applied, within d.
+func waitCaughtUp(b *testing.B, ctx context.Context, progress func(*testing.B, context.Context) demo.Progress, d time.Duration) {
 	b.Helper()
 	// Every 50 ms: the progress is read with counts, beside the path whose
 	// CPU is measured.
-	if !wait.UntilEvery(d, 50*time.Millisecond, func() (bool, string) { return e2eProgress(b, ctx, p).Delivered(), "" }) {
-		b.Fatalf("consumers not caught up after %s: %+v", d, e2eProgress(b, ctx, p))
+	if !wait.UntilEvery(d, 50*time.Millisecond, func() (bool, string) { return progress(b, ctx).Delivered(), "" }) {
+		b.Fatalf("consumers not caught up after %s: %+v", d, progress(b, ctx))
 	}
 }
 

@@ -11,7 +11,6 @@ import (
 	"sort"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/trace"
@@ -169,7 +168,7 @@ func runConsumers(ctx context.Context, cfg configs.Config, o consumeOptions) err
 	if err := postgres.CheckConsumerRoles(ctx, pool, names); err != nil {
 		return fmt.Errorf("config key consumer.database.url: %w", err)
 	}
-	wlog := watermill.NewSlogLogger(log)
+	wlog := consumers.RouterLogger(log)
 	reg := newRegistry()
 	factory, err := openSubscribers(cfg.Sink, brokers.Options{Logger: wlog, Memory: o.memory,
 		Kafka: kafkagroup.Options{Registerer: reg, InstanceID: cfg.Consumer.InstanceID, Fenced: fenced}}) // brokers.go

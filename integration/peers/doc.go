@@ -17,4 +17,12 @@
 //     readable latency is read off the same reader's clock;
 //   - every event is counted by its ID, never by position: a relay that
 //     lost or repeated one would be named, not averaged away.
+//
+// BenchmarkPeersConsumers takes the path's last stage on the same broker:
+// the example consumers as `posthorn consume` processes applying 200,000
+// events already on the topic, each timed from the start of its process
+// (the group join and the first fetch are part of the figure, and printed
+// apart), with the inbox, as the consumers' own database roles; every run
+// checks that each event was applied exactly once and every balance is
+// right. POSTHORN_BENCH_BASELINE_BIN runs an older binary beside it.
 package peers

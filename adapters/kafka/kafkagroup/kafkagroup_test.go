@@ -16,3 +16,11 @@ func TestSaramaConfigStartsAtTheOldestRecord(t *testing.T) {
 		t.Fatalf("initial offset %d, want OffsetOldest", got)
 	}
 }
+
+// The subscribers fetch 256 KiB per partition, not sarama's 1 MiB: a
+// fetch is decoded whole before its first record is delivered.
+func TestSaramaConfigFetchesSmallFirst(t *testing.T) {
+	if got := kafkagroup.SaramaConfig().Consumer.Fetch.Default; got != kafkagroup.FetchDefault || got >= 1<<20 {
+		t.Fatalf("fetch size %d per partition, want %d", got, kafkagroup.FetchDefault)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -111,6 +112,7 @@ func (m *member) Subscribe(ctx context.Context, topic string) (<-chan *message.M
 	m.mu.Unlock()
 	out := make(chan *message.Message)
 	fields := watermill.LogFields{"consumer_group": m.group, "topic": topic}
+	subscribed := time.Now()
 	go func() {
 		defer m.wg.Done()
 		for err := range cg.Errors() {
@@ -122,7 +124,8 @@ func (m *member) Subscribe(ctx context.Context, topic string) (<-chan *message.M
 	go func() {
 		defer m.wg.Done()
 		defer close(out)
-		h := &claimHandler{ctx: ctx, out: out, closing: m.closing, inFlight: m.inFlight, topic: topic}
+		h := &claimHandler{ctx: ctx, out: out, closing: m.closing, inFlight: m.inFlight, topic: topic,
+			logger: m.logger, fields: fields, subscribed: subscribed}
 		for {
 			err := cg.Consume(ctx, []string{topic}, h)
 			if errors.Is(err, sarama.ErrClosedConsumerGroup) || ctx.Err() != nil || isDone(m.closing) || m.isFenced(err) {
@@ -171,9 +174,37 @@ type claimHandler struct {
 	closing  <-chan struct{}
 	inFlight int
 	topic    string
+
+	logger watermill.LoggerAdapter
+	fields watermill.LogFields
+	// subscribed is when Subscribe was called: the start-up log lines
+	// say how long the join and the first fetch took from there.
+	subscribed  time.Time
+	firstRecord sync.Once
 }
 
-func (*claimHandler) Setup(sarama.ConsumerGroupSession) error   { return nil }
+// The start-up log lines of a member, at INFO, each with consumer_group,
+// topic and "after" (the time since Subscribe).
+const (
+	// SessionLogMessage is logged at the start of every group session
+	// (the join and every rebalance), with the generation and the
+	// partitions claimed.
+	SessionLogMessage = "Kafka consumer group session began"
+	// FirstRecordLogMessage is logged once per member, when it delivers
+	// its first record.
+	FirstRecordLogMessage = "Kafka consumer delivered its first record"
+)
+
+func (h *claimHandler) Setup(sess sarama.ConsumerGroupSession) error {
+	claimed := 0
+	for _, ps := range sess.Claims() {
+		claimed += len(ps)
+	}
+	h.logger.Info(SessionLogMessage, h.fields.Add(watermill.LogFields{"generation": sess.GenerationID(),
+		"partitions": claimed, "after": time.Since(h.subscribed).Round(time.Millisecond).String()}))
+	return nil
+}
+
 func (*claimHandler) Cleanup(sarama.ConsumerGroupSession) error { return nil }
 
 type delivered struct {
@@ -228,10 +259,7 @@ func (h *claimHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 			if !ok {
 				return nil // the claim ended (rebalance or close)
 			}
-			msg, err := wmkafka.DefaultMarshaler{}.Unmarshal(r)
-			if err != nil {
-				return err // nothing later can be delivered in order; the session restarts
-			}
+			msg := unmarshal(r)
 			mctx, done := context.WithCancel(withRecord(ctx, r))
 			msg.SetContext(mctx)
 			if !h.send(sess, msg) {
@@ -239,6 +267,10 @@ func (h *claimHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 				return nil
 			}
 			q = append(q, delivered{record: r, msg: msg, done: done})
+			h.firstRecord.Do(func() {
+				h.logger.Info(FirstRecordLogMessage, h.fields.Add(watermill.LogFields{
+					"after": time.Since(h.subscribed).Round(time.Millisecond).String()}))
+			})
 		case <-acked:
 			for len(q) > 0 && isDone(q[0].msg.Acked()) {
 				sess.MarkMessage(q[0].record, "")
@@ -278,29 +310,72 @@ func (h *claimHandler) send(sess sarama.ConsumerGroupSession, msg *message.Messa
 	return false
 }
 
-type (
-	partitionKey struct{}
-	offsetKey    struct{}
-	timestampKey struct{}
-)
+// recordKey is the context key of the record a message came from.
+type recordKey struct{}
+
+// recordInfo is what a message's context tells of its record: one value,
+// where three context values cost three allocations a message.
+type recordInfo struct {
+	partition int32
+	offset    int64
+	timestamp time.Time
+}
 
 func withRecord(ctx context.Context, r *sarama.ConsumerMessage) context.Context {
-	ctx = context.WithValue(ctx, timestampKey{}, r.Timestamp)
-	return context.WithValue(context.WithValue(ctx, partitionKey{}, r.Partition), offsetKey{}, r.Offset)
+	return context.WithValue(ctx, recordKey{}, &recordInfo{partition: r.Partition, offset: r.Offset, timestamp: r.Timestamp})
 }
 
 // RecordTimestamp returns the Kafka record timestamp of a message the Kafka
 // subscriber delivered (the producer's send time, as the relay's sink sets
 // it), e.g. to split a consumer's lag into the relay's part and its own.
 func RecordTimestamp(ctx context.Context) (time.Time, bool) {
-	t, ok := ctx.Value(timestampKey{}).(time.Time)
-	return t, ok && !t.IsZero()
+	r, ok := ctx.Value(recordKey{}).(*recordInfo)
+	if !ok || r.timestamp.IsZero() {
+		return time.Time{}, false
+	}
+	return r.timestamp, true
 }
 
 // messagePartition returns the Kafka partition and offset of a message a
 // member delivered.
 func messagePartition(ctx context.Context) (partition int32, offset int64, ok bool) {
-	p, ok1 := ctx.Value(partitionKey{}).(int32)
-	o, ok2 := ctx.Value(offsetKey{}).(int64)
-	return p, o, ok1 && ok2
+	r, ok := ctx.Value(recordKey{}).(*recordInfo)
+	if !ok {
+		return 0, 0, false
+	}
+	return r.partition, r.offset, true
+}
+
+// unmarshal is watermill-kafka's DefaultMarshaler.Unmarshal (the record's
+// headers become the message's metadata, its _watermill_message_uuid
+// header the message UUID, its value the payload) with a handful of
+// allocations instead of two per header: the headers' keys and values are
+// copied into one string and sliced from it. It cannot fail.
+func unmarshal(r *sarama.ConsumerMessage) *message.Message {
+	n := 0
+	for _, h := range r.Headers {
+		n += len(h.Key) + len(h.Value)
+	}
+	var b strings.Builder
+	b.Grow(n)
+	for _, h := range r.Headers {
+		b.Write(h.Key)
+		b.Write(h.Value)
+	}
+	all := b.String()
+	var uuid string
+	metadata := make(message.Metadata, len(r.Headers))
+	for _, h := range r.Headers {
+		k := all[:len(h.Key)]
+		v := all[len(h.Key) : len(h.Key)+len(h.Value)]
+		all = all[len(h.Key)+len(h.Value):]
+		if k == wmkafka.UUIDHeaderKey {
+			uuid = v
+		} else {
+			metadata[k] = v
+		}
+	}
+	msg := message.NewMessage(uuid, r.Value)
+	msg.Metadata = metadata
+	return msg
 }

@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/posthorn/posthorn/consumers"
@@ -33,6 +35,11 @@ type Inbox struct {
 	pool *pgxpool.Pool
 	// revisionOnly: NewUnsafeRevisionOnly.
 	revisionOnly bool
+	// creating holds, per consumer, whether ReceiveBatch creates the
+	// positions of its aggregates before it locks them (*atomic.Bool):
+	// set when a batch found one missing, cleared when a batch created
+	// none.
+	creating sync.Map
 }
 
 var (
@@ -361,6 +368,11 @@ type inboxPosition struct {
 	// advanced: ReceiveBatch applied an event of the aggregate and must
 	// write last back.
 	advanced bool
+	// ctid is where ReceiveBatch found the locked row; moved is set once
+	// this transaction updated the row (a park), after which the row is
+	// found by its key, not there.
+	ctid  pgtype.TID
+	moved bool
 }
 
 // lockInboxPosition creates the aggregate's position row if needed and locks it
@@ -581,7 +593,7 @@ func recordConflict(ctx context.Context, tx pgx.Tx, consumer string, ordered boo
 	if err := parkInboxAggregate(ctx, tx, consumer, e.AggregateType, e.AggregateID, out.Reason); err != nil {
 		return err
 	}
-	pos.parked, pos.reason = true, out.Reason
+	pos.parked, pos.reason, pos.moved = true, out.Reason, true
 	return nil
 }
 

@@ -2,10 +2,13 @@ package inboxstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
+	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/posthorn/posthorn/consumers"
 	"github.com/posthorn/posthorn/core"
@@ -35,9 +38,39 @@ import (
 // one round trip; decide each event's disposition, applying those next in
 // line; apply the run with applyAll; advance the positions and find the
 // aggregates with held successors (ordered), in one round trip; commit.
+//
+// Positions exist once an aggregate's first event was received, so the
+// lock finds them all but in a consumer's first pass over its aggregates.
+// When it does not, the transaction is rolled back, without a lock held
+// out of order, and the batch starts again creating the missing positions
+// first (in the same sorted order); the consumer's next batches create
+// first too, until one creates none.
 func (in *Inbox) ReceiveBatch(ctx context.Context, consumer string, ordered bool, es []core.Envelope, apply consumers.Handler, applyAll consumers.BatchHandler) (consumers.BatchOutcome, error) {
-	res := consumers.BatchOutcome{Outcomes: make([]consumers.Outcome, len(es))}
 	order := applyOrder(es)
+	create := ordered && in.creatingPositions(consumer).Load()
+	for {
+		res, err := in.receiveBatch(ctx, consumer, ordered, es, order, create, apply, applyAll)
+		if errors.Is(err, errPositionsMissing) && !create {
+			create = true
+			in.creatingPositions(consumer).Store(true)
+			continue
+		}
+		return res, err
+	}
+}
+
+// errPositionsMissing: a batch that did not create positions found one
+// missing; nothing was recorded.
+var errPositionsMissing = errors.New("inbox: positions missing")
+
+func (in *Inbox) creatingPositions(consumer string) *atomic.Bool {
+	c, _ := in.creating.LoadOrStore(consumer, new(atomic.Bool))
+	return c.(*atomic.Bool)
+}
+
+func (in *Inbox) receiveBatch(ctx context.Context, consumer string, ordered bool, es []core.Envelope, order []int, create bool,
+	apply consumers.Handler, applyAll consumers.BatchHandler) (consumers.BatchOutcome, error) {
+	res := consumers.BatchOutcome{Outcomes: make([]consumers.Outcome, len(es))}
 	tx, err := in.pool.Begin(ctx)
 	if err != nil {
 		return res, fmt.Errorf("inbox: begin: %w", err)
@@ -45,8 +78,11 @@ func (in *Inbox) ReceiveBatch(ctx context.Context, consumer string, ordered bool
 	defer func() { _ = tx.Rollback(context.Background()) }()
 
 	b := inboxBatch{in: in, tx: tx, consumer: consumer, ordered: ordered, es: es, order: order, res: &res}
-	if err := b.lockAndInsert(ctx); err != nil {
+	if err := b.lockAndInsert(ctx, create); err != nil {
 		return res, err
+	}
+	if create && b.created == 0 {
+		in.creatingPositions(consumer).Store(false)
 	}
 	toApply, err := b.decide(ctx, apply, applyAll != nil)
 	if err != nil {
@@ -98,10 +134,13 @@ type inboxBatch struct {
 	order    []int
 	res      *consumers.BatchOutcome
 	// positions are the locked positions of an ordered consumer's
-	// aggregates; decide advances them in memory.
+	// aggregates; decide advances them in memory. created counts those
+	// this batch created.
 	positions map[core.AggregateKey]*inboxPosition
-	// fresh holds the event IDs whose row this batch inserted (decide
-	// removes each as it decides it); inserted lists them all.
+	created   int64
+	// inserted lists the event IDs whose row this batch inserted; fresh
+	// holds those decide has not decided yet (nil when the batch inserted
+	// every row: then no event ID came twice or had a row before).
 	fresh    map[string]bool
 	inserted []string
 	// appliedBefore maps an unordered consumer's event IDs to the event ID
@@ -114,12 +153,19 @@ type inboxBatch struct {
 }
 
 // lockAndInsert locks the positions of an ordered consumer's aggregates
-// (creating the missing ones, in one sorted order whoever calls, so
-// batches of several instances serialise per aggregate without
-// deadlocking), then inserts every inbox row: one round trip. The primary
+// (creating the missing ones first when create is set; without it, a
+// missing one is errPositionsMissing), in one sorted order whoever calls,
+// so batches of several instances serialise per aggregate without
+// deadlocking, then inserts every inbox row: one round trip. The primary
 // key decides which delivery owns an event (as in Receive); the
 // provisional disposition is replaced in this transaction where needed.
-func (b *inboxBatch) lockAndInsert(ctx context.Context) error {
+//
+// The lookups join the batch's keys to the tables LATERAL, key by key
+// through their indexes: a plain join would let the planner scan the
+// consumer's whole table, and on a fresh consumer database (no statistics
+// until autovacuum's first analyze, about a minute) a generic plan made on
+// the first few batches did so for every batch after them.
+func (b *inboxBatch) lockAndInsert(ctx context.Context, create bool) error {
 	batch := &pgx.Batch{}
 	var types, ids []string
 	if b.ordered {
@@ -131,17 +177,13 @@ func (b *inboxBatch) lockAndInsert(ctx context.Context) error {
 				types, ids = append(types, ref.Type), append(ids, ref.ID)
 			}
 		}
-		batch.Queue(`
+		if create {
+			batch.Queue(`
 		INSERT INTO consumer_positions (consumer, aggregate_type, aggregate_id)
 		SELECT $1, u.t, u.i FROM unnest($2::text[], $3::text[]) AS u(t, i) ORDER BY u.t, u.i
 		ON CONFLICT DO NOTHING`, b.consumer, types, ids)
-		batch.Queue(`
-		SELECT p.aggregate_type, p.aggregate_id, p.last_revision, p.parked, coalesce(p.parked_reason, '')
-		FROM consumer_positions p
-		JOIN unnest($2::text[], $3::text[]) AS u(t, i) ON p.aggregate_type = u.t AND p.aggregate_id = u.i
-		WHERE p.consumer = $1
-		ORDER BY p.aggregate_type, p.aggregate_id
-		FOR UPDATE OF p`, b.consumer, types, ids)
+		}
+		batch.Queue(lockPositionsSQL, b.consumer, types, ids)
 	}
 	cols := inboxColumns{}
 	for _, i := range b.order {
@@ -153,26 +195,29 @@ func (b *inboxBatch) lockAndInsert(ctx context.Context) error {
 		// each one is looked up (an ordered consumer looks up only a
 		// revision at or below its position, in decide). Before the
 		// insert, so no row of this batch is found.
-		batch.Queue(`
-		SELECT u.event_id, min(i.event_id)
-		FROM unnest($2::text[], $3::text[], $4::text[], $5::bigint[]) AS u(event_id, aggregate_type, aggregate_id, revision)
-		JOIN consumer_inbox i ON i.consumer = $1 AND i.aggregate_type = u.aggregate_type AND i.aggregate_id = u.aggregate_id
-		     AND i.revision = u.revision AND i.disposition = 'applied' AND i.event_id <> u.event_id
-		GROUP BY u.event_id`, b.consumer, cols.eventIDs, cols.aggTypes, cols.aggIDs, cols.revisions)
+		batch.Queue(appliedBeforeSQL, b.consumer, cols.eventIDs, cols.aggTypes, cols.aggIDs, cols.revisions)
 	}
+	// The event IDs inserted come back only when some were not: in the
+	// usual batch every row is new.
 	batch.Queue(`
-		INSERT INTO consumer_inbox (consumer, event_id, kind, type, aggregate_type, aggregate_id, revision, disposition)
-		SELECT $1, u.event_id, u.kind, u.type, u.aggregate_type, u.aggregate_id, u.revision, 'applied'
-		FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::bigint[])
-		     AS u(event_id, kind, type, aggregate_type, aggregate_id, revision)
-		ON CONFLICT (consumer, event_id) DO NOTHING
-		RETURNING event_id`,
-		b.consumer, cols.eventIDs, cols.kinds, cols.types, cols.aggTypes, cols.aggIDs, cols.revisions)
+		WITH ins AS (
+		    INSERT INTO consumer_inbox (consumer, event_id, kind, type, aggregate_type, aggregate_id, revision, disposition)
+		    SELECT $1, u.event_id, u.kind, u.type, u.aggregate_type, u.aggregate_id, u.revision, 'applied'
+		    FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::bigint[])
+		         AS u(event_id, kind, type, aggregate_type, aggregate_id, revision)
+		    ON CONFLICT (consumer, event_id) DO NOTHING
+		    RETURNING event_id)
+		SELECT count(*), CASE WHEN count(*) < $8 THEN array_agg(event_id) END FROM ins`,
+		b.consumer, cols.eventIDs, cols.kinds, cols.types, cols.aggTypes, cols.aggIDs, cols.revisions, len(cols.eventIDs))
 	br := b.tx.SendBatch(ctx, batch)
 	defer br.Close()
 	if b.ordered {
-		if _, err := br.Exec(); err != nil {
-			return fmt.Errorf("inbox: positions: %w", err)
+		if create {
+			tag, err := br.Exec()
+			if err != nil {
+				return fmt.Errorf("inbox: positions: %w", err)
+			}
+			b.created = tag.RowsAffected()
 		}
 		rows, err := br.Query()
 		if err != nil {
@@ -182,6 +227,9 @@ func (b *inboxBatch) lockAndInsert(ctx context.Context) error {
 			return err
 		}
 		if len(b.positions) != len(ids) {
+			if !create {
+				return errPositionsMissing
+			}
 			return fmt.Errorf("inbox: lock positions: %d of %d aggregates found", len(b.positions), len(ids))
 		}
 	}
@@ -199,20 +247,48 @@ func (b *inboxBatch) lockAndInsert(ctx context.Context) error {
 			return fmt.Errorf("inbox: applied events: %w", err)
 		}
 	}
-	rows, err := br.Query()
-	if err != nil {
+	var n int
+	var some []string
+	if err := br.QueryRow().Scan(&n, &some); err != nil {
 		return fmt.Errorf("inbox: insert: %w", err)
 	}
-	b.inserted, err = pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return fmt.Errorf("inbox: insert: %w", err)
-	}
-	b.fresh = make(map[string]bool, len(b.inserted))
-	for _, id := range b.inserted {
-		b.fresh[id] = true
+	if n == len(cols.eventIDs) {
+		b.inserted = cols.eventIDs
+	} else {
+		b.inserted = some
+		b.fresh = make(map[string]bool, len(some))
+		for _, id := range some {
+			b.fresh[id] = true
+		}
 	}
 	return br.Close()
 }
+
+// lockPositionsSQL locks the positions of the aggregates $2 (types), $3
+// (IDs) of consumer $1 in their sorted order and reads them with their
+// ctids.
+const lockPositionsSQL = `
+		SELECT p.ctid, p.aggregate_type, p.aggregate_id, p.last_revision, p.parked, coalesce(p.parked_reason, '')
+		FROM (SELECT u.t, u.i FROM unnest($2::text[], $3::text[]) AS u(t, i) ORDER BY u.t, u.i) u
+		CROSS JOIN LATERAL (
+		    SELECT p.ctid, p.* FROM consumer_positions p
+		    WHERE p.consumer = $1 AND p.aggregate_type = u.t AND p.aggregate_id = u.i
+		    FOR UPDATE) p`
+
+// appliedBeforeSQL finds, for each event $2 at its aggregate revision ($3
+// type, $4 ID, $5 revision), the least other event ID consumer $1 has
+// applied there. The least is taken from the array of them, not with
+// min() or ORDER BY … LIMIT 1, which the planner may answer by walking
+// the primary key (consumer, event_id) in order, every row of the consumer
+// for each event, when it believes the table empty.
+const appliedBeforeSQL = `
+		SELECT u.event_id, a.event_id
+		FROM unnest($2::text[], $3::text[], $4::text[], $5::bigint[]) AS u(event_id, aggregate_type, aggregate_id, revision)
+		CROSS JOIN LATERAL (
+		    SELECT (array_agg(i.event_id ORDER BY i.event_id))[1] AS event_id FROM consumer_inbox i
+		    WHERE i.consumer = $1 AND i.aggregate_type = u.aggregate_type AND i.aggregate_id = u.aggregate_id
+		      AND i.revision = u.revision AND i.disposition = 'applied' AND i.event_id <> u.event_id) a
+		WHERE a.event_id IS NOT NULL`
 
 // scanPositions reads locked position rows.
 func scanPositions(rows pgx.Rows) (map[core.AggregateKey]*inboxPosition, error) {
@@ -220,7 +296,7 @@ func scanPositions(rows pgx.Rows) (map[core.AggregateKey]*inboxPosition, error) 
 	for rows.Next() {
 		var ref core.AggregateKey
 		p := &inboxPosition{}
-		if err := rows.Scan(&ref.Type, &ref.ID, &p.last, &p.parked, &p.reason); err != nil {
+		if err := rows.Scan(&p.ctid, &ref.Type, &ref.ID, &p.last, &p.parked, &p.reason); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("inbox: lock positions: %w", err)
 		}
@@ -242,7 +318,7 @@ func (b *inboxBatch) decide(ctx context.Context, apply consumers.Handler, deferr
 	for _, i := range b.order {
 		e := b.es[i]
 		out := consumers.OutcomeOf(e)
-		if !b.fresh[e.EventID] {
+		if b.fresh != nil && !b.fresh[e.EventID] {
 			// A repeat: the event ID had a row before this batch, or an
 			// earlier delivery in this batch took it.
 			if err := countInboxRepeat(ctx, b.tx, b.consumer, &out); err != nil {
@@ -251,7 +327,9 @@ func (b *inboxBatch) decide(ctx context.Context, apply consumers.Handler, deferr
 			b.res.Outcomes[i] = out
 			continue
 		}
-		delete(b.fresh, e.EventID) // a second delivery in this batch is a repeat
+		if b.fresh != nil {
+			delete(b.fresh, e.EventID) // a second delivery in this batch is a repeat
+		}
 		var pos *inboxPosition
 		if b.ordered {
 			pos = b.positions[e.Aggregate()]
@@ -307,14 +385,26 @@ func (b *inboxBatch) appliedUnordered(e core.Envelope) string {
 }
 
 // advancePositions writes back the positions decide advanced and returns
-// those of their aggregates that have held successors.
+// those of their aggregates that have held successors. A row is found at
+// the ctid its lock read, unless this transaction moved it since (a park).
 func (b *inboxBatch) advancePositions(ctx context.Context) ([]core.AggregateKey, error) {
-	var advance inboxColumns
+	var (
+		at             []pgtype.TID
+		atRevs         []int64
+		moved, advance inboxColumns
+	)
 	for ref, pos := range b.positions {
-		if pos.advanced {
-			advance.aggTypes = append(advance.aggTypes, ref.Type)
-			advance.aggIDs = append(advance.aggIDs, ref.ID)
-			advance.revisions = append(advance.revisions, pos.last)
+		if !pos.advanced {
+			continue
+		}
+		advance.aggTypes = append(advance.aggTypes, ref.Type)
+		advance.aggIDs = append(advance.aggIDs, ref.ID)
+		if pos.moved {
+			moved.aggTypes = append(moved.aggTypes, ref.Type)
+			moved.aggIDs = append(moved.aggIDs, ref.ID)
+			moved.revisions = append(moved.revisions, pos.last)
+		} else {
+			at, atRevs = append(at, pos.ctid), append(atRevs, pos.last)
 		}
 	}
 	if len(advance.aggIDs) == 0 {
@@ -325,11 +415,19 @@ func (b *inboxBatch) advancePositions(ctx context.Context) ([]core.AggregateKey,
 	// before this commit (it would have to lock first). One round trip
 	// with the update.
 	batch := &pgx.Batch{}
-	batch.Queue(`
+	if len(at) > 0 {
+		batch.Queue(`
+		UPDATE consumer_positions p SET last_revision = u.revision, updated_at = now()
+		FROM unnest($1::tid[], $2::bigint[]) AS u(at, revision)
+		WHERE p.ctid = u.at`, at, atRevs)
+	}
+	if len(moved.aggIDs) > 0 {
+		batch.Queue(`
 		UPDATE consumer_positions p SET last_revision = u.revision, updated_at = now()
 		FROM unnest($2::text[], $3::text[], $4::bigint[]) AS u(aggregate_type, aggregate_id, revision)
 		WHERE p.consumer = $1 AND p.aggregate_type = u.aggregate_type AND p.aggregate_id = u.aggregate_id`,
-		b.consumer, advance.aggTypes, advance.aggIDs, advance.revisions)
+			b.consumer, moved.aggTypes, moved.aggIDs, moved.revisions)
+	}
 	batch.Queue(`
 		SELECT DISTINCT i.aggregate_type, i.aggregate_id
 		FROM consumer_inbox i
@@ -339,8 +437,17 @@ func (b *inboxBatch) advancePositions(ctx context.Context) ([]core.AggregateKey,
 		b.consumer, advance.aggTypes, advance.aggIDs)
 	br := b.tx.SendBatch(ctx, batch)
 	defer br.Close()
-	if _, err := br.Exec(); err != nil {
-		return nil, fmt.Errorf("inbox: advance positions: %w", err)
+	for _, want := range []int{len(at), len(moved.aggIDs)} {
+		if want == 0 {
+			continue
+		}
+		tag, err := br.Exec()
+		if err != nil {
+			return nil, fmt.Errorf("inbox: advance positions: %w", err)
+		}
+		if tag.RowsAffected() != int64(want) {
+			return nil, fmt.Errorf("inbox: advance positions: %d of %d updated", tag.RowsAffected(), want)
+		}
 	}
 	rows, err := br.Query()
 	if err != nil {
