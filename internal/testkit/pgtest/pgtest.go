@@ -275,3 +275,18 @@ func EnvInt(tb testing.TB, name string, def int) int {
 	}
 	return n
 }
+
+// EnvDuration reads a benchmark's duration from the environment variable
+// name (Go syntax: 90s, 10m), def when it is unset; anything but a
+// positive duration fails tb.
+func EnvDuration(tb testing.TB, name string, def time.Duration) time.Duration {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		tb.Fatalf("%s=%q: want a positive duration such as 90s or 10m", name, v)
+	}
+	return d
+}
