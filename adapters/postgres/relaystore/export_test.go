@@ -37,18 +37,22 @@ func NewIgnoringReleases(pool *pgxpool.Pool) *Store {
 }
 
 // Marks returns the store's marks of shards.
-func (s *Store) Marks(shards []int) []int64 { return s.low.marks(shards) }
+func (s *Store) Marks(shards []int) []int64 {
+	lows, _ := s.low.marks(shards)
+	return lows
+}
 
 // ReadBuffers is what one read of shards from the store's marks costs the
 // server: the buffers its plan touched (EXPLAIN ANALYZE BUFFERS).
 func (s *Store) ReadBuffers(ctx context.Context, shards []int, perShard int) (int64, error) {
 	var plan []map[string]any
+	lows, _ := s.low.marks(shards)
 	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, readSettings); err != nil {
 			return err
 		}
 		return tx.QueryRow(ctx, `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) `+readByID,
-			toInt32(shards), perShard, []int64{}, s.low.marks(shards)).Scan(&plan)
+			toInt32(shards), perShard, []int64{}, lows).Scan(&plan)
 	})
 	if err != nil || len(plan) == 0 {
 		return 0, err

@@ -35,30 +35,33 @@ import (
 // Parked aggregates' rows are not read and may lie below a mark; when a
 // park is deleted (a release or a dead-letter), the trigger on
 // relay_parked moves relay_release_seq, and the first read that sees the
-// move drops every mark and is made again from the shards' first entries:
-// a released aggregate's rows are read whole and in order. The
-// marks are a property of the ledger, not of a relay, so one store may
-// serve several relays and a relay may lose and take back a shard.
+// move drops every mark. The marks are a property of the ledger, not of a
+// relay, so one store may serve several relays and a relay may lose and
+// take back a shard.
 //
 // Marks and ticks hold for one history of the server only. After a
 // failover the promoted standby may give out again outbox ids and
 // transaction IDs the old primary had given (what it never received), so
 // a tick of the old primary would complete on the new one and raise marks
 // over rows the new primary commits later. A read that sees another
-// history (system identifier, timeline) drops every mark and tick and is
-// made again, as after a release. (Counters that go back are no sign of
-// it: reads of several relays sharing the store overlap.)
+// history (system identifier, timeline) drops every mark and tick, as a
+// release does. (Counters that go back are no sign of it: reads of
+// several relays sharing the store overlap.)
+//
+// A read reads the release generation and the history in its own
+// transaction, so it knows what it saw; one that started above zero from
+// marks made under another generation is thrown away and made again from
+// the marks that generation left (none): a released aggregate's rows are
+// read whole and in order, also while other relays' reads overlap.
 type lowWater struct {
 	mu    sync.Mutex
 	mark  map[int]int64
 	ticks []tick
 	// stuck: the last read completed no tick although one was pending.
 	stuck bool
-	// release is the generation of relay_release_seq the marks were made
-	// under; -1 before the first read.
-	release int64
-	// history is the server's history the marks were made on.
-	history history
+	// gen is what the marks were made under; its release is -1 before
+	// the first read.
+	gen generation
 	// unsafe switches a rule off for the tests' negative controls.
 	unsafe unsafeLowWater
 }
@@ -116,12 +119,27 @@ type history struct {
 	timeline int32
 }
 
+// generation is what marks hold under: the server's history and the
+// generation of relay_release_seq. A read uses its marks only if it saw
+// the generation they were made under.
+type generation struct {
+	release int64
+	history history
+}
+
+// newer reports whether g comes after w: another history (the server's
+// now, as a failover leaves one history behind for good), or a later
+// release on the same one.
+func (g generation) newer(w generation) bool {
+	return g.history != w.history || g.release > w.release
+}
+
 // maxTicks bounds the ticks kept while none completes (a transaction that
 // holds a transaction ID stays open): the newest replaces the last kept,
 // which only delays a mark, never moves one too far.
 const maxTicks = 64
 
-func newLowWater() *lowWater { return &lowWater{mark: map[int]int64{}, release: -1} }
+func newLowWater() *lowWater { return &lowWater{mark: map[int]int64{}, gen: generation{release: -1}} }
 
 // writersBefore is the transaction ID to ask the next read about (the
 // newest pending tick's next), or 0 while the ticks complete as they
@@ -138,51 +156,66 @@ func (w *lowWater) writersBefore() int64 {
 	return w.ticks[len(w.ticks)-1].next
 }
 
-// marks returns the marks of shards (0 for none), aligned with shards; a
-// nil lowWater reads every shard from its start.
-func (w *lowWater) marks(shards []int) []int64 {
+// marks returns the marks of shards (0 for none), aligned with shards,
+// and what they were made under; a nil lowWater reads every shard from
+// its start.
+func (w *lowWater) marks(shards []int) ([]int64, generation) {
 	out := make([]int64, len(shards))
 	if w == nil {
-		return out
+		return out, generation{}
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for i, s := range shards {
 		out[i] = w.mark[s]
 	}
-	return out
+	return out, w.gen
 }
 
-// advance raises the marks of shards after a read from the marks lows
-// that returned rows (each shard's lowest unrelayed, unparked rows not in
-// skip, in id order) and saw h. It reports false when the read must be
-// thrown away: it started above zero although the marks no longer hold
-// (a park was deleted, or the server runs another history), so rows of an
-// aggregate below them may be missing while its later rows are there. The
-// marks are dropped then, and a read again from them is whole.
-func (w *lowWater) advance(shards []int, lows []int64, rows []core.OutboxRow, skip []int64, h horizon) bool {
+// seen is the generation of a read that saw h, as the unsafe switches
+// let it be seen.
+func (w *lowWater) seen(h horizon) generation {
+	g := generation{release: h.release, history: h.history}
+	if w.unsafe.ignoreReleases {
+		g.release = 0
+	}
+	if w.unsafe.ignoreHistory {
+		g.history = history{}
+	}
+	return g
+}
+
+// advance raises the marks of shards after a read from the marks lows,
+// made under gen, that returned rows (each shard's lowest unrelayed,
+// unparked rows not in skip, in id order) and saw h. It reports false
+// when the read must be thrown away: it started above zero from marks of
+// another generation than it saw (a park was deleted since, or the server
+// runs another history), so rows of an aggregate below them may be
+// missing while its later rows are there. A read again from the marks,
+// which the newer generation dropped, is whole. A read that saw an older
+// generation than the marks' now (another relay's read was quicker) is
+// whole in itself but moves no mark.
+func (w *lowWater) advance(shards []int, lows []int64, gen generation, rows []core.OutboxRow, skip []int64, h horizon) bool {
 	if w == nil {
 		return true
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	dropped := false
-	if h.release != w.release && !(w.unsafe.ignoreReleases && w.release >= 0) {
-		// A park was deleted since the marks were made (or this is the
-		// first read): the released rows may lie below them.
+	saw := w.seen(h)
+	if saw.newer(w.gen) {
+		// A park was deleted since the marks were made (the released
+		// rows may lie below them), another history runs (the ids and
+		// transaction IDs the marks and ticks speak of no longer mean
+		// the same), or this is the first read.
 		clear(w.mark)
 		w.ticks = w.ticks[:0]
-		w.release, dropped = h.release, true
+		w.gen = saw
 	}
-	if h.history != w.history && !w.unsafe.ignoreHistory {
-		// Another history: what the marks and ticks say about outbox ids
-		// and transaction IDs no longer holds.
-		clear(w.mark)
-		w.ticks = w.ticks[:0]
-		w.history, dropped = h.history, true
-	}
-	if dropped && slices.ContainsFunc(lows, func(l int64) bool { return l > 0 }) {
+	if saw != gen && slices.ContainsFunc(lows, func(l int64) bool { return l > 0 }) {
 		return false
+	}
+	if saw != w.gen {
+		return true
 	}
 	done, proved := int64(0), false
 	for len(w.ticks) > 0 && (w.ticks[0].next <= h.xmin || w.unsafe.trustEveryRead ||

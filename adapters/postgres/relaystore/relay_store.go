@@ -133,12 +133,12 @@ func (s *Store) ReadBatchSkipping(ctx context.Context, shards []int, perShard in
 	// A read from marks that no longer hold is thrown away; the second
 	// starts from none, so it is whole.
 	for {
-		lows := s.low.marks(shards)
+		lows, gen := s.low.marks(shards)
 		out, h, err := s.readBatch(ctx, q, shards, perShard, skip, lows, s.low.writersBefore())
 		if err != nil {
 			return nil, fmt.Errorf("read outbox batch: %w", err)
 		}
-		if s.low.advance(shards, lows, out, skip, h) {
+		if s.low.advance(shards, lows, gen, out, skip, h) {
 			return out, nil
 		}
 	}

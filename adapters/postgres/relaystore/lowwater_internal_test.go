@@ -1,0 +1,65 @@
+package relaystore
+
+import (
+	"testing"
+
+	"github.com/posthorn/posthorn/core"
+)
+
+// Two relays share one store's marks and their reads overlap: B takes its
+// marks, A's read sees a release, which drops them, and is made again,
+// then B's read, made from the old marks but in a transaction that saw
+// the release, comes back. B's read is thrown away as A's first was (its released aggregate's rows below the old
+// marks are missing), and a read that saw an older generation than the
+// marks' now keeps its rows but moves no mark. Control: a store that
+// ignores releases takes B's read.
+func TestLowWaterThrowsAwayAReadFromMarksOfAnotherGeneration(t *testing.T) {
+	shards := []int{0}
+	hist := history{system: 7, timeline: 1}
+	at := func(release, xmin, last, next int64) horizon {
+		return horizon{xmin: xmin, last: last, next: next, release: release, history: hist}
+	}
+	row := func(id int64) []core.OutboxRow { return []core.OutboxRow{{RowRef: core.RowRef{ID: id, Shard: 0}}} }
+	for _, control := range []bool{false, true} {
+		w := newLowWater()
+		w.unsafe.ignoreReleases = control
+		// Marks rise: one read makes a tick, the next completes it.
+		lows, gen := w.marks(shards)
+		w.advance(shards, lows, gen, nil, nil, at(1, 10, 20, 30))
+		lows, gen = w.marks(shards)
+		w.advance(shards, lows, gen, nil, nil, at(1, 30, 20, 31))
+		bLows, bGen := w.marks(shards)
+		if bLows[0] != 21 {
+			t.Fatalf("control %v: mark %d after a completed tick of id 20, want 21", control, bLows[0])
+		}
+		// A's read from the marks sees release 2: the marks drop, the read
+		// is thrown away, and A's read again starts from none.
+		lows, gen = w.marks(shards)
+		if used := w.advance(shards, lows, gen, row(22), nil, at(2, 31, 25, 32)); used == !control {
+			t.Fatalf("control %v: A's read from the marks of release 1 that saw release 2 was used: %v", control, used)
+		}
+		if lows, gen = w.marks(shards); !control && lows[0] != 0 {
+			t.Fatalf("marks %v after a release, want none", lows)
+		}
+		if !w.advance(shards, lows, gen, row(5), nil, at(2, 31, 25, 32)) {
+			t.Fatalf("control %v: A's read again from %v under %v was thrown away", control, lows, gen)
+		}
+		// B's read from the old marks saw release 2 as well.
+		usedB := w.advance(shards, bLows, bGen, row(22), nil, at(2, 31, 25, 32))
+		if usedB == !control {
+			t.Fatalf("control %v: B's read from the marks of release 1 that saw release 2 was used: %v", control, usedB)
+		}
+		if control {
+			continue
+		}
+		// A read that saw release 1 after the marks moved to 2 keeps its
+		// rows and moves nothing.
+		before, _ := w.marks(shards)
+		if !w.advance(shards, []int64{0}, generation{release: 1, history: hist}, row(5), nil, at(1, 40, 25, 41)) {
+			t.Fatal("a read from no marks that saw an older release was thrown away")
+		}
+		if after, g := w.marks(shards); after[0] != before[0] || g.release != 2 {
+			t.Fatalf("a read that saw release 1 moved the marks %v → %v under %v", before, after, g)
+		}
+	}
+}
