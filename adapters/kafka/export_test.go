@@ -39,3 +39,12 @@ func NewLeaderAckControl(cfg Config) (*Sink, error) {
 
 // Record is the record the sink builds for e.
 func (s *Sink) Record(e core.Envelope) (*kgo.Record, error) { return s.record(e) }
+
+// SetProduceAfterCancel makes Publish hand the producer the rest of its
+// batch after its context ended, as it did before (the negative control of
+// the order test).
+func (s *Sink) SetProduceAfterCancel() { s.produceAfterCancel = true }
+
+// BufferedRecords is how many records the producer holds (buffered or in
+// flight).
+func (s *Sink) BufferedRecords() int64 { return s.cl.BufferedProduceRecords() }

@@ -103,6 +103,10 @@ type Sink struct {
 	// closed is a flag, not a sinkgate.Gate: Close must not wait for a
 	// Publish in progress, whose buffered records it fails.
 	closed atomic.Bool
+
+	// produceAfterCancel, set by a negative control only, hands the
+	// producer the rest of a batch after Publish's context ended.
+	produceAfterCancel bool
 }
 
 var _ core.Sink = (*Sink)(nil)
@@ -204,6 +208,18 @@ func (s *Sink) Publish(ctx context.Context, batch []core.Envelope) error {
 		}
 	}
 	for j, r := range recs {
+		// Once ctx has ended, nothing more is handed over. kgo fails a
+		// record that waits for room in its buffer when ctx ends, but
+		// takes the next one it is given as soon as there is room,
+		// whatever ctx, and may send it (a batch queued behind one in
+		// flight is sent without a look at its context): a later
+		// revision of an account would reach the broker while an earlier
+		// one was refused, and the relay's resend would store the earlier
+		// one after it. Stopping here keeps what was handed over, per
+		// account, a prefix of the batch.
+		if ctx.Err() != nil && !s.produceAfterCancel {
+			break
+		}
 		s.cl.Produce(ctx, r, func(_ *kgo.Record, err error) {
 			results[j] = err
 			finish()
