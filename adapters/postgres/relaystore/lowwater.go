@@ -26,11 +26,16 @@ import (
 // in flight (skip) is unrelayed too, so no mark passes it.
 //
 // A transaction that holds a transaction ID somewhere on the server keeps
-// the oldest running one from moving: then the tick of the newest read is
-// complete as soon as no transaction that writes the outbox (holds its
+// the oldest running one from moving: then the newest pending tick (L, M)
+// is complete as soon as no transaction that writes the outbox (holds its
 // write lock, which an insert takes before its id and keeps to its end) is
 // older than its M; that is asked only while the marks are stuck, since
-// it reads the server's lock table.
+// it reads the server's lock table. The answer completes that tick and
+// the ticks before it, never one with a greater last id: with relays
+// sharing the marks, another read may have made a tick after the lock
+// table was read, with the same M (no transaction ID was assigned in
+// between) but a last id that a transaction older than M took after the
+// lock table showed it holding no write lock.
 //
 // Parked aggregates' rows are not read and may lie below a mark; when a
 // park is deleted (a release or a dead-letter), the trigger on
@@ -88,6 +93,10 @@ type unsafeLowWater struct {
 	// it is the latest completed one plus one, and a transaction still
 	// running may hold a greater ID and an id below the tick's last.
 	xmaxAsNext bool
+	// writersByNext lets an answer about the outbox's writers complete
+	// every tick whose next is not past the one asked about, also a tick
+	// made after the lock table was read.
+	writersByNext bool
 }
 
 // tick is an outbox id given out (last) and a transaction ID assigned after
@@ -105,10 +114,10 @@ type horizon struct {
 	release int64
 	// history is the server's.
 	history history
-	// writersBefore is the transaction ID the read asked about
-	// (lowWater.writersBefore), 0 for none; noWriterBefore: no transaction
-	// that writes the outbox is older than it.
-	writersBefore  int64
+	// writers is the tick whose next transaction ID the read asked about
+	// (lowWater.writersBefore), the zero tick for none; noWriterBefore: no
+	// transaction that writes the outbox is older than that ID.
+	writers        tick
 	noWriterBefore bool
 }
 
@@ -141,19 +150,32 @@ const maxTicks = 64
 
 func newLowWater() *lowWater { return &lowWater{mark: map[int]int64{}, gen: generation{release: -1}} }
 
-// writersBefore is the transaction ID to ask the next read about (the
-// newest pending tick's next), or 0 while the ticks complete as they
-// should.
-func (w *lowWater) writersBefore() int64 {
+// writersBefore is the tick whose next transaction ID the next read asks
+// about (the newest pending tick), or the zero tick while the ticks
+// complete as they should.
+func (w *lowWater) writersBefore() tick {
 	if w == nil {
-		return 0
+		return tick{}
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if !w.stuck || len(w.ticks) == 0 {
-		return 0
+		return tick{}
 	}
-	return w.ticks[len(w.ticks)-1].next
+	return w.ticks[len(w.ticks)-1]
+}
+
+// completes reports whether a read that saw h completes t.
+func (w *lowWater) completes(t tick, h horizon) bool {
+	switch {
+	case t.next <= h.xmin || w.unsafe.trustEveryRead:
+		return true
+	case !h.noWriterBefore || w.unsafe.ignoreWriters:
+		return false
+	case w.unsafe.writersByNext:
+		return t.next <= h.writers.next
+	}
+	return t.last <= h.writers.last
 }
 
 // marks returns the marks of shards (0 for none), aligned with shards,
@@ -218,8 +240,7 @@ func (w *lowWater) advance(shards []int, lows []int64, gen generation, rows []co
 		return true
 	}
 	done, proved := int64(0), false
-	for len(w.ticks) > 0 && (w.ticks[0].next <= h.xmin || w.unsafe.trustEveryRead ||
-		(h.noWriterBefore && w.ticks[0].next <= h.writersBefore && !w.unsafe.ignoreWriters)) {
+	for len(w.ticks) > 0 && w.completes(w.ticks[0], h) {
 		done, proved = w.ticks[0].last, true
 		w.ticks = w.ticks[1:]
 	}

@@ -63,3 +63,47 @@ func TestLowWaterThrowsAwayAReadFromMarksOfAnotherGeneration(t *testing.T) {
 		}
 	}
 }
+
+// Two relays share one store's marks while a transaction that holds a
+// transaction ID keeps the oldest running one from moving. A's read asks
+// about the outbox's writers older than the newest tick's next (none
+// hold the write lock yet); before A's read comes back, that transaction
+// takes outbox id 9 and B's read makes a tick with last 9 and the same
+// next (no transaction ID was assigned in between). A's answer completes
+// the tick it asked about (last 5) and not B's: its mark stops at 6, below
+// the uncommitted row 9 it could not see. Control: completing by next
+// alone takes B's tick and raises the mark to 10, over row 9.
+func TestLowWaterCompletesOnlyTheTickItAskedTheWritersAbout(t *testing.T) {
+	shards := []int{0}
+	hist := history{system: 7, timeline: 1}
+	for _, control := range []bool{false, true} {
+		w := newLowWater()
+		w.unsafe.writersByNext = control
+		at := func(xmin, last, next int64) horizon {
+			return horizon{xmin: xmin, last: last, next: next, release: 1, history: hist}
+		}
+		// A transaction with ID 40 stays open: a tick (5, 41), then a
+		// read that completes nothing, so the marks are stuck.
+		for range 2 {
+			lows, gen := w.marks(shards)
+			w.advance(shards, lows, gen, nil, nil, at(40, 5, 41))
+		}
+		asked := w.writersBefore()
+		if asked != (tick{last: 5, next: 41}) {
+			t.Fatalf("control %v: the read asks about %+v, want the pending tick (5, 41)", control, asked)
+		}
+		aLows, aGen := w.marks(shards)
+		// B's read, made after A's saw the lock table, sees id 9 given out.
+		lows, gen := w.marks(shards)
+		w.advance(shards, lows, gen, nil, nil, at(40, 9, 41))
+		// A's read comes back: no writer older than 41 held the lock.
+		h := at(40, 9, 41)
+		h.writers, h.noWriterBefore = asked, true
+		w.advance(shards, aLows, aGen, nil, nil, h)
+		mark, _ := w.marks(shards)
+		t.Logf("control %v: mark %d", control, mark[0])
+		if want := map[bool]int64{false: 6, true: 10}[control]; mark[0] != want {
+			t.Fatalf("control %v: mark %d, want %d", control, mark[0], want)
+		}
+	}
+}

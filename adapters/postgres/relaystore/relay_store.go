@@ -146,9 +146,9 @@ func (s *Store) ReadBatchSkipping(ctx context.Context, shards []int, perShard in
 
 // readBatch runs the read in one read-only transaction, then readNextXID,
 // sent in one round trip: the settings, readHorizon (asking about the
-// outbox's writers older than writersBefore, unless it is 0), the batch
-// from the marks lows.
-func (s *Store) readBatch(ctx context.Context, q string, shards []int, perShard int, skip, lows []int64, writersBefore int64) ([]core.OutboxRow, horizon, error) {
+// outbox's writers older than the next transaction ID of the tick writers,
+// unless it is the zero tick), the batch from the marks lows.
+func (s *Store) readBatch(ctx context.Context, q string, shards []int, perShard int, skip, lows []int64, writers tick) ([]core.OutboxRow, horizon, error) {
 	var h horizon
 	b := &pgx.Batch{}
 	b.Queue("BEGIN READ ONLY")
@@ -159,7 +159,7 @@ func (s *Store) readBatch(ctx context.Context, q string, shards []int, perShard 
 	// put on disabled plans would otherwise push the plan's cost over
 	// jit_above_cost, and compiling takes longer than the read.
 	b.Queue(readSettings)
-	b.Queue(readHorizon, writersBefore)
+	b.Queue(readHorizon, writers.next)
 	b.Queue(q, toInt32(shards), perShard, skip, lows)
 	b.Queue("COMMIT")
 	if s.low != nil && s.low.unsafe.xmaxAsNext {
@@ -174,7 +174,7 @@ func (s *Store) readBatch(ctx context.Context, q string, shards []int, perShard 
 			return nil, h, err
 		}
 	}
-	h.writersBefore = writersBefore
+	h.writers = writers
 	if err := br.QueryRow().Scan(&h.xmin, &h.last, &h.release, &h.history.system, &h.history.timeline, &h.noWriterBefore); err != nil {
 		return nil, h, err
 	}
