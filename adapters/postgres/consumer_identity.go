@@ -53,13 +53,9 @@ func RegisterConsumers(ctx context.Context, dsn string, names ...string) ([]Role
 		}
 		roles[i] = r
 	}
-	cfg, err := ParseConfig(dsn)
+	conn, err := connectOnce(ctx, dsn, "register consumers")
 	if err != nil {
 		return nil, err
-	}
-	conn, err := pgx.ConnectConfig(ctx, cfg.ConnConfig)
-	if err != nil {
-		return nil, fmt.Errorf("register consumers: connect to %s:%d/%s: %w", cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Database, err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -20,6 +21,20 @@ func ParseConfig(dsn string) (*pgxpool.Config, error) {
 		return nil, ErrBadDSN
 	}
 	return cfg, nil
+}
+
+// connectOnce opens one connection to dsn for a one-off task (what names
+// it in the error, which gives host, port and database, never the URL).
+func connectOnce(ctx context.Context, dsn, what string) (*pgx.Conn, error) {
+	cfg, err := ParseConfig(dsn)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg.ConnConfig)
+	if err != nil {
+		return nil, fmt.Errorf("%s: connect to %s:%d/%s: %w", what, cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Database, err)
+	}
+	return conn, nil
 }
 
 // Connect opens a pool of at least minConns connections (pgxpool's default

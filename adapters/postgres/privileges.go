@@ -88,13 +88,9 @@ func ApplyRoles(ctx context.Context, dsn string, schema Schema) error {
 	if err != nil {
 		return err
 	}
-	cfg, err := ParseConfig(dsn)
+	conn, err := connectOnce(ctx, dsn, "roles")
 	if err != nil {
 		return err
-	}
-	conn, err := pgx.ConnectConfig(ctx, cfg.ConnConfig)
-	if err != nil {
-		return fmt.Errorf("roles: connect to %s:%d/%s: %w", cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Database, err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	// Runs against other databases of the cluster are not serialised by an
@@ -297,13 +293,9 @@ func ComponentLogins(ctx context.Context, ledgerURL, consumerURL, prefix string,
 			return "", "", "", err
 		}
 	}
-	cfg, err := ParseConfig(ledgerURL)
+	conn, err := connectOnce(ctx, ledgerURL, "roles")
 	if err != nil {
 		return "", "", "", err
-	}
-	conn, err := pgx.ConnectConfig(ctx, cfg.ConnConfig)
-	if err != nil {
-		return "", "", "", fmt.Errorf("roles: %w", err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	urls := make([]string, 3)

@@ -64,13 +64,9 @@ func WriteSettings(ctx context.Context, dsn string, s Settings) error {
 	if err := s.Validate(); err != nil {
 		return err
 	}
-	cfg, err := ParseConfig(dsn)
+	conn, err := connectOnce(ctx, dsn, "settings")
 	if err != nil {
 		return err
-	}
-	conn, err := pgx.ConnectConfig(ctx, cfg.ConnConfig)
-	if err != nil {
-		return fmt.Errorf("settings: connect to %s:%d/%s: %w", cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Database, err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	_, err = conn.Exec(ctx, `UPDATE posthorn.settings SET command_topic_prefix = $1, idempotency_key_ttl = $2, max_record_bytes = $3`,

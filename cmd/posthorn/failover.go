@@ -2,10 +2,8 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -104,14 +102,8 @@ func runFailover(ctx context.Context, name string, args []string) error {
 	if err != nil {
 		return couldNotRun(err)
 	}
-	if *asJSON {
-		enc := json.NewEncoder(os.Stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(rep); err != nil {
-			return couldNotRun(err)
-		}
-	} else {
-		printFailover(os.Stdout, rep)
+	if err := printReport(*asJSON, rep, printFailover); err != nil {
+		return couldNotRun(err)
 	}
 	switch {
 	case rep.Remaining != nil && !rep.Remaining.Whole():

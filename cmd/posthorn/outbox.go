@@ -94,13 +94,7 @@ func runOutboxStatus(ctx context.Context, args []string) error {
 	if report.Uncertain, report.UncertainCount, err = opsstore.New(pool).Uncertain(ctx, 20); err != nil {
 		return err
 	}
-	if *asJSON {
-		enc := json.NewEncoder(os.Stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(report)
-	}
-	printStatus(os.Stdout, report)
-	return nil
+	return printReport(*asJSON, report, printStatus)
 }
 
 func printStatus(w io.Writer, st outboxStatus) {

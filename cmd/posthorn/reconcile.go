@@ -24,6 +24,18 @@ import (
 	"github.com/posthorn/posthorn/ops"
 )
 
+// printReport writes rep to stdout as indented JSON when asJSON, else as
+// text prints it.
+func printReport[T any](asJSON bool, rep T, text func(io.Writer, T)) error {
+	if !asJSON {
+		text(os.Stdout, rep)
+		return nil
+	}
+	enc := json.NewEncoder(os.Stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(rep)
+}
+
 // couldNotRun is exit code 2: the command did not get to a verdict.
 func couldNotRun(err error) error {
 	if err == nil {
@@ -215,14 +227,8 @@ func runReconcile(ctx context.Context, args []string) error {
 	if err != nil {
 		return couldNotRun(err)
 	}
-	if *asJSON {
-		enc := json.NewEncoder(os.Stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(rep); err != nil {
-			return couldNotRun(err)
-		}
-	} else {
-		printReconcile(os.Stdout, rep)
+	if err := printReport(*asJSON, rep, printReconcile); err != nil {
+		return couldNotRun(err)
 	}
 	if !rep.Clean {
 		return &exitError{code: 1}

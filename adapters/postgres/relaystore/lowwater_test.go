@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
 	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/internal/testkit/pgtest"
@@ -63,6 +65,25 @@ func raised(t *testing.T, store *relaystore.Store, leases []core.Lease, shard in
 	})
 }
 
+// eachStore runs body twice in parallel, each time on a ledger of its own
+// with every shard leased: with the production store (control false) and
+// with the store unsafe makes of the pool (control true).
+func eachStore(t *testing.T, unsafe func(*pgxpool.Pool) *relaystore.Store,
+	body func(t *testing.T, control bool, pool *pgxpool.Pool, store *relaystore.Store, leases []core.Lease)) {
+	t.Parallel()
+	for _, control := range []bool{false, true} {
+		t.Run(fmt.Sprintf("control=%v", control), func(t *testing.T) {
+			t.Parallel()
+			_, pool := pgtest.Ledger(t)
+			store := relaystore.New(pool)
+			if control {
+				store = unsafe(pool)
+			}
+			body(t, control, pool, store, takeAllShards(t, store, "r"))
+		})
+	}
+}
+
 func takeAllShards(t *testing.T, store *relaystore.Store, owner string) []core.Lease {
 	t.Helper()
 	leases, err := store.AcquireLeases(context.Background(), owner, core.Shards, nil, time.Minute)
@@ -80,56 +101,46 @@ func takeAllShards(t *testing.T, store *relaystore.Store, owner string) []core.L
 // column's default, before its id. Control: a store that raises the marks
 // after every read steps over the late row for good, as a cursor would.
 func TestLowWaterMarkNeverPassesALateCommit(t *testing.T) {
-	t.Parallel()
-	for _, control := range []bool{false, true} {
-		t.Run(fmt.Sprintf("control=%v", control), func(t *testing.T) {
-			t.Parallel()
-			ctx := context.Background()
-			_, pool := pgtest.Ledger(t)
-			store := relaystore.New(pool)
-			if control {
-				store = relaystore.NewTrustingEveryRead(pool)
-			}
-			leases := takeAllShards(t, store, "r")
-			const shard = 3
-			accounts := sameShard("acc", shard, 40)
-			commitRows(t, pool, accounts[:20]...)
-			drain(t, store, leases)
-			// A later read completes the drain's ticks once every transaction
-			// of the server that was running then has ended (other tests'
-			// included).
-			raised(t, store, leases, shard, 1)
+	eachStore(t, relaystore.NewTrustingEveryRead, func(t *testing.T, control bool, pool *pgxpool.Pool, store *relaystore.Store, leases []core.Lease) {
+		ctx := context.Background()
+		const shard = 3
+		accounts := sameShard("acc", shard, 40)
+		commitRows(t, pool, accounts[:20]...)
+		drain(t, store, leases)
+		// A later read completes the drain's ticks once every transaction
+		// of the server that was running then has ended (other tests'
+		// included).
+		raised(t, store, leases, shard, 1)
 
-			late, err := pool.Begin(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer late.Rollback(ctx) //nolint:errcheck
-			var lateID int64
-			if err := late.QueryRow(ctx, `
+		late, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer late.Rollback(ctx) //nolint:errcheck
+		var lateID int64
+		if err := late.QueryRow(ctx, `
 INSERT INTO outbox (event_id, kind, type, topic, aggregate_type, aggregate_id, revision, shard, payload, occurred_at)
 VALUES (gen_random_uuid(), 'event', 't', 't', 'account', 'acc-late', 1, $1, '{}', now()) RETURNING id`, shard).Scan(&lateID); err != nil {
-				t.Fatal(err)
-			}
-			for _, a := range accounts[20:] {
-				commitRows(t, pool, a)
-				drain(t, store, leases)
-			}
-			mark := store.Marks([]int{shard})[0]
-			if err := late.Commit(ctx); err != nil {
-				t.Fatal(err)
-			}
-			got := drain(t, store, leases)
-			t.Logf("control %v: mark of shard %d %d while the late row %d was uncommitted; read after its commit: %v",
-				control, shard, mark, lateID, slices.Contains(got, lateID))
-			switch {
-			case !control && (mark > lateID || !slices.Contains(got, lateID)):
-				t.Fatalf("the mark rose to %d past the uncommitted row %d, or the row was not read after its commit (%v)", mark, lateID, got)
-			case control && slices.Contains(got, lateID):
-				t.Fatal("control: the store that trusts every read still read the late row; the test proves nothing")
-			}
-		})
-	}
+			t.Fatal(err)
+		}
+		for _, a := range accounts[20:] {
+			commitRows(t, pool, a)
+			drain(t, store, leases)
+		}
+		mark := store.Marks([]int{shard})[0]
+		if err := late.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		got := drain(t, store, leases)
+		t.Logf("control %v: mark of shard %d %d while the late row %d was uncommitted; read after its commit: %v",
+			control, shard, mark, lateID, slices.Contains(got, lateID))
+		switch {
+		case !control && (mark > lateID || !slices.Contains(got, lateID)):
+			t.Fatalf("the mark rose to %d past the uncommitted row %d, or the row was not read after its commit (%v)", mark, lateID, got)
+		case control && slices.Contains(got, lateID):
+			t.Fatal("control: the store that trusts every read still read the late row; the test proves nothing")
+		}
+	})
 }
 
 // The rows of a parked aggregate are not read, so a mark may pass them;
@@ -139,53 +150,43 @@ VALUES (gen_random_uuid(), 'event', 't', 't', 'account', 'acc-late', 1, $1, '{}'
 // order. Control: a store that keeps its marks through a release reads
 // the aggregate's later row without the one below its mark.
 func TestLowWaterMarkRereadsAReleasedAggregate(t *testing.T) {
-	t.Parallel()
-	for _, control := range []bool{false, true} {
-		t.Run(fmt.Sprintf("control=%v", control), func(t *testing.T) {
-			t.Parallel()
-			ctx := context.Background()
-			_, pool := pgtest.Ledger(t)
-			store := relaystore.New(pool)
-			if control {
-				store = relaystore.NewIgnoringReleases(pool)
+	eachStore(t, relaystore.NewIgnoringReleases, func(t *testing.T, control bool, pool *pgxpool.Pool, store *relaystore.Store, leases []core.Lease) {
+		ctx := context.Background()
+		const shard = 5
+		accounts := sameShard("acc", shard, 30)
+		parked := commitRows(t, pool, accounts[0])[0]
+		if _, err := store.Park(ctx, core.ParkedAggregate{AggregateType: core.AggregateAccount, AggregateID: accounts[0],
+			EventID: "00000000-0000-0000-0000-000000000001", Reason: "test"}); err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range accounts[1:] {
+			commitRows(t, pool, a)
+			drain(t, store, leases)
+		}
+		raised(t, store, leases, shard, parked.ID+1)
+		later := commitRows(t, pool, accounts[0])[0]
+		if err := store.Release(ctx, core.AggregateAccount, accounts[0]); err != nil {
+			t.Fatal(err)
+		}
+		// The first read after the release: the aggregate's rows whole
+		// and in order, the one below the mark first.
+		rows, err := store.ReadBatch(ctx, allShards(), 20, core.OrderByID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []int64
+		for _, r := range rows {
+			if r.Envelope.AggregateID == accounts[0] {
+				got = append(got, r.ID)
 			}
-			leases := takeAllShards(t, store, "r")
-			const shard = 5
-			accounts := sameShard("acc", shard, 30)
-			parked := commitRows(t, pool, accounts[0])[0]
-			if _, err := store.Park(ctx, core.ParkedAggregate{AggregateType: core.AggregateAccount, AggregateID: accounts[0],
-				EventID: "00000000-0000-0000-0000-000000000001", Reason: "test"}); err != nil {
-				t.Fatal(err)
-			}
-			for _, a := range accounts[1:] {
-				commitRows(t, pool, a)
-				drain(t, store, leases)
-			}
-			raised(t, store, leases, shard, parked.ID+1)
-			later := commitRows(t, pool, accounts[0])[0]
-			if err := store.Release(ctx, core.AggregateAccount, accounts[0]); err != nil {
-				t.Fatal(err)
-			}
-			// The first read after the release: the aggregate's rows whole
-			// and in order, the one below the mark first.
-			rows, err := store.ReadBatch(ctx, allShards(), 20, core.OrderByID)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var got []int64
-			for _, r := range rows {
-				if r.Envelope.AggregateID == accounts[0] {
-					got = append(got, r.ID)
-				}
-			}
-			whole := slices.Equal(got, []int64{parked.ID, later.ID})
-			t.Logf("control %v: the released aggregate's rows %d and %d, the first read after the release returned %v",
-				control, parked.ID, later.ID, got)
-			if whole == control {
-				t.Fatalf("control %v: the first read after the release returned %v of the released aggregate, want [%d %d]", control, got, parked.ID, later.ID)
-			}
-		})
-	}
+		}
+		whole := slices.Equal(got, []int64{parked.ID, later.ID})
+		t.Logf("control %v: the released aggregate's rows %d and %d, the first read after the release returned %v",
+			control, parked.ID, later.ID, got)
+		if whole == control {
+			t.Fatalf("control %v: the first read after the release returned %v of the released aggregate, want [%d %d]", control, got, parked.ID, later.ID)
+		}
+	})
 }
 
 // While a long snapshot keeps VACUUM from removing the markers' deleted
@@ -283,39 +284,29 @@ func drainBatches(t *testing.T, store *relaystore.Store, leases []core.Lease, pe
 // waiting for the oldest running transaction to end, the marks stop for as
 // long as it stays open.
 func TestLowWaterMarkRisesPastAnOpenTransactionThatWritesNoOutbox(t *testing.T) {
-	t.Parallel()
-	for _, control := range []bool{false, true} {
-		t.Run(fmt.Sprintf("control=%v", control), func(t *testing.T) {
-			t.Parallel()
-			ctx := context.Background()
-			_, pool := pgtest.Ledger(t)
-			store := relaystore.New(pool)
-			if control {
-				store = relaystore.NewWaitingForEveryTransaction(pool)
-			}
-			leases := takeAllShards(t, store, "r")
-			open, err := pool.Begin(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer open.Rollback(ctx) //nolint:errcheck
-			if _, err := open.Exec(ctx, `INSERT INTO accounts (id) VALUES ('acc-elsewhere')`); err != nil {
-				t.Fatal(err)
-			}
-			const shard = 7
-			ids := commitRows(t, pool, sameShard("acc", shard, 10)...)
-			last := ids[len(ids)-1].ID
-			wait.Until(5*time.Second, func() (bool, string) {
-				drain(t, store, leases)
-				return store.Marks([]int{shard})[0] > last, ""
-			})
-			mark := store.Marks([]int{shard})[0]
-			t.Logf("control %v: mark of shard %d after 5 s of reads with an unrelated transaction open: %d (last id %d)", control, shard, mark, last)
-			if (mark > last) == control {
-				t.Fatalf("control %v: the mark is %d, the last id %d", control, mark, last)
-			}
+	eachStore(t, relaystore.NewWaitingForEveryTransaction, func(t *testing.T, control bool, pool *pgxpool.Pool, store *relaystore.Store, leases []core.Lease) {
+		ctx := context.Background()
+		open, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer open.Rollback(ctx) //nolint:errcheck
+		if _, err := open.Exec(ctx, `INSERT INTO accounts (id) VALUES ('acc-elsewhere')`); err != nil {
+			t.Fatal(err)
+		}
+		const shard = 7
+		ids := commitRows(t, pool, sameShard("acc", shard, 10)...)
+		last := ids[len(ids)-1].ID
+		wait.Until(5*time.Second, func() (bool, string) {
+			drain(t, store, leases)
+			return store.Marks([]int{shard})[0] > last, ""
 		})
-	}
+		mark := store.Marks([]int{shard})[0]
+		t.Logf("control %v: mark of shard %d after 5 s of reads with an unrelated transaction open: %d (last id %d)", control, shard, mark, last)
+		if (mark > last) == control {
+			t.Fatalf("control %v: the mark is %d, the last id %d", control, mark, last)
+		}
+	})
 }
 
 // Two relays share one store (as relays in one process do), each reading
