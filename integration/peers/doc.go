@@ -16,7 +16,17 @@
 //   - then each runs under the same fixed posting rate, and the commit →
 //     readable latency is read off the same reader's clock;
 //   - every event is counted by its ID, never by position: a relay that
-//     lost or repeated one would be named, not averaged away.
+//     lost or repeated one would be named, not averaged away;
+//   - beside them, the broker's own ceiling on the same node in the same
+//     run: the records the polling relay stored (keys, values, headers)
+//     read back and produced again from memory to fresh topics by a plain
+//     producer, acks=all and idempotent, with franz-go and with kcat; each
+//     relay is printed as a fraction of both, over its whole drain and
+//     past its first event (start-up apart);
+//   - the node's JVM runs as kafka-server-start.sh runs it (1 GiB heap,
+//     G1, the full JIT), not with the tests' fast-starting settings, and
+//     takes 400,000 records of a warm-up before anything is timed (its JIT
+//     would otherwise slow whichever side ran first).
 //
 // BenchmarkPeersConsumers takes the path's last stage on the same broker:
 // the example consumers as `posthorn consume` processes applying 200,000
