@@ -37,6 +37,19 @@ type dbWork struct {
 	stmtsPerSec, outboxStmtsPerSec, rowsPerSec, execMsPerSec, cpuMsPerSec float64
 }
 
+// stmtWork is one statement's share of the relay's database work over a
+// period (pg_stat_statements).
+type stmtWork struct {
+	query       string
+	calls, rows int64
+	execMs      float64
+	blocks      int64 // shared buffers hit and read
+}
+
+func (w stmtWork) String() string {
+	return fmt.Sprintf("%7.1f ms in %5d calls (%7d rows, %8d buffers): %s", w.execMs, w.calls, w.rows, w.blocks, w.query)
+}
+
 func (w dbWork) String() string {
 	return fmt.Sprintf("%7.1f stmt/s (%6.1f on outbox), %8.0f rows returned/s, exec %6.1f ms/s, backend CPU %6.1f ms/s",
 		w.stmtsPerSec, w.outboxStmtsPerSec, w.rowsPerSec, w.execMsPerSec, w.cpuMsPerSec)
@@ -44,6 +57,9 @@ func (w dbWork) String() string {
 
 type modeResult struct {
 	drainRate      float64
+	drainWall      time.Duration
+	drainCPU       float64 // seconds of the relay's backends' CPU over the drain
+	drainStmts     []stmtWork
 	p50, p99       time.Duration
 	idle, loaded   dbWork
 	postingsPerSec float64
@@ -91,6 +107,11 @@ func BenchmarkPollingVsCDC(b *testing.B) {
 	for _, mode := range []string{"polling", "cdc"} {
 		r := results[mode]
 		fmt.Printf("%-8s throughput: %8.0f events/s draining a %d-event commit\n", mode, r.drainRate, benchBacklog)
+		fmt.Printf("%-8s the drain's %s: the relay's backends used %.0f ms of CPU; its statements by execution time:\n",
+			mode, r.drainWall.Round(time.Millisecond), r.drainCPU*1000)
+		for _, st := range r.drainStmts {
+			fmt.Printf("%-8s   %s\n", mode, st)
+		}
 		fmt.Printf("%-8s commit-to-ACK at %.0f postings/s (%d events/s): p50 %s, p99 %s\n", mode, r.postingsPerSec, 2*int(r.postingsPerSec), r.p50.Round(10*time.Microsecond), r.p99.Round(10*time.Microsecond))
 		fmt.Printf("%-8s database work idle:  %s\n", mode, r.idle)
 		fmt.Printf("%-8s database work load:  %s\n", mode, r.loaded)
@@ -134,13 +155,21 @@ func benchMode(b *testing.B, c *pgcluster.Cluster, mode string) modeResult {
 	defer stop()
 	var res modeResult
 
-	// Throughput: one commit of benchBacklog events.
+	// Throughput: one commit of benchBacklog events, and where the
+	// database's time went while the relay drained it.
+	if _, err := writer.Exec(ctx, `SELECT pg_stat_statements_reset()`); err != nil {
+		b.Fatal(err)
+	}
+	cpu0 := relayCPU(b, writer)
 	if err := relaytest.Fill(ctx, writer, "drain", 2000, benchBacklog/2000); err != nil {
 		b.Fatal(err)
 	}
 	start := time.Now()
 	waitNoneUnrelayed(b, writer, time.Minute)
-	res.drainRate = benchBacklog / time.Since(start).Seconds()
+	res.drainWall = time.Since(start)
+	res.drainRate = benchBacklog / res.drainWall.Seconds()
+	res.drainCPU = pgtest.CPUSince(cpu0, relayCPU(b, writer))
+	res.drainStmts = topStatements(b, writer, db, 4)
 	fmt.Fprintf(os.Stderr, "%s: drained %d events in %s\n", mode, benchBacklog, time.Since(start).Round(time.Millisecond))
 
 	// Idle.
@@ -211,6 +240,32 @@ WHERE r.rolname <> $1 AND d.datname = $2`, benchWriterRole, db).Scan(&calls, &ou
 	w.stmtsPerSec, w.outboxStmtsPerSec, w.rowsPerSec, w.execMsPerSec = calls/secs, outboxCalls/secs, rows/secs, execMs/secs
 	w.cpuMsPerSec = pgtest.CPUSince(cpu0, cpu1) * 1000 / secs
 	return w
+}
+
+// topStatements returns the n statements of roles other than the writer's
+// in db that took the most execution time since pg_stat_statements was
+// last reset, each query cut to its first 90 characters on one line.
+func topStatements(b *testing.B, probe *pgxpool.Pool, db string, n int) []stmtWork {
+	rows, err := probe.Query(context.Background(), `
+SELECT left(regexp_replace(s.query, '\s+', ' ', 'g'), 90), s.calls, s.rows, s.total_exec_time,
+       s.shared_blks_hit + s.shared_blks_read
+FROM pg_stat_statements s
+JOIN pg_roles r ON r.oid = s.userid
+JOIN pg_database d ON d.oid = s.dbid
+WHERE r.rolname <> $1 AND d.datname = $2
+ORDER BY s.total_exec_time DESC LIMIT $3`, benchWriterRole, db, n)
+	if err != nil {
+		b.Fatal(err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (stmtWork, error) {
+		var w stmtWork
+		err := r.Scan(&w.query, &w.calls, &w.rows, &w.execMs, &w.blocks)
+		return w, err
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return out
 }
 
 // relayCPU reads the CPU of each backend of the relay's sessions
