@@ -240,59 +240,55 @@ type partitionControl struct {
 	killRelay bool
 }
 
-func healOf(f *netfault.Fault) func() error { return f.Heal }
+// healing is a fault's heal, or the error that kept it from being made.
+func healing(f *netfault.Fault, err error) (func() error, error) {
+	if err != nil {
+		return nil, err
+	}
+	return f.Heal, nil
+}
+
+// cutActiveRelay is an inject that cuts the active relay's links to the
+// ports to(e) in direction d.
+func cutActiveRelay(d netfault.Dir, to func(e *partitionEnv) []int) func(context.Context, *partitionEnv) (func() error, error) {
+	return func(ctx context.Context, e *partitionEnv) (func() error, error) {
+		name, err := e.activeRelay(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return healing(e.net.Cut(d, netfault.Link{From: e.users[name], To: to(e)}))
+	}
+}
+
+func (e *partitionEnv) ledgerPorts() []int { return []int{e.ledgerPort} }
+
+// withoutInbox is the control of the scenarios that could apply an event
+// twice: consumers without the inbox.
+var withoutInbox = partitionControl{mode: modePolling, what: "consumers without the inbox (--unsafe-no-inbox)",
+	sys:   func(c *faultkit.SystemConfig) { c.UnsafeNoInbox = true },
+	bites: bitesDoubled}
 
 var partitionScenarios = []partitionScenario{
 	{
-		name: "relay cut from every broker",
-		doc:  "the active relay's connections to all three brokers dropped both ways, then healed",
-		inject: func(ctx context.Context, e *partitionEnv) (func() error, error) {
-			name, err := e.activeRelay(ctx)
-			if err != nil {
-				return nil, err
-			}
-			f, err := e.net.Cut(netfault.Both, netfault.Link{From: e.users[name], To: e.clientPorts()})
-			if err != nil {
-				return nil, err
-			}
-			return healOf(f), nil
-		},
+		name:   "relay cut from every broker",
+		doc:    "the active relay's connections to all three brokers dropped both ways, then healed",
+		inject: cutActiveRelay(netfault.Both, (*partitionEnv).clientPorts),
 		control: partitionControl{mode: modePolling, what: "relays mark before the ACK (--unsafe-mark-before-ack), the cut relay SIGKILLed during the cut",
 			sys:   func(c *faultkit.SystemConfig) { c.UnsafeMarkBeforeAck = true },
 			bites: bitesLost, killRelay: true},
 	},
 	{
-		name: "ACKs lost",
-		doc:  "requests of the active relay reach every broker, every response is dropped (one way)",
-		inject: func(ctx context.Context, e *partitionEnv) (func() error, error) {
-			name, err := e.activeRelay(ctx)
-			if err != nil {
-				return nil, err
-			}
-			f, err := e.net.Cut(netfault.Replies, netfault.Link{From: e.users[name], To: e.clientPorts()})
-			if err != nil {
-				return nil, err
-			}
-			return healOf(f), nil
-		},
+		name:   "ACKs lost",
+		doc:    "requests of the active relay reach every broker, every response is dropped (one way)",
+		inject: cutActiveRelay(netfault.Replies, (*partitionEnv).clientPorts),
 		control: partitionControl{mode: modeEOS, what: "exactly-once relays that fence but skip the committed positions (--unsafe-skip-positions)",
 			sys:   func(c *faultkit.SystemConfig) { c.RelayArgs = append(c.RelayArgs, "--unsafe-skip-positions") },
 			bites: bitesCommittedRepeats},
 	},
 	{
-		name: "relay cut from the ledger (zombie)",
-		doc:  "the active relay loses the ledger database but still reaches the brokers: its lease runs out, the other relay takes over",
-		inject: func(ctx context.Context, e *partitionEnv) (func() error, error) {
-			name, err := e.activeRelay(ctx)
-			if err != nil {
-				return nil, err
-			}
-			f, err := e.net.Cut(netfault.Both, netfault.Link{From: e.users[name], To: []int{e.ledgerPort}})
-			if err != nil {
-				return nil, err
-			}
-			return healOf(f), nil
-		},
+		name:   "relay cut from the ledger (zombie)",
+		doc:    "the active relay loses the ledger database but still reaches the brokers: its lease runs out, the other relay takes over",
+		inject: cutActiveRelay(netfault.Both, (*partitionEnv).ledgerPorts),
 		control: partitionControl{mode: modeEOS, what: "exactly-once relays without fencing each other (a transactional ID prefix per relay)",
 			sys: func(c *faultkit.SystemConfig) {
 				c.RelayEnvEach = map[string][]string{
@@ -310,15 +306,9 @@ var partitionScenarios = []partitionScenario{
 			if err != nil {
 				return nil, err
 			}
-			f, err := e.isolate(i, false)
-			if err != nil {
-				return nil, err
-			}
-			return healOf(f), nil
+			return healing(e.isolate(i, false))
 		},
-		control: partitionControl{mode: modePolling, what: "consumers without the inbox (--unsafe-no-inbox)",
-			sys:   func(c *faultkit.SystemConfig) { c.UnsafeNoInbox = true },
-			bites: bitesDoubled},
+		control: withoutInbox,
 	},
 	{
 		name: "controller quorum split",
@@ -328,11 +318,7 @@ var partitionScenarios = []partitionScenario{
 			if err != nil {
 				return nil, err
 			}
-			f, err := e.isolate(i, true)
-			if err != nil {
-				return nil, err
-			}
-			return healOf(f), nil
+			return healing(e.isolate(i, true))
 		},
 		// The produces the split fails are failed for good by the client
 		// (a living relay sends them again), so a relay that marked them
@@ -353,41 +339,27 @@ var partitionScenarios = []partitionScenario{
 				_ = f.Heal()
 				return nil, err
 			}
-			return healOf(f), nil
+			return f.Heal, nil
 		},
-		control: partitionControl{mode: modePolling, what: "consumers without the inbox (--unsafe-no-inbox)",
-			sys:   func(c *faultkit.SystemConfig) { c.UnsafeNoInbox = true },
-			bites: bitesDoubled},
+		control: withoutInbox,
 	},
 	{
 		name: "consumer loses its database's replies",
 		doc:  "consumer-1's statements reach its database, the answers are dropped: effects committed, the consumer cannot know",
 		inject: func(ctx context.Context, e *partitionEnv) (func() error, error) {
-			f, err := e.net.Cut(netfault.Replies, netfault.Link{From: e.users["consumer-1"], To: []int{e.consumerPort}})
-			if err != nil {
-				return nil, err
-			}
-			return healOf(f), nil
+			return healing(e.net.Cut(netfault.Replies, netfault.Link{From: e.users["consumer-1"], To: []int{e.consumerPort}}))
 		},
-		control: partitionControl{mode: modePolling, what: "consumers without the inbox (--unsafe-no-inbox)",
-			sys:   func(c *faultkit.SystemConfig) { c.UnsafeNoInbox = true },
-			bites: bitesDoubled},
+		control: withoutInbox,
 	},
 	{
 		name:    "slow lossy network",
 		doc:     "every broker link (clients, replication, controllers) delayed 100-300 ms with jitter and 1% of packets dropped",
 		forFull: time.Minute,
 		inject: func(ctx context.Context, e *partitionEnv) (func() error, error) {
-			f, err := e.net.Degrade(netfault.Impairment{Delay: 100 * time.Millisecond, Jitter: 200 * time.Millisecond, Loss: 0.01},
-				netfault.Link{To: e.allPorts()})
-			if err != nil {
-				return nil, err
-			}
-			return healOf(f), nil
+			return healing(e.net.Degrade(netfault.Impairment{Delay: 100 * time.Millisecond, Jitter: 200 * time.Millisecond, Loss: 0.01},
+				netfault.Link{To: e.allPorts()}))
 		},
-		control: partitionControl{mode: modePolling, what: "consumers without the inbox (--unsafe-no-inbox)",
-			sys:   func(c *faultkit.SystemConfig) { c.UnsafeNoInbox = true },
-			bites: bitesDoubled},
+		control: withoutInbox,
 	},
 }
 
