@@ -35,7 +35,10 @@ import (
 // sharing the marks, another read may have made a tick after the lock
 // table was read, with the same M (no transaction ID was assigned in
 // between) but a last id that a transaction older than M took after the
-// lock table showed it holding no write lock.
+// lock table showed it holding no write lock. And it holds only under the
+// generation the asked tick was made in: after a failover, M names a
+// transaction ID of the old primary, and the new one's ticks may have
+// smaller last ids.
 //
 // Parked aggregates' rows are not read and may lie below a mark; when a
 // park is deleted (a release or a dead-letter), the trigger on
@@ -97,6 +100,9 @@ type unsafeLowWater struct {
 	// every tick whose next is not past the one asked about, also a tick
 	// made after the lock table was read.
 	writersByNext bool
+	// writersOfAnyGeneration lets that answer complete ticks of another
+	// generation than the asked tick's.
+	writersOfAnyGeneration bool
 }
 
 // tick is an outbox id given out (last) and a transaction ID assigned after
@@ -115,9 +121,11 @@ type horizon struct {
 	// history is the server's.
 	history history
 	// writers is the tick whose next transaction ID the read asked about
-	// (lowWater.writersBefore), the zero tick for none; noWriterBefore: no
-	// transaction that writes the outbox is older than that ID.
+	// (lowWater.writersBefore), the zero tick for none, and writersGen the
+	// generation it was made in; noWriterBefore: no transaction that
+	// writes the outbox is older than that ID.
 	writers        tick
+	writersGen     generation
 	noWriterBefore bool
 }
 
@@ -152,25 +160,28 @@ func newLowWater() *lowWater { return &lowWater{mark: map[int]int64{}, gen: gene
 
 // writersBefore is the tick whose next transaction ID the next read asks
 // about (the newest pending tick), or the zero tick while the ticks
-// complete as they should.
-func (w *lowWater) writersBefore() tick {
+// complete as they should, and the generation it was made in.
+func (w *lowWater) writersBefore() (tick, generation) {
 	if w == nil {
-		return tick{}
+		return tick{}, generation{}
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if !w.stuck || len(w.ticks) == 0 {
-		return tick{}
+		return tick{}, w.gen
 	}
-	return w.ticks[len(w.ticks)-1]
+	return w.ticks[len(w.ticks)-1], w.gen
 }
 
-// completes reports whether a read that saw h completes t.
+// completes reports whether a read that saw h completes t, a tick of the
+// marks' generation.
 func (w *lowWater) completes(t tick, h horizon) bool {
 	switch {
 	case t.next <= h.xmin || w.unsafe.trustEveryRead:
 		return true
 	case !h.noWriterBefore || w.unsafe.ignoreWriters:
+		return false
+	case h.writersGen != w.gen && !w.unsafe.writersOfAnyGeneration:
 		return false
 	case w.unsafe.writersByNext:
 		return t.next <= h.writers.next

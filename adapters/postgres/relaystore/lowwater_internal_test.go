@@ -88,7 +88,7 @@ func TestLowWaterCompletesOnlyTheTickItAskedTheWritersAbout(t *testing.T) {
 			lows, gen := w.marks(shards)
 			w.advance(shards, lows, gen, nil, nil, at(40, 5, 41))
 		}
-		asked := w.writersBefore()
+		asked, askedGen := w.writersBefore()
 		if asked != (tick{last: 5, next: 41}) {
 			t.Fatalf("control %v: the read asks about %+v, want the pending tick (5, 41)", control, asked)
 		}
@@ -98,11 +98,53 @@ func TestLowWaterCompletesOnlyTheTickItAskedTheWritersAbout(t *testing.T) {
 		w.advance(shards, lows, gen, nil, nil, at(40, 9, 41))
 		// A's read comes back: no writer older than 41 held the lock.
 		h := at(40, 9, 41)
-		h.writers, h.noWriterBefore = asked, true
+		h.writers, h.writersGen, h.noWriterBefore = asked, askedGen, true
 		w.advance(shards, aLows, aGen, nil, nil, h)
 		mark, _ := w.marks(shards)
 		t.Logf("control %v: mark %d", control, mark[0])
 		if want := map[bool]int64{false: 6, true: 10}[control]; mark[0] != want {
+			t.Fatalf("control %v: mark %d, want %d", control, mark[0], want)
+		}
+	}
+}
+
+// A read asks about the outbox's writers older than a tick of the old
+// primary; a failover happens; another relay's read on the promoted
+// standby drops the marks and ticks and makes a tick of the new history,
+// whose ids and transaction IDs start lower (last 3, next 12). A's read,
+// made on the new primary, comes back with no writer older than the old
+// primary's 41: that says nothing of the new primary's transactions, and
+// the mark stays at 0. Control: an answer used across generations
+// completes the new tick and raises the mark to 4, over rows 1 to 3 the
+// new primary may still commit.
+func TestLowWaterAnswerAboutWritersHoldsInItsGenerationOnly(t *testing.T) {
+	shards := []int{0}
+	before, after := history{system: 7, timeline: 1}, history{system: 7, timeline: 2}
+	for _, control := range []bool{false, true} {
+		w := newLowWater()
+		w.unsafe.writersOfAnyGeneration = control
+		at := func(hist history, xmin, last, next int64) horizon {
+			return horizon{xmin: xmin, last: last, next: next, release: 1, history: hist}
+		}
+		for range 2 {
+			lows, gen := w.marks(shards)
+			w.advance(shards, lows, gen, nil, nil, at(before, 40, 5, 41))
+		}
+		aLows, aGen := w.marks(shards)
+		asked, askedGen := w.writersBefore()
+		if asked != (tick{last: 5, next: 41}) {
+			t.Fatalf("control %v: the read asks about %+v, want the pending tick (5, 41)", control, asked)
+		}
+		// B's read on the promoted standby.
+		lows, gen := w.marks(shards)
+		w.advance(shards, lows, gen, nil, nil, at(after, 10, 3, 12))
+		// A's read, on the new primary too.
+		h := at(after, 10, 3, 12)
+		h.writers, h.writersGen, h.noWriterBefore = asked, askedGen, true
+		w.advance(shards, aLows, aGen, nil, nil, h)
+		mark, _ := w.marks(shards)
+		t.Logf("control %v: mark %d", control, mark[0])
+		if want := map[bool]int64{false: 0, true: 4}[control]; mark[0] != want {
 			t.Fatalf("control %v: mark %d, want %d", control, mark[0], want)
 		}
 	}

@@ -134,10 +134,12 @@ func (s *Store) ReadBatchSkipping(ctx context.Context, shards []int, perShard in
 	// starts from none, so it is whole.
 	for {
 		lows, gen := s.low.marks(shards)
-		out, h, err := s.readBatch(ctx, q, shards, perShard, skip, lows, s.low.writersBefore())
+		ask, askGen := s.low.writersBefore()
+		out, h, err := s.readBatch(ctx, q, shards, perShard, skip, lows, ask)
 		if err != nil {
 			return nil, fmt.Errorf("read outbox batch: %w", err)
 		}
+		h.writersGen = askGen
 		if s.low.advance(shards, lows, gen, out, skip, h) {
 			return out, nil
 		}
