@@ -97,14 +97,7 @@ func TestLowWaterCompletesOnlyTheTickItAskedTheWritersAbout(t *testing.T) {
 		lows, gen := w.marks(shards)
 		w.advance(shards, lows, gen, nil, nil, at(40, 9, 41))
 		// A's read comes back: no writer older than 41 held the lock.
-		h := at(40, 9, 41)
-		h.writers, h.writersGen, h.noWriterBefore = asked, askedGen, true
-		w.advance(shards, aLows, aGen, nil, nil, h)
-		mark, _ := w.marks(shards)
-		t.Logf("control %v: mark %d", control, mark[0])
-		if want := map[bool]int64{false: 6, true: 10}[control]; mark[0] != want {
-			t.Fatalf("control %v: mark %d, want %d", control, mark[0], want)
-		}
+		answerWritersAndWant(t, w, control, at(40, 9, 41), asked, askedGen, aLows, aGen, map[bool]int64{false: 6, true: 10})
 	}
 }
 
@@ -139,13 +132,21 @@ func TestLowWaterAnswerAboutWritersHoldsInItsGenerationOnly(t *testing.T) {
 		lows, gen := w.marks(shards)
 		w.advance(shards, lows, gen, nil, nil, at(after, 10, 3, 12))
 		// A's read, on the new primary too.
-		h := at(after, 10, 3, 12)
-		h.writers, h.writersGen, h.noWriterBefore = asked, askedGen, true
-		w.advance(shards, aLows, aGen, nil, nil, h)
-		mark, _ := w.marks(shards)
-		t.Logf("control %v: mark %d", control, mark[0])
-		if want := map[bool]int64{false: 0, true: 4}[control]; mark[0] != want {
-			t.Fatalf("control %v: mark %d, want %d", control, mark[0], want)
-		}
+		answerWritersAndWant(t, w, control, at(after, 10, 3, 12), asked, askedGen, aLows, aGen, map[bool]int64{false: 0, true: 4})
+	}
+}
+
+// answerWritersAndWant advances w with a read from lows under gen that saw
+// h and no writer of the outbox older than the asked tick's next, and
+// fails t unless shard 0's mark is then want[control].
+func answerWritersAndWant(t *testing.T, w *lowWater, control bool, h horizon, asked tick, askedGen generation,
+	lows []int64, gen generation, want map[bool]int64) {
+	t.Helper()
+	h.writers, h.writersGen, h.noWriterBefore = asked, askedGen, true
+	w.advance([]int{0}, lows, gen, nil, nil, h)
+	mark, _ := w.marks([]int{0})
+	t.Logf("control %v: mark %d", control, mark[0])
+	if mark[0] != want[control] {
+		t.Fatalf("control %v: mark %d, want %d", control, mark[0], want[control])
 	}
 }
