@@ -55,6 +55,13 @@ func measureCeiling(b *testing.B, brokers []string) ceiling {
 
 // stored is how many records topic holds (the sum of its end offsets).
 func stored(b *testing.B, brokers []string, topic string) int64 {
+	var n int64
+	endOffsets(b, brokers, topic).Each(func(o kadm.ListedOffset) { n += o.Offset })
+	return n
+}
+
+// endOffsets lists the end offsets of topic's partitions.
+func endOffsets(b *testing.B, brokers []string, topic string) kadm.ListedOffsets {
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
 	if err != nil {
 		b.Fatal(err)
@@ -64,9 +71,7 @@ func stored(b *testing.B, brokers []string, topic string) int64 {
 	if err != nil {
 		b.Fatal(err)
 	}
-	var n int64
-	ends.Each(func(o kadm.ListedOffset) { n += o.Offset })
-	return n
+	return ends
 }
 
 // warmBroker produces n records of about a relay's size, keys and headers
@@ -118,7 +123,7 @@ func readRecords(b *testing.B, brokers []string, topic string, n int) []*kgo.Rec
 // acks=all and idempotence are its defaults too, and asked for all the
 // same.
 func produceFranz(b *testing.B, brokers []string, topic string, recs []*kgo.Record) float64 {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(topic),
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...),
 		kgo.RequiredAcks(kgo.AllISRAcks()), kgo.RecordPartitioner(kgo.ManualPartitioner()),
 		kgo.MaxBufferedRecords(len(recs)))
 	if err != nil {

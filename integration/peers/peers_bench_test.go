@@ -442,17 +442,8 @@ type reader struct {
 
 func newReader(b *testing.B, brokers []string, topic, header string) *reader {
 	ctx := context.Background()
-	adm, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
-	if err != nil {
-		b.Fatal(err)
-	}
-	ends, err := kadm.NewClient(adm).ListEndOffsets(ctx, topic)
-	adm.Close()
-	if err != nil {
-		b.Fatal(err)
-	}
 	offsets := map[string]map[int32]kgo.Offset{topic: {}}
-	ends.Each(func(o kadm.ListedOffset) {
+	endOffsets(b, brokers, topic).Each(func(o kadm.ListedOffset) {
 		offsets[topic][o.Partition] = kgo.NewOffset().At(o.Offset)
 	})
 	if len(offsets[topic]) != partitions {
