@@ -227,6 +227,17 @@ func failoverRunbook(t *testing.T, rb runbook, sinceStart time.Time) runbookResu
 
 	rbPostBatch(t, s.APIURL, "b1", 0, 5)
 	waitApplied(t, consumer, 10)
+	// Batch 1 is whole on the standby before it is cut off: its markers
+	// too, which may come after the consumers applied it (a produce whose
+	// ACK timed out is sent again first). A standby without them would
+	// promote batch 1 as unrelayed, and the CDC relay would hold it on the
+	// unaccepted history instead of streaming.
+	wait.For(t, 30*time.Second, "batch 1 marked", func() bool { return relaytest.Unrelayed(t, f.Pool) == 0 })
+	marked := pgtest.Column[string](t, f.Pool, `SELECT pg_current_wal_lsn()::text`)[0]
+	wait.For(t, 30*time.Second, "the markers replayed on the standby", func() bool {
+		return pgtest.Column[bool](t, f.Pool,
+			`SELECT coalesce(bool_and(replay_lsn >= $1::pg_lsn), false) FROM pg_stat_replication`, marked)[0]
+	})
 	if err := f.Standby.Shutdown(ctx); err != nil {
 		t.Fatal(err)
 	}
