@@ -5,6 +5,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/posthorn/posthorn/core"
 )
 
 // The relay's read and its settings, for the plan test.
@@ -19,21 +21,34 @@ var (
 // baseline).
 func NewWalkingFromStart(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }
 
+// newUnsafe is a store whose read marks and count marks both break the
+// rule set breaks.
+func newUnsafe(pool *pgxpool.Pool, set func(*unsafeLowWater)) *Store {
+	s := New(pool)
+	set(&s.low.unsafe)
+	set(&s.counted.unsafe)
+	return s
+}
+
+// NewCountingFromReadMarks counts the backlog from the read's marks, which
+// pass parked aggregates' rows: the control of the parked-count test.
+func NewCountingFromReadMarks(pool *pgxpool.Pool) *Store {
+	s := New(pool)
+	s.counted = s.low
+	return s
+}
+
 // NewTrustingEveryRead raises each shard's mark after every read, without
 // waiting for the transactions that took ids to end: the control of the
 // late-commit test.
 func NewTrustingEveryRead(pool *pgxpool.Pool) *Store {
-	s := New(pool)
-	s.low.unsafe.trustEveryRead = true
-	return s
+	return newUnsafe(pool, func(u *unsafeLowWater) { u.trustEveryRead = true })
 }
 
 // NewIgnoringReleases keeps the marks when a park is deleted: the control
 // of the release test.
 func NewIgnoringReleases(pool *pgxpool.Pool) *Store {
-	s := New(pool)
-	s.low.unsafe.ignoreReleases = true
-	return s
+	return newUnsafe(pool, func(u *unsafeLowWater) { u.ignoreReleases = true })
 }
 
 // Marks returns the store's marks of shards.
@@ -42,17 +57,29 @@ func (s *Store) Marks(shards []int) []int64 {
 	return lows
 }
 
+// CountMarks returns the marks Status counts shards' backlog from.
+func (s *Store) CountMarks(shards []int) []int64 {
+	lows, _ := s.counted.marks(shards)
+	return lows
+}
+
 // ReadBuffers is what one read of shards from the store's marks costs the
 // server: the buffers its plan touched (EXPLAIN ANALYZE BUFFERS).
 func (s *Store) ReadBuffers(ctx context.Context, shards []int, perShard int) (int64, error) {
-	var plan []map[string]any
 	lows, _ := s.low.marks(shards)
-	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+	return explainBuffers(ctx, s.pool, readByID, toInt32(shards), perShard, []int64{}, lows)
+}
+
+// explainBuffers runs q with args under the read's settings in a read-only
+// transaction with EXPLAIN ANALYZE BUFFERS and returns the buffers its
+// plan touched.
+func explainBuffers(ctx context.Context, pool *pgxpool.Pool, q string, args ...any) (int64, error) {
+	var plan []map[string]any
+	err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, readSettings); err != nil {
 			return err
 		}
-		return tx.QueryRow(ctx, `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) `+readByID,
-			toInt32(shards), perShard, []int64{}, lows).Scan(&plan)
+		return tx.QueryRow(ctx, `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) `+q, args...).Scan(&plan)
 	})
 	if err != nil || len(plan) == 0 {
 		return 0, err
@@ -63,27 +90,32 @@ func (s *Store) ReadBuffers(ctx context.Context, shards []int, perShard int) (in
 	return int64(hit + read), nil
 }
 
+// StatusBuffers is what Status's count of the backlog from the store's
+// count marks costs the server: the buffers its plan touched.
+func (s *Store) StatusBuffers(ctx context.Context) (int64, error) {
+	shards := make([]int, core.Shards)
+	for i := range shards {
+		shards[i] = i
+	}
+	lows, _ := s.counted.marks(shards)
+	return explainBuffers(ctx, s.pool, countFromMarks, toInt32(shards), lows)
+}
+
 // NewWaitingForEveryTransaction completes a tick only once the oldest
 // running transaction of the server has passed it: the control of the
 // test with an unrelated open transaction.
 func NewWaitingForEveryTransaction(pool *pgxpool.Pool) *Store {
-	s := New(pool)
-	s.low.unsafe.ignoreWriters = true
-	return s
+	return newUnsafe(pool, func(u *unsafeLowWater) { u.ignoreWriters = true })
 }
 
 // NewUsingSnapshotXmax takes a snapshot's xmax for the next transaction ID
 // of its ticks: the control of the concurrent-commit test.
 func NewUsingSnapshotXmax(pool *pgxpool.Pool) *Store {
-	s := New(pool)
-	s.low.unsafe.xmaxAsNext = true
-	return s
+	return newUnsafe(pool, func(u *unsafeLowWater) { u.xmaxAsNext = true })
 }
 
 // NewIgnoringHistory keeps the marks and ticks across a failover: the
 // control of the failover test.
 func NewIgnoringHistory(pool *pgxpool.Pool) *Store {
-	s := New(pool)
-	s.low.unsafe.ignoreHistory = true
-	return s
+	return newUnsafe(pool, func(u *unsafeLowWater) { u.ignoreHistory = true })
 }

@@ -193,13 +193,15 @@ func TestLowWaterMarkRereadsAReleasedAggregate(t *testing.T) {
 // queue entries (a report, pg_dump, a standby's feedback: a REPEATABLE
 // READ transaction that holds no transaction ID), the read's cost stays
 // that of the rows it returns: the marks still rise, since the snapshot
-// holds no transaction that could take an id. 20,000 events are drained
-// (each read and marked as the relay does) under the snapshot, and the
-// read that follows is measured in buffers. Control: the store that scans
-// each shard's queue from its start touches every deleted entry again.
+// holds no transaction that could take an id. The same holds for the
+// count of the backlog behind the relay's gauges (Status). 20,000 events
+// are drained (each read and marked as the relay does) under the snapshot,
+// and the read and the count that follow are measured in buffers. Control:
+// the store that scans each shard's queue from its start touches every
+// deleted entry again, in the read and in the count.
 func TestReadCostUnderALongSnapshot(t *testing.T) {
 	t.Parallel()
-	cost := map[bool]int64{}
+	cost := map[bool][2]int64{} // the read's, the count's
 	for _, control := range []bool{false, true} {
 		ctx := context.Background()
 		_, pool := pgtest.Ledger(t)
@@ -233,25 +235,49 @@ FROM generate_series($1::int, $2::int) g`, i+1, i+1000); err != nil {
 			t.Fatalf("control %v: drained %d of %d events", control, read, events)
 		}
 		if !control {
-			// The last reads' ticks complete once every transaction of the
-			// server running then has ended (other tests' too).
+			// The last reads' and counts' ticks complete once every
+			// transaction of the server running then has ended (other
+			// tests' too).
 			last := pgtest.Column[int64](t, pool, `SELECT max(id) FROM outbox`)[0]
 			for shard := range core.Shards {
 				raised(t, store, leases, shard, last+1)
+				counted(t, store, shard, last+1)
 			}
 		}
-		buffers, err := store.ReadBuffers(ctx, allShards(), 500)
+		if st, err := store.Status(ctx); err != nil || st.Backlog != 0 {
+			t.Fatalf("control %v: backlog %d after the drain, %v", control, st.Backlog, err)
+		}
+		readCost, err := store.ReadBuffers(ctx, allShards(), 500)
+		if err != nil {
+			t.Fatal(err)
+		}
+		countCost, err := store.StatusBuffers(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
 		_ = snapshot.Rollback(ctx)
-		cost[control] = buffers
+		cost[control] = [2]int64{readCost, countCost}
 	}
-	t.Logf("one read after 20,000 events were marked under a long snapshot: %d buffers with the marks, %d scanning each shard from its start",
+	t.Logf("one read and one count of the backlog after 20,000 events were marked under a long snapshot: %v buffers with the marks, %v scanning each shard from its start",
 		cost[false], cost[true])
-	if cost[false] > 100 || cost[true] < 10*cost[false] {
-		t.Fatalf("read cost %d buffers with the marks, %d without: want a small read, and the control at least 10 times as costly", cost[false], cost[true])
+	for i, what := range []string{"read", "count of the backlog"} {
+		if cost[false][i] > 100 || cost[true][i] < 10*cost[false][i] {
+			t.Fatalf("%s: %d buffers with the marks, %d without: want a small one, and the control at least 10 times as costly", what, cost[false][i], cost[true][i])
+		}
 	}
+}
+
+// counted waits until the marks Status counts shard's backlog from reach
+// want, counting as the relay's gauges do.
+func counted(t *testing.T, store *relaystore.Store, shard int, want int64) {
+	t.Helper()
+	wait.ForStatus(t, 30*time.Second, fmt.Sprintf("the count mark of shard %d to reach %d", shard, want), func() (bool, string) {
+		if _, err := store.Status(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		m := store.CountMarks([]int{shard})[0]
+		return m >= want, fmt.Sprintf("mark %d", m)
+	})
 }
 
 // drainBatches is drain with reads of up to perShard rows of each shard.

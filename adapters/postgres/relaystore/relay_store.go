@@ -25,10 +25,17 @@ type Store struct {
 	// low is each shard's low-water mark (lowwater.go); nil scans every
 	// shard's queue from its start.
 	low *lowWater
+	// counted are the marks Status counts the backlog from, raised by its
+	// own reads under the same rule, but never past a parked aggregate's
+	// row, which low may pass (the read skips those, the count must not);
+	// nil counts every shard's queue from its start.
+	counted *lowWater
 }
 
 // New returns a store over pool.
-func New(pool *pgxpool.Pool) *Store { return &Store{pool: pool, low: newLowWater()} }
+func New(pool *pgxpool.Pool) *Store {
+	return &Store{pool: pool, low: newLowWater(), counted: newLowWater()}
+}
 
 // readByID is one round trip over every owned shard; each lateral subquery is
 // a range scan of the work queue outbox_pending (shard, id) from the shard's
@@ -110,6 +117,24 @@ FROM posthorn.ledger_history() AS h`
 // running may hold a greater ID.
 const readNextXID = `SELECT pg_snapshot_xmin(s)::text::bigint + age(pg_snapshot_xmin(s)::xid)
 FROM (SELECT pg_current_snapshot() AS s) AS q`
+
+// countFromMarks is per lease its owner and expiry, and the count, the age
+// of the oldest row and the first id of the shard's pending entries from
+// its mark in $2 on (a shard missing from $1 counts from its start). Each
+// entry is probed in the outbox's primary key for its age behind OFFSET 0,
+// as in readByID: a join of the planner's choosing may scan the whole
+// retained outbox on every refresh.
+const countFromMarks = `
+SELECT l.shard, coalesce(l.owner, ''), CASE WHEN l.owner IS NULL THEN NULL ELSE l.expires_at END,
+       b.n, extract(epoch FROM now() - b.oldest)::float8, b.first
+FROM relay_leases l
+LEFT JOIN unnest($1::int[], $2::bigint[]) AS s(shard, low) ON s.shard = l.shard
+CROSS JOIN LATERAL (
+    SELECT count(*) AS n, min(o.created_at) AS oldest, min(p.id) AS first
+    FROM outbox_pending p
+    CROSS JOIN LATERAL (SELECT created_at FROM outbox o WHERE o.id = p.id OFFSET 0) o
+    WHERE p.shard = l.shard AND p.id >= coalesce(s.low, 0)) b
+ORDER BY l.shard`
 
 // readSettings are set for the read's transaction only (see ReadBatchSkipping).
 const readSettings = `SELECT set_config('enable_sort', 'off', true), set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)`
@@ -390,42 +415,42 @@ func (s *Store) Release(ctx context.Context, aggregateType, aggregateID string) 
 	return nil
 }
 
-// outbox for its age: fenced like readByID, since a hash join would scan
-// the whole retained outbox on every refresh), the age of the oldest
-// unrelayed row, the leases and the parked aggregates.
+// Status reports the backlog (unrelayed rows, parked aggregates' rows
+// included), the age of the oldest unrelayed row, the leases and the
+// parked aggregates, the ledger's history and what holds its horizon.
+//
+// The count starts at marks of its own (counted), raised by earlier
+// counts of this store under the read's rule, so it does not walk the
+// queue's entries that the markers deleted and that a long snapshot keeps
+// from VACUUM: its cost follows the backlog, not the snapshot's age. A
+// store's first count, as in a one-off outbox status, walks each shard
+// from its start.
 func (s *Store) Status(ctx context.Context) (core.OutboxStatus, error) {
-	var st core.OutboxStatus
-	rows, err := s.pool.Query(ctx, `
-SELECT l.shard, coalesce(l.owner, ''), CASE WHEN l.owner IS NULL THEN NULL ELSE l.expires_at END,
-       coalesce(b.n, 0), extract(epoch FROM now() - b.oldest)::float8
-FROM relay_leases l
-LEFT JOIN (SELECT p.shard, count(*) AS n, min(o.created_at) AS oldest
-           FROM outbox_pending p
-           CROSS JOIN LATERAL (SELECT created_at FROM outbox o WHERE o.id = p.id OFFSET 0) o
-           GROUP BY p.shard) b ON b.shard = l.shard
-ORDER BY l.shard`)
-	if err != nil {
-		return st, fmt.Errorf("outbox status: %w", err)
+	shards := make([]int, core.Shards)
+	for i := range shards {
+		shards[i] = i
 	}
-	for rows.Next() {
+	var st core.OutboxStatus
+	// A count from marks that no longer hold is thrown away, as a read
+	// is (ReadBatchSkipping); the second starts from none.
+	for {
+		lows, gen := s.counted.marks(shards)
+		ask, askGen := s.counted.writersBefore()
 		var (
-			sl  core.ShardLease
-			age pgtype.Float8
+			firsts []core.OutboxRow
+			h      horizon
+			err    error
 		)
-		if err := rows.Scan(&sl.Shard, &sl.Owner, &sl.ExpiresAt, &sl.Backlog, &age); err != nil {
-			rows.Close()
+		st, firsts, h, err = s.countBacklog(ctx, shards, lows, ask)
+		if err != nil {
 			return st, fmt.Errorf("outbox status: %w", err)
 		}
-		st.Backlog += sl.Backlog
-		if age.Valid && age.Float64 > st.OldestUnrelayedAge {
-			st.OldestUnrelayedAge = age.Float64
+		h.writersGen = askGen
+		if s.counted.advance(shards, lows, gen, firsts, nil, h) {
+			break
 		}
-		st.Shards = append(st.Shards, sl)
 	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return st, fmt.Errorf("outbox status: %w", err)
-	}
+	var err error
 	if st.Parked, err = s.Parked(ctx); err != nil {
 		return st, err
 	}
@@ -442,6 +467,71 @@ ORDER BY l.shard`)
 		st.Horizon = &hz
 	}
 	return st, nil
+}
+
+// countBacklog is a read of the backlog, in the shape of readBatch: the
+// horizon, then per lease its owner, and the count, the age of the oldest
+// and the first id of the pending entries from the shard's mark in lows
+// on (countFromMarks), then the next transaction ID. firsts holds each
+// shard's first pending row (id and shard only), parked or not, for the
+// marks to rise to.
+func (s *Store) countBacklog(ctx context.Context, shards []int, lows []int64, writers tick) (st core.OutboxStatus, firsts []core.OutboxRow, h horizon, err error) {
+	b := &pgx.Batch{}
+	b.Queue("BEGIN READ ONLY")
+	b.Queue(readSettings)
+	b.Queue(readHorizon, writers.next)
+	b.Queue(countFromMarks, toInt32(shards), lows)
+	b.Queue("COMMIT")
+	if s.counted != nil && s.counted.unsafe.xmaxAsNext {
+		b.Queue(`SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint`)
+	} else {
+		b.Queue(readNextXID)
+	}
+	br := s.pool.SendBatch(ctx, b)
+	defer br.Close()
+	for range 2 {
+		if _, err := br.Exec(); err != nil {
+			return st, nil, h, err
+		}
+	}
+	h.writers = writers
+	if err := br.QueryRow().Scan(&h.xmin, &h.last, &h.release, &h.history.system, &h.history.timeline, &h.noWriterBefore); err != nil {
+		return st, nil, h, err
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return st, nil, h, err
+	}
+	for rows.Next() {
+		var (
+			sl    core.ShardLease
+			age   pgtype.Float8
+			first pgtype.Int8
+		)
+		if err := rows.Scan(&sl.Shard, &sl.Owner, &sl.ExpiresAt, &sl.Backlog, &age, &first); err != nil {
+			rows.Close()
+			return st, nil, h, err
+		}
+		st.Backlog += sl.Backlog
+		if age.Valid && age.Float64 > st.OldestUnrelayedAge {
+			st.OldestUnrelayedAge = age.Float64
+		}
+		if first.Valid {
+			firsts = append(firsts, core.OutboxRow{RowRef: core.RowRef{ID: first.Int64, Shard: sl.Shard}})
+		}
+		st.Shards = append(st.Shards, sl)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return st, nil, h, err
+	}
+	if _, err := br.Exec(); err != nil {
+		return st, nil, h, err
+	}
+	if err := br.QueryRow().Scan(&h.next); err != nil {
+		return st, nil, h, err
+	}
+	return st, firsts, h, br.Close()
 }
 
 // Parked lists the parked aggregates, oldest first.
