@@ -65,7 +65,7 @@ func TestConsumerTablesBesideTheConsumerSchema(t *testing.T) {
 		t.Fatalf("before: %+v, %v", st, err)
 	}
 	applied, err := postgres.UpgradeTables(ctx, dsn, tables)
-	if err != nil || len(applied) != 1 || applied[0] != "00001_projection_balances.sql" {
+	if err != nil || len(applied) == 0 || applied[0] != "00001_projection_balances.sql" {
 		t.Fatalf("upgrade applied %v, %v", applied, err)
 	}
 	if got := pgtest.Column[string](t, pool, `SELECT to_regclass('posthorn_consumer_balance_projection_migrations')::text`); got[0] == "" {

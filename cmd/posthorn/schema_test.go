@@ -104,7 +104,7 @@ func TestConsumerCommandsNameTheExampleTablesTheyLack(t *testing.T) {
 	code, stdout, stderr := runCLI(t, []string{consumer}, "migrate", "--consumer")
 	for _, want := range []string{"consumer schema is up to date: no migration to apply",
 		"the tables of audit-log: applied 2 migration(s): 00001_audit_log.sql, 00002_audit_log_idempotency_digest.sql",
-		"the tables of balance-projection: applied 1 migration(s): 00001_projection_balances.sql"} {
+		"the tables of balance-projection: applied 2 migration(s): 00001_projection_balances.sql, 00002_hot_room.sql"} {
 		if code != 0 || !strings.Contains(stdout, want) {
 			t.Fatalf("migrate --consumer: code %d, stdout %q, stderr %q; want %q", code, stdout, stderr, want)
 		}

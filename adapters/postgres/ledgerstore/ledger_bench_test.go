@@ -95,6 +95,7 @@ type benchMode struct {
 	schema wsql.SchemaAdapter
 	// prepare is run on the mode's fresh database before the warm-up.
 	prepare string
+	url     string
 	pool    *pgxpool.Pool
 	store   *ledgerstore.Store
 	elapsed time.Duration
@@ -112,7 +113,7 @@ func randomTransfer(r *rand.Rand) core.Posting {
 
 func (m *benchMode) setup(b *testing.B, writers int) {
 	b.Helper()
-	_, m.pool = pgtest.Ledger(b)
+	m.url, m.pool = pgtest.Ledger(b)
 	ctx := context.Background()
 	if _, stock := m.schema.(wsql.DefaultPostgreSQLSchema); stock {
 		// The stock publisher may not create its table inside a
