@@ -7,7 +7,7 @@ VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 
 # setup: make this machine ready for the tests (packages, services, the
 # Kafka broker's class path); idempotent, needs root. make test runs it first.
-.PHONY: setup build test test-race test-faults test-partitions test-short lint bench bench-peers bench-consumers bench-horizon soak soak-kafka-control soak-horizon demo clean
+.PHONY: setup build test test-race test-faults test-partitions test-short lint bench bench-peers bench-consumers bench-horizon bench-history soak soak-kafka-control soak-horizon soak-history demo clean
 
 build:
 	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/posthorn
@@ -104,6 +104,23 @@ HORIZON_RATE ?= $(or $(POSTHORN_HORIZON_RATE),1000)
 soak-horizon:
 	POSTHORN_HORIZON_SNAPSHOT=$(HORIZON_SNAPSHOT) POSTHORN_HORIZON_RATE=$(HORIZON_RATE) \
 		$(GO) test -run '^$$' -bench BenchmarkLongSnapshot -benchtime 1x -count 1 -timeout 3h ./integration/horizon/
+
+# Cost as the history grows (integration/history): the write path, the
+# relay's drain and commit-to-ACK p99, consumer apply, the failover check,
+# reconcile, archive and cleanup on an empty database and on one loaded
+# set-based with 1,000,000 events of history, each as a ratio
+# (docs/measured.md). Under 10 minutes, the load included.
+bench-history:
+	POSTHORN_BENCH_1M=1 POSTHORN_HISTORY_EVENTS=1000000 \
+		$(GO) test -run '^$$' -bench '^BenchmarkHistory$$' -benchtime 1x -count 1 -timeout 30m ./integration/history/
+
+# bench-history on 10,000,000 events of history (HISTORY_EVENTS, or the
+# environment's POSTHORN_HISTORY_EVENTS): at the 1M run's pace the load
+# alone takes about 17 minutes and the operations' first pass about 20.
+HISTORY_EVENTS ?= $(or $(POSTHORN_HISTORY_EVENTS),10000000)
+soak-history:
+	POSTHORN_BENCH_1M=1 POSTHORN_HISTORY_EVENTS=$(HISTORY_EVENTS) \
+		$(GO) test -run '^$$' -bench '^BenchmarkHistory$$' -benchtime 1x -count 1 -timeout 4h ./integration/history/
 
 # The demo on embedded defaults: a throwaway PostgreSQL (needs the server
 # binaries, e.g. apt-get install postgresql), an in-process Kafka-protocol
