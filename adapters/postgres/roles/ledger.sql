@@ -158,10 +158,12 @@ GRANT SELECT, INSERT, UPDATE ON relay_cdc_leases TO posthorn_relay_cdc;
 GRANT SELECT ON relay_cdc_leases TO posthorn_relay;
 
 -- posthorn_reconciler: read-only, plus the coverage it proves. The cut reads
--- outbox_id_seq's last_value (SELECT on the sequence, not USAGE).
+-- outbox_id_seq's last_value (SELECT on the sequence, not USAGE); the
+-- console's count of the backlog reads it and relay_release_seq's to keep
+-- its marks (relaystore.Store.Status).
 GRANT SELECT ON accounts, account_balances, journals, journal_lines, outbox, outbox_pending,
     relay_leases, relay_parked, ops_coverage, ops_archive_segments, ops_cleanup, dead_letters TO posthorn_reconciler;
-GRANT SELECT ON SEQUENCE outbox_id_seq, journal_sequence TO posthorn_reconciler;
+GRANT SELECT ON SEQUENCE outbox_id_seq, journal_sequence, relay_release_seq TO posthorn_reconciler;
 GRANT INSERT, UPDATE ON ops_coverage TO posthorn_reconciler;
 -- The operator console reads as the reconciler and records its actions in
 -- console_audit: append and finish a row, never delete one. (Releasing a
