@@ -467,27 +467,3 @@ func ReadArchive(ctx context.Context, store ArchiveStore, afterID, throughID int
 	return nil
 }
 
-// errStop ends a ReadArchive early.
-var errStop = errors.New("stop")
-
-// ArchivedEventIDs returns which of ids the archive holds.
-func ArchivedEventIDs(ctx context.Context, store ArchiveStore, ids []string) (map[string]bool, error) {
-	want := make(map[string]bool, len(ids))
-	for _, id := range ids {
-		want[id] = true
-	}
-	found := map[string]bool{}
-	err := ReadArchive(ctx, store, 0, 1<<63-1, func(r ArchivedRow) error {
-		if want[r.EventID] {
-			found[r.EventID] = true
-			if len(found) == len(want) {
-				return errStop
-			}
-		}
-		return nil
-	})
-	if err != nil && !errors.Is(err, errStop) {
-		return nil, err
-	}
-	return found, nil
-}

@@ -18,7 +18,7 @@ import (
 // concurrently; the archive, last, for one consumer after the other.
 func (m *matching) finishConsumers(ctx context.Context) error {
 	type finish struct {
-		unknown []string
+		unknown unknownIDs
 		err     error
 	}
 	res := make([]finish, len(m.cfg.Consumers))
@@ -54,11 +54,9 @@ func (m *matching) finishConsumers(ctx context.Context) error {
 		for _, rc := range m.twice[ci].conflicts {
 			r.Discrepancies.RevisionConflicts.add(m.cfg.Cap, rc)
 		}
-		unknown, err := notArchived(ctx, m.cfg.Archive, f.unknown)
-		if err != nil {
+		if err := notArchived(ctx, m.cfg.Archive, f.unknown, &r.Discrepancies.Unknown, m.cfg.Cap); err != nil {
 			return fmt.Errorf("consumer %s: %w", c.Name, err)
 		}
-		r.Discrepancies.Unknown.add(m.cfg.Cap, unknown...)
 		r.Clean = r.Discrepancies.total() == 0
 	}
 	return nil
@@ -69,10 +67,9 @@ func (m *matching) finishConsumers(ctx context.Context) error {
 // The search starts at *at and leaves it where id is or would be (see
 // recordedSet.search).
 func (m *matching) recordedInCut(ci int, id string, applied bool, at *int) bool {
-	k, err := uuid.Parse(id)
-	// uuid.Parse also reads other spellings; the cut's IDs are canonical:
-	// 36 characters, lower case.
-	if err != nil || len(id) != 36 || strings.ContainsAny(id, "ABCDEF") {
+	// uuid.Parse also reads other spellings; the cut's IDs are canonical.
+	k, ok := canonicalUUID(id)
+	if !ok {
 		return false
 	}
 	s := m.recorded[ci]
@@ -121,15 +118,27 @@ func (s recordedSet) search(id uuid.UUID, from int) (int, bool) {
 	return lo + i, ok
 }
 
-// maxUnknownCandidates bounds the IDs kept for the archive lookup.
-const maxUnknownCandidates = 100_000
+// maxArchiveCandidates bounds the IDs kept for the archive lookup: 16
+// bytes each, 160 MB at the bound. The IDs a consumer still holds of
+// events that cleanup removed are all kept until its inbox retention prunes
+// them, which on a busy ledger is millions.
+const maxArchiveCandidates = 10_000_000
+
+// unknownIDs are the event IDs a consumer recorded that the outbox does
+// not have: the canonical UUIDs, which may be of events cleanup removed
+// (sorted, for the archive lookup), and the others, which no event of the
+// ledger carries (outbox.event_id is a uuid): counted, the first Cap kept.
+type unknownIDs struct {
+	candidates []uuid.UUID
+	foreign    Class
+}
 
 // unknownToOutbox returns consumer ci's event IDs that the outbox, read
 // now, does not have. The IDs it had recorded for events of the cut are
 // known without asking: only the others (for a consumer that is up to date
 // with the cut, hardly any) are looked up.
-func (m *matching) unknownToOutbox(ctx context.Context, ci int, r DispositionReader) ([]string, error) {
-	var candidates []string
+func (m *matching) unknownToOutbox(ctx context.Context, ci int, r DispositionReader) (unknownIDs, error) {
+	var u unknownIDs
 	at := 0
 	err := r.EventIDs(ctx, m.cfg.Batch, func(ids []string) error {
 		var ask []string
@@ -141,34 +150,63 @@ func (m *matching) unknownToOutbox(ctx context.Context, ci int, r DispositionRea
 		if len(ask) == 0 {
 			return nil
 		}
-		u, err := m.cfg.Ledger.UnknownEventIDs(ctx, ask)
+		unknown, err := m.cfg.Ledger.UnknownEventIDs(ctx, ask)
 		if err != nil {
 			return err
 		}
-		if len(candidates)+len(u) > maxUnknownCandidates {
-			return fmt.Errorf("more than %d event IDs unknown to the outbox: is this the consumer of this ledger?", maxUnknownCandidates)
+		for _, id := range unknown {
+			k, ok := canonicalUUID(id)
+			if !ok {
+				u.foreign.add(m.cfg.Cap, id)
+				continue
+			}
+			if len(u.candidates) == maxArchiveCandidates {
+				return fmt.Errorf("more than %d event IDs unknown to the outbox: is this the consumer of this ledger?", maxArchiveCandidates)
+			}
+			u.candidates = append(u.candidates, k)
 		}
-		candidates = append(candidates, u...)
 		return nil
 	})
-	return candidates, err
+	slices.SortFunc(u.candidates, func(a, b uuid.UUID) int { return bytes.Compare(a[:], b[:]) })
+	return u, err
 }
 
-// notArchived returns those of candidates (event IDs the outbox does not
-// have) that the archive, if any, does not have either.
-func notArchived(ctx context.Context, archive ArchiveStore, candidates []string) ([]string, error) {
-	if len(candidates) == 0 || archive == nil {
-		return candidates, nil
+// canonicalUUID parses id if it is a UUID spelled as the ledger spells
+// its event IDs: 36 characters, lower case.
+func canonicalUUID(id string) (uuid.UUID, bool) {
+	k, err := uuid.Parse(id)
+	return k, err == nil && len(id) == 36 && !strings.ContainsAny(id, "ABCDEF")
+}
+
+// notArchived adds to unknown those of u's candidates that the archive, if
+// any, does not have either, and u's foreign IDs. The archive is read once,
+// whatever the number of candidates.
+func notArchived(ctx context.Context, archive ArchiveStore, u unknownIDs, unknown *Class, cap int) error {
+	unknown.Count += u.foreign.Count
+	unknown.IDs = append(unknown.IDs, u.foreign.IDs...)
+	if len(u.candidates) == 0 {
+		return nil
 	}
-	archived, err := ArchivedEventIDs(ctx, archive, candidates)
-	if err != nil {
-		return nil, err
-	}
-	out := candidates[:0]
-	for _, id := range candidates {
-		if !archived[id] {
-			out = append(out, id)
+	found := make([]bool, len(u.candidates))
+	if archive != nil {
+		err := ReadArchive(ctx, archive, 0, 1<<63-1, func(r ArchivedRow) error {
+			k, ok := canonicalUUID(r.EventID)
+			if !ok {
+				return nil
+			}
+			if i, ok := slices.BinarySearchFunc(u.candidates, k, func(a, b uuid.UUID) int { return bytes.Compare(a[:], b[:]) }); ok {
+				found[i] = true
+			}
+			return nil
+		})
+		if err != nil {
+			return err
 		}
 	}
-	return out, nil
+	for i, k := range u.candidates {
+		if !found[i] {
+			unknown.add(cap, k.String())
+		}
+	}
+	return nil
 }

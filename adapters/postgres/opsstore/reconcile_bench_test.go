@@ -35,12 +35,7 @@ func BenchmarkReconcile1M(b *testing.B) {
 	_, consumer := pgtest.Consumer(b)
 	loadReconcileLedger(b, ledger, events)
 	consumers := []string{"balance-projection", "audit-log"}
-	for _, c := range consumers {
-		exec(b, consumer, `
-INSERT INTO consumer_inbox (consumer, event_id, kind, type, aggregate_type, aggregate_id, revision, disposition)
-SELECT $1, `+v7("e", "'ev'")+`::text, 'event', 'ledger.account.posted', 'account', 'acc-' || (e % 10000), e / 10000 + 1, 'applied'
-FROM generate_series(0, $2::int - 1) e`, c, events)
-	}
+	loadInboxes(b, consumer, consumers, events)
 	// The projection's balances, its balance view: what the ledger's are.
 	exec(b, consumer, `
 INSERT INTO projection_balances (account, currency, balance, revision)
@@ -82,7 +77,7 @@ FROM generate_series(0, 9999) a`, events)
 // accounts and balances, and one relayed outbox event per line with the
 // payload the Posting API writes (see BenchmarkReconcile1M). Every line of
 // account a is a debit when a is even, a credit when odd, of 7.
-func loadReconcileLedger(b *testing.B, pool *pgxpool.Pool, events int) {
+func loadReconcileLedger(b testing.TB, pool *pgxpool.Pool, events int) {
 	b.Helper()
 	exec(b, pool, `INSERT INTO accounts (id, revision) SELECT 'acc-' || a, $1::int / 10000 FROM generate_series(0, 9999) a`, events)
 	exec(b, pool, `
@@ -111,6 +106,18 @@ FROM generate_series(0, $1::int - 1) e ORDER BY e`, events)
 	exec(b, pool, `VACUUM ANALYZE accounts, journals, journal_lines, outbox, outbox_pending`)
 }
 
+// loadInboxes gives each of consumers an applied inbox row for each of
+// the events loadReconcileLedger writes.
+func loadInboxes(tb testing.TB, pool *pgxpool.Pool, consumers []string, events int) {
+	tb.Helper()
+	for _, c := range consumers {
+		exec(tb, pool, `
+INSERT INTO consumer_inbox (consumer, event_id, kind, type, aggregate_type, aggregate_id, revision, disposition)
+SELECT $1, `+v7("e", "'ev'")+`::text, 'event', 'ledger.account.posted', 'account', 'acc-' || (e % 10000), e / 10000 + 1, 'applied'
+FROM generate_series(0, $2::int - 1) e`, c, events)
+	}
+}
+
 // v7 is an SQL expression of a UUIDv7-shaped ID that sorts by the integer
 // expression n, as the Posting API's time-ordered IDs sort by creation;
 // salt (an SQL string) keeps two kinds of ID from colliding.
@@ -118,7 +125,7 @@ func v7(n, salt string) string {
 	return fmt.Sprintf(`(lpad(to_hex(%[1]s), 12, '0') || '7' || substr(md5(%[2]s || %[1]s), 1, 3) || '8' || substr(md5(%[2]s || %[1]s), 4, 15))::uuid`, n, salt)
 }
 
-func exec(b *testing.B, pool *pgxpool.Pool, q string, args ...any) {
+func exec(b testing.TB, pool *pgxpool.Pool, q string, args ...any) {
 	b.Helper()
 	if _, err := pool.Exec(context.Background(), q, args...); err != nil {
 		b.Fatalf("%s: %v", q, fmt.Errorf("load: %w", err))
