@@ -466,4 +466,3 @@ func ReadArchive(ctx context.Context, store ArchiveStore, afterID, throughID int
 	}
 	return nil
 }
-
