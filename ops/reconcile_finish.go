@@ -15,7 +15,7 @@ import (
 // unrelayed events, the revisions applied twice (read by
 // startAppliedTwice) and the unknown event IDs, and whether the report is
 // clean. The consumers' inboxes and the outbox are read for every consumer
-// concurrently; the archive, last, for one consumer after the other.
+// concurrently; the archive, last, once for all of them.
 func (m *matching) finishConsumers(ctx context.Context) error {
 	type finish struct {
 		unknown unknownIDs
@@ -54,10 +54,17 @@ func (m *matching) finishConsumers(ctx context.Context) error {
 		for _, rc := range m.twice[ci].conflicts {
 			r.Discrepancies.RevisionConflicts.add(m.cfg.Cap, rc)
 		}
-		if err := notArchived(ctx, m.cfg.Archive, f.unknown, &r.Discrepancies.Unknown, m.cfg.Cap); err != nil {
-			return fmt.Errorf("consumer %s: %w", c.Name, err)
-		}
-		r.Clean = r.Discrepancies.total() == 0
+	}
+	us := make([]unknownIDs, len(res))
+	unknown := make([]*Class, len(res))
+	for ci := range res {
+		us[ci], unknown[ci] = res[ci].unknown, &m.reps[ci].Discrepancies.Unknown
+	}
+	if err := notArchived(ctx, m.cfg.Archive, us, unknown, m.cfg.Cap); err != nil {
+		return err
+	}
+	for ci := range m.reps {
+		m.reps[ci].Clean = m.reps[ci].Discrepancies.total() == 0
 	}
 	return nil
 }
@@ -167,7 +174,7 @@ func (m *matching) unknownToOutbox(ctx context.Context, ci int, r DispositionRea
 		}
 		return nil
 	})
-	slices.SortFunc(u.candidates, func(a, b uuid.UUID) int { return bytes.Compare(a[:], b[:]) })
+	slices.SortFunc(u.candidates, compareUUID)
 	return u, err
 }
 
@@ -178,35 +185,43 @@ func canonicalUUID(id string) (uuid.UUID, bool) {
 	return k, err == nil && len(id) == 36 && !strings.ContainsAny(id, "ABCDEF")
 }
 
-// notArchived adds to unknown those of u's candidates that the archive, if
-// any, does not have either, and u's foreign IDs. The archive is read once,
-// whatever the number of candidates.
-func notArchived(ctx context.Context, archive ArchiveStore, u unknownIDs, unknown *Class, cap int) error {
-	unknown.Count += u.foreign.Count
-	unknown.IDs = append(unknown.IDs, u.foreign.IDs...)
-	if len(u.candidates) == 0 {
-		return nil
+// notArchived adds to each unknown[i] those of us[i]'s candidates that the
+// archive, if any, does not have either, and us[i]'s foreign IDs. The
+// archive is read once, whatever the number of consumers and candidates.
+func notArchived(ctx context.Context, archive ArchiveStore, us []unknownIDs, unknown []*Class, cap int) error {
+	found := make([][]bool, len(us))
+	some := false
+	for i, u := range us {
+		unknown[i].Count += u.foreign.Count
+		unknown[i].IDs = append(unknown[i].IDs, u.foreign.IDs...)
+		found[i] = make([]bool, len(u.candidates))
+		some = some || len(u.candidates) > 0
 	}
-	found := make([]bool, len(u.candidates))
-	if archive != nil {
+	if some && archive != nil {
 		err := ReadArchive(ctx, archive, 0, 1<<63-1, func(r ArchivedRow) error {
 			k, ok := canonicalUUID(r.EventID)
 			if !ok {
 				return nil
 			}
-			if i, ok := slices.BinarySearchFunc(u.candidates, k, func(a, b uuid.UUID) int { return bytes.Compare(a[:], b[:]) }); ok {
-				found[i] = true
+			for i, u := range us {
+				if j, ok := slices.BinarySearchFunc(u.candidates, k, compareUUID); ok {
+					found[i][j] = true
+				}
 			}
 			return nil
 		})
 		if err != nil {
-			return err
+			return fmt.Errorf("read the archive for event IDs the outbox no longer has: %w", err)
 		}
 	}
-	for i, k := range u.candidates {
-		if !found[i] {
-			unknown.add(cap, k.String())
+	for i, u := range us {
+		for j, k := range u.candidates {
+			if !found[i][j] {
+				unknown[i].add(cap, k.String())
+			}
 		}
 	}
 	return nil
 }
+
+func compareUUID(a, b uuid.UUID) int { return bytes.Compare(a[:], b[:]) }
