@@ -14,11 +14,16 @@ import (
 var ErrBadDSN = errors.New("database URL does not parse")
 
 // ParseConfig parses a DSN into a pool configuration without echoing it.
+// Its connections give up on a server that stops answering
+// (DefaultTCPUserTimeout, the URL's tcp_user_timeout).
 func ParseConfig(dsn string) (*pgxpool.Config, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		// pgx's parse errors quote the DSN, password included: drop them.
 		return nil, ErrBadDSN
+	}
+	if err := dialWithUserTimeout(&cfg.ConnConfig.Config); err != nil {
+		return nil, err
 	}
 	return cfg, nil
 }
