@@ -171,11 +171,23 @@ func (s *Store) ReadBatchSkipping(ctx context.Context, shards []int, perShard in
 	}
 }
 
-// readBatch runs the read in one read-only transaction, then readNextXID,
-// sent in one round trip: the settings, readHorizon (asking about the
-// outbox's writers older than the next transaction ID of the tick writers,
-// unless it is the zero tick), the batch from the marks lows.
+// readBatch runs the read q from the marks lows under the horizon
+// (readUnderHorizon), asking about the outbox's writers older than the
+// next transaction ID of the tick writers, unless it is the zero tick.
 func (s *Store) readBatch(ctx context.Context, q string, shards []int, perShard int, skip, lows []int64, writers tick) ([]core.OutboxRow, horizon, error) {
+	var out []core.OutboxRow
+	h, err := s.readUnderHorizon(ctx, s.low, writers, func(rows pgx.Rows) (err error) {
+		out, err = scanOutboxRows(rows)
+		return err
+	}, q, toInt32(shards), perShard, skip, lows)
+	return out, h, err
+}
+
+// readUnderHorizon runs q with args in one read-only transaction after the
+// read's settings and readHorizon (asking about writers), then, in a
+// transaction of its own, readNextXID: one round trip. scan reads q's rows
+// and closes them; lw's unsafe switches apply.
+func (s *Store) readUnderHorizon(ctx context.Context, lw *lowWater, writers tick, scan func(pgx.Rows) error, q string, args ...any) (horizon, error) {
 	var h horizon
 	b := &pgx.Batch{}
 	b.Queue("BEGIN READ ONLY")
@@ -187,9 +199,9 @@ func (s *Store) readBatch(ctx context.Context, q string, shards []int, perShard 
 	// jit_above_cost, and compiling takes longer than the read.
 	b.Queue(readSettings)
 	b.Queue(readHorizon, writers.next)
-	b.Queue(q, toInt32(shards), perShard, skip, lows)
+	b.Queue(q, args...)
 	b.Queue("COMMIT")
-	if s.low != nil && s.low.unsafe.xmaxAsNext {
+	if lw != nil && lw.unsafe.xmaxAsNext {
 		b.Queue(`SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint`)
 	} else {
 		b.Queue(readNextXID)
@@ -198,28 +210,27 @@ func (s *Store) readBatch(ctx context.Context, q string, shards []int, perShard 
 	defer br.Close()
 	for range 2 {
 		if _, err := br.Exec(); err != nil {
-			return nil, h, err
+			return h, err
 		}
 	}
 	h.writers = writers
 	if err := br.QueryRow().Scan(&h.xmin, &h.last, &h.release, &h.history.system, &h.history.timeline, &h.noWriterBefore); err != nil {
-		return nil, h, err
+		return h, err
 	}
 	rows, err := br.Query()
 	if err != nil {
-		return nil, h, err
+		return h, err
 	}
-	out, err := scanOutboxRows(rows)
-	if err != nil {
-		return nil, h, err
+	if err := scan(rows); err != nil {
+		return h, err
 	}
 	if _, err := br.Exec(); err != nil {
-		return nil, h, err
+		return h, err
 	}
 	if err := br.QueryRow().Scan(&h.next); err != nil {
-		return nil, h, err
+		return h, err
 	}
-	return out, h, br.Close()
+	return h, br.Close()
 }
 
 func scanOutboxRows(rows pgx.Rows) ([]core.OutboxRow, error) {
@@ -469,69 +480,35 @@ func (s *Store) Status(ctx context.Context) (core.OutboxStatus, error) {
 	return st, nil
 }
 
-// countBacklog is a read of the backlog, in the shape of readBatch: the
-// horizon, then per lease its owner, and the count, the age of the oldest
-// and the first id of the pending entries from the shard's mark in lows
-// on (countFromMarks), then the next transaction ID. firsts holds each
-// shard's first pending row (id and shard only), parked or not, for the
-// marks to rise to.
+// countBacklog is a read of the backlog under the horizon
+// (readUnderHorizon): per lease its owner, and the count, the age of the
+// oldest and the first id of the pending entries from the shard's mark in
+// lows on (countFromMarks). firsts holds each shard's first pending row
+// (id and shard only), parked or not, for the marks to rise to.
 func (s *Store) countBacklog(ctx context.Context, shards []int, lows []int64, writers tick) (st core.OutboxStatus, firsts []core.OutboxRow, h horizon, err error) {
-	b := &pgx.Batch{}
-	b.Queue("BEGIN READ ONLY")
-	b.Queue(readSettings)
-	b.Queue(readHorizon, writers.next)
-	b.Queue(countFromMarks, toInt32(shards), lows)
-	b.Queue("COMMIT")
-	if s.counted != nil && s.counted.unsafe.xmaxAsNext {
-		b.Queue(`SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint`)
-	} else {
-		b.Queue(readNextXID)
-	}
-	br := s.pool.SendBatch(ctx, b)
-	defer br.Close()
-	for range 2 {
-		if _, err := br.Exec(); err != nil {
-			return st, nil, h, err
+	h, err = s.readUnderHorizon(ctx, s.counted, writers, func(rows pgx.Rows) error {
+		defer rows.Close()
+		for rows.Next() {
+			var (
+				sl    core.ShardLease
+				age   pgtype.Float8
+				first pgtype.Int8
+			)
+			if err := rows.Scan(&sl.Shard, &sl.Owner, &sl.ExpiresAt, &sl.Backlog, &age, &first); err != nil {
+				return err
+			}
+			st.Backlog += sl.Backlog
+			if age.Valid && age.Float64 > st.OldestUnrelayedAge {
+				st.OldestUnrelayedAge = age.Float64
+			}
+			if first.Valid {
+				firsts = append(firsts, core.OutboxRow{RowRef: core.RowRef{ID: first.Int64, Shard: sl.Shard}})
+			}
+			st.Shards = append(st.Shards, sl)
 		}
-	}
-	h.writers = writers
-	if err := br.QueryRow().Scan(&h.xmin, &h.last, &h.release, &h.history.system, &h.history.timeline, &h.noWriterBefore); err != nil {
-		return st, nil, h, err
-	}
-	rows, err := br.Query()
-	if err != nil {
-		return st, nil, h, err
-	}
-	for rows.Next() {
-		var (
-			sl    core.ShardLease
-			age   pgtype.Float8
-			first pgtype.Int8
-		)
-		if err := rows.Scan(&sl.Shard, &sl.Owner, &sl.ExpiresAt, &sl.Backlog, &age, &first); err != nil {
-			rows.Close()
-			return st, nil, h, err
-		}
-		st.Backlog += sl.Backlog
-		if age.Valid && age.Float64 > st.OldestUnrelayedAge {
-			st.OldestUnrelayedAge = age.Float64
-		}
-		if first.Valid {
-			firsts = append(firsts, core.OutboxRow{RowRef: core.RowRef{ID: first.Int64, Shard: sl.Shard}})
-		}
-		st.Shards = append(st.Shards, sl)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return st, nil, h, err
-	}
-	if _, err := br.Exec(); err != nil {
-		return st, nil, h, err
-	}
-	if err := br.QueryRow().Scan(&h.next); err != nil {
-		return st, nil, h, err
-	}
-	return st, firsts, h, br.Close()
+		return rows.Err()
+	}, countFromMarks, toInt32(shards), lows)
+	return st, firsts, h, err
 }
 
 // Parked lists the parked aggregates, oldest first.
