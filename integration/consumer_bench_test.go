@@ -3,7 +3,6 @@ package integration
 import (
 	"context"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -104,38 +103,6 @@ func relayBacklog(b *testing.B, ctx context.Context, brokers []string, prefix st
 	wait.For(b, 3*time.Minute, "the relay to drain the backlog", func() bool { return relaytest.Unrelayed(b, pool) == 0 })
 }
 
-// applyClock records the first and the last time a run applied an event,
-// and how many events its handler applied (counting those of a batch
-// that then rolled back: it only tells when to ask the inbox).
-type applyClock struct {
-	mu          sync.Mutex
-	first, last time.Time
-	applied     int
-}
-
-func (c *applyClock) tick(events int) {
-	now := time.Now()
-	c.mu.Lock()
-	if c.first.IsZero() {
-		c.first = now
-	}
-	c.last = now
-	c.applied += events
-	c.mu.Unlock()
-}
-
-func (c *applyClock) reached(events int) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.applied >= events
-}
-
-func (c *applyClock) rate(events int) float64 {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return float64(events) / c.last.Sub(c.first).Seconds()
-}
-
 // benchPool is the consumer database as `posthorn consume` opens it.
 func benchPool(b *testing.B) *pgxpool.Pool {
 	b.Helper()
@@ -162,16 +129,16 @@ func benchConsumers(b *testing.B, ctx context.Context, run string, names []strin
 		Logger:   relayQuietLog,
 		MaxBatch: how.maxBatch,
 	})
-	clocks := map[string]*applyClock{}
+	clocks := map[string]*relaytest.ApplyClock{}
 	for _, n := range names {
-		c := &applyClock{}
+		c := &relaytest.ApplyClock{}
 		clocks[n] = c
 		h := map[string]consumers.Handler{projection.Name: projection.Handle, auditlog.Name: auditlog.Handle}[n]
 		timed := func(ctx context.Context, tx pgx.Tx, e core.Envelope) error {
 			if err := h(ctx, tx, e); err != nil {
 				return err
 			}
-			c.tick(1)
+			c.Tick(1)
 			return nil
 		}
 		bh := map[string]consumers.BatchHandler{projection.Name: projection.HandleBatch, auditlog.Name: auditlog.HandleBatch}[n]
@@ -179,7 +146,7 @@ func benchConsumers(b *testing.B, ctx context.Context, run string, names []strin
 			if err := bh(ctx, tx, es); err != nil {
 				return err
 			}
-			c.tick(len(es))
+			c.Tick(len(es))
 			return nil
 		}
 		var opts []consumers.Option
@@ -200,7 +167,7 @@ func benchConsumers(b *testing.B, ctx context.Context, run string, names []strin
 	// run it took up to 0.7 of a core from the consumer it measures.
 	wait.For(b, 5*time.Minute, run+": every event applied by every consumer", func() bool {
 		for _, n := range names {
-			if !clocks[n].reached(events) {
+			if !clocks[n].Reached(events) {
 				return false
 			}
 			c, err := inboxstore.New(pool).Count(ctx, n)
@@ -215,7 +182,7 @@ func benchConsumers(b *testing.B, ctx context.Context, run string, names []strin
 	})
 	rates := map[string]float64{}
 	for n, c := range clocks {
-		rates[n] = c.rate(events)
+		rates[n] = float64(events) / c.Span().Seconds()
 	}
 	return rates
 }
@@ -236,7 +203,7 @@ func benchPlainHandler(b *testing.B, ctx context.Context, run string, events int
 	if err != nil {
 		b.Fatal(err)
 	}
-	var clock applyClock
+	var clock relaytest.ApplyClock
 	router.AddConsumerHandler("plain", core.TopicEvents, sub, func(msg *message.Message) error {
 		e, err := core.EnvelopeFromMessage(msg)
 		if err != nil {
@@ -245,11 +212,11 @@ func benchPlainHandler(b *testing.B, ctx context.Context, run string, events int
 		if err := pgx.BeginFunc(msg.Context(), pool, func(tx pgx.Tx) error { return projection.Handle(msg.Context(), tx, e) }); err != nil {
 			return err
 		}
-		clock.tick(1)
+		clock.Tick(1)
 		return nil
 	})
 	stop, _ := runInBackground(b, ctx, router.Run, b.Errorf)
 	defer stop()
-	wait.For(b, 5*time.Minute, "the plain handler to apply every event", func() bool { return clock.reached(events) })
-	return clock.rate(events)
+	wait.For(b, 5*time.Minute, "the plain handler to apply every event", func() bool { return clock.Reached(events) })
+	return float64(events) / clock.Span().Seconds()
 }

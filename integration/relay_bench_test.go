@@ -337,22 +337,7 @@ func relayCommitToAck(b *testing.B, exactlyOnce bool) ackLatency {
 	close(jobs)
 	wg.Wait()
 	elapsed := time.Since(start)
-	wait.For(b, time.Minute, "every event ACKed", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		for id := range committed {
-			if _, ok := times.Acked(id); !ok {
-				return false
-			}
-		}
-		return true
-	})
-	lat := make([]time.Duration, 0, len(committed))
-	for id, c := range committed {
-		a, _ := times.Acked(id)
-		lat = append(lat, max(a.Sub(c), 0))
-	}
-	slices.Sort(lat)
+	lat := times.WaitLatencies(b, committed)
 	postings := len(committed) / 2
 	return ackLatency{rate: float64(postings) / elapsed.Seconds(), postings: postings, events: len(committed), failed: failures.Load(),
 		p50: lat[len(lat)*50/100], p99: lat[len(lat)*99/100], max: lat[len(lat)-1]}

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"math"
 	"os"
-	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -309,21 +308,7 @@ func commitToAck(b *testing.B, store *ledgerstore.Store, acks *relaytest.AckTime
 	if failed != nil {
 		b.Fatal(failed)
 	}
-	wait.For(b, time.Minute, "every latency event ACKed", func() bool {
-		for id := range committed {
-			if _, ok := acks.Acked(id); !ok {
-				return false
-			}
-		}
-		return true
-	})
-	lat := make([]time.Duration, 0, len(committed))
-	for id, c := range committed {
-		a, _ := acks.Acked(id)
-		lat = append(lat, max(a.Sub(c), 0))
-	}
-	slices.Sort(lat)
-	return lat, len(committed) / 2
+	return acks.WaitLatencies(b, committed), len(committed) / 2
 }
 
 // waitDrained waits until the ledger has no unrelayed row.
@@ -403,30 +388,10 @@ func kfakeBrokers(b *testing.B) []string {
 	return c.ListenAddrs()
 }
 
-// applyClock records when a consumer first and last applied events, and
-// how many its handler applied (a batch that then rolled back included: it
-// only tells when to ask the inbox).
-type applyClock struct {
-	mu          sync.Mutex
-	first, last time.Time
-	applied     int
-}
-
-func (c *applyClock) tick(events int) {
-	now := time.Now()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.first.IsZero() {
-		c.first = now
-	}
-	c.last = now
-	c.applied += events
-}
-
 // consumerRun is both example consumers with the inbox, as `posthorn
 // consume` runs them, reading ledger.events from the start.
 type consumerRun struct {
-	clocks map[string]*applyClock
+	clocks map[string]*relaytest.ApplyClock
 	cancel context.CancelFunc
 	done   chan error
 	once   sync.Once
@@ -446,18 +411,18 @@ func startConsumers(b *testing.B, url string, brokers []string) *consumerRun {
 	if err != nil {
 		b.Fatal(err)
 	}
-	run := &consumerRun{clocks: map[string]*applyClock{}, done: make(chan error, 1), b: b}
+	run := &consumerRun{clocks: map[string]*relaytest.ApplyClock{}, done: make(chan error, 1), b: b}
 	handlers := map[string]consumers.Handler{projection.Name: projection.Handle, auditlog.Name: auditlog.Handle}
 	batches := map[string]consumers.BatchHandler{projection.Name: projection.HandleBatch, auditlog.Name: auditlog.HandleBatch}
 	for _, n := range names {
-		c := &applyClock{}
+		c := &relaytest.ApplyClock{}
 		run.clocks[n] = c
 		h, bh := handlers[n], batches[n]
 		opts := []consumers.Option{consumers.WithBatchHandler(func(ctx context.Context, tx pgx.Tx, es []core.Envelope) error {
 			if err := bh(ctx, tx, es); err != nil {
 				return err
 			}
-			c.tick(len(es))
+			c.Tick(len(es))
 			return nil
 		})}
 		if n == projection.Name {
@@ -467,7 +432,7 @@ func startConsumers(b *testing.B, url string, brokers []string) *consumerRun {
 			if err := h(ctx, tx, e); err != nil {
 				return err
 			}
-			c.tick(1)
+			c.Tick(1)
 			return nil
 		}, opts...); err != nil {
 			b.Fatal(err)
@@ -488,9 +453,7 @@ func (r *consumerRun) wait(b *testing.B, pool *pgxpool.Pool, handled, inbox int)
 	for _, n := range names {
 		c := r.clocks[n]
 		wait.For(b, 5*time.Minute, n+" to apply every event", func() bool {
-			c.mu.Lock()
-			defer c.mu.Unlock()
-			return c.applied >= handled
+			return c.Reached(handled)
 		})
 		// The inbox is asked only once the handler has seen every event:
 		// its count reads the whole inbox.
@@ -505,9 +468,7 @@ func (r *consumerRun) wait(b *testing.B, pool *pgxpool.Pool, handled, inbox int)
 		if !ok {
 			b.Fatalf("%s: its inbox does not hold %d applied events", n, inbox)
 		}
-		c.mu.Lock()
-		out[n] = c.last.Sub(c.first)
-		c.mu.Unlock()
+		out[n] = c.Span()
 	}
 	return out
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
@@ -112,17 +113,7 @@ func TestLowWaterMarkNeverPassesALateCommit(t *testing.T) {
 		// included).
 		raised(t, store, leases, shard, 1)
 
-		late, err := pool.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer late.Rollback(ctx) //nolint:errcheck
-		var lateID int64
-		if err := late.QueryRow(ctx, `
-INSERT INTO outbox (event_id, kind, type, topic, aggregate_type, aggregate_id, revision, shard, payload, occurred_at)
-VALUES (gen_random_uuid(), 'event', 't', 't', 'account', 'acc-late', 1, $1, '{}', now()) RETURNING id`, shard).Scan(&lateID); err != nil {
-			t.Fatal(err)
-		}
+		late, lateID := beginLate(t, pool, shard)
 		for _, a := range accounts[20:] {
 			commitRows(t, pool, a)
 			drain(t, store, leases)
@@ -278,6 +269,27 @@ func counted(t *testing.T, store *relaystore.Store, shard int, want int64) {
 		m := store.CountMarks([]int{shard})[0]
 		return m >= want, fmt.Sprintf("mark %d", m)
 	})
+}
+
+// beginLate begins a transaction that inserts an outbox row of shard as
+// its first statement (taking its transaction ID from the column's
+// default, then its id) and leaves it open; it is rolled back when the
+// test ends unless committed.
+func beginLate(t *testing.T, pool *pgxpool.Pool, shard int) (pgx.Tx, int64) {
+	t.Helper()
+	ctx := context.Background()
+	late, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = late.Rollback(ctx) })
+	var id int64
+	if err := late.QueryRow(ctx, `
+INSERT INTO outbox (event_id, kind, type, topic, aggregate_type, aggregate_id, revision, shard, payload, occurred_at)
+VALUES (gen_random_uuid(), 'event', 't', 't', 'account', 'acc-late', 1, $1, '{}', now()) RETURNING id`, shard).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	return late, id
 }
 
 // drainBatches is drain with reads of up to perShard rows of each shard.

@@ -24,17 +24,7 @@ func TestBacklogCountHasALateCommit(t *testing.T) {
 		drain(t, store, leases)
 		counted(t, store, shard, 1)
 
-		late, err := pool.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer late.Rollback(ctx) //nolint:errcheck
-		var lateID int64
-		if err := late.QueryRow(ctx, `
-INSERT INTO outbox (event_id, kind, type, topic, aggregate_type, aggregate_id, revision, shard, payload, occurred_at)
-VALUES (gen_random_uuid(), 'event', 't', 't', 'account', 'acc-late', 1, $1, '{}', now()) RETURNING id`, shard).Scan(&lateID); err != nil {
-			t.Fatal(err)
-		}
+		late, lateID := beginLate(t, pool, shard)
 		for _, a := range accounts[10:] {
 			commitRows(t, pool, a)
 			drain(t, store, leases)

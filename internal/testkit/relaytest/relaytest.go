@@ -20,6 +20,7 @@ import (
 
 	"github.com/posthorn/posthorn/adapters/memory"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 )
 
 // Posted is one outbox row written by Post.
@@ -241,6 +242,64 @@ func (s *AckTimes) Acked(id string) (time.Time, bool) {
 	defer s.mu.Unlock()
 	at, ok := s.acked[id]
 	return at, ok
+}
+
+// WaitLatencies waits up to a minute until every event ID of committed
+// (when each was committed) is ACKed and returns each one's commit-to-ACK
+// latency, sorted; committed must no longer change.
+func (s *AckTimes) WaitLatencies(tb testing.TB, committed map[string]time.Time) []time.Duration {
+	tb.Helper()
+	wait.For(tb, time.Minute, "every event ACKed", func() bool {
+		for id := range committed {
+			if _, ok := s.Acked(id); !ok {
+				return false
+			}
+		}
+		return true
+	})
+	lat := make([]time.Duration, 0, len(committed))
+	for id, c := range committed {
+		a, _ := s.Acked(id)
+		lat = append(lat, max(a.Sub(c), 0))
+	}
+	slices.Sort(lat)
+	return lat
+}
+
+// ApplyClock records when a consumer first and last applied events and
+// how many its handler applied (a batch that then rolled back included:
+// it only tells when to ask the inbox): the consumers' end of a
+// benchmark's figures. Its methods are safe for concurrent use.
+type ApplyClock struct {
+	mu          sync.Mutex
+	first, last time.Time
+	applied     int
+}
+
+// Tick records that the handler applied events now.
+func (c *ApplyClock) Tick(events int) {
+	now := time.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.first.IsZero() {
+		c.first = now
+	}
+	c.last = now
+	c.applied += events
+}
+
+// Reached reports whether the handler applied events or more.
+func (c *ApplyClock) Reached(events int) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.applied >= events
+}
+
+// Span is the time from the first applied event to the last.
+func (c *ApplyClock) Span() time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.last.Sub(c.first)
 }
 
 // Delivered decodes the records sink holds on ledger.events, in the order
