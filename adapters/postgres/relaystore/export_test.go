@@ -9,10 +9,11 @@ import (
 	"github.com/posthorn/posthorn/core"
 )
 
-// The relay's read and its settings, for the plan test.
+// The relay's read, its settings and its marker, for the plan tests.
 var (
 	ReadByIDForTest     = readByID
 	ReadSettingsForTest = readSettings
+	MarkRelayedForTest  = markRelayed
 )
 
 // NewWalkingFromStart is the store before the low-water mark: every read

@@ -50,7 +50,9 @@ SELECT gen_random_uuid(), 'event', 't', 't', 'account', 'acc-' || g, 1, g % 16, 
 			}
 		}
 		fill(1, 4)
-		plan := genericPlan(t, pool, c.query, c.settings, func() { fill(5, 20000) })
+		plan := genericPlan(t, pool, `PREPARE planned(int[], int, bigint[], bigint[]) AS `+c.query, c.settings,
+			`EXPLAIN (FORMAT JSON, COSTS OFF) EXECUTE planned(ARRAY[0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15], 313, '{}', ARRAY[0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0])`,
+			func() { fill(5, 20000) })
 		probe := strings.Contains(plan, `"Index Name":"outbox_pkey"`) && strings.Contains(plan, `"Index Cond":"(id = p.id)"`)
 		if probe != c.wantProbe {
 			t.Errorf("%s: probes the outbox by id = %v, want %v; plan: %s", c.name, probe, c.wantProbe, plan)
@@ -58,10 +60,63 @@ SELECT gen_random_uuid(), 'event', 't', 't', 'account', 'acc-' || g, 1, g % 16, 
 	}
 }
 
-// genericPlan plans query on one connection while the tables are as they
-// are, lets grow add rows, and returns the cached generic plan as compact
-// JSON, under settings.
-func genericPlan(t *testing.T, pool *pgxpool.Pool, query, settings string, grow func()) string {
+// The relay's marker must probe the queue entry by entry whatever the
+// statistics say: planned while the queue looked nearly empty (the relay
+// keeps up, and a long snapshot keeps the deleted entries from VACUUM, not
+// from the statistics), a plain join of the ids with the queue was planned
+// as a scan of the queue's whole index with every id compared to every
+// entry. The control is that plain join, as the marker was written.
+func TestMarkerPlanProbesTheQueueWhateverTheStatistics(t *testing.T) {
+	t.Parallel()
+	const plainJoin = `
+WITH held AS (
+    SELECT l.shard FROM relay_leases l
+    JOIN unnest($2::int[], $3::bigint[]) AS h(shard, token) ON l.shard = h.shard AND l.token = h.token
+    FOR SHARE OF l
+)
+DELETE FROM outbox_pending p
+USING unnest($1::bigint[], $4::int[]) AS m(id, shard)
+WHERE p.shard = m.shard AND p.id = m.id AND p.shard IN (SELECT shard FROM held)`
+	for _, c := range []struct {
+		name, query, settings string
+		wantProbe             bool
+	}{
+		{"marker", relaystore.MarkRelayedForTest, relaystore.ReadSettingsForTest, true},
+		{"control: plain join", plainJoin, `SELECT 1`, false},
+	} {
+		_, pool := pgtest.Ledger(t)
+		ctx := context.Background()
+		if _, err := pool.Exec(ctx, `UPDATE relay_leases SET owner = 'r', token = 1, expires_at = now() + interval '1 hour'`); err != nil {
+			t.Fatal(err)
+		}
+		fill := func(from, to int) {
+			t.Helper()
+			if _, err := pool.Exec(ctx, `
+INSERT INTO outbox (event_id, kind, type, topic, aggregate_type, aggregate_id, revision, shard, payload, occurred_at)
+SELECT gen_random_uuid(), 'event', 't', 't', 'account', 'acc-' || g, 1, g % 16, '', now() FROM generate_series($1::int, $2::int) g`, from, to); err != nil {
+				t.Fatal(err)
+			}
+		}
+		fill(1, 4)
+		if _, err := pool.Exec(ctx, `ANALYZE outbox_pending, relay_leases`); err != nil {
+			t.Fatal(err)
+		}
+		plan := genericPlan(t, pool, `PREPARE planned(bigint[], int[], bigint[], int[]) AS `+c.query, c.settings,
+			`EXPLAIN (FORMAT JSON, COSTS OFF) EXECUTE planned(ARRAY[1,2,3], ARRAY[0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15], ARRAY[1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1], ARRAY[1,2,3])`,
+			func() { fill(5, 20000) })
+		probe := strings.Contains(plan, `"Index Name":"outbox_pending_pkey"`) && strings.Contains(plan, `id = m.id`)
+		t.Logf("%s: probes the queue by id = %v", c.name, probe)
+		if probe != c.wantProbe {
+			t.Errorf("%s: probes the queue by id = %v, want %v; plan: %s", c.name, probe, c.wantProbe, plan)
+		}
+	}
+}
+
+// genericPlan prepares query (a PREPARE of a statement named planned) on
+// one connection while the tables are as they are, lets grow add rows, and
+// returns the cached generic plan of explain (an EXPLAIN of an EXECUTE of
+// planned) as compact JSON, under settings.
+func genericPlan(t *testing.T, pool *pgxpool.Pool, prepare, settings, explain string, grow func()) string {
 	t.Helper()
 	ctx := context.Background()
 	conn, err := pool.Acquire(ctx)
@@ -77,11 +132,10 @@ func genericPlan(t *testing.T, pool *pgxpool.Pool, query, settings string, grow 
 		if _, err := tx.Exec(ctx, `SET LOCAL plan_cache_mode = force_generic_plan`); err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, `PREPARE relay_read(int[], int, bigint[], bigint[]) AS `+query); err != nil {
+		if _, err := tx.Exec(ctx, prepare); err != nil {
 			return err
 		}
 		// A generic plan is made at the first EXECUTE, and then kept.
-		const explain = `EXPLAIN (FORMAT JSON, COSTS OFF) EXECUTE relay_read(ARRAY[0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15], 313, '{}', ARRAY[0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0])`
 		if _, err := tx.Exec(ctx, explain); err != nil {
 			return err
 		}
@@ -91,7 +145,7 @@ func genericPlan(t *testing.T, pool *pgxpool.Pool, query, settings string, grow 
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := conn.Exec(ctx, `DEALLOCATE relay_read`); err != nil {
+	if _, err := conn.Exec(ctx, `DEALLOCATE planned`); err != nil {
 		t.Fatal(err)
 	}
 	var v any
