@@ -163,25 +163,15 @@ func (s *Source) MarkRelayed(ctx context.Context, refs []core.RowRef, l cdc.Leas
 	}
 	var held int
 	var unseen []int64
-	// The pending rows are deleted through the queue's key, one probe per
-	// row. Only the ids that found no pending row are looked up in the
-	// outbox, to tell the invisible ones (no row seen: retry) from those
-	// marked already (nothing to do); a pending row is inserted with its
-	// outbox row, so the two are visible together.
-	err = s.pool.QueryRow(ctx, `
-WITH held AS (
-    SELECT token FROM relay_cdc_leases WHERE slot = $3 AND token = $4 FOR SHARE
-), del AS (
-    DELETE FROM outbox_pending p USING unnest($1::bigint[], $2::int[]) AS m(id, shard)
-    WHERE p.shard = m.shard AND p.id = m.id AND EXISTS (SELECT 1 FROM held)
-    RETURNING p.id
-), rest AS (
-    SELECT x FROM unnest($1::bigint[]) AS x WHERE x NOT IN (SELECT id FROM del)
-)
-SELECT (SELECT count(*) FROM held), (SELECT count(*) FROM del),
-       ARRAY(SELECT x FROM rest WHERE NOT EXISTS (SELECT 1 FROM outbox o WHERE o.id = rest.x))`,
-		ids, shards, l.Slot, l.Token).Scan(&held, &marked, &unseen)
-	if err != nil {
+	// One round trip: the setting holds for the marker's transaction only.
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue(markSettings)
+	b.Queue(markRelayed, ids, shards, l.Slot, l.Token).QueryRow(func(row pgx.Row) error {
+		return row.Scan(&held, &marked, &unseen)
+	})
+	b.Queue("COMMIT")
+	if err := s.pool.SendBatch(ctx, b).Close(); err != nil {
 		return 0, nil, false, fmt.Errorf("write relay markers: %w", err)
 	}
 	if held == 0 {
@@ -198,6 +188,37 @@ SELECT (SELECT count(*) FROM held), (SELECT count(*) FROM del),
 	}
 	return marked, invisible, false, nil
 }
+
+// markRelayed deletes the pending entries of the rows ($1 ids, $2 their
+// shards) if the slot's lease ($3) still carries the token $4,
+// share-locking it, and returns whether it did, how many it deleted and
+// which of the ids that found no pending entry have no visible outbox row
+// either (invisible: retry) rather than being marked already; a pending
+// entry is inserted with its outbox row, so the two are visible together.
+// Each entry is found by its own probe of the queue's primary key, behind
+// OFFSET 0 so that the planner cannot turn the probes into a scan of the
+// queue, and deleted by its tuple ID (see relaystore's markRelayed: a plain
+// join, planned while the queue looked nearly empty, scanned the whole
+// queue per id, and under a long snapshot the queue holds every deleted
+// entry). Only the ids that found no entry are looked up in the outbox.
+const markRelayed = `
+WITH held AS (
+    SELECT token FROM relay_cdc_leases WHERE slot = $3 AND token = $4 FOR SHARE
+), del AS (
+    DELETE FROM outbox_pending
+    WHERE EXISTS (SELECT 1 FROM held) AND ctid = ANY (ARRAY(
+        SELECT q.ctid FROM unnest($1::bigint[], $2::int[]) AS m(id, shard)
+        CROSS JOIN LATERAL (SELECT p.ctid FROM outbox_pending p WHERE p.shard = m.shard AND p.id = m.id OFFSET 0) q))
+    RETURNING id
+), rest AS (
+    SELECT x FROM unnest($1::bigint[]) AS x WHERE x NOT IN (SELECT id FROM del)
+)
+SELECT (SELECT count(*) FROM held), (SELECT count(*) FROM del),
+       ARRAY(SELECT x FROM rest WHERE NOT EXISTS (SELECT 1 FROM outbox o WHERE o.id = rest.x))`
+
+// markSettings price a sequential scan of the queue out of the marker's
+// probes, for its transaction only.
+const markSettings = `SELECT set_config('enable_seqscan', 'off', true)`
 
 // Marked returns which of ids already carry a marker (are visible and no
 // longer pending).

@@ -2,12 +2,8 @@ package relaystore_test
 
 import (
 	"context"
-	"encoding/json"
 	"strings"
 	"testing"
-
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
 	"github.com/posthorn/posthorn/internal/testkit/pgtest"
@@ -50,7 +46,7 @@ SELECT gen_random_uuid(), 'event', 't', 't', 'account', 'acc-' || g, 1, g % 16, 
 			}
 		}
 		fill(1, 4)
-		plan := genericPlan(t, pool, `PREPARE planned(int[], int, bigint[], bigint[]) AS `+c.query, c.settings,
+		plan := pgtest.GenericPlan(t, pool, `PREPARE planned(int[], int, bigint[], bigint[]) AS `+c.query, c.settings,
 			`EXPLAIN (FORMAT JSON, COSTS OFF) EXECUTE planned(ARRAY[0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15], 313, '{}', ARRAY[0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0])`,
 			func() { fill(5, 20000) })
 		probe := strings.Contains(plan, `"Index Name":"outbox_pkey"`) && strings.Contains(plan, `"Index Cond":"(id = p.id)"`)
@@ -101,7 +97,7 @@ SELECT gen_random_uuid(), 'event', 't', 't', 'account', 'acc-' || g, 1, g % 16, 
 		if _, err := pool.Exec(ctx, `ANALYZE outbox_pending, relay_leases`); err != nil {
 			t.Fatal(err)
 		}
-		plan := genericPlan(t, pool, `PREPARE planned(bigint[], int[], bigint[], int[]) AS `+c.query, c.settings,
+		plan := pgtest.GenericPlan(t, pool, `PREPARE planned(bigint[], int[], bigint[], int[]) AS `+c.query, c.settings,
 			`EXPLAIN (FORMAT JSON, COSTS OFF) EXECUTE planned(ARRAY[1,2,3], ARRAY[0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15], ARRAY[1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1], ARRAY[1,2,3])`,
 			func() { fill(5, 20000) })
 		probe := strings.Contains(plan, `"Index Name":"outbox_pending_pkey"`) && strings.Contains(plan, `id = m.id`)
@@ -110,48 +106,4 @@ SELECT gen_random_uuid(), 'event', 't', 't', 'account', 'acc-' || g, 1, g % 16, 
 			t.Errorf("%s: probes the queue by id = %v, want %v; plan: %s", c.name, probe, c.wantProbe, plan)
 		}
 	}
-}
-
-// genericPlan prepares query (a PREPARE of a statement named planned) on
-// one connection while the tables are as they are, lets grow add rows, and
-// returns the cached generic plan of explain (an EXPLAIN of an EXECUTE of
-// planned) as compact JSON, under settings.
-func genericPlan(t *testing.T, pool *pgxpool.Pool, prepare, settings, explain string, grow func()) string {
-	t.Helper()
-	ctx := context.Background()
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
-	var plan []byte
-	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, settings); err != nil {
-			return err
-		}
-		if _, err := tx.Exec(ctx, `SET LOCAL plan_cache_mode = force_generic_plan`); err != nil {
-			return err
-		}
-		if _, err := tx.Exec(ctx, prepare); err != nil {
-			return err
-		}
-		// A generic plan is made at the first EXECUTE, and then kept.
-		if _, err := tx.Exec(ctx, explain); err != nil {
-			return err
-		}
-		grow()
-		return tx.QueryRow(ctx, explain).Scan(&plan)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := conn.Exec(ctx, `DEALLOCATE planned`); err != nil {
-		t.Fatal(err)
-	}
-	var v any
-	if err := json.Unmarshal(plan, &v); err != nil {
-		t.Fatal(err)
-	}
-	compact, _ := json.Marshal(v)
-	return string(compact)
 }

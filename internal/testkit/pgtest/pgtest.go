@@ -8,6 +8,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"net/url"
 	"os"
 	"strconv"
@@ -289,4 +290,48 @@ func EnvDuration(tb testing.TB, name string, def time.Duration) time.Duration {
 		tb.Fatalf("%s=%q: want a positive duration such as 90s or 10m", name, v)
 	}
 	return d
+}
+
+// GenericPlan prepares query (a PREPARE of a statement named planned) on
+// one connection while the tables are as they are, lets grow add rows, and
+// returns the cached generic plan of explain (an EXPLAIN of an EXECUTE of
+// planned) as compact JSON, under settings.
+func GenericPlan(t testing.TB, pool *pgxpool.Pool, prepare, settings, explain string, grow func()) string {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	var plan []byte
+	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, settings); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `SET LOCAL plan_cache_mode = force_generic_plan`); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, prepare); err != nil {
+			return err
+		}
+		// A generic plan is made at the first EXECUTE, and then kept.
+		if _, err := tx.Exec(ctx, explain); err != nil {
+			return err
+		}
+		grow()
+		return tx.QueryRow(ctx, explain).Scan(&plan)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, `DEALLOCATE planned`); err != nil {
+		t.Fatal(err)
+	}
+	var v any
+	if err := json.Unmarshal(plan, &v); err != nil {
+		t.Fatal(err)
+	}
+	compact, _ := json.Marshal(v)
+	return string(compact)
 }
