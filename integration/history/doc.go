@@ -32,12 +32,12 @@
 //     cost grows with it by nature;
 //   - 1,000 more postings, relayed and applied, then reconcile, archive,
 //     cleanup and the failover check again: the incremental pass an
-//     operator's schedule runs, whose cost need not grow. Reconcile may
-//     refuse to run here: it looks up every inbox event ID outside its cut
-//     in the outbox and gives up past 100,000 unknown to it, which the
-//     cleaned-up history is unless inbox retention pruned it. That is then
-//     the figure (failed, and why), and archive and cleanup, which need
-//     the coverage a clean reconcile records, are not run.
+//     operator's schedule runs, whose cost need not grow. Reconcile looks
+//     up every inbox event ID outside its cut in the outbox, and those the
+//     outbox no longer has in the archive: until inbox retention prunes
+//     them, that is every event of the cleaned-up history. Should it fail,
+//     that is the figure (failed, and why), and archive and cleanup, which
+//     need the coverage a clean reconcile records, are not run.
 //
 // It loads millions of rows, so `make bench` does not run it:
 //

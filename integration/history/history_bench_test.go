@@ -208,10 +208,11 @@ func measure(b *testing.B, size int) []figure {
 	postConcurrently(b, store, "later", laterPostings, writers)
 	waitDrained(b, ledger)
 	apply.wait(b, consumer, fresh+2*laterPostings, total+2*laterPostings)
-	// Reconcile may refuse here: it looks up every inbox event ID its cut
-	// does not hold, and the history's are gone from the outbox. That is a
-	// figure (failed, and why), and archive and cleanup, which need the
-	// coverage a clean reconcile records, are then not run.
+	// Reconcile looks up every inbox event ID its cut does not hold, and
+	// the history's are gone from the outbox: it reads them in the archive.
+	// Should it fail, that is a figure (failed, and why), and archive and
+	// cleanup, which need the coverage a clean reconcile records, are then
+	// not run.
 	if err := reconcile(b, rec, ops.ReconcileConfig{Ledger: opsStore, Consumers: sources, Archive: archive, Record: true},
 		"reconcile, next pass", "reconcile-next", 2*laterPostings, false); err != nil {
 		rec.failed("reconcile, next pass (s)", err.Error())
