@@ -1,7 +1,6 @@
 package relaystore_test
 
 import (
-	"context"
 	"strings"
 	"testing"
 
@@ -37,18 +36,8 @@ func TestRelayReadPlanProbesTheOutboxWhateverTheStatistics(t *testing.T) {
 			`SELECT set_config('enable_sort', 'off', true), set_config('jit', 'off', true)`, false},
 	} {
 		_, pool := pgtest.Ledger(t)
-		fill := func(from, to int) {
-			t.Helper()
-			if _, err := pool.Exec(context.Background(), `
-INSERT INTO outbox (event_id, kind, type, topic, aggregate_type, aggregate_id, revision, shard, payload, occurred_at)
-SELECT gen_random_uuid(), 'event', 't', 't', 'account', 'acc-' || g, 1, g % 16, '', now() FROM generate_series($1::int, $2::int) g`, from, to); err != nil {
-				t.Fatal(err)
-			}
-		}
-		fill(1, 4)
-		plan := pgtest.GenericPlan(t, pool, `PREPARE planned(int[], int, bigint[], bigint[]) AS `+c.query, c.settings,
-			`EXPLAIN (FORMAT JSON, COSTS OFF) EXECUTE planned(ARRAY[0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15], 313, '{}', ARRAY[0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0])`,
-			func() { fill(5, 20000) })
+		plan := pgtest.PlanWhileNearlyEmpty(t, pool, `PREPARE planned(int[], int, bigint[], bigint[]) AS `+c.query, c.settings,
+			`EXPLAIN (FORMAT JSON, COSTS OFF) EXECUTE planned(ARRAY[0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15], 313, '{}', ARRAY[0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0])`)
 		probe := strings.Contains(plan, `"Index Name":"outbox_pkey"`) && strings.Contains(plan, `"Index Cond":"(id = p.id)"`)
 		if probe != c.wantProbe {
 			t.Errorf("%s: probes the outbox by id = %v, want %v; plan: %s", c.name, probe, c.wantProbe, plan)
@@ -81,25 +70,8 @@ WHERE p.shard = m.shard AND p.id = m.id AND p.shard IN (SELECT shard FROM held)`
 		{"control: plain join", plainJoin, `SELECT 1`, false},
 	} {
 		_, pool := pgtest.Ledger(t)
-		ctx := context.Background()
-		if _, err := pool.Exec(ctx, `UPDATE relay_leases SET owner = 'r', token = 1, expires_at = now() + interval '1 hour'`); err != nil {
-			t.Fatal(err)
-		}
-		fill := func(from, to int) {
-			t.Helper()
-			if _, err := pool.Exec(ctx, `
-INSERT INTO outbox (event_id, kind, type, topic, aggregate_type, aggregate_id, revision, shard, payload, occurred_at)
-SELECT gen_random_uuid(), 'event', 't', 't', 'account', 'acc-' || g, 1, g % 16, '', now() FROM generate_series($1::int, $2::int) g`, from, to); err != nil {
-				t.Fatal(err)
-			}
-		}
-		fill(1, 4)
-		if _, err := pool.Exec(ctx, `ANALYZE outbox_pending, relay_leases`); err != nil {
-			t.Fatal(err)
-		}
-		plan := pgtest.GenericPlan(t, pool, `PREPARE planned(bigint[], int[], bigint[], int[]) AS `+c.query, c.settings,
-			`EXPLAIN (FORMAT JSON, COSTS OFF) EXECUTE planned(ARRAY[1,2,3], ARRAY[0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15], ARRAY[1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1], ARRAY[1,2,3])`,
-			func() { fill(5, 20000) })
+		plan := pgtest.PlanWhileNearlyEmpty(t, pool, `PREPARE planned(bigint[], int[], bigint[], int[]) AS `+c.query, c.settings,
+			`EXPLAIN (FORMAT JSON, COSTS OFF) EXECUTE planned(ARRAY[1,2,3], ARRAY[0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15], ARRAY[1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1], ARRAY[1,2,3])`)
 		probe := strings.Contains(plan, `"Index Name":"outbox_pending_pkey"`) && strings.Contains(plan, `id = m.id`)
 		t.Logf("%s: probes the queue by id = %v", c.name, probe)
 		if probe != c.wantProbe {

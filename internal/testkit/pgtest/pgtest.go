@@ -292,6 +292,29 @@ func EnvDuration(tb testing.TB, name string, def time.Duration) time.Duration {
 	return d
 }
 
+// PlanWhileNearlyEmpty returns GenericPlan's plan of a statement prepared
+// on the ledger of pool while its outbox and queue hold 4 rows (analyzed),
+// and explained after they grew to 20,000: the plan the server keeps for a
+// statement prepared at a quiet start, or while the relay kept up, and uses
+// once the tables are large (or, under a long snapshot, full of deleted
+// entries).
+func PlanWhileNearlyEmpty(t testing.TB, pool *pgxpool.Pool, prepare, settings, explain string) string {
+	t.Helper()
+	fill := func(from, to int) {
+		t.Helper()
+		if _, err := pool.Exec(context.Background(), `
+INSERT INTO outbox (event_id, kind, type, topic, aggregate_type, aggregate_id, revision, shard, payload, occurred_at)
+SELECT gen_random_uuid(), 'event', 't', 't', 'account', 'acc-' || g, 1, g % 16, '', now() FROM generate_series($1::int, $2::int) g`, from, to); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fill(1, 4)
+	if _, err := pool.Exec(context.Background(), `ANALYZE outbox, outbox_pending, relay_leases`); err != nil {
+		t.Fatal(err)
+	}
+	return GenericPlan(t, pool, prepare, settings, explain, func() { fill(5, 20000) })
+}
+
 // GenericPlan prepares query (a PREPARE of a statement named planned) on
 // one connection while the tables are as they are, lets grow add rows, and
 // returns the cached generic plan of explain (an EXPLAIN of an EXECUTE of
