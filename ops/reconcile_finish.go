@@ -174,7 +174,10 @@ func (m *matching) unknownToOutbox(ctx context.Context, ci int, r DispositionRea
 		}
 		return nil
 	})
+	// A store without a unique key may hold an ID twice: it is looked up,
+	// and reported, once.
 	slices.SortFunc(u.candidates, compareUUID)
+	u.candidates = slices.Compact(u.candidates)
 	return u, err
 }
 
