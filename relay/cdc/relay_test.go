@@ -141,6 +141,26 @@ func crashAt(n int, ids *[]string) func([]core.Envelope) error {
 	}
 }
 
+// crashOnceConfirmed is crashAt for a relay that confirms on receipt: at
+// the crashing call it first waits (up to 2 s) for the slot's confirmed
+// position on the server to move. The relay made that confirmation when it
+// received the batch, and its reader sends it in the background; crashed
+// at once, the relay could take it down unsent, and then lose nothing.
+func (f *fixture) crashOnceConfirmed(n int, ids *[]string) func([]core.Envelope) error {
+	crash := crashAt(n, ids)
+	confirmed := func() string {
+		return pgtest.Column[string](f.t, f.pool, `SELECT coalesce(confirmed_flush_lsn::text, '') FROM pg_replication_slots WHERE slot_name = $1`, f.slot)[0]
+	}
+	calls := 0
+	return func(batch []core.Envelope) error {
+		if calls++; calls == n {
+			before := confirmed()
+			wait.UntilEvery(2*time.Second, 20*time.Millisecond, func() (bool, string) { return confirmed() != before, "" })
+		}
+		return crash(batch)
+	}
+}
+
 // A relay killed between the sink's ACK and the confirmation of the slot
 // position (before the marker, and after it) loses nothing: a standby takes
 // over when the lease expires and the crashed batch's events are sent again
@@ -198,7 +218,7 @@ func TestCrashNegativeControlConfirmOnReceiptLoses(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, nil)
 	var crashed []string
-	a := f.start("relay-a", nil, &cdc.Hooks{UnsafeConfirmOnReceipt: true, BeforePublish: crashAt(3, &crashed)})
+	a := f.start("relay-a", nil, &cdc.Hooks{UnsafeConfirmOnReceipt: true, BeforePublish: f.crashOnceConfirmed(3, &crashed)})
 	f.waitStreaming()
 	w := startWriters(t, f.pool, 3, 20, time.Millisecond)
 	wait.For(t, 30*time.Second, "relay a to crash", a.Crashed)
