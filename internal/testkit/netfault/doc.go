@@ -11,7 +11,9 @@
 // and acts on the marked connections' packets as they arrive on lo (INPUT):
 // it drops both directions (Cut Both), only the client's requests (Cut
 // Requests) or only the server's replies (Cut Replies: requests arrive, every
-// response and ACK is lost), or queues them to this process (NFQUEUE), which
+// response and ACK is lost), or the replies of each connection from its
+// first request carrying a given string on (CutRepliesFrom: iptables' string
+// match re-marks that connection as tripped in OUTPUT), or queues them to this process (NFQUEUE), which
 // holds each packet for a delay with jitter, in order per flow, and drops a
 // share of them (Degrade).
 //
@@ -33,8 +35,9 @@
 //   - A pool user is this run's while it holds the user's flock and was
 //     claimed only when no process ran under it, so a fault on a user hits
 //     only this run's processes.
-//   - Marks carry the run's pid and the fault's number, never reused within a
-//     run: a connection marked by a healed fault is matched by no rule. A
+//   - Marks carry the run's pid and the fault's number (15 bits; the top bit
+//     of that half is CutRepliesFrom's tripped flag), never reused within a
+//     run of fewer than 32,768 faults: a connection marked by a healed fault is matched by no rule. A
 //     connection carries the mark of the newest fault that selected it, so
 //     two faults on the same connections at once are not supported.
 //   - A queued packet whose run died is accepted, not dropped (--queue-bypass
@@ -42,6 +45,6 @@
 //     to no delay, never to a cut.
 //
 // It needs root, iptables (the nf_tables backend with its xtables matches:
-// owner, multiport, conntrack, connmark, NFQUEUE) and the pool users;
+// owner, multiport, conntrack, connmark, string, NFQUEUE) and the pool users;
 // scripts/setup-machine installs both.
 package netfault

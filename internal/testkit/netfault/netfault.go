@@ -217,7 +217,35 @@ func (n *Net) Cut(dir Dir, links ...Link) (*Fault, error) {
 			match = append(match, "-m", "conntrack", "--ctdir", "REPLY")
 		}
 		return [][]string{append(match, "-j", "DROP")}
-	}, nil)
+	}, nil, nil)
+}
+
+// CutRepliesFrom drops the server's packets of each of the links'
+// connections from the first request that carries needle on, until Heal:
+// that request reaches the server, and its answer and every later one is
+// lost, while the connections that have not sent needle go on. It hits one
+// exchange that ports alone cannot pick out, such as the answer to a
+// COMMIT (the server commits, the client cannot know).
+func (n *Net) CutRepliesFrom(needle string, links ...Link) (*Fault, error) {
+	if needle == "" {
+		return nil, errors.New("netfault: CutRepliesFrom needs a needle")
+	}
+	return n.add(fmt.Sprintf("cut replies from %q on: %v", needle, links), links, func(mark string) [][]string {
+		return [][]string{{"-m", "connmark", "--mark", tripped(mark), "-m", "conntrack", "--ctdir", "REPLY", "-j", "DROP"}}
+	}, nil, func(mark string) ([]string, [][]string) {
+		// A tripped connection keeps its mark: the link's mark rule
+		// passes it over, so it stays cut when the next request goes out.
+		return []string{"-m", "connmark", "!", "--mark", tripped(mark)},
+			[][]string{{"-m", "connmark", "--mark", mark, "-m", "string", "--algo", "bm", "--string", needle,
+				"-j", "CONNMARK", "--set-xmark", tripped(mark) + "/0xffffffff"}}
+	})
+}
+
+// tripped is the mark of a CutRepliesFrom connection that sent its needle:
+// the fault's mark with the id half's top bit set (ids stay below it).
+func tripped(mark string) string {
+	m, _ := strconv.ParseUint(mark, 0, 32)
+	return fmt.Sprintf("0x%08x", uint32(m)|0x8000)
 }
 
 // Degrade delays the links' packets and drops a share of them, both ways,
@@ -233,7 +261,7 @@ func (n *Net) Degrade(im Impairment, links ...Link) (*Fault, error) {
 	what := fmt.Sprintf("delay %v to %v, loss %.1f%%: %v", im.Delay, im.Delay+im.Jitter, im.Loss*100, links)
 	f, err := n.add(what, links, func(mark string) [][]string {
 		return [][]string{{"-m", "connmark", "--mark", mark, "-j", "NFQUEUE", "--queue-num", strconv.Itoa(int(q.num)), "--queue-bypass"}}
-	}, q)
+	}, q, nil)
 	if err != nil {
 		_, _ = q.close()
 		return nil, err
@@ -243,8 +271,11 @@ func (n *Net) Degrade(im Impairment, links ...Link) (*Fault, error) {
 
 // add installs a fault: the marks of its links' connections in the OUTPUT
 // chain (new rules go first, so the newest fault's mark wins), then its
-// actions on the marked packets in the INPUT chain.
-func (n *Net) add(what string, links []Link, actions func(mark string) [][]string, q *queue) (*Fault, error) {
+// actions on the marked packets in the INPUT chain. out, when set, gives
+// a match the mark rules add and rules of the OUTPUT chain that follow
+// them.
+func (n *Net) add(what string, links []Link, actions func(mark string) [][]string, q *queue,
+	out func(mark string) (markMatch []string, after [][]string)) (*Fault, error) {
 	if len(links) == 0 {
 		return nil, errors.New("netfault: a fault needs at least one link")
 	}
@@ -259,6 +290,11 @@ func (n *Net) add(what string, links []Link, actions func(mark string) [][]strin
 	n.mu.Unlock()
 	mark := n.mark(f.id)
 	comment := []string{"-m", "comment", "--comment", fmt.Sprintf("netfault pid %d fault %d", n.pid, f.id)}
+	var markMatch []string
+	var after [][]string
+	if out != nil {
+		markMatch, after = out(mark)
+	}
 	for _, l := range links {
 		if len(l.To) == 0 {
 			return nil, fmt.Errorf("netfault: link %v has no ports", l)
@@ -274,9 +310,12 @@ func (n *Net) add(what string, links []Link, actions func(mark string) [][]strin
 			}
 			spec = append(spec, "-m", "multiport", "--dports", strings.Join(ports, ","),
 				"-m", "conntrack", "--ctdir", "ORIGINAL")
-			spec = append(append(spec, comment...), "-j", "CONNMARK", "--set-xmark", mark+"/0xffffffff")
+			spec = append(append(append(spec, markMatch...), comment...), "-j", "CONNMARK", "--set-xmark", mark+"/0xffffffff")
 			f.rules = append(f.rules, rule{n.out, spec})
 		}
+	}
+	for _, a := range after {
+		f.rules = append(f.rules, rule{n.out, append(slices.Clone(comment), a...)})
 	}
 	for _, a := range actions(mark) {
 		f.rules = append(f.rules, rule{n.in, append(slices.Clone(comment), a...)})
@@ -296,7 +335,7 @@ func (n *Net) add(what string, links []Link, actions func(mark string) [][]strin
 // mark is fault id's connection mark: the run's pid in the high half, so
 // that two runs never share one.
 func (n *Net) mark(id uint32) string {
-	return fmt.Sprintf("0x%08x", uint32(n.pid&0xffff)<<16|id&0xffff)
+	return fmt.Sprintf("0x%08x", uint32(n.pid&0xffff)<<16|id&0x7fff)
 }
 
 // Heal removes the fault's rules: its links work again (connections

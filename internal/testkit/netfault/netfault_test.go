@@ -79,7 +79,10 @@ func hold(port string) {
 type echoServer struct {
 	ln       net.Listener
 	received atomic.Int64
+	lines    sync.Map // every line received
 }
+
+func (s *echoServer) saw(line string) bool { _, ok := s.lines.Load(line); return ok }
 
 func newEchoServer(t *testing.T) *echoServer {
 	t.Helper()
@@ -100,6 +103,7 @@ func newEchoServer(t *testing.T) *echoServer {
 				sc := bufio.NewScanner(c)
 				for sc.Scan() {
 					s.received.Add(1)
+					s.lines.Store(sc.Text(), true)
 					if _, err := fmt.Fprintln(c, sc.Text()); err != nil {
 						return
 					}
@@ -329,6 +333,60 @@ func TestOneWayCuts(t *testing.T) {
 	}
 	r = srv.received.Load()
 	eventually(t, 15*time.Second, "requests reach the server after the heal", func() bool { return srv.received.Load() > r+5 })
+}
+
+// CutRepliesFrom lets each connection run until it sends the needle: that
+// request reaches the server and its answer and all later ones are lost,
+// while a connection that has not sent it yet still gets its answers
+// (the trip is per connection, by content, not a switch in time); the
+// heal brings the lost answers back.
+func TestCutRepliesFromANeedleOn(t *testing.T) {
+	n, srv := setup(t)
+	u, err := n.User()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin, addr := helperBinary(t), fmt.Sprintf("NETFAULT_ADDR=127.0.0.1:%d", srv.port())
+	a := startChild(t, bin, "stream", u, addr)
+	echoesA := func() int64 { _, e := a.counts(); return int64(e) }
+	eventually(t, 10*time.Second, "stream A flows", func() bool { return echoesA() >= 60 })
+	b := startChild(t, bin, "stream", u, addr)
+	echoesB := func() int64 { _, e := b.counts(); return int64(e) }
+	eventually(t, 10*time.Second, "stream B flows", func() bool { return echoesB() >= 5 })
+
+	sentA, _ := a.counts()
+	k := sentA + 20
+	// Each line goes out in a packet of its own, and no smaller number
+	// ends in k's digits, so line k is the first packet carrying "k\n".
+	f, err := n.CutRepliesFrom(strconv.Itoa(k)+"\n", netfault.Link{From: u, To: []int{srv.port()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("fault: %v", f)
+	eventually(t, 10*time.Second, "A's echoes stop once it sent line k", func() bool { return steady(500*time.Millisecond, echoesA) })
+	if !a.printed(fmt.Sprintf("echo %d", k-1)) || a.printed(fmt.Sprintf("echo %d", k)) {
+		t.Fatalf("A's last echo is not line %d (the one before the needle): %d echoes", k-1, echoesA())
+	}
+	if sentB, _ := b.counts(); sentB >= k {
+		t.Fatalf("B reached line %d before A's cut was seen; the checks of B need it behind", k)
+	}
+	if !srv.saw(strconv.Itoa(k)) {
+		t.Fatalf("line %d, the needle, did not reach the server", k)
+	}
+	eB := echoesB()
+	eventually(t, 5*time.Second, "B, which has not sent the needle, still gets its echoes", func() bool { return echoesB() > eB+5 })
+	eventually(t, 15*time.Second, "B's echoes stop once it sent line k", func() bool { return b.printed(fmt.Sprintf("echo %d", k-1)) && steady(500*time.Millisecond, echoesB) })
+	if b.printed(fmt.Sprintf("echo %d", k)) {
+		t.Fatalf("B got the echo of line %d, the needle", k)
+	}
+	if !dialWorks(srv.port()) {
+		t.Fatal("the fault on a pool user's link stopped this process's own connection to the port")
+	}
+	if err := f.Heal(); err != nil {
+		t.Fatal(err)
+	}
+	e := echoesA()
+	eventually(t, 15*time.Second, "echoes come back after the heal", func() bool { return echoesA() > e+5 && a.printed(fmt.Sprintf("echo %d", k)) })
 }
 
 // Degrade delays each packet of the link by its delay (so a round trip by
