@@ -346,7 +346,9 @@ func (p *Proc) Supervise(ctx context.Context, logf func(string, ...any)) {
 		case <-done:
 		}
 		p.mu.Lock()
-		unexpected := !p.expected && !p.closed
+		// A run started since the one watched means the caller restarted
+		// it after a deliberate stop: expected is the new run's.
+		unexpected := !p.expected && !p.closed && p.done == done
 		if unexpected {
 			p.crashes++
 			p.expected = true // counted once
