@@ -345,9 +345,12 @@ var partitionScenarios = []partitionScenario{
 	},
 	{
 		name: "consumer loses its database's replies",
-		doc:  "consumer-1's statements reach its database, the answers are dropped: effects committed, the consumer cannot know",
+		doc:  "consumer-1's connections to its database lose every answer from their first COMMIT on: the effect committed, the consumer cannot know",
+		// The answer to a COMMIT, not just any answer: a transaction
+		// whose statement loses its answer never commits, so without the
+		// inbox only a lost COMMIT answer applies an effect twice.
 		inject: func(ctx context.Context, e *partitionEnv) (func() error, error) {
-			return healing(e.net.Cut(netfault.Replies, netfault.Link{From: e.users["consumer-1"], To: []int{e.consumerPort}}))
+			return healing(e.net.CutRepliesFrom("commit", netfault.Link{From: e.users["consumer-1"], To: []int{e.consumerPort}}))
 		},
 		control: withoutInbox,
 	},
@@ -359,7 +362,17 @@ var partitionScenarios = []partitionScenario{
 			return healing(e.net.Degrade(netfault.Impairment{Delay: 100 * time.Millisecond, Jitter: 200 * time.Millisecond, Loss: 0.01},
 				netfault.Link{To: e.allPorts()}))
 		},
-		control: withoutInbox,
+		// Nothing here makes a record repeat on its own (the idempotent
+		// producer absorbs its retries), so consumers without the inbox
+		// stayed whole. What the slow links do is keep every batch sent
+		// and unacknowledged for round trips of up to 600 ms and more: a
+		// relay that dies then leaves them unmarked, its successor sends
+		// them again, and only the inbox keeps them from applying twice.
+		// (A relay that marks before the ACK loses nothing here: the
+		// requests it sent reach the brokers after it died.)
+		control: partitionControl{mode: modePolling, what: "consumers without the inbox (--unsafe-no-inbox), the active relay SIGKILLed 5 s into the slow minute",
+			sys:   withoutInbox.sys,
+			bites: bitesDoubled, killRelay: true},
 	},
 }
 
