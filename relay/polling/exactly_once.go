@@ -41,12 +41,19 @@ var errLeaseDue = errors.New("leases due for renewal")
 // Until every held shard is fenced nothing is published. It returns
 // errLeaseDue when the leases are about to expire (the caller renews them
 // at once), else the first failure.
+//
+// A fence gives up a quarter of the lease before it ends: a fence that
+// waits on a transaction coordinator out of reach must leave the relay the
+// time to renew its leases, or they lapse, the other relay takes them over
+// and meets the same coordinator, and the two hand the shards back and
+// forth while nothing is published.
 func (r *Relay) fence(ctx context.Context) error {
-	if time.Until(r.deadline) < r.cfg.LeaseTTL/10 {
+	end := r.deadline.Add(-r.cfg.LeaseTTL / 4)
+	if time.Until(end) <= 0 {
 		r.nextMaintain = time.Time{}
 		return errLeaseDue
 	}
-	refs, fenced, ferr := r.fences.Fence(ctx, r.deadline)
+	refs, fenced, ferr := r.fences.Fence(ctx, end)
 	if ferr != nil && ctx.Err() == nil {
 		r.log.Error("fence shards for exactly-once", "fenced", fenced, "err", ferr)
 	}

@@ -149,8 +149,8 @@ func (r *Relay) run(ctx context.Context) {
 			settle()
 			if err := r.fence(ctx); err != nil {
 				if !errors.Is(err, errLeaseDue) {
-					// Short enough that the leases are renewed meanwhile.
-					r.life.Sleep(ctx, min(r.retry.NextBackOff(), r.cfg.LeaseTTL/4))
+					// Never past the leases' renewal.
+					r.life.Sleep(ctx, min(r.retry.NextBackOff(), r.cfg.LeaseTTL/4, time.Until(r.nextMaintain)))
 				}
 				continue
 			}
