@@ -205,7 +205,9 @@ func (r *Relay) awaitStandbys(ctx context.Context, commit LSN) error {
 // fence, in exactly-once mode, fences every shard and marks the rows their
 // newest committed transactions hold (delivery.Fences), so nothing committed
 // is sent again: at the start of each session, which a failed transaction
-// or marker ends.
+// or marker ends. It gives up a quarter of the lease before the lease ends,
+// so that a fence waiting on a transaction coordinator out of reach leaves
+// the next session the time to renew the lease (run).
 func (r *Relay) fence(ctx context.Context) error {
 	if r.fences == nil {
 		return nil
@@ -215,7 +217,7 @@ func (r *Relay) fence(ctx context.Context) error {
 		all[i] = i
 	}
 	r.fences.Need(all...)
-	refs, fenced, err := r.fences.Fence(ctx, r.deadline)
+	refs, fenced, err := r.fences.Fence(ctx, r.deadline.Add(-r.cfg.LeaseTTL/4))
 	if err != nil {
 		return fmt.Errorf("fence shards for exactly-once: %w", err)
 	}

@@ -158,7 +158,9 @@ func (r *Relay) run(ctx context.Context) {
 		default:
 			r.log.Error("CDC stream ended; restarting from the confirmed position", "err", err)
 			r.life.SetReady(err)
-			r.backoff(ctx)
+			// The next session renews the lease first: wait no longer
+			// than the lease leaves room for.
+			r.life.Sleep(ctx, min(r.retry.NextBackOff(), time.Until(r.deadline)-r.cfg.LeaseTTL/4))
 		}
 	}
 	if r.lease != nil {

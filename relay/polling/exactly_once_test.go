@@ -3,7 +3,6 @@ package polling_test
 import (
 	"context"
 	"errors"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -25,30 +24,6 @@ func TestExactlyOnceRefusesASinkWithoutTransactions(t *testing.T) {
 	}
 }
 
-// stallingFencedSink is a transactional sink over the memory sink whose
-// fences, while stalled, wait until their context ends: a transaction
-// coordinator out of reach.
-type stallingFencedSink struct {
-	*memory.Sink
-	stalled atomic.Bool
-	fences  atomic.Int64
-}
-
-func (s *stallingFencedSink) Fence(ctx context.Context, shard int) ([]int64, error) {
-	s.fences.Add(1)
-	if s.stalled.Load() {
-		<-ctx.Done()
-		return nil, ctx.Err()
-	}
-	return nil, nil
-}
-
-func (s *stallingFencedSink) PublishShard(ctx context.Context, shard int, batch []core.Envelope, ids []int64) error {
-	return s.Publish(ctx, batch)
-}
-
-func (s *stallingFencedSink) Unfence(int) {}
-
 // A fence that waits on a transaction coordinator out of reach gives up in
 // time for the relay to renew its leases: they never lapse while it stalls
 // (before, the fence ran to the leases' deadline and the relay renewed
@@ -59,8 +34,8 @@ func TestAStalledFenceKeepsTheLeases(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t, memory.Config{})
-	sink := &stallingFencedSink{Sink: f.sink}
-	sink.stalled.Store(true)
+	sink := &relaytest.StallingFencedSink{Sink: f.sink}
+	sink.Stalled.Store(true)
 	f.wrap = sink
 	f.start("relay-a", func(c *relay.Settings) { c.ExactlyOnce = true })
 	held := func() (int, bool) {
@@ -75,12 +50,12 @@ FROM relay_leases WHERE owner = 'relay-a'`).Scan(&n, &lapsed); err != nil {
 	wait.For(t, 10*time.Second, "the relay's leases", func() bool { n, _ := held(); return n == core.Shards })
 	// Three leases' time (2 s each) of stalled fences.
 	if wait.Until(6*time.Second, func() (bool, string) { _, lapsed := held(); return lapsed, "" }) {
-		t.Fatalf("a lease lapsed while the fences stalled (%d fences so far)", sink.fences.Load())
+		t.Fatalf("a lease lapsed while the fences stalled (%d fences so far)", sink.Fences())
 	}
-	if n := sink.fences.Load(); n < 2*core.Shards {
+	if n := sink.Fences(); n < 2*core.Shards {
 		t.Fatalf("%d fences in 6 s: the stall was not exercised", n)
 	}
-	sink.stalled.Store(false)
+	sink.Stalled.Store(false)
 	posted := relaytest.MustPostN(t, f.pool, 20, 5)
 	f.waitDelivered(len(posted))
 }
