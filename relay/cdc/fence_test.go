@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/internal/testkit/relaytest"
 	"github.com/posthorn/posthorn/internal/testkit/wait"
 	"github.com/posthorn/posthorn/relay"
@@ -49,7 +50,7 @@ FROM relay_cdc_leases WHERE slot = $1`, f.slot).Scan(&owned, &lapsed); err != ni
 	if wait.Until(6*time.Second, func() (bool, string) { _, lapsed := held(); return lapsed, "" }) {
 		t.Fatalf("the slot's lease lapsed while the fences stalled (%d fences so far)", sink.Fences())
 	}
-	if n := sink.Fences(); n < 2*16 {
+	if n := sink.Fences(); n < 2*core.Shards {
 		t.Fatalf("%d fences in 6 s: the stall was not exercised", n)
 	}
 	sink.Stalled.Store(false)
