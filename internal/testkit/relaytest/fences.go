@@ -3,9 +3,12 @@ package relaytest
 import (
 	"context"
 	"sync/atomic"
+	"testing"
+	"time"
 
 	"github.com/posthorn/posthorn/adapters/memory"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 	"github.com/posthorn/posthorn/relay"
 )
 
@@ -42,3 +45,17 @@ func (s *StallingFencedSink) Unfence(int) {}
 
 // Fences counts the fences asked for.
 func (s *StallingFencedSink) Fences() int64 { return s.fences.Load() }
+
+// KeepsLeaseWhileStalled fails t if lapsed reports a lease lapsed within d
+// of stalled fences, or if fewer than two rounds of fences were asked for
+// (the stall was not exercised); then it lets the fences answer.
+func (s *StallingFencedSink) KeepsLeaseWhileStalled(t testing.TB, d time.Duration, lapsed func() bool) {
+	t.Helper()
+	if wait.Until(d, func() (bool, string) { return lapsed(), "" }) {
+		t.Fatalf("a lease lapsed while the fences stalled (%d fences so far)", s.Fences())
+	}
+	if n := s.Fences(); n < 2*core.Shards {
+		t.Fatalf("%d fences in %v: the stall was not exercised", n, d)
+	}
+	s.Stalled.Store(false)
+}
