@@ -260,6 +260,23 @@ func cutActiveRelay(d netfault.Dir, to func(e *partitionEnv) []int) func(context
 	}
 }
 
+// cutActiveRelayReplies drops every broker's responses to the active
+// relay. In exactly-once mode the cut begins as the relay asks to commit a
+// transaction: the coordinator commits and the relay cannot learn it, the
+// outcome the committed positions exist for. Started at a random moment
+// it mostly caught a transaction before its commit, which is only aborted.
+func cutActiveRelayReplies(ctx context.Context, e *partitionEnv) (func() error, error) {
+	name, err := e.activeRelay(ctx)
+	if err != nil {
+		return nil, err
+	}
+	link := netfault.Link{From: e.users[name], To: e.clientPorts()}
+	if e.mode.eos {
+		return healing(e.net.CutAllRepliesFrom(netfault.KafkaRequest(int16(kmsg.EndTxn)), link))
+	}
+	return healing(e.net.Cut(netfault.Replies, link))
+}
+
 func (e *partitionEnv) ledgerPorts() []int { return []int{e.ledgerPort} }
 
 // withoutInbox is the control of the scenarios that could apply an event
@@ -279,8 +296,8 @@ var partitionScenarios = []partitionScenario{
 	},
 	{
 		name:   "ACKs lost",
-		doc:    "requests of the active relay reach every broker, every response is dropped (one way)",
-		inject: cutActiveRelay(netfault.Replies, (*partitionEnv).clientPorts),
+		doc:    "requests of the active relay reach every broker, every response is dropped (one way); in exactly-once mode from its next commit (EndTxn) on",
+		inject: cutActiveRelayReplies,
 		control: partitionControl{mode: modeEOS, what: "exactly-once relays that fence but skip the committed positions (--unsafe-skip-positions)",
 			sys:   func(c *faultkit.SystemConfig) { c.RelayArgs = append(c.RelayArgs, "--unsafe-skip-positions") },
 			bites: bitesCommittedRepeats},
@@ -350,7 +367,7 @@ var partitionScenarios = []partitionScenario{
 		// whose statement loses its answer never commits, so without the
 		// inbox only a lost COMMIT answer applies an effect twice.
 		inject: func(ctx context.Context, e *partitionEnv) (func() error, error) {
-			return healing(e.net.CutRepliesFrom("commit", netfault.Link{From: e.users["consumer-1"], To: []int{e.consumerPort}}))
+			return healing(e.net.CutRepliesFrom(netfault.Needle("commit"), netfault.Link{From: e.users["consumer-1"], To: []int{e.consumerPort}}))
 		},
 		control: withoutInbox,
 	},

@@ -12,10 +12,15 @@
 // it drops both directions (Cut Both), only the client's requests (Cut
 // Requests) or only the server's replies (Cut Replies: requests arrive, every
 // response and ACK is lost), or the replies of each connection from its
-// first request carrying a given string on (CutRepliesFrom: iptables' string
-// match re-marks that connection as tripped in OUTPUT), or queues them to this process (NFQUEUE), which
-// holds each packet for a delay with jitter, in order per flow, and drops a
-// share of them (Degrade).
+// first request matching a Trigger on (CutRepliesFrom: the trigger's match
+// re-marks that connection as tripped in OUTPUT), or the replies of every
+// connection of the links from the first such request on any of them
+// (CutAllRepliesFrom: the match sets an entry of iptables' recent list that
+// the drop checks), or queues them to this process (NFQUEUE), which holds
+// each packet for a delay with jitter, in order per flow, and drops a share
+// of them (Degrade). A Trigger is a string anywhere in a packet (Needle,
+// iptables' string match) or bytes at an offset of the TCP payload
+// (PayloadAt, KafkaRequest: iptables' u32 match).
 //
 // Invariants:
 //
@@ -45,6 +50,6 @@
 //     to no delay, never to a cut.
 //
 // It needs root, iptables (the nf_tables backend with its xtables matches:
-// owner, multiport, conntrack, connmark, string, NFQUEUE) and the pool users;
-// scripts/setup-machine installs both.
+// owner, multiport, conntrack, connmark, string, u32, recent, NFQUEUE) and
+// the pool users; scripts/setup-machine installs both.
 package netfault

@@ -220,24 +220,79 @@ func (n *Net) Cut(dir Dir, links ...Link) (*Fault, error) {
 	}, nil, nil)
 }
 
-// CutRepliesFrom drops the server's packets of each of the links'
-// connections from the first request that carries needle on, until Heal:
-// that request reaches the server, and its answer and every later one is
-// lost, while the connections that have not sent needle go on. It hits one
-// exchange that ports alone cannot pick out, such as the answer to a
-// COMMIT (the server commits, the client cannot know).
-func (n *Net) CutRepliesFrom(needle string, links ...Link) (*Fault, error) {
-	if needle == "" {
-		return nil, errors.New("netfault: CutRepliesFrom needs a needle")
+// A Trigger picks out one request of a link by its bytes: the one a
+// CutRepliesFrom or CutAllRepliesFrom fault starts at.
+type Trigger struct {
+	what  string
+	match []string // iptables match options
+}
+
+func (tr Trigger) String() string { return tr.what }
+
+// Needle is a request whose packet carries s anywhere.
+func Needle(s string) Trigger {
+	return Trigger{what: fmt.Sprintf("%q", s), match: []string{"-m", "string", "--algo", "bm", "--string", s}}
+}
+
+// PayloadAt is a request whose packet's TCP payload holds b (1 to 4 bytes)
+// at offset, wherever the IP and TCP headers end: iptables' u32 match
+// follows both header lengths. A packet too short to hold offset+4 bytes
+// never matches.
+func PayloadAt(offset int, b []byte) (Trigger, error) {
+	if offset < 0 || len(b) == 0 || len(b) > 4 {
+		return Trigger{}, fmt.Errorf("netfault: PayloadAt needs 1 to 4 bytes at a non-negative offset, not %d at %d", len(b), offset)
 	}
-	return n.add(fmt.Sprintf("cut replies from %q on: %v", needle, links), links, func(mark string) [][]string {
+	var v uint32
+	for _, c := range b {
+		v = v<<8 | uint32(c)
+	}
+	test := fmt.Sprintf("0>>22&0x3C@12>>26&0x3C@%d>>%d=0x%x", offset, 8*(4-len(b)), v)
+	return Trigger{what: fmt.Sprintf("payload % x at %d", b, offset), match: []string{"-m", "u32", "--u32", test}}, nil
+}
+
+// KafkaRequest is a Kafka request of API key (26 is EndTxn, a
+// transaction's commit or abort): the key follows the frame's 4-byte size.
+// A request written behind another in one segment is not seen; the next
+// one of the key is.
+func KafkaRequest(key int16) Trigger {
+	tr, _ := PayloadAt(4, []byte{byte(uint16(key) >> 8), byte(key)})
+	tr.what = fmt.Sprintf("Kafka request of API key %d", key)
+	return tr
+}
+
+// CutRepliesFrom drops the server's packets of each of the links'
+// connections from its first request matching tr on, until Heal: that
+// request reaches the server, and its answer and every later one is lost,
+// while the connections that have not sent such a request go on. It hits
+// one exchange that ports alone cannot pick out, such as the answer to a
+// COMMIT (the server commits, the client cannot know).
+func (n *Net) CutRepliesFrom(tr Trigger, links ...Link) (*Fault, error) {
+	return n.add(fmt.Sprintf("cut replies from %v on: %v", tr, links), links, func(mark string) [][]string {
 		return [][]string{{"-m", "connmark", "--mark", tripped(mark), "-m", "conntrack", "--ctdir", "REPLY", "-j", "DROP"}}
 	}, nil, func(mark string) ([]string, [][]string) {
 		// A tripped connection keeps its mark: the link's mark rule
 		// passes it over, so it stays cut when the next request goes out.
 		return []string{"-m", "connmark", "!", "--mark", tripped(mark)},
-			[][]string{{"-m", "connmark", "--mark", mark, "-m", "string", "--algo", "bm", "--string", needle,
-				"-j", "CONNMARK", "--set-xmark", tripped(mark) + "/0xffffffff"}}
+			[][]string{append(append([]string{"-m", "connmark", "--mark", mark}, tr.match...),
+				"-j", "CONNMARK", "--set-xmark", tripped(mark)+"/0xffffffff")}
+	})
+}
+
+// CutAllRepliesFrom is Cut Replies on every connection of the links from
+// the moment any of them sends a request matching tr, until Heal: the
+// fault begins at one chosen exchange, such as a transaction's commit,
+// instead of wherever the client happens to be. The first match sets an
+// entry in a list of iptables' recent match, named after the fault, that
+// the drop rule checks; Heal deletes both rules and with them the list.
+func (n *Net) CutAllRepliesFrom(tr Trigger, links ...Link) (*Fault, error) {
+	return n.add(fmt.Sprintf("cut every reply from %v on: %v", tr, links), links, func(mark string) [][]string {
+		// Loopback: the client's address, the source of the request
+		// that set the entry, is the destination of every reply.
+		return [][]string{{"-m", "connmark", "--mark", mark, "-m", "conntrack", "--ctdir", "REPLY",
+			"-m", "recent", "--name", "phnf" + mark, "--rcheck", "--rdest", "-j", "DROP"}}
+	}, nil, func(mark string) ([]string, [][]string) {
+		return nil, [][]string{append(append([]string{"-m", "connmark", "--mark", mark}, tr.match...),
+			"-m", "recent", "--name", "phnf"+mark, "--set", "--rsource")}
 	})
 }
 

@@ -358,7 +358,7 @@ func TestCutRepliesFromANeedleOn(t *testing.T) {
 	k := sentA + 20
 	// Each line goes out in a packet of its own, and no smaller number
 	// ends in k's digits, so line k is the first packet carrying "k\n".
-	f, err := n.CutRepliesFrom(strconv.Itoa(k)+"\n", netfault.Link{From: u, To: []int{srv.port()}})
+	f, err := n.CutRepliesFrom(netfault.Needle(strconv.Itoa(k)+"\n"), netfault.Link{From: u, To: []int{srv.port()}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -387,6 +387,66 @@ func TestCutRepliesFromANeedleOn(t *testing.T) {
 	}
 	e := echoesA()
 	eventually(t, 15*time.Second, "echoes come back after the heal", func() bool { return echoesA() > e+5 && a.printed(fmt.Sprintf("echo %d", k)) })
+}
+
+// CutAllRepliesFrom cuts every connection of the link once one of them
+// sent the trigger, here picked out by its payload's bytes (the way a
+// Kafka request is, by its API key at offset 4): the other connection,
+// which never sent it, loses its replies at the same moment.
+func TestCutAllRepliesFromATriggerOn(t *testing.T) {
+	n, srv := setup(t)
+	u, err := n.User()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin, addr := helperBinary(t), fmt.Sprintf("NETFAULT_ADDR=127.0.0.1:%d", srv.port())
+	a := startChild(t, bin, "stream", u, addr)
+	b := startChild(t, bin, "stream", u, addr)
+	echoesA := func() int64 { _, e := a.counts(); return int64(e) }
+	echoesB := func() int64 { _, e := b.counts(); return int64(e) }
+	eventually(t, 10*time.Second, "both streams flow", func() bool { return echoesA() >= 20 && echoesB() >= 20 })
+
+	// Line k is "kkk\n", four bytes: the whole payload of its packet, at
+	// offset 0. Lines of other lengths never fill those four bytes alike.
+	sentA, _ := a.counts()
+	k := max(sentA+40, 100)
+	if k > 999 {
+		t.Fatalf("stream A already at line %d: the trigger needs a line of three digits", sentA)
+	}
+	tr, err := netfault.PayloadAt(0, []byte(strconv.Itoa(k)+"\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := netfault.PayloadAt(0, make([]byte, 5)); err == nil {
+		t.Fatal("PayloadAt took 5 bytes; u32 compares at most 4")
+	}
+	f, err := n.CutAllRepliesFrom(tr, netfault.Link{From: u, To: []int{srv.port()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("fault: %v", f)
+	eB := echoesB()
+	eventually(t, 5*time.Second, "B gets echoes until A sends line k", func() bool { return echoesB() > eB+5 })
+	eventually(t, 10*time.Second, "A's echoes stop once it sent line k", func() bool { return steady(500*time.Millisecond, echoesA) })
+	if !a.printed(fmt.Sprintf("echo %d", k-1)) || a.printed(fmt.Sprintf("echo %d", k)) {
+		t.Fatalf("A's last echo is not line %d (the one before the trigger): %d echoes", k-1, echoesA())
+	}
+	if !srv.saw(strconv.Itoa(k)) {
+		t.Fatalf("line %d, the trigger, did not reach the server", k)
+	}
+	if !steady(time.Second, echoesB) {
+		t.Fatal("B, on the same link, still gets echoes after A sent the trigger")
+	}
+	if !dialWorks(srv.port()) {
+		t.Fatal("the fault on a pool user's link stopped this process's own connection to the port")
+	}
+	if err := f.Heal(); err != nil {
+		t.Fatal(err)
+	}
+	e, eb := echoesA(), echoesB()
+	eventually(t, 15*time.Second, "echoes come back on both after the heal", func() bool {
+		return echoesA() > e+5 && echoesB() > eb+5 && a.printed(fmt.Sprintf("echo %d", k))
+	})
 }
 
 // Degrade delays each packet of the link by its delay (so a round trip by
