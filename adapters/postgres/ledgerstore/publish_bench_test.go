@@ -2,8 +2,10 @@ package ledgerstore_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -96,4 +98,97 @@ func (m *publishMode) run(b *testing.B, tag string, txs, calls int) {
 	}
 	m.elapsed += time.Since(start)
 	m.calls += txs * calls
+}
+
+// BenchmarkPublishUnderASnapshot measures posthorn_publish while a
+// REPEATABLE READ snapshot is held open for the whole run: 4 writers
+// publishing one event per transaction, all of one hot aggregate (each of
+// its own with POSTHORN_BENCH_SPREAD=1), which collects tens of thousands
+// of events behind the snapshot; its row lock serialises them, so what a
+// publish spends under it is the aggregate's rate. Side by side in one
+// run:
+//
+//	version17  the migrations up to 00017: the publish bumps its
+//	           aggregate's row, a version the snapshot keeps per event
+//	floor      this release's: the publish locks the row, reads the newest
+//	           revision from the outbox's unique index
+//
+// The modes alternate in chunks of POSTHORN_BENCH_EVENTS events (default
+// 4,000), POSTHORN_BENCH_CHUNKS times (default 8); it prints each mode's
+// rate per chunk, so a cost that grows with the aggregate's history shows
+// as a falling rate.
+func BenchmarkPublishUnderASnapshot(b *testing.B) {
+	perChunk := pgtest.EnvInt(b, "POSTHORN_BENCH_EVENTS", 4000)
+	chunks := pgtest.EnvInt(b, "POSTHORN_BENCH_CHUNKS", 8)
+	spread := pgtest.EnvInt(b, "POSTHORN_BENCH_SPREAD", 0) == 1
+	const writers = 4
+	ctx := context.Background()
+	oldURL := pgtest.NewDatabase(b)
+	if err := postgres.MigrateTo(ctx, oldURL, postgres.LedgerSchema, 17); err != nil {
+		b.Fatal(err)
+	}
+	newURL, _ := pgtest.Ledger(b)
+	type snapMode struct {
+		name  string
+		pool  *pgxpool.Pool
+		rates []float64
+		total time.Duration
+	}
+	modes := []*snapMode{
+		{name: "version17", pool: pgtest.SmallPool(b, oldURL, writers+1)},
+		{name: "floor", pool: pgtest.SmallPool(b, newURL, writers+1)},
+	}
+	for _, m := range modes {
+		held, err := m.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer held.Rollback(ctx)
+		if _, err := held.Exec(ctx, `SELECT count(*) FROM outbox`); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ResetTimer()
+	for c := range chunks {
+		for i := range modes {
+			m := modes[(c+i)%len(modes)]
+			start := time.Now()
+			errs := make([]error, writers)
+			var wg sync.WaitGroup
+			for w := range writers {
+				wg.Go(func() {
+					for range perChunk / writers {
+						id := "w-hot"
+						if spread {
+							id = "w-" + strconv.Itoa(w)
+						}
+						if _, err := m.pool.Exec(ctx, `SELECT * FROM posthorn_publish('wallet', $1, 'wallet.credited', '{"amount":"12.50"}')`, id); err != nil {
+							errs[w] = err
+							return
+						}
+					}
+				})
+			}
+			wg.Wait()
+			if err := errors.Join(errs...); err != nil {
+				b.Fatalf("%s: %v", m.name, err)
+			}
+			d := time.Since(start)
+			m.total += d
+			m.rates = append(m.rates, float64(perChunk/writers*writers)/d.Seconds())
+		}
+	}
+	b.StopTimer()
+	b.ReportMetric(0, "ns/op")
+	for _, m := range modes {
+		first, last := m.rates[0], m.rates[len(m.rates)-1]
+		b.ReportMetric(first, m.name+"_first_ev/s")
+		b.ReportMetric(last, m.name+"_last_ev/s")
+		line := ""
+		for _, r := range m.rates {
+			line += fmt.Sprintf(" %.0f", r)
+		}
+		fmt.Printf("BenchmarkPublishUnderASnapshot: %-9s events/s per chunk of %d:%s (last/first %.2f)\n", m.name, perChunk, line, last/first)
+	}
+	b.ReportMetric(modes[1].rates[len(modes[1].rates)-1]/modes[0].rates[len(modes[0].rates)-1], "floor/version17_last")
 }

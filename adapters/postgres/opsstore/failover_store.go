@@ -75,7 +75,8 @@ FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bigint[], $5::text[]) AS u(i
 }
 
 // Revisions reads each aggregate's revision: the ledger's accounts, a
-// service's aggregates in posthorn_aggregates.
+// service's aggregates the greater of posthorn_aggregates' floor and the
+// newest in the outbox (a publish locks that row without raising it).
 func (s *FailoverStore) Revisions(ctx context.Context, aggs []ops.AggregateKey) (map[ops.AggregateKey]int64, error) {
 	types, ids := make([]string, len(aggs)), make([]string, len(aggs))
 	for i, k := range aggs {
@@ -83,7 +84,8 @@ func (s *FailoverStore) Revisions(ctx context.Context, aggs []ops.AggregateKey) 
 	}
 	rows, err := s.pool.Query(ctx, `
 SELECT u.t, u.i, coalesce(CASE WHEN u.t = 'account' THEN (SELECT a.revision FROM accounts AS a WHERE a.id = u.i)
-       ELSE (SELECT p.revision FROM posthorn_aggregates AS p WHERE p.aggregate_type = u.t AND p.aggregate_id = u.i) END, 0)
+       ELSE greatest((SELECT p.revision FROM posthorn_aggregates AS p WHERE p.aggregate_type = u.t AND p.aggregate_id = u.i),
+                     (SELECT max(o.revision) FROM outbox AS o WHERE o.aggregate_type = u.t AND o.aggregate_id = u.i)) END, 0)
 FROM unnest($1::text[], $2::text[]) AS u(t, i)`, types, ids)
 	if err != nil {
 		return nil, fmt.Errorf("read revisions: %w", err)

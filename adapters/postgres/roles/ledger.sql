@@ -99,7 +99,8 @@ GRANT EXECUTE ON FUNCTION posthorn.write(text, text, text, text, json, jsonb, bi
 
 -- posthorn_definer: what the functions of the schema posthorn do, and no
 -- more. The outbox's trigger runs as the inserting role, so it enqueues
--- in outbox_pending as this one.
+-- in outbox_pending as this one; its delete trigger raises the
+-- aggregates' revision floors as this one (migration 00018).
 GRANT SELECT, INSERT, UPDATE ON posthorn_aggregates TO posthorn_definer;
 GRANT INSERT (event_id, kind, type, topic, aggregate_type, aggregate_id, revision, shard,
               headers, payload, occurred_at) ON outbox TO posthorn_definer;
@@ -127,6 +128,7 @@ ALTER FUNCTION posthorn.shard(text) OWNER TO posthorn_definer;
 ALTER FUNCTION posthorn.write(text, text, text, text, json, jsonb, bigint, text) OWNER TO posthorn_definer;
 ALTER FUNCTION posthorn.prune_idempotency_keys(timestamptz, integer) OWNER TO posthorn_definer;
 ALTER FUNCTION posthorn.dead_letter(text, text, uuid, text, text, boolean) OWNER TO posthorn_definer;
+ALTER FUNCTION posthorn.raise_revision_floor() OWNER TO posthorn_definer;
 REVOKE CREATE ON SCHEMA posthorn FROM posthorn_definer;
 
 -- posthorn_relay: relay, outbox status/release/resend, replay.
