@@ -256,15 +256,24 @@ func setup(t *testing.T) (*netfault.Net, *echoServer) {
 	return netfault.New(t), newEchoServer(t)
 }
 
-// A cut stops the link both ways on an established connection while other
-// processes' connections to the same port go on; the heal restores it.
-func TestCutBlocksAndHealRestores(t *testing.T) {
+// streams is setup with a pool user claimed: it returns the user and a
+// function that starts a stream child to the echo server as that user.
+func streams(t *testing.T) (*netfault.Net, *echoServer, netfault.User, func() *child) {
+	t.Helper()
 	n, srv := setup(t)
 	u, err := n.User()
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := startChild(t, helperBinary(t), "stream", u, fmt.Sprintf("NETFAULT_ADDR=127.0.0.1:%d", srv.port()))
+	bin, addr := helperBinary(t), fmt.Sprintf("NETFAULT_ADDR=127.0.0.1:%d", srv.port())
+	return n, srv, u, func() *child { return startChild(t, bin, "stream", u, addr) }
+}
+
+// A cut stops the link both ways on an established connection while other
+// processes' connections to the same port go on; the heal restores it.
+func TestCutBlocksAndHealRestores(t *testing.T) {
+	n, srv, u, stream := streams(t)
+	c := stream()
 	echoes := func() int64 { _, e := c.counts(); return int64(e) }
 	eventually(t, 10*time.Second, "the stream flows before the cut", func() bool { return echoes() >= 5 })
 
@@ -294,12 +303,8 @@ func TestCutBlocksAndHealRestores(t *testing.T) {
 // loses every response; a cut of the requests keeps the server from
 // hearing anything.
 func TestOneWayCuts(t *testing.T) {
-	n, srv := setup(t)
-	u, err := n.User()
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := startChild(t, helperBinary(t), "stream", u, fmt.Sprintf("NETFAULT_ADDR=127.0.0.1:%d", srv.port()))
+	n, srv, u, stream := streams(t)
+	c := stream()
 	echoes := func() int64 { _, e := c.counts(); return int64(e) }
 	eventually(t, 10*time.Second, "the stream flows", func() bool { return echoes() >= 5 })
 	link := netfault.Link{From: u, To: []int{srv.port()}}
@@ -341,16 +346,11 @@ func TestOneWayCuts(t *testing.T) {
 // (the trip is per connection, by content, not a switch in time); the
 // heal brings the lost answers back.
 func TestCutRepliesFromANeedleOn(t *testing.T) {
-	n, srv := setup(t)
-	u, err := n.User()
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin, addr := helperBinary(t), fmt.Sprintf("NETFAULT_ADDR=127.0.0.1:%d", srv.port())
-	a := startChild(t, bin, "stream", u, addr)
+	n, srv, u, stream := streams(t)
+	a := stream()
 	echoesA := func() int64 { _, e := a.counts(); return int64(e) }
 	eventually(t, 10*time.Second, "stream A flows", func() bool { return echoesA() >= 60 })
-	b := startChild(t, bin, "stream", u, addr)
+	b := stream()
 	echoesB := func() int64 { _, e := b.counts(); return int64(e) }
 	eventually(t, 10*time.Second, "stream B flows", func() bool { return echoesB() >= 5 })
 
@@ -394,14 +394,9 @@ func TestCutRepliesFromANeedleOn(t *testing.T) {
 // Kafka request is, by its API key at offset 4): the other connection,
 // which never sent it, loses its replies at the same moment.
 func TestCutAllRepliesFromATriggerOn(t *testing.T) {
-	n, srv := setup(t)
-	u, err := n.User()
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin, addr := helperBinary(t), fmt.Sprintf("NETFAULT_ADDR=127.0.0.1:%d", srv.port())
-	a := startChild(t, bin, "stream", u, addr)
-	b := startChild(t, bin, "stream", u, addr)
+	n, srv, u, stream := streams(t)
+	a := stream()
+	b := stream()
 	echoesA := func() int64 { _, e := a.counts(); return int64(e) }
 	echoesB := func() int64 { _, e := b.counts(); return int64(e) }
 	eventually(t, 10*time.Second, "both streams flow", func() bool { return echoesA() >= 20 && echoesB() >= 20 })
@@ -452,12 +447,8 @@ func TestCutAllRepliesFromATriggerOn(t *testing.T) {
 // Degrade delays each packet of the link by its delay (so a round trip by
 // twice that) and drops its share, and the link still works.
 func TestDegradeDelaysAndDrops(t *testing.T) {
-	n, srv := setup(t)
-	u, err := n.User()
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := startChild(t, helperBinary(t), "stream", u, fmt.Sprintf("NETFAULT_ADDR=127.0.0.1:%d", srv.port()))
+	n, srv, u, stream := streams(t)
+	c := stream()
 	eventually(t, 10*time.Second, "the stream flows", func() bool { _, e := c.counts(); return e >= 5 })
 	f, err := n.Degrade(netfault.Impairment{Delay: 150 * time.Millisecond, Jitter: 50 * time.Millisecond, Loss: 0.05},
 		netfault.Link{From: u, To: []int{srv.port()}})
@@ -492,12 +483,8 @@ func TestDegradeDelaysAndDrops(t *testing.T) {
 // Its control: without Degrade the echoes keep up with the sends, so the
 // lag above is the fault's.
 func TestDegradeControlNoLag(t *testing.T) {
-	n, srv := setup(t)
-	u, err := n.User()
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := startChild(t, helperBinary(t), "stream", u, fmt.Sprintf("NETFAULT_ADDR=127.0.0.1:%d", srv.port()))
+	_, _, _, stream := streams(t)
+	c := stream()
 	eventually(t, 10*time.Second, "the stream flows", func() bool { _, e := c.counts(); return e >= 20 })
 	for range 20 {
 		if s, e := c.counts(); s-e >= 5 {
