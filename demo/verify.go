@@ -273,7 +273,7 @@ func readInbox(ctx context.Context, pool *pgxpool.Pool, consumer string) (map[st
 // currency.
 func checkOrder(ctx context.Context, ledger, consumer *pgxpool.Pool, name string, seen map[string]inboxRow, add func(Check, string, ...any)) error {
 	ledgerRev := map[string]int64{}
-	if err := collect(ctx, ledger, `SELECT id, revision FROM accounts`, func(r pgx.Rows) error {
+	if err := collect(ctx, ledger, `SELECT id, revision FROM account_revisions`, func(r pgx.Rows) error {
 		var id string
 		var rev int64
 		err := r.Scan(&id, &rev)

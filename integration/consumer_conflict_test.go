@@ -112,7 +112,7 @@ func failoverConflicts(t *testing.T, oldRule bool) {
 	var ghosts []core.Envelope
 	for _, acc := range opsAccounts {
 		var rev int64
-		if err := ledger.QueryRow(ctx, `SELECT revision FROM accounts WHERE id = $1`, acc).Scan(&rev); err != nil {
+		if err := ledger.QueryRow(ctx, `SELECT revision FROM account_revisions WHERE id = $1`, acc).Scan(&rev); err != nil {
 			t.Fatal(err)
 		}
 		journal := uuid.Must(uuid.NewV7()).String()

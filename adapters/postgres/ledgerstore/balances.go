@@ -15,7 +15,7 @@ import (
 func ReadBalancesAtCut(ctx context.Context, ledger *pgxpool.Pool) (core.BalancesAtCut, error) {
 	cut := core.BalancesAtCut{Revisions: map[string]int64{}}
 	err := pgx.BeginTxFunc(ctx, ledger, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, `SELECT id, revision FROM accounts WHERE revision > 0`)
+		rows, err := tx.Query(ctx, `SELECT id, revision FROM account_revisions WHERE revision > 0`)
 		if err != nil {
 			return err
 		}

@@ -1,6 +1,7 @@
 // Package ledgerstore is the ledger store behind the Posting API: it
-// writes a posting, its journal, its accounts' new balances and revisions
-// and its outbox rows in one transaction, through Watermill's SQL
+// writes a posting, its journal (whose lines hold its accounts' new
+// revisions), its accounts' new balances and its outbox rows in one
+// transaction, through Watermill's SQL
 // publisher with this package's outbox schema adapter, and reads postings
 // and accounts back.
 //

@@ -107,9 +107,9 @@ var errKeyTaken = errors.New("idempotency key taken")
 // Post writes p under the idempotency key in one transaction:
 //
 //  1. create missing accounts, then lock every account of the posting in
-//     byte order of its ID (so two postings can never deadlock), bump each
-//     account's revision once per line and add the lines' deltas to the
-//     balances — one round trip, as a pipelined batch;
+//     byte order of its ID (so two postings can never deadlock), read each
+//     account's newest revision (its lines take the next ones) and add the
+//     lines' deltas to the balances — one round trip, as a pipelined batch;
 //  2. publish one ledger.account.posted event per line and one command per
 //     requested command through Watermill's SQL publisher on the same
 //     transaction — after step 1, so every outbox row of an account is
@@ -289,7 +289,7 @@ ORDER BY 5`, journalID, out.JournalID)
 // Account reads an account in one statement (so balances and revision are
 // of the same commit), or ErrNotFound.
 func (s *Store) Account(ctx context.Context, id string) (core.Account, error) {
-	rows, err := s.pool.Query(ctx, `SELECT a.revision, b.currency, b.balance FROM accounts a
+	rows, err := s.pool.Query(ctx, `SELECT a.revision, b.currency, b.balance FROM account_revisions a
 LEFT JOIN account_balances b ON b.account_id = a.id WHERE a.id = $1`, id)
 	if err != nil {
 		return core.Account{}, fmt.Errorf("read account: %w", err)

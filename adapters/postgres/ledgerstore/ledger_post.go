@@ -108,7 +108,7 @@ func (s *Store) post(ctx context.Context, key string, hash [32]byte, p core.Post
 type postingPlan struct {
 	// accounts are the posting's accounts sorted by bytes, which gives
 	// every transaction the same lock order; bumps[i] is how many lines
-	// accounts[i] has (its revision bump).
+	// accounts[i] has (the revisions it takes).
 	accounts []string
 	bumps    []int64
 	counts   map[string]int64
@@ -169,9 +169,9 @@ func planPosting(p core.Posting) (postingPlan, error) {
 }
 
 // lockAccounts is step 1: it creates the missing accounts, locks every
-// account of the posting in plan's order, bumps their revisions and
-// updates the balances, in one round trip, and returns each account's new
-// revision. Inserting missing accounts comes before any row lock: an insert
+// account of the posting in plan's order, reads their newest revisions
+// (account_revisions) and updates the balances, in one round trip, and
+// returns each account's new revision, its newest plus its lines. Inserting missing accounts comes before any row lock: an insert
 // waits for a concurrent insert of the same ID, and waiting on that while
 // holding row locks could deadlock.
 //
@@ -183,13 +183,17 @@ func planPosting(p core.Posting) (postingPlan, error) {
 // the probe costs one index lookup.
 func lockAccounts(ctx context.Context, tx connTx, plan postingPlan, digest string) (map[string]int64, error) {
 	b := &pgx.Batch{}
-	b.Queue("BEGIN")
+	// READ COMMITTED whatever the database's default: the revisions are
+	// read after the lock, by a statement whose snapshot holds every line
+	// committed before it was granted.
+	b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
 	b.Queue(`SELECT journal_id::text, restored, reason FROM posthorn.failover_keys WHERE digest = $1 AND expires_at > now()`, digest)
 	b.Queue(`INSERT INTO accounts (id) SELECT id FROM unnest($1::text[]) AS u(id) ORDER BY id COLLATE "C" ON CONFLICT DO NOTHING`, plan.accounts)
 	b.Queue(`SELECT id FROM accounts WHERE id = ANY($1) ORDER BY id COLLATE "C" FOR UPDATE`, plan.accounts)
-	b.Queue(`UPDATE accounts AS a SET revision = a.revision + u.n
-FROM unnest($1::text[], $2::bigint[]) AS u(id, n) WHERE a.id = u.id
-RETURNING a.id, a.revision`, plan.accounts, plan.bumps)
+	// Nothing of the account is written: a version per posting would be
+	// kept by any long snapshot and walked by every later posting of it.
+	b.Queue(`SELECT r.id, r.revision + u.n
+FROM unnest($1::text[], $2::bigint[]) AS u(id, n) JOIN account_revisions AS r ON r.id = u.id`, plan.accounts, plan.bumps)
 	b.Queue(`INSERT INTO account_balances AS b (account_id, currency, balance)
 SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[])
 ON CONFLICT (account_id, currency) DO UPDATE SET balance = b.balance + EXCLUDED.balance`, plan.balAccounts, plan.balCurrencies, plan.balDeltas)
@@ -228,19 +232,19 @@ ON CONFLICT (account_id, currency) DO UPDATE SET balance = b.balance + EXCLUDED.
 	}
 	rows, err = br.Query()
 	if err != nil {
-		return nil, fmt.Errorf("bump revisions: %w", err)
+		return nil, fmt.Errorf("read revisions: %w", err)
 	}
 	for rows.Next() {
 		var id string
 		var rev int64
 		if err := rows.Scan(&id, &rev); err != nil {
 			rows.Close()
-			return nil, fmt.Errorf("bump revisions: %w", err)
+			return nil, fmt.Errorf("read revisions: %w", err)
 		}
 		newRevision[id] = rev
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("bump revisions: %w", err)
+		return nil, fmt.Errorf("read revisions: %w", err)
 	}
 	if _, err := br.Exec(); err != nil {
 		return nil, fmt.Errorf("update balances: %w", err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strconv"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -11,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
 	"github.com/posthorn/posthorn/internal/testkit/pgtest"
 	"github.com/posthorn/posthorn/internal/testkit/roletest"
 )
@@ -187,35 +189,53 @@ func sharedBuffers(t *testing.T, plan string) int {
 }
 
 // failover_advance moves an aggregate only past its newest revision, the
-// greater of the floor and the outbox's: one whose outbox already holds
-// the revision named is not counted as moved, and one moved goes on from
-// there.
+// greater of the floor and the outbox's (a service's aggregate) or the
+// journal lines' (an account): one that already holds the revision named
+// is not counted as moved, and one moved goes on from there.
 func TestFailoverAdvanceCountsOnlyTrueMoves(t *testing.T) {
 	t.Parallel()
 	url, owner := roletest.Ledger(t)
 	pub := roletest.As(t, url, postgres.RolePublisher)
+	store := ledgerstore.New(roletest.As(t, url, postgres.RoleAPI), ledgerstore.Config{})
+	ctx := context.Background()
 	for range 5 {
 		publishRevision(t, pub, "w-f")
 	}
-	advance := func(rev int64) int {
+	post := func(key string) int64 {
+		t.Helper()
+		res, _, err := store.Post(ctx, key, transfer("acc-f", "acc-g", 1, "EUR"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.Events[0].Revision
+	}
+	for i := range 5 {
+		post("k-" + strconv.Itoa(i))
+	}
+	advance := func(typ, id string, rev int64) int {
 		t.Helper()
 		var moved int
-		if err := owner.QueryRow(context.Background(), `SELECT aggregates_moved FROM posthorn.failover_advance(0, 0, ARRAY['wallet'], ARRAY['w-f'], ARRAY[$1::bigint])`,
-			rev).Scan(&moved); err != nil {
+		if err := owner.QueryRow(ctx, `SELECT aggregates_moved FROM posthorn.failover_advance(0, 0, ARRAY[$1], ARRAY[$2], ARRAY[$3::bigint])`,
+			typ, id, rev).Scan(&moved); err != nil {
 			t.Fatal(err)
 		}
 		return moved
 	}
-	if n := advance(3); n != 0 {
-		t.Fatalf("advancing to revision 3 an aggregate at 5 moved %d, want 0", n)
-	}
-	if n := advance(7); n != 1 {
-		t.Fatalf("advancing to revision 7 an aggregate at 5 moved %d, want 1", n)
-	}
-	if n := advance(7); n != 0 {
-		t.Fatalf("advancing to 7 again moved %d, want 0", n)
+	for _, a := range []struct{ typ, id string }{{"wallet", "w-f"}, {"account", "acc-f"}} {
+		if n := advance(a.typ, a.id, 3); n != 0 {
+			t.Fatalf("advancing %s %s at revision 5 to 3 moved %d, want 0", a.typ, a.id, n)
+		}
+		if n := advance(a.typ, a.id, 7); n != 1 {
+			t.Fatalf("advancing %s %s at revision 5 to 7 moved %d, want 1", a.typ, a.id, n)
+		}
+		if n := advance(a.typ, a.id, 7); n != 0 {
+			t.Fatalf("advancing %s %s to 7 again moved %d, want 0", a.typ, a.id, n)
+		}
 	}
 	if got := publishRevision(t, pub, "w-f"); got != 8 {
-		t.Fatalf("revision %d after the advance to 7, want 8", got)
+		t.Fatalf("wallet revision %d after the advance to 7, want 8", got)
+	}
+	if got := post("k-next"); got != 8 {
+		t.Fatalf("account revision %d after the advance to 7, want 8", got)
 	}
 }

@@ -74,8 +74,8 @@ FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bigint[], $5::text[]) AS u(i
 	return out, nil
 }
 
-// Revisions reads each aggregate's revision: the ledger's accounts, a
-// service's aggregates the greater of posthorn_aggregates' floor and the
+// Revisions reads each aggregate's revision: the ledger's accounts in
+// account_revisions, a service's aggregates the greater of posthorn_aggregates' floor and the
 // newest in the outbox (a publish locks that row without raising it).
 func (s *FailoverStore) Revisions(ctx context.Context, aggs []ops.AggregateKey) (map[ops.AggregateKey]int64, error) {
 	types, ids := make([]string, len(aggs)), make([]string, len(aggs))
@@ -83,7 +83,7 @@ func (s *FailoverStore) Revisions(ctx context.Context, aggs []ops.AggregateKey) 
 		types[i], ids[i] = k.Type, k.ID
 	}
 	rows, err := s.pool.Query(ctx, `
-SELECT u.t, u.i, coalesce(CASE WHEN u.t = 'account' THEN (SELECT a.revision FROM accounts AS a WHERE a.id = u.i)
+SELECT u.t, u.i, coalesce(CASE WHEN u.t = 'account' THEN (SELECT a.revision FROM account_revisions AS a WHERE a.id = u.i)
        ELSE greatest((SELECT p.revision FROM posthorn_aggregates AS p WHERE p.aggregate_type = u.t AND p.aggregate_id = u.i),
                      (SELECT max(o.revision) FROM outbox AS o WHERE o.aggregate_type = u.t AND o.aggregate_id = u.i)) END, 0)
 FROM unnest($1::text[], $2::text[]) AS u(t, i)`, types, ids)

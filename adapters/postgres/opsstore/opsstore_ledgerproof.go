@@ -58,7 +58,8 @@ const signedAmount = `CASE WHEN l.direction = 'credit' THEN l.amount ELSE -l.amo
 
 // JournalDrift implements ops.LedgerReader: one pass over the journal
 // lines, summed per account and currency, held against account_balances
-// and, rolled up per account, against accounts.revision.
+// and, rolled up per account, against account_revisions (the lines'
+// newest, unless a floor was raised past them).
 func (l *ledgerSnapshot) JournalDrift(ctx context.Context) (ops.JournalDrift, error) {
 	var d ops.JournalDrift
 	if err := l.tx.QueryRow(ctx, `SELECT (SELECT count(*) FROM accounts), (SELECT count(*) FROM account_balances)`).
@@ -76,7 +77,7 @@ FROM account_balances b FULL JOIN per p ON p.account_id = b.account_id AND p.cur
 WHERE coalesce(b.balance, 0) <> coalesce(p.total, 0)
 UNION ALL
 SELECT false, coalesce(a.id, r.account_id), '', '', '', coalesce(a.revision, 0), coalesce(r.n, 0), coalesce(r.mx, 0), a.id IS NULL
-FROM accounts a FULL JOIN acc r ON r.account_id = a.id
+FROM account_revisions a FULL JOIN acc r ON r.account_id = a.id
 WHERE coalesce(a.revision, 0) <> coalesce(r.mx, 0) OR coalesce(r.n, 0) <> coalesce(r.mx, 0)
 ORDER BY 2, 3`)
 	if err != nil {
@@ -155,7 +156,7 @@ func (l *ledgerSnapshot) LineSums(ctx context.Context, in []ops.ProjectedBalance
 	out, err := pgrows.Query(ctx, l.tx, pgx.RowToStructByPos[ops.LineSum], `
 SELECT coalesce((SELECT sum(`+signedAmount+`) FROM journal_lines l
                  WHERE l.account_id = u.account AND l.currency = u.currency AND l.revision <= u.revision), 0)::text,
-       coalesce((SELECT a.revision FROM accounts a WHERE a.id = u.account), 0)
+       coalesce((SELECT a.revision FROM account_revisions a WHERE a.id = u.account), 0)
 FROM unnest($1::text[], $2::text[], $3::bigint[]) WITH ORDINALITY AS u(account, currency, revision, n)
 ORDER BY u.n`, accounts, currencies, revisions)
 	if err != nil {

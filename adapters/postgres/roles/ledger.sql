@@ -38,7 +38,8 @@
 REVOKE ALL ON TABLE accounts, account_balances, journals, journal_lines, idempotency_keys, outbox, outbox_pending,
     relay_leases, relay_members, relay_parked, relay_cdc_leases,
     ops_coverage, ops_archive_segments, ops_cleanup, ops_replay_progress, console_audit, posthorn_aggregates,
-    posthorn_ledger_migrations, posthorn.settings, posthorn.ledger_timelines, posthorn.failover_keys, dead_letters
+    posthorn_ledger_migrations, posthorn.settings, posthorn.ledger_timelines, posthorn.failover_keys, dead_letters,
+    account_revisions
     FROM posthorn_api, posthorn_relay, posthorn_relay_cdc, posthorn_reconciler, posthorn_maintainer, posthorn_consumer,
         posthorn_publisher, posthorn_definer;
 REVOKE ALL ON SEQUENCE journal_sequence, outbox_id_seq, relay_fencing_token, console_audit_id_seq, relay_release_seq
@@ -72,6 +73,9 @@ GRANT UPDATE (revision) ON accounts TO posthorn_api;
 GRANT SELECT, INSERT ON account_balances TO posthorn_api;
 GRANT UPDATE (balance) ON account_balances TO posthorn_api;
 GRANT SELECT, INSERT ON journals, journal_lines, idempotency_keys TO posthorn_api;
+-- An account's revision is the view's (migration 00018): a posting locks
+-- its accounts and reads their newest revisions there.
+GRANT SELECT ON account_revisions TO posthorn_api;
 -- Idempotency keys expire (retention.idempotency_key_ttl): the API prunes
 -- them on a schedule through the function, which deletes only keys older
 -- than the lifetime posthorn migrate wrote into posthorn.settings. A
@@ -163,7 +167,7 @@ GRANT SELECT ON relay_cdc_leases TO posthorn_relay;
 -- outbox_id_seq's last_value (SELECT on the sequence, not USAGE); the
 -- console's count of the backlog reads it and relay_release_seq's to keep
 -- its marks (relaystore.Store.Status).
-GRANT SELECT ON accounts, account_balances, journals, journal_lines, outbox, outbox_pending,
+GRANT SELECT ON accounts, account_balances, account_revisions, journals, journal_lines, outbox, outbox_pending,
     relay_leases, relay_parked, ops_coverage, ops_archive_segments, ops_cleanup, dead_letters TO posthorn_reconciler;
 GRANT SELECT ON SEQUENCE outbox_id_seq, journal_sequence, relay_release_seq TO posthorn_reconciler;
 GRANT INSERT, UPDATE ON ops_coverage TO posthorn_reconciler;
@@ -202,6 +206,7 @@ REVOKE ALL ON TABLE posthorn.failover_lost
         posthorn_publisher, posthorn_definer;
 GRANT SELECT (journal_id, account_id, revision) ON journal_lines TO posthorn_maintainer;
 GRANT SELECT (id, revision) ON accounts TO posthorn_maintainer;
+GRANT SELECT ON account_revisions TO posthorn_maintainer;
 GRANT SELECT ON posthorn_aggregates, posthorn.ledger_timelines, posthorn.failover_lost, posthorn.failover_keys
     TO posthorn_maintainer;
 GRANT SELECT ON SEQUENCE journal_sequence TO posthorn_maintainer;

@@ -172,10 +172,10 @@ func LedgerState(t testing.TB, pool *pgxpool.Pool, extra ...string) map[string]s
 		state[tbl] = n
 	}
 	var revs, bals string
-	if err := pool.QueryRow(ctx, "SELECT (SELECT coalesce(sum(revision), 0) FROM accounts)::text, (SELECT coalesce(sum(abs(balance::numeric)), 0) FROM account_balances)::text").Scan(&revs, &bals); err != nil {
+	if err := pool.QueryRow(ctx, "SELECT (SELECT coalesce(sum(revision), 0) FROM account_revisions)::text, (SELECT coalesce(sum(abs(balance::numeric)), 0) FROM account_balances)::text").Scan(&revs, &bals); err != nil {
 		t.Fatalf("pgtest: sums: %v", err)
 	}
-	state["sum(accounts.revision)"] = revs
+	state["sum(account_revisions.revision)"] = revs
 	state["sum(abs(balance))"] = bals
 	return state
 }

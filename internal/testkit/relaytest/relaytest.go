@@ -31,13 +31,20 @@ type Posted struct {
 }
 
 // Lock takes account's row lock (creating the account on first use) and
-// returns its next revision, as the ledger store does.
+// returns its next revision, as the ledger store does. The row Insert
+// writes has no journal line, where a posting reads an account's newest
+// revision (account_revisions), so Lock also raises the account's floor to
+// it, as a failover recovery does for revisions the ledger lacks.
 func Lock(ctx context.Context, tx pgx.Tx, account string) (int64, error) {
 	if _, err := tx.Exec(ctx, `INSERT INTO accounts (id) VALUES ($1) ON CONFLICT DO NOTHING`, account); err != nil {
 		return 0, err
 	}
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM accounts WHERE id = $1 FOR UPDATE`, account); err != nil {
+		return 0, err
+	}
 	var rev int64
-	err := tx.QueryRow(ctx, `UPDATE accounts SET revision = revision + 1 WHERE id = $1 RETURNING revision`, account).Scan(&rev)
+	err := tx.QueryRow(ctx, `UPDATE accounts SET revision = (SELECT r.revision + 1 FROM account_revisions AS r WHERE r.id = $1)
+WHERE id = $1 RETURNING revision`, account).Scan(&rev)
 	return rev, err
 }
 

@@ -23,6 +23,22 @@
 -- row starts at 1, its first revision. failover_advance raises the floor
 -- as before and counts an aggregate as moved only if its newest revision
 -- was below the one it sets.
+--
+-- The same for the ledger's accounts: a posting bumped accounts.revision,
+-- a version per posting of each of its accounts. It now locks the rows as
+-- before and reads each account's newest revision from journal_lines'
+-- unique index (account_id, revision); journal lines are never updated or
+-- deleted. accounts.revision is a floor that only failover_advance raises
+-- (revisions a lost primary gave out), and account_revisions is what every
+-- reader of an account's revision reads: the greater of the two.
+-- (account_balances is still updated per posting.)
+
+-- An account's revision: the newest of its journal lines, or the floor a
+-- failover recovery raised it to if that is greater.
+CREATE VIEW account_revisions AS
+SELECT a.id, GREATEST(a.revision, coalesce((SELECT l.revision FROM journal_lines AS l WHERE l.account_id = a.id
+                                            ORDER BY l.revision DESC LIMIT 1), 0)) AS revision
+FROM accounts AS a;
 
 -- +goose StatementBegin
 CREATE FUNCTION posthorn.raise_revision_floor() RETURNS trigger
@@ -217,7 +233,9 @@ BEGIN
     INSERT INTO public.accounts (id, revision)
     SELECT f.aggregate_id, 0 FROM pg_temp.failover_revisions AS f WHERE f.aggregate_type = 'account' ORDER BY 1 ON CONFLICT DO NOTHING;
     UPDATE public.accounts AS a SET revision = f.revision
-    FROM pg_temp.failover_revisions AS f WHERE f.aggregate_type = 'account' AND a.id = f.aggregate_id AND a.revision < f.revision;
+    FROM pg_temp.failover_revisions AS f WHERE f.aggregate_type = 'account' AND a.id = f.aggregate_id
+      AND GREATEST(a.revision, (SELECT l.revision FROM public.journal_lines AS l WHERE l.account_id = a.id
+                                ORDER BY l.revision DESC LIMIT 1)) < f.revision;
     GET DIAGNOSTICS aggregates_moved = ROW_COUNT;
     INSERT INTO public.posthorn_aggregates AS a (aggregate_type, aggregate_id, revision)
     SELECT f.aggregate_type, f.aggregate_id, f.revision FROM pg_temp.failover_revisions AS f WHERE f.aggregate_type <> 'account'
@@ -232,9 +250,10 @@ $$;
 -- +goose StatementEnd
 
 -- +goose Down
--- The functions and the trigger stay: this posthorn.write needs the
--- trigger. The floors are raised to the newest revisions, which the
--- earlier posthorn.write's bump would need.
+-- The functions, the trigger and the view stay: this posthorn.write needs
+-- the trigger, and the Posting API reads the view. The floors are raised
+-- to the newest revisions, which the earlier bumps would need.
+UPDATE accounts AS a SET revision = r.revision FROM account_revisions AS r WHERE r.id = a.id AND a.revision < r.revision;
 UPDATE posthorn_aggregates AS a SET revision = n.revision
 FROM (SELECT o.aggregate_type, o.aggregate_id, max(o.revision) AS revision FROM outbox AS o
       GROUP BY o.aggregate_type, o.aggregate_id) AS n
