@@ -5,13 +5,13 @@
 -- revision (INSERT ... ON CONFLICT DO UPDATE): a new version of the row per
 -- event. While a long snapshot holds the horizon none of them can be
 -- pruned, and every later publish of the aggregate walks them all to find
--- the live one: measured under a held REPEATABLE READ snapshot, 12 buffers
--- a call at first, 66, 120 and 174 after 10,000, 20,000 and 30,000 events
--- of one aggregate (docs/measured.md has the benchmark). Now it only locks
--- the row (SELECT ... FOR UPDATE writes no version) and reads the newest
--- revision from the outbox's unique index (aggregate_type, aggregate_id,
--- revision), whose newest entry is the first one a backward scan meets:
--- a flat 3 and 4 buffers. The outbox rows are inserted, never updated, so
+-- the live one: measured under a held REPEATABLE READ snapshot, the bump
+-- alone read 12 buffers at first, 66, 120 and 174 after 10,000, 20,000 and
+-- 30,000 events of one aggregate (docs/measured.md has the benchmark). Now
+-- it only locks the row (SELECT ... FOR UPDATE writes no version) and
+-- reads the newest revision from the outbox's unique index
+-- (aggregate_type, aggregate_id, revision), whose newest entry is the
+-- first one a backward scan meets: a flat 3 and 4 buffers. The outbox rows are inserted, never updated, so
 -- no dead versions pile up in front of that entry.
 --
 -- posthorn_aggregates.revision becomes a floor: every revision written is
