@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -310,9 +311,29 @@ func TestFirstPostingAfterAFailoverIsRefused(t *testing.T) {
 			}
 			hs := httptest.NewServer(srv.Handler())
 			t.Cleanup(hs.Close)
+			// The store wakes the relay after a commit with a NOTIFY on its
+			// own pool, from a goroutine: one that ran only after the
+			// pool's reset below would open a connection, read the new
+			// history and refuse the control's posting at the API's check.
+			// Its NOTIFY is awaited here.
+			listener, err := pgx.Connect(ctx, url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer listener.Close(ctx)
+			if _, err := listener.Exec(ctx, "LISTEN "+postgres.NotifyChannel); err != nil {
+				t.Fatal(err)
+			}
 			if code, body := postOnce(t, hs.URL, "first"); code != http.StatusCreated {
 				t.Fatalf("before the failover: %d %s", code, body)
 			}
+			wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			_, err = listener.WaitForNotification(wctx)
+			cancel()
+			if err != nil {
+				t.Fatalf("the store's wake-up after the first posting: %v", err)
+			}
+			listener.Close(ctx)
 			unacceptHistory(t, owner)
 			// A failover ends every session of the pool.
 			if _, err := owner.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()`); err != nil {
