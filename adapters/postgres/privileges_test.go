@@ -137,6 +137,7 @@ func TestRolesRelayReadsOutboxButNotJournalLinesOrBalances(t *testing.T) {
 		{What: "read balances", SQL: `SELECT * FROM account_balances`},
 		{What: "change a balance", SQL: `UPDATE account_balances SET balance = 0`},
 		{What: "read accounts", SQL: `SELECT * FROM accounts`},
+		{What: "read account revisions", SQL: `SELECT * FROM account_revisions`},
 		{What: "read journal metadata", SQL: `SELECT metadata FROM journals`},
 		{What: "read idempotency responses", SQL: `SELECT * FROM idempotency_keys`},
 		{What: "rewrite an outbox payload", SQL: `UPDATE outbox SET payload = '\x00'`},
@@ -219,6 +220,8 @@ func TestRolesReconcilerReadsAndRecordsCoverageOnly(t *testing.T) {
 	roletest.AssertRefused(t, owner, rec, []roletest.Refusal{
 		{What: "change a balance", SQL: `UPDATE account_balances SET balance = 0`},
 		{What: "bump a revision", SQL: `UPDATE accounts SET revision = revision + 1`},
+		// The view it reads is simple enough to write through.
+		{What: "delete accounts through account_revisions", SQL: `DELETE FROM account_revisions WHERE id = 'acc-none'`},
 		{What: "insert a journal", SQL: `INSERT INTO journals (id, sequence, posted_at) VALUES (gen_random_uuid(), 999, now())`},
 		{What: "mark outbox rows", SQL: `DELETE FROM outbox_pending`},
 		{What: "delete outbox rows", SQL: `DELETE FROM outbox`},

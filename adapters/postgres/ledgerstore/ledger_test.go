@@ -442,13 +442,7 @@ func TestUpdatesStayHOTUnderALongSnapshot(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		snapshot, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := snapshot.Exec(ctx, `SELECT count(*) FROM accounts`); err != nil { // takes the snapshot
-			t.Fatal(err)
-		}
+		snapshot := holdSnapshot(t, pool)
 		for i := range postings {
 			from := (i * 7) % accounts
 			if _, _, err := store.Post(ctx, fmt.Sprintf("p-%d", i), transfer(fmt.Sprintf("acc-%d", from), fmt.Sprintf("acc-%d", (from+1)%accounts), 1, "EUR")); err != nil {

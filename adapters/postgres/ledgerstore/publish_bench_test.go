@@ -139,14 +139,7 @@ func BenchmarkPublishUnderASnapshot(b *testing.B) {
 		{name: "floor", pool: pgtest.SmallPool(b, newURL, writers+1)},
 	}
 	for _, m := range modes {
-		held, err := m.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer held.Rollback(ctx)
-		if _, err := held.Exec(ctx, `SELECT count(*) FROM outbox`); err != nil {
-			b.Fatal(err)
-		}
+		holdSnapshot(b, m.pool)
 	}
 	b.ResetTimer()
 	for c := range chunks {

@@ -138,6 +138,23 @@ func TestPublishCostStaysFlatUnderASnapshot(t *testing.T) {
 	}
 }
 
+// holdSnapshot opens a REPEATABLE READ transaction on pool and takes its
+// snapshot, which pins the database's horizon until the transaction is
+// rolled back (at the latest when tb ends): a report's, pg_dump's.
+func holdSnapshot(tb testing.TB, pool *pgxpool.Pool) pgx.Tx {
+	tb.Helper()
+	ctx := context.Background()
+	tx, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { _ = tx.Rollback(ctx) })
+	if _, err := tx.Exec(ctx, `SELECT count(*) FROM accounts`); err != nil {
+		tb.Fatal(err)
+	}
+	return tx
+}
+
 // publishBuffersUnderASnapshot holds a REPEATABLE READ snapshot on url,
 // publishes 3 events of one aggregate and events of another, and then
 // returns the shared buffers one more publish of each touches.
@@ -145,14 +162,7 @@ func publishBuffersUnderASnapshot(t *testing.T, url string, events int) (cold, h
 	t.Helper()
 	ctx := context.Background()
 	pool := pgtest.SmallPool(t, url, 2)
-	held, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer held.Rollback(ctx)
-	if _, err := held.Exec(ctx, `SELECT count(*) FROM outbox`); err != nil {
-		t.Fatal(err)
-	}
+	holdSnapshot(t, pool)
 	for range 3 {
 		publishRevision(t, pool, "w-cold")
 	}

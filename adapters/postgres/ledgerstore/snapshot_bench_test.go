@@ -54,14 +54,7 @@ func BenchmarkLedgerWriteUnderASnapshot(b *testing.B) {
 		if !m.snapshot {
 			continue
 		}
-		tx, err := m.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
-		if err != nil {
-			b.Fatal(err)
-		}
-		if _, err := tx.Exec(ctx, `SELECT count(*) FROM accounts`); err != nil {
-			b.Fatal(err)
-		}
-		m.held = tx
+		m.held = holdSnapshot(b, m.pool)
 	}
 	b.ResetTimer()
 	for c := 0; c < chunks; c++ {
@@ -147,15 +140,7 @@ func BenchmarkPostingHotAccountsUnderASnapshot(b *testing.B) {
 	const writers, hot = 4, 4
 	m := &benchMode{name: "hot", schema: ledgerstore.OutboxSchema{}}
 	m.setup(b, writers)
-	ctx := context.Background()
-	held, err := m.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer held.Rollback(ctx)
-	if _, err := held.Exec(ctx, `SELECT count(*) FROM accounts`); err != nil {
-		b.Fatal(err)
-	}
+	holdSnapshot(b, m.pool)
 	hotTransfer := func(r *rand.Rand) core.Posting {
 		from := r.IntN(hot)
 		return transfer(benchAccount(from), benchAccount((from+1+r.IntN(hot-1))%hot), 1+r.Int64N(10000), "EUR")
