@@ -15,6 +15,7 @@ import (
 	"github.com/posthorn/posthorn/consumers"
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
 	"github.com/posthorn/posthorn/internal/testkit/wait"
 	"github.com/posthorn/posthorn/ops"
 )
@@ -97,9 +98,9 @@ func TestOpsReconcileProvesBalancesAndRevisionsFromTheJournal(t *testing.T) {
 		t.Fatalf("untouched ledger: clean %v, proof %+v", rep.Clean, rep.Ledger)
 	}
 
-	mustExec(t, r.ledger, `UPDATE account_balances SET balance = balance + 100000000 WHERE account_id = 'acc-bob'`)
+	pgtest.ShiftBalance(t, r.ledger, "acc-bob", 100000000)
 	assertLedgerNames(t, r, "balance", func(p ops.LedgerProof) ops.Class { return p.BalanceMismatch }, "acc-bob EUR")
-	mustExec(t, r.ledger, `UPDATE account_balances SET balance = balance - 100000000 WHERE account_id = 'acc-bob'`)
+	pgtest.ShiftBalance(t, r.ledger, "acc-bob", -100000000)
 
 	// The floor raised past the account's lines, as a forged recovery would.
 	mustExec(t, r.ledger, `UPDATE accounts SET revision = (SELECT revision + 1 FROM account_revisions WHERE id = 'acc-carol') WHERE id = 'acc-carol'`)

@@ -6,7 +6,9 @@ import (
 	"testing"
 
 	"github.com/posthorn/posthorn/adapters/postgres"
+	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
 	"github.com/posthorn/posthorn/consumers/projection"
+	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/internal/testkit/pgtest"
 )
 
@@ -79,4 +81,61 @@ func TestConsumerTablesBesideTheConsumerSchema(t *testing.T) {
 			t.Errorf("%+v: accepted", bad)
 		}
 	}
+}
+
+// Ledger migration 00019 moves the balances into the journal lines and
+// back: a ledger whose balances an earlier release kept in account_balances
+// shows the same balances after it, its next postings' lines carry them on
+// from there, a rollback to 00018 writes each balance back into the table,
+// and a second upgrade carries on from those.
+func TestBalanceLinesMigrateBothWays(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn := pgtest.NewDatabase(t)
+	if err := postgres.MigrateTo(ctx, dsn, postgres.LedgerSchema, 18); err != nil {
+		t.Fatal(err)
+	}
+	pool := pgtest.Pool(t, dsn, 4)
+	// One posting as release 00018 wrote it: lines without balances.
+	if _, err := pool.Exec(ctx, `INSERT INTO accounts (id) VALUES ('acc-a'), ('acc-b');
+INSERT INTO account_balances (account_id, currency, balance) VALUES ('acc-a', 'EUR', -500), ('acc-b', 'EUR', 500);
+INSERT INTO journals (id, sequence, posted_at) VALUES ('00000000-0000-7000-8000-000000000001', nextval('journal_sequence'), now());
+INSERT INTO journal_lines (journal_id, line_no, account_id, direction, amount, currency, revision) VALUES
+    ('00000000-0000-7000-8000-000000000001', 1, 'acc-a', 'debit', 500, 'EUR', 1),
+    ('00000000-0000-7000-8000-000000000001', 2, 'acc-b', 'credit', 500, 'EUR', 1)`); err != nil {
+		t.Fatal(err)
+	}
+	balances := func(want string) {
+		t.Helper()
+		got := strings.Join(pgtest.Column[string](t, pool, `SELECT account_id || ' ' || currency || ' ' || balance FROM account_balances ORDER BY 1`), ", ")
+		if got != want {
+			t.Fatalf("balances %q, want %q", got, want)
+		}
+	}
+	post := func(key string, amount int64) {
+		t.Helper()
+		store := ledgerstore.New(pool, ledgerstore.Config{})
+		if _, _, err := store.Post(ctx, key, core.Posting{Entries: []core.Entry{
+			{Account: "acc-a", Direction: core.Debit, Amount: amount, Currency: "EUR"},
+			{Account: "acc-b", Direction: core.Credit, Amount: amount, Currency: "EUR"},
+			{Account: "acc-b", Direction: core.Debit, Amount: 1, Currency: "USD"},
+			{Account: "acc-a", Direction: core.Credit, Amount: 1, Currency: "USD"}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := postgres.Migrate(ctx, dsn, postgres.LedgerSchema); err != nil {
+		t.Fatal(err)
+	}
+	balances("acc-a EUR -500, acc-b EUR 500")
+	post("k-1", 100)
+	balances("acc-a EUR -600, acc-a USD 1, acc-b EUR 600, acc-b USD -1")
+	if err := postgres.MigrateDownTo(ctx, dsn, postgres.LedgerSchema, 18); err != nil {
+		t.Fatal(err)
+	}
+	balances("acc-a EUR -600, acc-a USD 1, acc-b EUR 600, acc-b USD -1")
+	if err := postgres.Migrate(ctx, dsn, postgres.LedgerSchema); err != nil {
+		t.Fatal(err)
+	}
+	post("k-2", 10)
+	balances("acc-a EUR -610, acc-a USD 2, acc-b EUR 610, acc-b USD -2")
 }

@@ -77,7 +77,9 @@ func TestRolesAPIWritesPostingsButCannotDeleteOrMark(t *testing.T) {
 		{What: "delete journal lines", SQL: `DELETE FROM journal_lines`},
 		{What: "rewrite a journal line", SQL: `UPDATE journal_lines SET amount = 1`},
 		{What: "truncate the idempotency keys", SQL: `TRUNCATE idempotency_keys`},
-		{What: "delete a balance", SQL: `DELETE FROM account_balances`},
+		{What: "delete a balance", SQL: `DELETE FROM account_opening_balances`},
+		{What: "rewrite a balance", SQL: `UPDATE journal_lines SET balance_after = 0`},
+		{What: "change an opening balance", SQL: `UPDATE account_opening_balances SET balance = 0`},
 		{What: "read the relay's leases", SQL: `SELECT * FROM relay_leases`},
 		{What: "take a relay lease", SQL: `UPDATE relay_leases SET owner = 'api'`},
 		{What: "write coverage", SQL: `INSERT INTO ops_coverage (consumer, cut_sequence, covered_outbox_id) VALUES ('x', 1, 1)`},
@@ -135,7 +137,7 @@ func TestRolesRelayReadsOutboxButNotJournalLinesOrBalances(t *testing.T) {
 	roletest.AssertRefused(t, owner, relay, []roletest.Refusal{
 		{What: "read journal lines", SQL: `SELECT * FROM journal_lines`},
 		{What: "read balances", SQL: `SELECT * FROM account_balances`},
-		{What: "change a balance", SQL: `UPDATE account_balances SET balance = 0`},
+		{What: "change a balance", SQL: `UPDATE journal_lines SET balance_after = 0`},
 		{What: "read accounts", SQL: `SELECT * FROM accounts`},
 		{What: "read account revisions", SQL: `SELECT * FROM account_revisions`},
 		{What: "read journal metadata", SQL: `SELECT metadata FROM journals`},
@@ -218,7 +220,7 @@ func TestRolesReconcilerReadsAndRecordsCoverageOnly(t *testing.T) {
 		t.Fatalf("record coverage: %v", err)
 	}
 	roletest.AssertRefused(t, owner, rec, []roletest.Refusal{
-		{What: "change a balance", SQL: `UPDATE account_balances SET balance = 0`},
+		{What: "change a balance", SQL: `UPDATE journal_lines SET balance_after = 0`},
 		{What: "bump a revision", SQL: `UPDATE accounts SET revision = revision + 1`},
 		// The view it reads is simple enough to write through.
 		{What: "delete accounts through account_revisions", SQL: `DELETE FROM account_revisions WHERE id = 'acc-none'`},
@@ -261,7 +263,7 @@ func TestRolesConsumerOwnsItsInboxAndCannotTouchTheLedger(t *testing.T) {
 		{What: "read accounts", SQL: `SELECT * FROM accounts`},
 		{What: "read journal lines", SQL: `SELECT * FROM journal_lines`},
 		{What: "read the outbox", SQL: `SELECT * FROM outbox`},
-		{What: "change a balance", SQL: `UPDATE account_balances SET balance = 0`},
+		{What: "change a balance", SQL: `UPDATE journal_lines SET balance_after = 0`},
 		{What: "insert a journal", SQL: `INSERT INTO journals (id, sequence, posted_at) VALUES (gen_random_uuid(), 999, now())`},
 		{What: "mark outbox rows", SQL: `DELETE FROM outbox_pending`},
 	})

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
 )
 
 // reconcile as an operator runs it: events a team published with
@@ -57,17 +59,13 @@ func TestReconcileNamesUnwatchedTopicsAndLedgerTampering(t *testing.T) {
 		t.Fatalf("with a consumer of events.wallet: code %d\n%s%s", code, stdout, stderr)
 	}
 
-	if _, err := r.ledger.Exec(ctx, `UPDATE account_balances SET balance = balance + 100000000 WHERE account_id = 'acc-1'`); err != nil {
-		t.Fatal(err)
-	}
+	pgtest.ShiftBalance(t, r.ledger, "acc-1", 100000000)
 	code, stdout, stderr = runCLI(t, r.env, "reconcile", "--config", cfg)
 	if code != 1 || !strings.Contains(stdout, "ledger: DISCREPANCIES") || !strings.Contains(stdout, "balance acc-1 EUR: balance 100000000, journal lines sum to 0") ||
 		strings.Contains(stdout, "coverage recorded:") {
 		t.Fatalf("balance changed behind the ledger's back: code %d\n%s%s", code, stdout, stderr)
 	}
-	if _, err := r.ledger.Exec(ctx, `UPDATE account_balances SET balance = balance - 100000000 WHERE account_id = 'acc-1'`); err != nil {
-		t.Fatal(err)
-	}
+	pgtest.ShiftBalance(t, r.ledger, "acc-1", -100000000)
 
 	if _, err := r.consumer.Exec(ctx, `UPDATE projection_balances SET balance = balance + 500 WHERE account = 'acc-2'`); err != nil {
 		t.Fatal(err)

@@ -82,15 +82,17 @@ const ledgerAccounts = `INSERT INTO accounts (id, revision) SELECT 'acc-' || a, 
 // a's outbox rows are in the shard the write path gives it (posthorn.shard
 // is core.ShardOf), so its new rows land beside its old ones.
 var ledgerHistory = []string{
-	`INSERT INTO account_balances (account_id, currency, balance)
-SELECT 'acc-' || a, 'EUR', CASE WHEN a % 2 = 0 THEN -7 ELSE 7 END * (@events::int / @accounts::int) FROM generate_series(0, @accounts::int - 1) a`,
+	`INSERT INTO account_opening_balances (account_id, currency, balance)
+SELECT 'acc-' || a, 'EUR', 0 FROM generate_series(0, @accounts::int - 1) a`,
 	`INSERT INTO journals (id, sequence, posted_at) SELECT ` + v7("j", "'j'") + `, j, now() FROM generate_series(1, @events::int / 2) j`,
 	`SELECT setval('journal_sequence', @events::int / 2)`,
 	// Event e is line e%2+1 of journal e/2+1: revision e/accounts+1 of
-	// account acc-(e mod accounts), so (account, revision) is unique.
-	`INSERT INTO journal_lines (journal_id, line_no, account_id, direction, amount, currency, revision)
+	// account acc-(e mod accounts), so (account, revision) is unique; with
+	// an even number of accounts, an account's lines are all debits or all
+	// credits, and its balance after revision r is 7r or -7r.
+	`INSERT INTO journal_lines (journal_id, line_no, account_id, direction, amount, currency, revision, balance_after)
 SELECT ` + v7("(e / 2 + 1)", "'j'") + `, e % 2 + 1, 'acc-' || (e % @accounts::int), CASE WHEN e % 2 = 0 THEN 'debit' ELSE 'credit' END,
-       7, 'EUR', e / @accounts::int + 1
+       7, 'EUR', e / @accounts::int + 1, CASE WHEN e % 2 = 0 THEN -7 ELSE 7 END * (e / @accounts::int + 1)
 FROM generate_series(0, @events::int - 1) e`,
 	`INSERT INTO idempotency_keys (key, request_hash, journal_id, response)
 SELECT 'history-' || j, sha256(convert_to('history-' || j, 'UTF8')), ` + v7("j", "'j'") + `,

@@ -108,8 +108,9 @@ var errKeyTaken = errors.New("idempotency key taken")
 //
 //  1. create missing accounts, then lock every account of the posting in
 //     byte order of its ID (so two postings can never deadlock), read each
-//     account's newest revision (its lines take the next ones) and add the
-//     lines' deltas to the balances — one round trip, as a pipelined batch;
+//     account's newest revision and balances (its lines take the next
+//     revisions and carry the balances after them) — one round trip, as a
+//     pipelined batch;
 //  2. publish one ledger.account.posted event per line and one command per
 //     requested command through Watermill's SQL publisher on the same
 //     transaction — after step 1, so every outbox row of an account is
@@ -139,7 +140,8 @@ func (s *Store) Post(ctx context.Context, key string, p core.Posting) (core.Post
 	// A repeated request may fail for reasons of today's state (a balance
 	// that would now overflow) although it succeeded before: the stored
 	// answer wins whenever the key exists.
-	if errors.Is(err, errKeyTaken) || isOutOfRange(err) {
+	overflow, isOverflow := errors.AsType[*overflowError](err)
+	if errors.Is(err, errKeyTaken) || isOverflow {
 		stored, found, lerr := s.lookupKey(ctx, key, hash)
 		switch {
 		case lerr != nil:
@@ -148,8 +150,8 @@ func (s *Store) Post(ctx context.Context, key string, p core.Posting) (core.Post
 			return stored, true, nil
 		}
 	}
-	if isOutOfRange(err) {
-		return core.PostingResult{}, false, s.explainOverflow(ctx, p)
+	if isOverflow {
+		return core.PostingResult{}, false, overflow.input
 	}
 	if errors.Is(err, errKeyTaken) {
 		// The insert found the key committed, yet the lookup did not: it

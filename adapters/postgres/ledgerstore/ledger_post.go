@@ -29,6 +29,9 @@ type line struct {
 	core.Entry
 	revision int64
 	eventID  uuid.UUID
+	// balanceAfter is the account's balance in the line's currency after
+	// it: what the account's next line in the currency starts from.
+	balanceAfter int64
 }
 
 // post writes p in one transaction, in the steps Post lists.
@@ -73,11 +76,11 @@ func (s *Store) post(ctx context.Context, key string, hash [32]byte, p core.Post
 		}
 	}
 
-	newRevision, err := lockAccounts(ctx, tx, plan, eventMD[core.HeaderIdempotencyDigest])
+	locked, err := lockAccounts(ctx, tx, plan, eventMD[core.HeaderIdempotencyDigest])
 	if err != nil {
 		return core.PostingResult{}, err
 	}
-	res, lines, err := assignIDs(p, plan, newRevision)
+	res, lines, err := assignIDs(p, plan, locked)
 	if err != nil {
 		return core.PostingResult{}, err
 	}
@@ -91,7 +94,7 @@ func (s *Store) post(ctx context.Context, key string, hash [32]byte, p core.Post
 		return core.PostingResult{}, err
 	}
 	outboxStatements := final.Len()
-	if err := queueJournal(final, key, hash, p, res, lines); err != nil {
+	if err := queueJournal(final, key, hash, p, res, lines, locked); err != nil {
 		return core.PostingResult{}, err
 	}
 	final.Queue("COMMIT")
@@ -112,9 +115,8 @@ type postingPlan struct {
 	accounts []string
 	bumps    []int64
 	counts   map[string]int64
-	// The net delta per account and currency, sorted the same way.
+	// The posting's (account, currency) pairs, sorted the same way.
 	balAccounts, balCurrencies []string
-	balDeltas                  []int64
 	journalID                  uuid.UUID
 	// postedAt is in microseconds: what timestamptz keeps, so a read-back
 	// compares equal.
@@ -161,19 +163,32 @@ func planPosting(p core.Posting) (postingPlan, error) {
 	})
 	plan.balAccounts = make([]string, len(balOrder))
 	plan.balCurrencies = make([]string, len(balOrder))
-	plan.balDeltas = make([]int64, len(balOrder))
 	for i, k := range balOrder {
-		plan.balAccounts[i], plan.balCurrencies[i], plan.balDeltas[i] = k.account, k.currency, deltas[k]
+		plan.balAccounts[i], plan.balCurrencies[i] = k.account, k.currency
 	}
 	return plan, nil
 }
 
+// lockedAccounts is what step 1 read under the posting's account locks.
+type lockedAccounts struct {
+	// revision is each account's new revision: its newest plus its lines.
+	revision map[string]int64
+	// balance is each (account, currency) pair's balance before the posting.
+	balance map[[2]string]int64
+	// newAccounts and newCurrencies are the pairs the ledger does not have
+	// yet (balance 0): the posting adds them.
+	newAccounts, newCurrencies []string
+}
+
 // lockAccounts is step 1: it creates the missing accounts, locks every
-// account of the posting in plan's order, reads their newest revisions
-// (account_revisions) and updates the balances, in one round trip, and
-// returns each account's new revision, its newest plus its lines. Inserting missing accounts comes before any row lock: an insert
-// waits for a concurrent insert of the same ID, and waiting on that while
-// holding row locks could deadlock.
+// account of the posting in plan's order, and reads the accounts' newest
+// revisions (account_revisions) and balances (account_balances), in one
+// round trip. Inserting missing accounts comes before any row lock: an
+// insert waits for a concurrent insert of the same ID, and waiting on that
+// while holding row locks could deadlock. A pair (account, currency) the
+// ledger does not have yet is added by step 3, under the account's lock,
+// which every writer of the account's lines holds: no other transaction
+// adds it meanwhile.
 //
 // The same round trip looks digest up among the keys a failover recovery
 // restored or recorded lost (posthorn.failover_keys): a retry of a posting
@@ -181,7 +196,7 @@ func planPosting(p core.Posting) (postingPlan, error) {
 // *core.IdempotencyKeyLostError) and writes nothing, instead of posting
 // the money a second time. The table is empty but after a recovery, so
 // the probe costs one index lookup.
-func lockAccounts(ctx context.Context, tx connTx, plan postingPlan, digest string) (map[string]int64, error) {
+func lockAccounts(ctx context.Context, tx connTx, plan postingPlan, digest string) (lockedAccounts, error) {
 	b := &pgx.Batch{}
 	// READ COMMITTED whatever the database's default: the revisions are
 	// read after the lock, by a statement whose snapshot holds every line
@@ -190,76 +205,99 @@ func lockAccounts(ctx context.Context, tx connTx, plan postingPlan, digest strin
 	b.Queue(`SELECT journal_id::text, restored, reason FROM posthorn.failover_keys WHERE digest = $1 AND expires_at > now()`, digest)
 	b.Queue(`INSERT INTO accounts (id) SELECT id FROM unnest($1::text[]) AS u(id) ORDER BY id COLLATE "C" ON CONFLICT DO NOTHING`, plan.accounts)
 	b.Queue(`SELECT id FROM accounts WHERE id = ANY($1) ORDER BY id COLLATE "C" FOR UPDATE`, plan.accounts)
-	// Nothing of the account is written: a version per posting would be
+	// Nothing of the account is updated: a version per posting would be
 	// kept by any long snapshot and walked by every later posting of it.
+	// The revisions and balances are read from the newest journal lines.
 	b.Queue(`SELECT r.id, r.revision + u.n
 FROM unnest($1::text[], $2::bigint[]) AS u(id, n) JOIN account_revisions AS r ON r.id = u.id`, plan.accounts, plan.bumps)
-	b.Queue(`INSERT INTO account_balances AS b (account_id, currency, balance)
-SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[])
-ON CONFLICT (account_id, currency) DO UPDATE SET balance = b.balance + EXCLUDED.balance`, plan.balAccounts, plan.balCurrencies, plan.balDeltas)
-	newRevision := make(map[string]int64, len(plan.accounts))
+	b.Queue(`SELECT b.account_id, b.currency, b.balance
+FROM unnest($1::text[], $2::text[]) AS u(a, c) JOIN account_balances AS b ON b.account_id = u.a AND b.currency = u.c`,
+		plan.balAccounts, plan.balCurrencies)
+	locked := lockedAccounts{revision: make(map[string]int64, len(plan.accounts)), balance: make(map[[2]string]int64, len(plan.balAccounts))}
 	br := tx.SendBatch(ctx, b)
 	defer br.Close()
 	if _, err := br.Exec(); err != nil {
-		return nil, fmt.Errorf("begin posting: %w", err)
+		return lockedAccounts{}, fmt.Errorf("begin posting: %w", err)
 	}
 	var journal, reason string
 	var restored bool
 	switch err := br.QueryRow().Scan(&journal, &restored, &reason); {
 	case err == nil && restored:
-		return nil, &restoredKeyError{journalID: journal}
+		return lockedAccounts{}, &restoredKeyError{journalID: journal}
 	case err == nil:
-		return nil, &core.IdempotencyKeyLostError{JournalID: journal, Reason: reason}
+		return lockedAccounts{}, &core.IdempotencyKeyLostError{JournalID: journal, Reason: reason}
 	case !errors.Is(err, pgx.ErrNoRows):
-		return nil, fmt.Errorf("read the keys a failover recovery restored: %w", err)
+		return lockedAccounts{}, fmt.Errorf("read the keys a failover recovery restored: %w", err)
 	}
 	if _, err := br.Exec(); err != nil {
-		return nil, fmt.Errorf("create accounts: %w", err)
+		return lockedAccounts{}, fmt.Errorf("create accounts: %w", err)
 	}
 	rows, err := br.Query()
 	if err != nil {
-		return nil, fmt.Errorf("lock accounts: %w", err)
+		return lockedAccounts{}, fmt.Errorf("lock accounts: %w", err)
 	}
-	locked := 0
+	n := 0
 	for rows.Next() {
-		locked++
+		n++
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("lock accounts: %w", err)
+		return lockedAccounts{}, fmt.Errorf("lock accounts: %w", err)
 	}
-	if locked != len(plan.accounts) {
-		return nil, fmt.Errorf("lock accounts: locked %d of %d", locked, len(plan.accounts))
+	if n != len(plan.accounts) {
+		return lockedAccounts{}, fmt.Errorf("lock accounts: locked %d of %d", n, len(plan.accounts))
 	}
 	rows, err = br.Query()
 	if err != nil {
-		return nil, fmt.Errorf("read revisions: %w", err)
+		return lockedAccounts{}, fmt.Errorf("read revisions: %w", err)
 	}
 	for rows.Next() {
 		var id string
 		var rev int64
 		if err := rows.Scan(&id, &rev); err != nil {
 			rows.Close()
-			return nil, fmt.Errorf("read revisions: %w", err)
+			return lockedAccounts{}, fmt.Errorf("read revisions: %w", err)
 		}
-		newRevision[id] = rev
+		locked.revision[id] = rev
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read revisions: %w", err)
+		return lockedAccounts{}, fmt.Errorf("read revisions: %w", err)
 	}
-	if _, err := br.Exec(); err != nil {
-		return nil, fmt.Errorf("update balances: %w", err)
+	rows, err = br.Query()
+	if err != nil {
+		return lockedAccounts{}, fmt.Errorf("read balances: %w", err)
 	}
-	return newRevision, br.Close()
+	for rows.Next() {
+		var account, currency string
+		var balance int64
+		if err := rows.Scan(&account, &currency, &balance); err != nil {
+			rows.Close()
+			return lockedAccounts{}, fmt.Errorf("read balances: %w", err)
+		}
+		locked.balance[[2]string{account, currency}] = balance
+	}
+	if err := rows.Err(); err != nil {
+		return lockedAccounts{}, fmt.Errorf("read balances: %w", err)
+	}
+	for i, a := range plan.balAccounts {
+		if _, ok := locked.balance[[2]string{a, plan.balCurrencies[i]}]; !ok {
+			locked.newAccounts = append(locked.newAccounts, a)
+			locked.newCurrencies = append(locked.newCurrencies, plan.balCurrencies[i])
+		}
+	}
+	return locked, br.Close()
 }
 
-// assignIDs gives every line its revision and event ID and every command
-// its event ID. An account's lines take its new revisions in line order,
-// ending at the revision the update returned.
-func assignIDs(p core.Posting, plan postingPlan, newRevision map[string]int64) (core.PostingResult, []line, error) {
-	next := make(map[string]int64, len(newRevision))
-	for a, rev := range newRevision {
+// assignIDs gives every line its revision, balance and event ID and every
+// command its event ID. An account's lines take its new revisions in line
+// order, ending at the revision step 1 returned, and its balances in
+// line order from the ones step 1 read. A balance leaving the int64 range
+// is an *overflowError naming the entry, and nothing is written.
+func assignIDs(p core.Posting, plan postingPlan, locked lockedAccounts) (core.PostingResult, []line, error) {
+	next := make(map[string]int64, len(locked.revision))
+	for a, rev := range locked.revision {
 		next[a] = rev - plan.counts[a] + 1
 	}
+	balance := maps.Clone(locked.balance)
 	lines := make([]line, len(p.Entries))
 	res := core.PostingResult{
 		JournalID: plan.journalID.String(),
@@ -272,7 +310,14 @@ func assignIDs(p core.Posting, plan postingPlan, newRevision map[string]int64) (
 		if err != nil {
 			return core.PostingResult{}, nil, err
 		}
-		lines[i] = line{Entry: e, revision: next[e.Account], eventID: id}
+		k := [2]string{e.Account, e.Currency}
+		b, ok := addInt64(balance[k], e.Delta())
+		if !ok {
+			return core.PostingResult{}, nil, &overflowError{&core.InputError{Field: fmt.Sprintf("entries[%d].amount", i),
+				Detail: fmt.Sprintf("would take the %s balance of account %q beyond the 64-bit range", e.Currency, e.Account)}}
+		}
+		balance[k] = b
+		lines[i] = line{Entry: e, revision: next[e.Account], eventID: id, balanceAfter: b}
 		next[e.Account]++
 		res.Events[i] = core.PostedEvent{EventID: id.String(), Account: e.Account, Revision: lines[i].revision}
 	}
@@ -286,9 +331,10 @@ func assignIDs(p core.Posting, plan postingPlan, newRevision map[string]int64) (
 	return res, lines, nil
 }
 
-// queueJournal is step 3: the journal, its lines and the idempotency key
-// with the response, in the last statement of final.
-func queueJournal(final *pgx.Batch, key string, hash [32]byte, p core.Posting, res core.PostingResult, lines []line) error {
+// queueJournal is step 3: the journal, its lines, the new (account,
+// currency) pairs and the idempotency key with the response, in the last
+// statement of final.
+func queueJournal(final *pgx.Batch, key string, hash [32]byte, p core.Posting, res core.PostingResult, lines []line, locked lockedAccounts) error {
 	metadata := p.Metadata
 	if metadata == nil {
 		metadata = map[string]string{}
@@ -303,25 +349,27 @@ func queueJournal(final *pgx.Batch, key string, hash [32]byte, p core.Posting, r
 	}
 	n := len(lines)
 	lineNo, lAccount, lDirection, lCurrency := make([]int32, n), make([]string, n), make([]string, n), make([]string, n)
-	lAmount, lRevision := make([]int64, n), make([]int64, n)
+	lAmount, lRevision, lBalance := make([]int64, n), make([]int64, n), make([]int64, n)
 	for i, l := range lines {
 		lineNo[i], lAccount[i], lDirection[i], lCurrency[i] = int32(i+1), l.Account, string(l.Direction), l.Currency
-		lAmount[i], lRevision[i] = l.Amount, l.revision
+		lAmount[i], lRevision[i], lBalance[i] = l.Amount, l.revision, l.balanceAfter
 	}
 	final.Queue(`WITH j AS (
     INSERT INTO journals (id, sequence, metadata, posted_at)
     VALUES ($1::text::uuid, nextval('journal_sequence'), $2::jsonb, $3)
     RETURNING sequence
 ), l AS (
-    INSERT INTO journal_lines (journal_id, line_no, account_id, direction, amount, currency, revision)
-    SELECT $1::text::uuid, u.* FROM unnest($4::int[], $5::text[], $6::text[], $7::bigint[], $8::text[], $9::bigint[]) AS u
+    INSERT INTO journal_lines (journal_id, line_no, account_id, direction, amount, currency, revision, balance_after)
+    SELECT $1::text::uuid, u.* FROM unnest($4::int[], $5::text[], $6::text[], $7::bigint[], $8::text[], $9::bigint[], $10::bigint[]) AS u
+), p AS (
+    INSERT INTO account_opening_balances (account_id, currency, balance) SELECT *, 0 FROM unnest($14::text[], $15::text[])
 )
 INSERT INTO idempotency_keys (key, request_hash, journal_id, response)
-SELECT $10, $11, $1::text::uuid, jsonb_set($12::jsonb, '{sequence}', to_jsonb(j.sequence)) FROM j
+SELECT $11, $12, $1::text::uuid, jsonb_set($13::jsonb, '{sequence}', to_jsonb(j.sequence)) FROM j
 RETURNING (response->>'sequence')::bigint`,
 		res.JournalID, string(mdJSON), res.PostedAt,
-		lineNo, lAccount, lDirection, lAmount, lCurrency, lRevision,
-		key, hash[:], string(response),
+		lineNo, lAccount, lDirection, lAmount, lCurrency, lRevision, lBalance,
+		key, hash[:], string(response), locked.newAccounts, locked.newCurrencies,
 	)
 	return nil
 }
@@ -476,51 +524,10 @@ func addInt64(a, b int64) (int64, bool) {
 	return a + b, true
 }
 
-// isOutOfRange reports Postgres's numeric_value_out_of_range, which the
-// balance upsert raises when a balance would leave the bigint range.
-func isOutOfRange(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "22003"
-}
+// overflowError is a posting refused because a balance would leave the
+// int64 range: a property of the balances now, not of the request, so a
+// repeated request is answered from its key first.
+type overflowError struct{ input *core.InputError }
 
-// explainOverflow turns a rejected balance update into an error naming the
-// first entry whose account and currency would overflow. It reads the
-// balances after the rollback, so under concurrent writes it may miss; the
-// generic detail then still names the field.
-func (s *Store) explainOverflow(ctx context.Context, p core.Posting) error {
-	generic := &core.InputError{Field: "entries", Detail: "the posting would take a balance beyond the 64-bit range"}
-	rows, err := s.pool.Query(ctx, `SELECT account_id, currency, balance FROM account_balances WHERE account_id = ANY($1)`, accountsOf(p))
-	if err != nil {
-		return generic
-	}
-	balances := make(map[[2]string]int64)
-	for rows.Next() {
-		var a, c string
-		var bal int64
-		if err := rows.Scan(&a, &c, &bal); err != nil {
-			rows.Close()
-			return generic
-		}
-		balances[[2]string{a, c}] = bal
-	}
-	if rows.Err() != nil {
-		return generic
-	}
-	for i, e := range p.Entries {
-		k := [2]string{e.Account, e.Currency}
-		v, ok := addInt64(balances[k], e.Delta())
-		if !ok {
-			return &core.InputError{Field: fmt.Sprintf("entries[%d].amount", i), Detail: fmt.Sprintf("would take the %s balance of account %q beyond the 64-bit range", e.Currency, e.Account)}
-		}
-		balances[k] = v
-	}
-	return generic
-}
-
-func accountsOf(p core.Posting) []string {
-	out := make([]string, 0, len(p.Entries))
-	for _, e := range p.Entries {
-		out = append(out, e.Account)
-	}
-	return out
-}
+func (e *overflowError) Error() string { return e.input.Error() }
+func (e *overflowError) Unwrap() error { return e.input }

@@ -160,7 +160,6 @@ func holdSnapshot(tb testing.TB, pool *pgxpool.Pool) pgx.Tx {
 // returns the shared buffers one more publish of each touches.
 func publishBuffersUnderASnapshot(t *testing.T, url string, events int) (cold, hot int) {
 	t.Helper()
-	ctx := context.Background()
 	pool := pgtest.SmallPool(t, url, 2)
 	holdSnapshot(t, pool)
 	for range 3 {
@@ -170,12 +169,7 @@ func publishBuffersUnderASnapshot(t *testing.T, url string, events int) (cold, h
 		publishRevision(t, pool, "w-hot")
 	}
 	buffers := func(id string) int {
-		var plan string
-		if err := pool.QueryRow(ctx, `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)
-SELECT * FROM posthorn_publish('wallet', $1, 'wallet.credited', '{"amount":"1"}')`, id).Scan(&plan); err != nil {
-			t.Fatal(err)
-		}
-		return sharedBuffers(t, plan)
+		return explainBuffers(t, pool, `SELECT * FROM posthorn_publish('wallet', $1, 'wallet.credited', '{"amount":"1"}')`, id)
 	}
 	buffers("w-cold") // the EXPLAIN's own plans
 	return buffers("w-cold"), buffers("w-hot")

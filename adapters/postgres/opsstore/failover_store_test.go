@@ -244,3 +244,70 @@ func TestFailoverKeysAnswerAClientsRetry(t *testing.T) {
 		{What: "restore a key by hand", SQL: `SELECT posthorn.failover_record_key('` + strings.Repeat("a", 43) + `', gen_random_uuid(), true, '', now())`},
 	})
 }
+
+// balanceChainFaults lists each journal line whose balance_after is not its
+// account's opening balance plus every delta up to it, and each balance
+// that is not the sum of its lines.
+const balanceChainFaults = `
+SELECT 'line ' || l.account_id || ' revision ' || l.revision || ': ' || coalesce(l.balance_after::text, 'none') || ', want ' || l.want
+FROM (SELECT jl.account_id, jl.revision, jl.balance_after,
+             o.balance + sum(CASE WHEN jl.direction = 'credit' THEN jl.amount ELSE -jl.amount END)
+                 OVER (PARTITION BY jl.account_id, jl.currency ORDER BY jl.revision) AS want
+      FROM journal_lines AS jl JOIN account_opening_balances AS o ON o.account_id = jl.account_id AND o.currency = jl.currency) AS l
+WHERE l.balance_after IS DISTINCT FROM l.want
+UNION ALL
+SELECT 'balance ' || b.account_id || ': ' || b.balance || ', want ' || s.sum
+FROM account_balances AS b JOIN (SELECT account_id, currency, sum(CASE WHEN direction = 'credit' THEN amount ELSE -amount END)
+                                 FROM journal_lines GROUP BY 1, 2) AS s ON s.account_id = b.account_id AND s.currency = b.currency
+WHERE b.balance <> s.sum`
+
+// A recovery re-commits lost postings in the order it is given, which may
+// put an account's later lost posting in first: the earlier one's lines
+// then carry the balance before them, and the later one's the balance
+// after both, as does the next posting of the API. Control: the same
+// recovery with failover_recommit computing only its own lines' balances
+// leaves the later line's balance short of the earlier posting.
+func TestFailoverRecommitKeepsEveryBalanceInOrder(t *testing.T) {
+	t.Parallel()
+	for _, control := range []bool{false, true} {
+		ctx := context.Background()
+		_, owner := pgtest.Ledger(t)
+		if control {
+			var def string
+			if err := owner.QueryRow(ctx, `SELECT pg_get_functiondef('posthorn.failover_recommit(uuid, timestamptz, jsonb)'::regprocedure)`).Scan(&def); err != nil {
+				t.Fatal(err)
+			}
+			own := strings.Replace(def, "AND jl.revision >= m.from_revision) AS r", "AND jl.revision >= m.from_revision AND jl.journal_id = failover_recommit.journal_id) AS r", 1)
+			if own == def {
+				t.Fatal("control: failover_recommit's recomputation not found")
+			}
+			if _, err := owner.Exec(ctx, own); err != nil {
+				t.Fatal(err)
+			}
+		}
+		api := ledgerstore.New(owner, ledgerstore.Config{})
+		if _, _, err := api.Post(ctx, "k-1", core.Posting{Entries: []core.Entry{
+			{Account: "acc-a", Direction: core.Debit, Amount: 100, Currency: "EUR"},
+			{Account: "acc-b", Direction: core.Credit, Amount: 100, Currency: "EUR"}}}); err != nil {
+			t.Fatal(err)
+		}
+		earlier, later := lostJournal(t, "acc-a", "acc-b", 2, 2, 20), lostJournal(t, "acc-a", "acc-b", 3, 3, 3)
+		if _, err := opsstore.NewFailoverStore(owner).Recover(ctx, ops.RecoveryPlan{Rebuild: []ops.RebuildJournal{later, earlier}}, "test"); err != nil {
+			t.Fatalf("recover: %v", err)
+		}
+		if _, _, err := api.Post(ctx, "k-2", core.Posting{Entries: []core.Entry{
+			{Account: "acc-b", Direction: core.Debit, Amount: 1, Currency: "EUR"},
+			{Account: "acc-a", Direction: core.Credit, Amount: 1, Currency: "EUR"}}}); err != nil {
+			t.Fatal(err)
+		}
+		faults := pgtest.Column[string](t, owner, balanceChainFaults)
+		balances := pgtest.Column[string](t, owner, `SELECT account_id || ' ' || balance FROM account_balances ORDER BY 1`)
+		t.Logf("control %v: balances %v, faults %v", control, balances, faults)
+		switch {
+		case !control && (len(faults) != 0 || strings.Join(balances, ", ") != "acc-a -122, acc-b 122"):
+			t.Errorf("after an out-of-order recovery: balances %v, faults %v; want acc-a -122, acc-b 122 and none", balances, faults)
+		case control && len(faults) == 0:
+			t.Errorf("control: each re-commit computing its own lines left every balance whole (%v): the order did not bite", balances)
+		}
+	}
+}

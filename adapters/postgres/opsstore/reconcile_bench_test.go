@@ -81,18 +81,19 @@ func loadReconcileLedger(b testing.TB, pool *pgxpool.Pool, events int) {
 	b.Helper()
 	exec(b, pool, `INSERT INTO accounts (id, revision) SELECT 'acc-' || a, $1::int / 10000 FROM generate_series(0, 9999) a`, events)
 	exec(b, pool, `
-INSERT INTO account_balances (account_id, currency, balance)
-SELECT 'acc-' || a, 'EUR', CASE WHEN a % 2 = 0 THEN -7 ELSE 7 END * ($1::int / 10000) FROM generate_series(0, 9999) a`, events)
+INSERT INTO account_opening_balances (account_id, currency, balance)
+SELECT 'acc-' || a, 'EUR', 0 FROM generate_series(0, 9999) a`)
 	exec(b, pool, `
 INSERT INTO journals (id, sequence, posted_at)
 SELECT `+v7("j", "'j'")+`, j, now() FROM generate_series(1, $1::int / 2) j`, events)
 	exec(b, pool, `SELECT setval('journal_sequence', $1::int / 2)`, events)
 	// Event e is line e%2+1 of journal e/2+1: revision e/10000+1 of
-	// account acc-(e mod 10,000), so (account, revision) is unique.
+	// account acc-(e mod 10,000), so (account, revision) is unique, and
+	// its balance after revision r is 7r or -7r.
 	exec(b, pool, `
-INSERT INTO journal_lines (journal_id, line_no, account_id, direction, amount, currency, revision)
+INSERT INTO journal_lines (journal_id, line_no, account_id, direction, amount, currency, revision, balance_after)
 SELECT `+v7("(e / 2 + 1)", "'j'")+`, e % 2 + 1, 'acc-' || (e % 10000), CASE WHEN e % 2 = 0 THEN 'debit' ELSE 'credit' END,
-       7, 'EUR', e / 10000 + 1
+       7, 'EUR', e / 10000 + 1, CASE WHEN e % 2 = 0 THEN -7 ELSE 7 END * (e / 10000 + 1)
 FROM generate_series(0, $1::int - 1) e`, events)
 	exec(b, pool, `
 INSERT INTO outbox (event_id, kind, type, topic, aggregate_type, aggregate_id, revision, shard, journal_id, payload, occurred_at)

@@ -35,7 +35,7 @@
 --   posthorn_maintainer  archive and cleanup: the only role that may DELETE
 --                        outbox rows, behind the verified boundary.
 
-REVOKE ALL ON TABLE accounts, account_balances, journals, journal_lines, idempotency_keys, outbox, outbox_pending,
+REVOKE ALL ON TABLE accounts, account_balances, account_opening_balances, journals, journal_lines, idempotency_keys, outbox, outbox_pending,
     relay_leases, relay_members, relay_parked, relay_cdc_leases,
     ops_coverage, ops_archive_segments, ops_cleanup, ops_replay_progress, console_audit, posthorn_aggregates,
     posthorn_ledger_migrations, posthorn.settings, posthorn.ledger_timelines, posthorn.failover_keys, dead_letters,
@@ -70,9 +70,12 @@ GRANT EXECUTE ON FUNCTION posthorn.ledger_history(), posthorn.ledger_history_acc
 -- on revision is enough.
 GRANT SELECT, INSERT ON accounts TO posthorn_api;
 GRANT UPDATE (revision) ON accounts TO posthorn_api;
-GRANT SELECT, INSERT ON account_balances TO posthorn_api;
-GRANT UPDATE (balance) ON account_balances TO posthorn_api;
 GRANT SELECT, INSERT ON journals, journal_lines, idempotency_keys TO posthorn_api;
+-- A balance is its newest journal line's balance_after (migration 00019):
+-- a posting inserts its lines with theirs and a new (account, currency)
+-- at an opening balance of 0, and updates no balance.
+GRANT SELECT, INSERT ON account_opening_balances TO posthorn_api;
+GRANT SELECT ON account_balances TO posthorn_api;
 -- An account's revision is the view's (migration 00018): a posting locks
 -- its accounts and reads their newest revisions there.
 GRANT SELECT ON account_revisions TO posthorn_api;
@@ -219,8 +222,8 @@ GRANT EXECUTE ON FUNCTION posthorn.ledger_history(), posthorn.ledger_history_acc
 -- What the functions write, as their owner.
 GRANT SELECT, INSERT ON accounts, journals, journal_lines TO posthorn_definer;
 GRANT UPDATE (revision) ON accounts TO posthorn_definer;
-GRANT SELECT, INSERT ON account_balances TO posthorn_definer;
-GRANT UPDATE (balance) ON account_balances TO posthorn_definer;
+GRANT SELECT, INSERT ON account_opening_balances TO posthorn_definer;
+GRANT UPDATE (balance_after) ON journal_lines TO posthorn_definer;
 GRANT INSERT (journal_id) ON outbox TO posthorn_definer;
 GRANT DELETE ON outbox_pending TO posthorn_definer;
 GRANT SELECT, UPDATE ON SEQUENCE journal_sequence, outbox_id_seq TO posthorn_definer;

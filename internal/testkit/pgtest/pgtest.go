@@ -180,6 +180,20 @@ func LedgerState(t testing.TB, pool *pgxpool.Pool, extra ...string) map[string]s
 	return state
 }
 
+// ShiftBalance moves account's balance (in its newest line's currency) by
+// delta behind the ledger's back, as a stray UPDATE would: it changes the
+// balance_after of the account's newest journal line, which is the balance
+// account_balances shows.
+func ShiftBalance(t testing.TB, pool *pgxpool.Pool, account string, delta int64) {
+	t.Helper()
+	tag, err := pool.Exec(context.Background(), `UPDATE journal_lines SET balance_after = balance_after + $2
+WHERE (account_id, revision) = (SELECT account_id, revision FROM journal_lines WHERE account_id = $1 ORDER BY revision DESC LIMIT 1)`,
+		account, delta)
+	if err != nil || tag.RowsAffected() != 1 {
+		t.Fatalf("pgtest: shift %s's balance: %d rows, %v", account, tag.RowsAffected(), err)
+	}
+}
+
 // LogicalCluster starts a throwaway cluster with wal_level=logical (opts
 // with Logical set), stopped when the test ends.
 func LogicalCluster(t testing.TB, opts pgcluster.Options) *pgcluster.Cluster {
