@@ -22,9 +22,12 @@
 -- grow, and a failover recovery re-commits lost lines above the surviving
 -- ones), so balance_after = opening + every delta up to the line.
 --
--- The index is built in this transaction: on a ledger of 10 million lines
--- it takes tens of seconds, during which postings wait.
+-- The index is built in this transaction, reading every journal line
+-- once; postings wait for it.
 ALTER TABLE account_balances RENAME TO account_opening_balances;
+ALTER TABLE account_opening_balances RENAME CONSTRAINT account_balances_pkey TO account_opening_balances_pkey;
+ALTER TABLE account_opening_balances RENAME CONSTRAINT account_balances_account_id_fkey TO account_opening_balances_account_id_fkey;
+ALTER TABLE account_opening_balances RENAME CONSTRAINT account_balances_currency_check TO account_opening_balances_currency_check;
 -- No posting updates these rows any more (00018 took the accounts' and
 -- aggregates' bumps off): the room 00017 left on their pages for updates
 -- is no longer needed.
@@ -150,6 +153,9 @@ WHERE o.account_id = l.account_id AND o.currency = l.currency;
 DROP VIEW account_balances;
 DROP INDEX journal_lines_account_currency;
 ALTER TABLE journal_lines DROP COLUMN balance_after;
+ALTER TABLE account_opening_balances RENAME CONSTRAINT account_opening_balances_pkey TO account_balances_pkey;
+ALTER TABLE account_opening_balances RENAME CONSTRAINT account_opening_balances_account_id_fkey TO account_balances_account_id_fkey;
+ALTER TABLE account_opening_balances RENAME CONSTRAINT account_opening_balances_currency_check TO account_balances_currency_check;
 ALTER TABLE account_opening_balances RENAME TO account_balances;
 ALTER TABLE account_balances SET (fillfactor = 50);
 ALTER TABLE accounts SET (fillfactor = 50);
