@@ -35,8 +35,8 @@
 --   posthorn_maintainer  archive and cleanup: the only role that may DELETE
 --                        outbox rows, behind the verified boundary.
 
-REVOKE ALL ON TABLE accounts, account_balances, account_opening_balances, journals, journal_lines, idempotency_keys, outbox, outbox_pending,
-    relay_leases, relay_members, relay_parked, relay_cdc_leases,
+REVOKE ALL ON TABLE accounts, account_balances, account_opening_balances, journals, journal_lines, idempotency_keys,
+    outbox, outbox_pending, relay_leases, relay_members, relay_parked, relay_cdc_leases,
     ops_coverage, ops_archive_segments, ops_cleanup, ops_replay_progress, console_audit, posthorn_aggregates,
     posthorn_ledger_migrations, posthorn.settings, posthorn.ledger_timelines, posthorn.failover_keys, dead_letters,
     account_revisions
