@@ -91,10 +91,7 @@ func TestConsumerTablesBesideTheConsumerSchema(t *testing.T) {
 func TestBalanceLinesMigrateBothWays(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	dsn := pgtest.NewDatabase(t)
-	if err := postgres.MigrateTo(ctx, dsn, postgres.LedgerSchema, 18); err != nil {
-		t.Fatal(err)
-	}
+	dsn := pgtest.LedgerAt(t, 18)
 	pool := pgtest.Pool(t, dsn, 4)
 	// One posting as release 00018 wrote it: lines without balances.
 	if _, err := pool.Exec(ctx, `INSERT INTO accounts (id) VALUES ('acc-a'), ('acc-b');

@@ -159,11 +159,7 @@ func TestSecurityIdempotencyKeysOutliveAStolenAPICredential(t *testing.T) {
 // publisher login and the owner's pool.
 func oldLedger(t *testing.T) (string, *pgxpool.Pool) {
 	t.Helper()
-	ctx := context.Background()
-	u := pgtest.NewDatabase(t)
-	if err := postgres.MigrateTo(ctx, u, postgres.LedgerSchema, 8); err != nil {
-		t.Fatal(err)
-	}
+	u := pgtest.LedgerAt(t, 8)
 	owner := pgtest.SmallPool(t, u, 2)
 	// What samplePosting leaves, written as that release did: today's
 	// store needs today's schema.

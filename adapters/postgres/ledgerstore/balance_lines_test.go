@@ -7,7 +7,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/ledgerstore"
 	"github.com/posthorn/posthorn/internal/testkit/pgtest"
 )
@@ -59,10 +58,7 @@ UNION ALL SELECT 'balance ' || account_id || ' ' || xmin::text FROM account_open
 	read("acc-c1") // the EXPLAIN's own plans
 	cold, hot := read("acc-c1"), read("acc-h1")
 
-	oldURL := pgtest.NewDatabase(t)
-	if err := postgres.MigrateTo(ctx, oldURL, postgres.LedgerSchema, 18); err != nil {
-		t.Fatal(err)
-	}
+	oldURL := pgtest.LedgerAt(t, 18)
 	old := pgtest.SmallPool(t, oldURL, 2)
 	const upsert = `INSERT INTO account_balances AS b (account_id, currency, balance)
 SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[])

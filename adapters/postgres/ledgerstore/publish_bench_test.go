@@ -39,12 +39,7 @@ func BenchmarkPublishFunction(b *testing.B) {
 	calls := pgtest.EnvInt(b, "POSTHORN_BENCH_CALLS", 50)
 	chunks := pgtest.EnvInt(b, "POSTHORN_BENCH_CHUNKS", 10)
 	const txPerChunk = 20
-	ctx := context.Background()
-
-	oldURL := pgtest.NewDatabase(b)
-	if err := postgres.MigrateTo(ctx, oldURL, postgres.LedgerSchema, 8); err != nil {
-		b.Fatal(err)
-	}
+	oldURL := pgtest.LedgerAt(b, 8)
 	newURL, _ := roletest.Ledger(b)
 	modes := []*publishMode{
 		{name: "version8", pool: pgtest.SmallPool(b, oldURL, 1)},
@@ -123,10 +118,7 @@ func BenchmarkPublishUnderASnapshot(b *testing.B) {
 	spread := pgtest.EnvInt(b, "POSTHORN_BENCH_SPREAD", 0) == 1
 	const writers = 4
 	ctx := context.Background()
-	oldURL := pgtest.NewDatabase(b)
-	if err := postgres.MigrateTo(ctx, oldURL, postgres.LedgerSchema, 17); err != nil {
-		b.Fatal(err)
-	}
+	oldURL := pgtest.LedgerAt(b, 17)
 	newURL, _ := pgtest.Ledger(b)
 	type snapMode struct {
 		name  string

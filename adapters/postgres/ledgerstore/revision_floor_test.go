@@ -121,10 +121,7 @@ func TestPublishAtRepeatableReadMeetsAConcurrentRevision(t *testing.T) {
 func TestPublishCostStaysFlatUnderASnapshot(t *testing.T) {
 	t.Parallel()
 	const events = 3000
-	oldURL := pgtest.NewDatabase(t)
-	if err := postgres.MigrateTo(context.Background(), oldURL, postgres.LedgerSchema, 17); err != nil {
-		t.Fatal(err)
-	}
+	oldURL := pgtest.LedgerAt(t, 17)
 	newURL, _ := pgtest.Ledger(t)
 	cold, hot := publishBuffersUnderASnapshot(t, newURL, events)
 	oldCold, oldHot := publishBuffersUnderASnapshot(t, oldURL, events)

@@ -211,10 +211,7 @@ func TestRelayStoreOldestOpenTransaction(t *testing.T) {
 func TestOutboxPendingMigrationKeepsTheBacklog(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	dsn := pgtest.NewDatabase(t)
-	if err := postgres.MigrateTo(ctx, dsn, postgres.LedgerSchema, 4); err != nil {
-		t.Fatal(err)
-	}
+	dsn := pgtest.LedgerAt(t, 4)
 	pool := pgtest.Pool(t, dsn, 4)
 	insert := func(account string, rev int, relayed bool) int64 {
 		t.Helper()

@@ -76,6 +76,18 @@ func Ledger(t testing.TB) (string, *pgxpool.Pool) {
 	return migrated(t, postgres.LedgerSchema)
 }
 
+// LedgerAt returns the URL of a fresh database with the ledger schema up to
+// version and no further: a ledger as an older release left it, so a test
+// can write rows the way that release did, or run it as a control.
+func LedgerAt(t testing.TB, version int64) string {
+	t.Helper()
+	u := NewDatabase(t)
+	if err := postgres.MigrateTo(context.Background(), u, postgres.LedgerSchema, version); err != nil {
+		t.Fatalf("pgtest: migrate the ledger to version %d: %v", version, err)
+	}
+	return u
+}
+
 // Consumer returns the URL and a pool of a fresh database with the consumer
 // schema and the example consumers' tables, as `posthorn migrate --consumer`
 // leaves it.
