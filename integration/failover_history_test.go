@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -316,14 +315,7 @@ func TestFirstPostingAfterAFailoverIsRefused(t *testing.T) {
 			// pool's reset below would open a connection, read the new
 			// history and refuse the control's posting at the API's check.
 			// Its NOTIFY is awaited here.
-			listener, err := pgx.Connect(ctx, url)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer listener.Close(ctx)
-			if _, err := listener.Exec(ctx, "LISTEN "+postgres.NotifyChannel); err != nil {
-				t.Fatal(err)
-			}
+			listener := pgtest.Listen(t, url, postgres.NotifyChannel)
 			if code, body := postOnce(t, hs.URL, "first"); code != http.StatusCreated {
 				t.Fatalf("before the failover: %d %s", code, body)
 			}

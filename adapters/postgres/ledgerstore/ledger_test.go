@@ -15,7 +15,6 @@ import (
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"golang.org/x/sync/errgroup"
 
@@ -390,16 +389,9 @@ func TestPostWakesListeningRelays(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	url, pool := pgtest.Ledger(t)
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, "LISTEN "+postgres.NotifyChannel); err != nil {
-		t.Fatal(err)
-	}
+	conn := pgtest.Listen(t, url, postgres.NotifyChannel)
 	quiet, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-	_, err = conn.WaitForNotification(quiet)
+	_, err := conn.WaitForNotification(quiet)
 	cancel()
 	if err == nil {
 		t.Fatal("a notification arrived before any posting")

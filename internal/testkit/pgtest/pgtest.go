@@ -192,6 +192,22 @@ func LedgerState(t testing.TB, pool *pgxpool.Pool, extra ...string) map[string]s
 	return state
 }
 
+// Listen opens a connection of its own to url listening on channel, as a
+// relay waits for its wake-ups; it is closed when tb ends, if not before.
+func Listen(tb testing.TB, url, channel string) *pgx.Conn {
+	tb.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		tb.Fatalf("pgtest: listen: %v", err)
+	}
+	tb.Cleanup(func() { _ = conn.Close(ctx) })
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
+		tb.Fatalf("pgtest: listen on %s: %v", channel, err)
+	}
+	return conn
+}
+
 // ShiftBalance moves account's balance (in its newest line's currency) by
 // delta behind the ledger's back, as a stray UPDATE would: it changes the
 // balance_after of the account's newest journal line, which is the balance
