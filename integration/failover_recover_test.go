@@ -141,8 +141,8 @@ func failoverRecover(t *testing.T, cdcMode, recover bool) {
 	for _, l := range rep.Lost {
 		gotLost[l.EventID] = l
 	}
-	t.Logf("after the failover: %d events seen, %d lost (want %d), history accepted %v, %d journals to rebuild, %d aggregates to move, %d not rebuildable",
-		rep.Seen, len(rep.Lost), len(wantLost), rep.History.Accepted, len(rep.Plan.Rebuild), len(rep.Plan.Moves), len(rep.Plan.Record))
+	t.Logf("after the failover: %d events read, %d lost (want %d), history accepted %v, %d journals to rebuild, %d aggregates to move, %d not rebuildable",
+		rep.Read, len(rep.Lost), len(wantLost), rep.History.Accepted, len(rep.Plan.Rebuild), len(rep.Plan.Moves), len(rep.Plan.Record))
 	if len(gotLost) != len(wantLost) || rep.History.Accepted || rep.Clean() {
 		t.Fatalf("check: %d lost events, want the %d of the lost postings; history accepted %v (want not: the standby was promoted)",
 			len(gotLost), len(wantLost), rep.History.Accepted)

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -69,8 +70,16 @@ type SeenEvent struct {
 // sink) holds.
 type SeenSource interface {
 	SourceName() string
-	Seen(ctx context.Context) ([]SeenEvent, error)
+	// Seen hands each every event the source holds, SeenBatch or fewer at
+	// a time, and stops at the first error each returns (returning it
+	// unchanged). The check keeps whole only the events the ledger lacks,
+	// so its memory is bounded by a batch and the lost events, however
+	// long the history the sources hold.
+	Seen(ctx context.Context, each func([]SeenEvent) error) error
 }
+
+// SeenBatch is the most events a source hands the check at once.
+const SeenBatch = 5000
 
 // LedgerHistory is the ledger server's history and the one accepted last.
 type LedgerHistory = core.LedgerHistory
@@ -247,9 +256,10 @@ type SourceRead struct {
 type FailoverReport struct {
 	Sources []SourceRead  `json:"sources"`
 	History LedgerHistory `json:"history"`
-	// Seen counts the distinct event IDs read; NotLedger those that are no
-	// UUID (no ledger event has such an ID).
-	Seen      int          `json:"seen"`
+	// Read counts the events read, an event once per source that holds
+	// it; NotLedger those read that are no UUID (no ledger event has such
+	// an ID).
+	Read      int          `json:"read"`
 	NotLedger int          `json:"not_ledger_ids"`
 	Lost      []LostEvent  `json:"lost"`
 	Plan      RecoveryPlan `json:"plan"`
@@ -306,43 +316,27 @@ func FailoverCheck(ctx context.Context, cfg FailoverConfig) (FailoverReport, err
 	if rep.History, err = cfg.Ledger.History(ctx); err != nil {
 		return rep, err
 	}
-	byID := map[string]*SeenEvent{}
-	var order []string
+	c := checker{ledger: cfg.Ledger, lost: map[string]*lostSeen{}, ahead: map[AggregateKey]int64{}, rep: &rep}
 	for _, s := range cfg.Sources {
-		evs, err := s.Seen(ctx)
-		if err != nil {
+		read := SourceRead{Name: s.SourceName()}
+		var ledgerErr error
+		err := s.Seen(ctx, func(batch []SeenEvent) error {
+			read.Events += len(batch)
+			ledgerErr = c.take(ctx, s.SourceName(), batch)
+			return ledgerErr
+		})
+		switch {
+		case ledgerErr != nil:
+			return rep, ledgerErr
+		case err != nil:
 			return rep, fmt.Errorf("read %s: %w", s.SourceName(), err)
 		}
-		rep.Sources = append(rep.Sources, SourceRead{Name: s.SourceName(), Events: len(evs)})
-		for _, e := range evs {
-			if _, err := uuid.Parse(e.EventID); err != nil {
-				rep.NotLedger++
-				continue
-			}
-			if have, ok := byID[e.EventID]; ok {
-				merge(have, e, s.SourceName())
-				continue
-			}
-			e.SeenBy = []string{s.SourceName()}
-			byID[e.EventID] = &e
-			order = append(order, e.EventID)
-		}
+		rep.Sources = append(rep.Sources, read)
+		rep.Read += read.Events
 	}
-	rep.Seen = len(order)
-	seen := make([]SeenEvent, len(order))
-	for i, id := range order {
-		seen[i] = *byID[id]
-	}
-	states, err := cfg.Ledger.Inspect(ctx, seen)
-	if err != nil {
-		return rep, err
-	}
-	for _, e := range seen {
-		st := states[e.EventID]
-		if st.Held {
-			continue
-		}
-		rep.Lost = append(rep.Lost, lostEvent(e, st))
+	for _, id := range c.order {
+		l := c.lost[id]
+		rep.Lost = append(rep.Lost, lostEvent(l.SeenEvent, l.state))
 	}
 	slices.SortFunc(rep.Lost, func(a, b LostEvent) int {
 		return cmpLost(a, b)
@@ -358,10 +352,80 @@ func FailoverCheck(ctx context.Context, cfg FailoverConfig) (FailoverReport, err
 		now = cfg.Now
 	}
 	rep.Plan.Keys, rep.KeysUnknown = planKeys(rep.Lost, now())
-	if err := planMoves(ctx, cfg, seen, &rep); err != nil {
+	if err := planMoves(ctx, cfg, c.ahead, &rep); err != nil {
 		return rep, err
 	}
 	return rep, nil
+}
+
+// checker compares the sources' batches with the ledger as they come.
+type checker struct {
+	ledger FailoverStore
+	// lost holds whole, merged across sources, every event the ledger
+	// lacks, in the order first read.
+	lost  map[string]*lostSeen
+	order []string
+	// ahead is each aggregate some source saw at a revision above the
+	// ledger's, with the highest seen.
+	ahead map[AggregateKey]int64
+	rep   *FailoverReport
+}
+
+type lostSeen struct {
+	SeenEvent
+	state EventState
+}
+
+// take compares one batch of source with the ledger: the events it lacks
+// are kept, and the aggregates seen past its revisions.
+func (c *checker) take(ctx context.Context, source string, batch []SeenEvent) error {
+	events := make([]SeenEvent, 0, len(batch))
+	for _, e := range batch {
+		if _, err := uuid.Parse(e.EventID); err != nil {
+			c.rep.NotLedger++
+			continue
+		}
+		events = append(events, e)
+	}
+	if len(events) == 0 {
+		return nil
+	}
+	states, err := c.ledger.Inspect(ctx, events)
+	if err != nil {
+		return err
+	}
+	top := map[AggregateKey]int64{}
+	var keys []AggregateKey
+	for _, e := range events {
+		if e.AggregateType != core.AggregateJournal && e.AggregateType != "" && e.AggregateID != "" {
+			k := AggregateKey{e.AggregateType, e.AggregateID}
+			if _, ok := top[k]; !ok {
+				keys = append(keys, k)
+			}
+			top[k] = max(top[k], e.Revision)
+		}
+		st := states[e.EventID]
+		if st.Held {
+			continue
+		}
+		if have, ok := c.lost[e.EventID]; ok {
+			merge(&have.SeenEvent, e, source)
+			continue
+		}
+		e.SeenBy = []string{source}
+		c.lost[e.EventID] = &lostSeen{SeenEvent: e, state: st}
+		c.order = append(c.order, e.EventID)
+	}
+	have, err := c.ledger.Revisions(ctx, keys)
+	if err != nil {
+		return err
+	}
+	for _, k := range keys {
+		if top[k] > have[k] {
+			c.ahead[k] = max(c.ahead[k], top[k])
+		}
+	}
+	return nil
 }
 
 // FailoverRecover runs the check and, unless dryRun, writes its plan and
@@ -627,20 +691,11 @@ func planRebuild(lost []LostEvent) []RebuildJournal {
 	return out
 }
 
-// planMoves sets the sequences' targets and the aggregates to move.
-func planMoves(ctx context.Context, cfg FailoverConfig, seen []SeenEvent, rep *FailoverReport) error {
-	top := map[AggregateKey]int64{}
-	var keys []AggregateKey
-	for _, e := range seen {
-		if e.AggregateType == core.AggregateJournal || e.AggregateType == "" || e.AggregateID == "" {
-			continue
-		}
-		k := AggregateKey{e.AggregateType, e.AggregateID}
-		if _, ok := top[k]; !ok {
-			keys = append(keys, k)
-		}
-		top[k] = max(top[k], e.Revision)
-	}
+// planMoves sets the sequences' targets and the aggregates to move: those
+// seen past the ledger's revision (read again now, as the ledger may have
+// moved on while the sources were read) and past what the plan rebuilds.
+func planMoves(ctx context.Context, cfg FailoverConfig, ahead map[AggregateKey]int64, rep *FailoverReport) error {
+	keys := slices.SortedFunc(maps.Keys(ahead), func(a, b AggregateKey) int { return cmpKeys(a.Type, a.ID, b.Type, b.ID) })
 	have, err := cfg.Ledger.Revisions(ctx, keys)
 	if err != nil {
 		return err
@@ -653,13 +708,10 @@ func planMoves(ctx context.Context, cfg FailoverConfig, seen []SeenEvent, rep *F
 		}
 	}
 	for _, k := range keys {
-		if top[k] > max(have[k], rebuilt[k]) {
-			rep.Plan.Moves = append(rep.Plan.Moves, AggregateMove{AggregateType: k.Type, AggregateID: k.ID, Ledger: have[k], Seen: top[k]})
+		if ahead[k] > max(have[k], rebuilt[k]) {
+			rep.Plan.Moves = append(rep.Plan.Moves, AggregateMove{AggregateType: k.Type, AggregateID: k.ID, Ledger: have[k], Seen: ahead[k]})
 		}
 	}
-	slices.SortFunc(rep.Plan.Moves, func(a, b AggregateMove) int {
-		return cmpKeys(a.AggregateType, a.AggregateID, b.AggregateType, b.AggregateID)
-	})
 	outboxID, journalSeq, err := cfg.Ledger.Sequences(ctx)
 	if err != nil {
 		return err

@@ -38,21 +38,22 @@ func (s TopicSeen) SourceName() string { return "kafka " + strings.Join(s.Topics
 
 // Seen reads, in read-committed isolation, every record from the first at
 // or after Since up to the partitions' last stable offsets as they were
-// when it began (what the relay writes meanwhile is not waited for). A
-// topic that does not exist holds nothing; a record that is not Posthorn's
-// (no contract headers) is skipped.
-func (s TopicSeen) Seen(ctx context.Context) ([]ops.SeenEvent, error) {
+// when it began (what the relay writes meanwhile is not waited for), and
+// hands them to each ops.SeenBatch or fewer at a time. A topic that does
+// not exist holds nothing; a record that is not Posthorn's (no contract
+// headers) is skipped.
+func (s TopicSeen) Seen(ctx context.Context, each func([]ops.SeenEvent) error) error {
 	if len(s.Config.Brokers) == 0 {
-		return nil, errors.New("kafka: no brokers")
+		return errors.New("kafka: no brokers")
 	}
 	sec, err := s.Config.Security.kgoOpts()
 	if err != nil {
-		return nil, fmt.Errorf("kafka: %w", err)
+		return fmt.Errorf("kafka: %w", err)
 	}
 	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(s.Config.Brokers...), kgo.ClientID("posthorn-failover"),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted())}, sec...)...)
 	if err != nil {
-		return nil, fmt.Errorf("kafka: %w", err)
+		return fmt.Errorf("kafka: %w", err)
 	}
 	defer cl.Close()
 	adm := kadm.NewClient(cl)
@@ -72,16 +73,16 @@ func (s TopicSeen) Seen(ctx context.Context) ([]ops.SeenEvent, error) {
 				break
 			}
 		} else if lctx.Err() == nil && !(errors.As(err, &code) && code.Retriable) {
-			return nil, err
+			return err
 		}
 		if lctx.Err() != nil {
 			if len(open) > 0 {
 				// Records past an open transaction are not decided yet:
 				// reading up to it would leave them out without a word.
-				return nil, fmt.Errorf("kafka: %s hold a transaction still open after %s (records past it are not decided yet); run the check again once it ends (the producer's transaction timeout)",
+				return fmt.Errorf("kafka: %s hold a transaction still open after %s (records past it are not decided yet); run the check again once it ends (the producer's transaction timeout)",
 					strings.Join(open, ", "), cmp.Or(s.Wait, seenListTimeout))
 			}
-			return nil, cmp.Or(err, lctx.Err())
+			return cmp.Or(err, lctx.Err())
 		}
 		time.Sleep(200 * time.Millisecond) // an election, or a transaction, is under way
 	}
@@ -99,10 +100,10 @@ func (s TopicSeen) Seen(ctx context.Context) ([]ops.SeenEvent, error) {
 		until[end.Topic][end.Partition] = end.Offset
 	})
 	if len(from) == 0 {
-		return nil, nil
+		return nil
 	}
 	cl.AddConsumePartitions(from)
-	var out []ops.SeenEvent
+	batch := make([]ops.SeenEvent, 0, ops.SeenBatch)
 	// The ends are last stable offsets: every record below them is
 	// decided, so when none has come for seenQuiet the offsets left are
 	// transaction markers (or aborted records), which no record reaches.
@@ -112,7 +113,7 @@ func (s TopicSeen) Seen(ctx context.Context) ([]ops.SeenEvent, error) {
 		fetches := cl.PollFetches(pctx)
 		cancel()
 		if err := ctx.Err(); err != nil {
-			return nil, err
+			return err
 		}
 		var fetchErr error
 		fetches.EachError(func(t string, p int32, err error) {
@@ -121,7 +122,7 @@ func (s TopicSeen) Seen(ctx context.Context) ([]ops.SeenEvent, error) {
 			}
 		})
 		if fetchErr != nil {
-			return nil, fetchErr
+			return fetchErr
 		}
 		fetches.EachRecord(func(r *kgo.Record) {
 			end, ok := until[r.Topic][r.Partition]
@@ -130,7 +131,7 @@ func (s TopicSeen) Seen(ctx context.Context) ([]ops.SeenEvent, error) {
 			}
 			progress = time.Now()
 			if e, ok := seenEvent(r); ok {
-				out = append(out, e)
+				batch = append(batch, e)
 			}
 			if r.Offset+1 >= end {
 				delete(until[r.Topic], r.Partition)
@@ -139,8 +140,19 @@ func (s TopicSeen) Seen(ctx context.Context) ([]ops.SeenEvent, error) {
 				}
 			}
 		})
+		for len(batch) >= ops.SeenBatch {
+			if err := each(batch[:ops.SeenBatch:ops.SeenBatch]); err != nil {
+				return err
+			}
+			batch = batch[ops.SeenBatch:]
+			// The time each took is not time waited for a record.
+			progress = time.Now()
+		}
 	}
-	return out, nil
+	if len(batch) > 0 {
+		return each(batch)
+	}
+	return nil
 }
 
 // seenQuiet is how long a read waits for more records below the ends;

@@ -2,6 +2,7 @@ package kafka_test
 
 import (
 	"context"
+	"crypto/rand"
 	"fmt"
 	"slices"
 	"strings"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/posthorn/posthorn/adapters/kafka"
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/ops"
 )
 
 // TestTopicSeenApacheKafka: the failover check's reader of the sink, on
@@ -68,7 +70,7 @@ func TestTopicSeenApacheKafka(t *testing.T) {
 	transaction(true, append(recent[15:], &kgo.Record{Value: []byte("not Posthorn's"), Timestamp: time.Now()})...)
 
 	began := time.Now()
-	seen, err := kafka.TopicSeen{Config: kafka.Config{Brokers: c.Brokers}, Topics: []string{topic}, Since: since}.Seen(ctx)
+	seen, err := readSeen(ctx, kafka.TopicSeen{Config: kafka.Config{Brokers: c.Brokers}, Topics: []string{topic}, Since: since})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,11 +85,11 @@ func TestTopicSeenApacheKafka(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Fatalf("read %v, want the 30 committed records since the bound %v", got, want)
 	}
-	all, err := kafka.TopicSeen{Config: kafka.Config{Brokers: c.Brokers}, Topics: []string{topic}}.Seen(ctx)
+	all, err := readSeen(ctx, kafka.TopicSeen{Config: kafka.Config{Brokers: c.Brokers}, Topics: []string{topic}})
 	if err != nil || len(all) != 32 {
 		t.Fatalf("without a bound: %d records, %v; want the 32 committed ones", len(all), err)
 	}
-	none, err := kafka.TopicSeen{Config: kafka.Config{Brokers: c.Brokers}, Topics: []string{topic + ".absent"}}.Seen(ctx)
+	none, err := readSeen(ctx, kafka.TopicSeen{Config: kafka.Config{Brokers: c.Brokers}, Topics: []string{topic + ".absent"}})
 	if err != nil || len(none) != 0 {
 		t.Fatalf("a topic that does not exist: %v, %v", none, err)
 	}
@@ -99,7 +101,7 @@ func TestTopicSeenApacheKafka(t *testing.T) {
 	if err := cl.ProduceSync(ctx, record("open-1", 200, time.Now())).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
-	_, err = kafka.TopicSeen{Config: kafka.Config{Brokers: c.Brokers}, Topics: []string{topic}, Wait: 2 * time.Second}.Seen(ctx)
+	_, err = readSeen(ctx, kafka.TopicSeen{Config: kafka.Config{Brokers: c.Brokers}, Topics: []string{topic}, Wait: 2 * time.Second})
 	if err == nil || !strings.Contains(err.Error(), "transaction still open") {
 		t.Fatalf("with a transaction open: %v, want an error saying so", err)
 	}
@@ -107,4 +109,63 @@ func TestTopicSeenApacheKafka(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("read %d records since the bound (of 32 committed, 2 aborted, 1 foreign) in %v", len(seen), time.Since(began).Round(time.Millisecond))
+}
+
+// TestTopicSeenWaitsOutASlowReader: the sink's reader hands a topic over
+// in batches of at most ops.SeenBatch, and a reader that takes longer than
+// the read's quiet time over a batch (the ledger answering slowly) does not
+// end the read short: the time spent in the reader is not time spent
+// waiting for a record.
+func TestTopicSeenWaitsOutASlowReader(t *testing.T) {
+	c := apacheCluster(t)
+	topic := topicPrefix() + core.TopicEvents + ".slow"
+	createTopics(t, c.Brokers, topic)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.Brokers...), kgo.DefaultProduceTopic(topic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	// Payloads that do not compress keep a fetch to a part of the topic,
+	// so the reader gets its first batch while records are still to come.
+	want := 3 * ops.SeenBatch
+	recs := make([]*kgo.Record, want)
+	for i := range recs {
+		e := core.Envelope{EventID: fmt.Sprintf("ev-%05d", i), Kind: core.KindEvent, Type: core.TypeAccountPosted,
+			AggregateType: core.AggregateAccount, AggregateID: "acc", Revision: int64(i + 1),
+			Payload: []byte(`{"pad":"` + rand.Text() + rand.Text() + rand.Text() + rand.Text() + `"}`)}
+		recs[i] = &kgo.Record{Key: []byte(e.AggregateID), Value: e.Payload}
+		for k, v := range e.WireHeaders() {
+			recs[i].Headers = append(recs[i].Headers, kgo.RecordHeader{Key: k, Value: []byte(v)})
+		}
+	}
+	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	read, batches := 0, 0
+	err = kafka.TopicSeen{Config: kafka.Config{Brokers: c.Brokers}, Topics: []string{topic}}.Seen(ctx, func(batch []ops.SeenEvent) error {
+		if batches++; batches == 1 {
+			time.Sleep(4 * time.Second) // longer than the read's quiet time
+		}
+		read += len(batch)
+		return nil
+	})
+	if err != nil || read != want || batches < 2 {
+		t.Fatalf("read %d events in %d batches (%v), want all %d in 2 or more", read, batches, err, want)
+	}
+}
+
+// readSeen collects what s hands over, checking that no batch is above
+// ops.SeenBatch.
+func readSeen(ctx context.Context, s kafka.TopicSeen) ([]ops.SeenEvent, error) {
+	var out []ops.SeenEvent
+	err := s.Seen(ctx, func(batch []ops.SeenEvent) error {
+		if len(batch) > ops.SeenBatch {
+			return fmt.Errorf("a batch of %d events, want at most %d", len(batch), ops.SeenBatch)
+		}
+		out = append(out, batch...)
+		return nil
+	})
+	return out, err
 }

@@ -132,12 +132,16 @@ func sinkSeen(s configs.Sink, since time.Time) (ops.SeenSource, error) {
 // sinkErrorHint says, on a failed read of the sink, how to check without it.
 type sinkErrorHint struct{ ops.SeenSource }
 
-func (s sinkErrorHint) Seen(ctx context.Context) ([]ops.SeenEvent, error) {
-	out, err := s.SeenSource.Seen(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("%w (--sink-since 0 checks against the consumers' databases alone)", err)
+func (s sinkErrorHint) Seen(ctx context.Context, each func([]ops.SeenEvent) error) error {
+	var eachErr error
+	err := s.SeenSource.Seen(ctx, func(batch []ops.SeenEvent) error {
+		eachErr = each(batch)
+		return eachErr
+	})
+	if err != nil && eachErr == nil {
+		return fmt.Errorf("%w (--sink-since 0 checks against the consumers' databases alone)", err)
 	}
-	return out, nil
+	return err
 }
 
 func printFailover(w io.Writer, rep ops.FailoverReport) {
@@ -153,7 +157,7 @@ func printFailover(w io.Writer, rep ops.FailoverReport) {
 	for _, s := range rep.Sources {
 		fmt.Fprintf(w, " %s (%d events);", s.Name, s.Events)
 	}
-	fmt.Fprintf(w, " %d distinct event IDs", rep.Seen)
+	fmt.Fprintf(w, " %d events read", rep.Read)
 	if rep.NotLedger > 0 {
 		fmt.Fprintf(w, ", %d IDs that are no UUID (not the ledger's) left out", rep.NotLedger)
 	}

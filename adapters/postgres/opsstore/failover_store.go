@@ -255,34 +255,55 @@ WHERE consumer = $1 AND parked ORDER BY parked_at, aggregate_id`, s.Consumer)
 	return pgx.CollectRows(rows, pgx.RowToStructByPos[ops.ConsumerParked])
 }
 
-// Seen reads every event of the consumer's inbox.
-func (s InboxSeen) Seen(ctx context.Context) ([]ops.SeenEvent, error) {
-	rows, err := s.Pool.Query(ctx, `
+// Seen reads every event of the consumer's inbox, a page at a time in
+// event ID order (each page a short statement, so the read never holds a
+// snapshot on the consumer's database for its whole length).
+func (s InboxSeen) Seen(ctx context.Context, each func([]ops.SeenEvent) error) error {
+	return seenPages(ctx, s.Pool, `
 SELECT event_id, kind, type, aggregate_type, aggregate_id, revision, headers, payload
-FROM consumer_inbox WHERE consumer = $1 AND aggregate_id <> ''`, s.Consumer)
-	if err != nil {
-		return nil, err
-	}
-	var out []ops.SeenEvent
-	var e ops.SeenEvent
-	var headers []byte
-	var payload []byte
-	_, err = pgx.ForEachRow(rows, []any{&e.EventID, &e.Kind, &e.Type, &e.AggregateType, &e.AggregateID, &e.Revision, &headers, &payload}, func() error {
-		ev := e
-		ev.Headers, ev.Payload = nil, nil
-		if len(headers) > 0 {
-			if err := json.Unmarshal(headers, &ev.Headers); err != nil {
-				return fmt.Errorf("event %q: headers: %w", ev.EventID, err)
+FROM consumer_inbox WHERE consumer = $1 AND event_id > $2 AND aggregate_id <> '' ORDER BY event_id LIMIT $3`,
+		[]any{s.Consumer}, func(rows pgx.CollectableRow) (ops.SeenEvent, error) {
+			var e ops.SeenEvent
+			var headers []byte
+			if err := rows.Scan(&e.EventID, &e.Kind, &e.Type, &e.AggregateType, &e.AggregateID, &e.Revision, &headers, &e.Payload); err != nil {
+				return e, err
 			}
-			ev.JournalID = ev.Headers[core.HeaderJournalID]
+			if len(headers) > 0 {
+				if err := json.Unmarshal(headers, &e.Headers); err != nil {
+					return e, fmt.Errorf("event %q: headers: %w", e.EventID, err)
+				}
+				e.JournalID = e.Headers[core.HeaderJournalID]
+			}
+			return e, nil
+		}, each)
+}
+
+// seenPages hands each the rows of query a page of ops.SeenBatch at a
+// time. query takes args, then the last event ID read and the page size,
+// and orders by event ID.
+func seenPages(ctx context.Context, pool *pgxpool.Pool, query string, args []any,
+	scan pgx.RowToFunc[ops.SeenEvent], each func([]ops.SeenEvent) error) error {
+	after := ""
+	for {
+		rows, err := pool.Query(ctx, query, append(args, after, ops.SeenBatch)...)
+		if err != nil {
+			return err
 		}
-		if payload != nil {
-			ev.Payload = append([]byte(nil), payload...)
+		page, err := pgx.CollectRows(rows, scan)
+		if err != nil {
+			return err
 		}
-		out = append(out, ev)
-		return nil
-	})
-	return out, err
+		if len(page) == 0 {
+			return nil
+		}
+		if err := each(page); err != nil {
+			return err
+		}
+		if len(page) < ops.SeenBatch {
+			return nil
+		}
+		after = page[len(page)-1].EventID
+	}
 }
 
 // AuditLogSeen is what the example consumer audit-log keeps: every event
@@ -296,25 +317,22 @@ type AuditLogSeen struct {
 // SourceName names the source in reports.
 func (AuditLogSeen) SourceName() string { return "audit_log table" }
 
-// Seen reads every event of the audit log.
-func (s AuditLogSeen) Seen(ctx context.Context) ([]ops.SeenEvent, error) {
-	rows, err := s.Pool.Query(ctx, `
+// Seen reads every event of the audit log, a page at a time in event ID
+// order.
+func (s AuditLogSeen) Seen(ctx context.Context, each func([]ops.SeenEvent) error) error {
+	return seenPages(ctx, s.Pool, `
 SELECT event_id, type, aggregate_type, aggregate_id, revision, coalesce(journal_id, ''), payload::text,
-       coalesce(idempotency_digest, '') FROM audit_log`)
-	if err != nil {
-		return nil, err
-	}
-	var out []ops.SeenEvent
-	var e ops.SeenEvent
-	var payload, digest string
-	_, err = pgx.ForEachRow(rows, []any{&e.EventID, &e.Type, &e.AggregateType, &e.AggregateID, &e.Revision, &e.JournalID, &payload, &digest}, func() error {
-		ev := e
-		ev.Payload = []byte(payload)
-		if digest != "" {
-			ev.Headers = map[string]string{core.HeaderIdempotencyDigest: digest}
-		}
-		out = append(out, ev)
-		return nil
-	})
-	return out, err
+       coalesce(idempotency_digest, '') FROM audit_log WHERE event_id > $1 ORDER BY event_id LIMIT $2`,
+		nil, func(rows pgx.CollectableRow) (ops.SeenEvent, error) {
+			var e ops.SeenEvent
+			var payload, digest string
+			if err := rows.Scan(&e.EventID, &e.Type, &e.AggregateType, &e.AggregateID, &e.Revision, &e.JournalID, &payload, &digest); err != nil {
+				return e, err
+			}
+			e.Payload = []byte(payload)
+			if digest != "" {
+				e.Headers = map[string]string{core.HeaderIdempotencyDigest: digest}
+			}
+			return e, nil
+		}, each)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -309,5 +310,53 @@ func TestFailoverRecommitKeepsEveryBalanceInOrder(t *testing.T) {
 		case control && len(faults) == 0:
 			t.Errorf("control: each re-commit computing its own lines left every balance whole (%v): the order did not bite", balances)
 		}
+	}
+}
+
+// An inbox is read a page at a time: every event of the consumer once, in
+// event ID order, no page above ops.SeenBatch; another consumer's events
+// and rows without an aggregate are left out; an error of the reader stops
+// the read and comes back unchanged.
+func TestInboxSeenPagesThroughEveryEvent(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	_, pool := pgtest.Consumer(t)
+	want := 2*ops.SeenBatch + 7
+	if _, err := pool.Exec(ctx, `
+INSERT INTO consumer_inbox (consumer, event_id, aggregate_type, aggregate_id, revision, disposition, headers)
+SELECT c, gen_random_uuid()::text, 'account', CASE WHEN i = 0 THEN '' ELSE 'acc-' || (i % 50) END, i, 'applied',
+       CASE WHEN i = 1 THEN jsonb_build_object($3::text, 'j-1') END
+FROM unnest(ARRAY['c', 'other']) AS c, generate_series(0, $1::int) AS i
+WHERE c = 'c' OR i < $2`, want, 5, core.HeaderJournalID); err != nil {
+		t.Fatal(err)
+	}
+	src := opsstore.InboxSeen{Pool: pool, Consumer: "c"}
+	var ids []string
+	pages, journals := 0, 0
+	err := src.Seen(ctx, func(page []ops.SeenEvent) error {
+		pages++
+		if len(page) > ops.SeenBatch {
+			t.Fatalf("a page of %d events, want at most %d", len(page), ops.SeenBatch)
+		}
+		for _, e := range page {
+			ids = append(ids, e.EventID)
+			if e.JournalID != "" {
+				journals++
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ids) != want || !slices.IsSorted(ids) || len(slices.Compact(slices.Clone(ids))) != want || journals != 1 || pages != 3 {
+		t.Fatalf("read %d events in %d pages (sorted %v, %d with a journal); want %d once each in 3 pages, one with its journal",
+			len(ids), pages, slices.IsSorted(ids), journals, want)
+	}
+	stop := errors.New("the ledger is gone")
+	calls := 0
+	err = src.Seen(ctx, func([]ops.SeenEvent) error { calls++; return stop })
+	if err != stop || calls != 1 {
+		t.Fatalf("reader's error: read returned %v after %d pages, want it unchanged after 1", err, calls)
 	}
 }
