@@ -44,7 +44,9 @@ var ErrNoConsumers = errors.New("no consumers to reconcile")
 // inbox from the start (startAppliedTwice), the consumers are matched and
 // finished concurrently, and the next batch is read while one is matched.
 // The report does not depend on the order. Memory grows with the cut:
-// 17 bytes per event of the cut and consumer that recorded it.
+// 17 bytes per event of the cut and consumer that recorded it; and with
+// what cleanup removed that the consumers still hold: 16 bytes per such
+// event ID of each consumer, until its inbox retention prunes them.
 func Reconcile(ctx context.Context, cfg ReconcileConfig) (Report, error) {
 	if cfg.Cap <= 0 {
 		cfg.Cap = 20
@@ -68,7 +70,7 @@ func Reconcile(ctx context.Context, cfg ReconcileConfig) (Report, error) {
 	}
 	rep := Report{Cut: CutInfo{Sequence: cut.Sequence, LastCommitted: cut.LastCommitted, Floor: cut.Floor,
 		TakenAt: cut.TakenAt, WaitedSeconds: cut.Waited.Seconds()}}
-	m, err := newMatching(ctx, cfg)
+	m, err := newMatching(ctx, cfg, cut.CleanedThroughID)
 	if err != nil {
 		return rep, err
 	}

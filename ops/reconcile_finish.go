@@ -125,11 +125,13 @@ func (s recordedSet) search(id uuid.UUID, from int) (int, bool) {
 	return lo + i, ok
 }
 
-// maxArchiveCandidates bounds the IDs kept for the archive lookup: 16
-// bytes each, 160 MB at the bound. The IDs a consumer still holds of
-// events that cleanup removed are all kept until its inbox retention prunes
-// them, which on a busy ledger is millions.
-const maxArchiveCandidates = 10_000_000
+// minArchiveCandidates is the least bound on the IDs kept for the archive
+// lookup (16 bytes each, 160 MB at it). The IDs a consumer still holds of
+// events that cleanup removed are all kept until its inbox retention
+// prunes them, which on a busy ledger is millions; they are fewer than the
+// outbox ids cleanup removed, so the bound is the greater of the two:
+// more IDs than that cannot all be the ledger's.
+const minArchiveCandidates = 10_000_000
 
 // unknownIDs are the event IDs a consumer recorded that the outbox does
 // not have: the canonical UUIDs, which may be of events cleanup removed
@@ -167,8 +169,8 @@ func (m *matching) unknownToOutbox(ctx context.Context, ci int, r DispositionRea
 				u.foreign.add(m.cfg.Cap, id)
 				continue
 			}
-			if len(u.candidates) == maxArchiveCandidates {
-				return fmt.Errorf("more than %d event IDs unknown to the outbox: is this the consumer of this ledger?", maxArchiveCandidates)
+			if len(u.candidates) == m.maxCandidates {
+				return fmt.Errorf("more than %d event IDs unknown to the outbox, which cleanup has removed fewer from: is this the consumer of this ledger?", m.maxCandidates)
 			}
 			u.candidates = append(u.candidates, k)
 		}

@@ -38,6 +38,9 @@ type matching struct {
 	twice     []appliedTwice
 	twiceRead sync.WaitGroup
 	stop      func()
+	// maxCandidates bounds each consumer's IDs kept for the archive
+	// lookup.
+	maxCandidates int
 }
 
 // appliedTwice is what one consumer's AppliedTwice and RevisionConflicts
@@ -50,9 +53,9 @@ type appliedTwice struct {
 
 // newMatching starts the tally of every consumer and the reads of their
 // applied-twice groups (call stop when done).
-func newMatching(ctx context.Context, cfg ReconcileConfig) (*matching, error) {
+func newMatching(ctx context.Context, cfg ReconcileConfig, cleanedThroughID int64) (*matching, error) {
 	m := &matching{cfg: cfg, reps: make([]ConsumerReport, len(cfg.Consumers)), recorded: make([]recordedSet, len(cfg.Consumers)),
-		oldest: make([]time.Time, len(cfg.Consumers))}
+		oldest: make([]time.Time, len(cfg.Consumers)), maxCandidates: int(max(minArchiveCandidates, cleanedThroughID))}
 	for i, c := range cfg.Consumers {
 		m.reps[i] = ConsumerReport{Name: c.Name}
 	}
