@@ -24,7 +24,12 @@ import (
 //   - An event is in the ledger when the outbox holds its event ID, or,
 //     for a posting's event whose journal is known, when that journal holds
 //     a line at its account and revision (cleanup may have removed the
-//     outbox row). Every other event a source read is lost.
+//     outbox row); a copy that names no journal is held when the line at
+//     its account and revision is one whose outbox row cleanup removed
+//     (FailoverStore.Inspect says why that line's event is the copy's).
+//     Each copy a source read is judged on its own, as it comes: the check
+//     never needs all sources' copies of an event at once. Every other
+//     event a source read is lost.
 //   - A lost posting is rebuilt only from its published events and only
 //     whole: every event carries its payload, its revisions are free, and
 //     its lines balance per currency. It is re-committed with its journal

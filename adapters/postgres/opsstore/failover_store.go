@@ -33,9 +33,18 @@ func (s *FailoverStore) History(ctx context.Context) (ops.LedgerHistory, error) 
 	return postgres.ReadHistory(ctx, s.pool)
 }
 
-// Inspect says, per seen event, whether the ledger holds it (its event ID
-// in the outbox, or its journal's line at its account and revision), what
-// holds its revision otherwise, and whether a recovery recorded it lost.
+// Inspect says, per seen event, whether the ledger holds it, what holds
+// its revision otherwise, and whether a recovery recorded it lost. The
+// ledger holds an event whose ID is in the outbox; once cleanup removed
+// the outbox row, a posting's event whose journal the copy names when that
+// journal has a line at its account and revision; and one whose copy names
+// no journal (an inbox keeps none for an applied event) when a line holds
+// its account and revision, no outbox row does (cleanup removed the line's
+// event, which it does only to a published, archived and reconciled row),
+// and no recovery recorded it lost. That line's event is the seen one: a
+// revision is published twice only across a failover, and then the
+// reissued row is not relayed, so not cleaned up, before a recovery
+// records the first as lost.
 func (s *FailoverStore) Inspect(ctx context.Context, seen []ops.SeenEvent) (map[string]ops.EventState, error) {
 	n := len(seen)
 	ids, types, aggs, journals := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
@@ -50,7 +59,11 @@ func (s *FailoverStore) Inspect(ctx context.Context, seen []ops.SeenEvent) (map[
 SELECT u.id::text,
        EXISTS (SELECT 1 FROM outbox AS o WHERE o.event_id = u.id)
        OR (u.t = 'account' AND u.j <> '' AND EXISTS (SELECT 1 FROM journal_lines AS l
-               WHERE l.journal_id = u.j::uuid AND l.account_id = u.a AND l.revision = u.r)),
+               WHERE l.journal_id = u.j::uuid AND l.account_id = u.a AND l.revision = u.r))
+       OR (u.t = 'account' AND u.j = ''
+           AND EXISTS (SELECT 1 FROM journal_lines AS l WHERE l.account_id = u.a AND l.revision = u.r)
+           AND NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.aggregate_type = u.t AND o.aggregate_id = u.a AND o.revision = u.r)
+           AND NOT EXISTS (SELECT 1 FROM posthorn.failover_lost AS f WHERE f.event_id = u.id)),
        coalesce((SELECT 'journal ' || l.journal_id::text FROM journal_lines AS l
                  WHERE u.t = 'account' AND l.account_id = u.a AND l.revision = u.r),
                 (SELECT 'outbox event ' || o.event_id::text FROM outbox AS o

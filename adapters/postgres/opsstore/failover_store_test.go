@@ -360,3 +360,60 @@ WHERE c = 'c' OR i < $2`, want, 5, core.HeaderJournalID); err != nil {
 		t.Fatalf("reader's error: read returned %v after %d pages, want it unchanged after 1", err, calls)
 	}
 }
+
+// After cleanup removed a posting's outbox rows, an inbox's copy of its
+// event (which names no journal) is still held by the line at its account
+// and revision; a copy at a revision no line holds, one whose revision a
+// line with a live outbox row of another event holds (reissued), and one a
+// recovery recorded as lost are not. The control: the outbox no longer
+// has the cleaned events' IDs, so without the lines' rule every copy of
+// them would be named lost.
+func TestFailoverInspectAfterCleanup(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url, owner := roletest.Ledger(t)
+	store := opsstore.NewFailoverStore(roletest.As(t, url, postgres.RoleMaintainer))
+	cleaned := lostJournal(t, "acc-a", "acc-b", 1, 1, 500)
+	live := lostJournal(t, "acc-c", "acc-d", 1, 1, 5)
+	recorded := ops.LostEvent{SeenEvent: ops.SeenEvent{EventID: uuid.Must(uuid.NewV7()).String(), AggregateType: core.AggregateAccount,
+		AggregateID: "acc-b", Revision: 1, SeenBy: []string{"inbox"}}, Reason: "recorded by an earlier recovery"}
+	if _, err := store.Recover(ctx, ops.RecoveryPlan{Rebuild: []ops.RebuildJournal{cleaned, live}, Record: []ops.LostEvent{recorded}}, "test"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := owner.Exec(ctx, `DELETE FROM outbox WHERE event_id = ANY($1::uuid[])`,
+		[]string{cleaned.Lines[0].EventID, cleaned.Lines[1].EventID}); err != nil {
+		t.Fatal(err)
+	}
+	copyOf := func(id, account string, rev int64, journal string) ops.SeenEvent {
+		return ops.SeenEvent{EventID: id, AggregateType: core.AggregateAccount, AggregateID: account, Revision: rev, JournalID: journal}
+	}
+	other := uuid.Must(uuid.NewV7()).String()
+	cases := []struct {
+		name string
+		e    ops.SeenEvent
+		held bool
+	}{
+		{"cleaned, no journal named", copyOf(cleaned.Lines[0].EventID, "acc-a", 1, ""), true},
+		{"cleaned, its journal named", copyOf(cleaned.Lines[1].EventID, "acc-b", 1, cleaned.JournalID), true},
+		{"no line at its revision", copyOf(other, "acc-a", 2, ""), false},
+		{"its revision reissued, outbox row live", copyOf(uuid.Must(uuid.NewV7()).String(), "acc-c", 1, ""), false},
+		{"recorded lost, its revision's row cleaned", copyOf(recorded.EventID, "acc-b", 1, ""), false},
+	}
+	var seen []ops.SeenEvent
+	for _, c := range cases {
+		seen = append(seen, c.e)
+	}
+	states, err := store.Inspect(ctx, seen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range cases {
+		if st := states[c.e.EventID]; st.Held != c.held {
+			t.Errorf("%s: held %v (%+v), want %v", c.name, st.Held, st, c.held)
+		}
+	}
+	if n := pgtest.Column[int64](t, owner, `SELECT count(*) FROM outbox WHERE event_id = ANY($1::uuid[])`,
+		[]string{cleaned.Lines[0].EventID, cleaned.Lines[1].EventID})[0]; n != 0 {
+		t.Fatalf("control: the outbox still has %d of the cleaned events", n)
+	}
+}
