@@ -25,8 +25,9 @@ import (
 //     for a posting's event whose journal is known, when that journal holds
 //     a line at its account and revision (cleanup may have removed the
 //     outbox row); a copy that names no journal is held when the line at
-//     its account and revision is one whose outbox row cleanup removed
-//     (FailoverStore.Inspect says why that line's event is the copy's).
+//     its account and revision is one whose outbox row cleanup removed, and
+//     a service's event when cleanup removed its aggregate's row at its
+//     revision (FailoverStore.Inspect says why that is the copy's event).
 //     Each copy a source read is judged on its own, as it comes: the check
 //     never needs all sources' copies of an event at once. Every other
 //     event a source read is lost.

@@ -41,10 +41,13 @@ func (s *FailoverStore) History(ctx context.Context) (ops.LedgerHistory, error) 
 // no journal (an inbox keeps none for an applied event) when a line holds
 // its account and revision, no outbox row does (cleanup removed the line's
 // event, which it does only to a published, archived and reconciled row),
-// and no recovery recorded it lost. That line's event is the seen one: a
-// revision is published twice only across a failover, and then the
-// reissued row is not relayed, so not cleaned up, before a recovery
-// records the first as lost.
+// and no recovery recorded it lost. A service's event is held the same way
+// by its aggregate's revision floor, which cleanup raises to the highest
+// revision it removes: at or below the floor, no outbox row at its
+// revision, not recorded lost. That line's (or removed row's) event is the
+// seen one: a revision is published twice only across a failover, and
+// then the reissued row is not relayed, so not cleaned up, before a
+// recovery records the first as lost.
 func (s *FailoverStore) Inspect(ctx context.Context, seen []ops.SeenEvent) (map[string]ops.EventState, error) {
 	n := len(seen)
 	ids, types, aggs, journals := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
@@ -62,6 +65,10 @@ SELECT u.id::text,
                WHERE l.journal_id = u.j::uuid AND l.account_id = u.a AND l.revision = u.r))
        OR (u.t = 'account' AND u.j = ''
            AND EXISTS (SELECT 1 FROM journal_lines AS l WHERE l.account_id = u.a AND l.revision = u.r)
+           AND NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.aggregate_type = u.t AND o.aggregate_id = u.a AND o.revision = u.r)
+           AND NOT EXISTS (SELECT 1 FROM posthorn.failover_lost AS f WHERE f.event_id = u.id))
+       OR (u.t <> 'account'
+           AND (SELECT p.revision FROM posthorn_aggregates AS p WHERE p.aggregate_type = u.t AND p.aggregate_id = u.a) >= u.r
            AND NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.aggregate_type = u.t AND o.aggregate_id = u.a AND o.revision = u.r)
            AND NOT EXISTS (SELECT 1 FROM posthorn.failover_lost AS f WHERE f.event_id = u.id)),
        coalesce((SELECT 'journal ' || l.journal_id::text FROM journal_lines AS l

@@ -363,11 +363,12 @@ WHERE c = 'c' OR i < $2`, want, 5, core.HeaderJournalID); err != nil {
 
 // After cleanup removed a posting's outbox rows, an inbox's copy of its
 // event (which names no journal) is still held by the line at its account
-// and revision; a copy at a revision no line holds, one whose revision a
-// line with a live outbox row of another event holds (reissued), and one a
-// recovery recorded as lost are not. The control: the outbox no longer
-// has the cleaned events' IDs, so without the lines' rule every copy of
-// them would be named lost.
+// and revision, and a service's event by its aggregate's revision floor;
+// a copy at a revision no line or floor reaches, one whose revision a live
+// outbox row of another event holds (reissued), and one a recovery
+// recorded as lost are not. The control: the outbox no longer has the
+// cleaned events' IDs, so without those rules every copy of them would be
+// named lost.
 func TestFailoverInspectAfterCleanup(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -380,8 +381,12 @@ func TestFailoverInspectAfterCleanup(t *testing.T) {
 	if _, err := store.Recover(ctx, ops.RecoveryPlan{Rebuild: []ops.RebuildJournal{cleaned, live}, Record: []ops.LostEvent{recorded}}, "test"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := owner.Exec(ctx, `DELETE FROM outbox WHERE event_id = ANY($1::uuid[])`,
-		[]string{cleaned.Lines[0].EventID, cleaned.Lines[1].EventID}); err != nil {
+	var orders []string // revisions 1, 2 and 3
+	for range 3 {
+		orders = append(orders, pgtest.Column[string](t, owner, `SELECT event_id::text FROM posthorn_publish('orders', 'o-1', 'order.placed', '{}')`)...)
+	}
+	removed := []string{cleaned.Lines[0].EventID, cleaned.Lines[1].EventID, orders[0], orders[1]}
+	if _, err := owner.Exec(ctx, `DELETE FROM outbox WHERE event_id = ANY($1::uuid[])`, removed); err != nil {
 		t.Fatal(err)
 	}
 	copyOf := func(id, account string, rev int64, journal string) ops.SeenEvent {
@@ -398,6 +403,9 @@ func TestFailoverInspectAfterCleanup(t *testing.T) {
 		{"no line at its revision", copyOf(other, "acc-a", 2, ""), false},
 		{"its revision reissued, outbox row live", copyOf(uuid.Must(uuid.NewV7()).String(), "acc-c", 1, ""), false},
 		{"recorded lost, its revision's row cleaned", copyOf(recorded.EventID, "acc-b", 1, ""), false},
+		{"a service's, cleaned", ops.SeenEvent{EventID: orders[1], AggregateType: "orders", AggregateID: "o-1", Revision: 2}, true},
+		{"a service's, its revision's row live", ops.SeenEvent{EventID: other, AggregateType: "orders", AggregateID: "o-1", Revision: 3}, false},
+		{"a service's, past its floor", ops.SeenEvent{EventID: uuid.Must(uuid.NewV7()).String(), AggregateType: "orders", AggregateID: "o-1", Revision: 4}, false},
 	}
 	var seen []ops.SeenEvent
 	for _, c := range cases {
@@ -412,8 +420,7 @@ func TestFailoverInspectAfterCleanup(t *testing.T) {
 			t.Errorf("%s: held %v (%+v), want %v", c.name, st.Held, st, c.held)
 		}
 	}
-	if n := pgtest.Column[int64](t, owner, `SELECT count(*) FROM outbox WHERE event_id = ANY($1::uuid[])`,
-		[]string{cleaned.Lines[0].EventID, cleaned.Lines[1].EventID})[0]; n != 0 {
+	if n := pgtest.Column[int64](t, owner, `SELECT count(*) FROM outbox WHERE event_id = ANY($1::uuid[])`, removed)[0]; n != 0 {
 		t.Fatalf("control: the outbox still has %d of the cleaned events", n)
 	}
 }
