@@ -60,23 +60,20 @@ func (s *FailoverStore) Inspect(ctx context.Context, seen []ops.SeenEvent) (map[
 	}
 	rows, err := s.pool.Query(ctx, `
 SELECT u.id::text,
-       EXISTS (SELECT 1 FROM outbox AS o WHERE o.event_id = u.id)
-       OR (u.t = 'account' AND u.j <> '' AND EXISTS (SELECT 1 FROM journal_lines AS l
-               WHERE l.journal_id = u.j::uuid AND l.account_id = u.a AND l.revision = u.r))
-       OR (u.t = 'account' AND u.j = ''
-           AND EXISTS (SELECT 1 FROM journal_lines AS l WHERE l.account_id = u.a AND l.revision = u.r)
-           AND NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.aggregate_type = u.t AND o.aggregate_id = u.a AND o.revision = u.r)
-           AND NOT EXISTS (SELECT 1 FROM posthorn.failover_lost AS f WHERE f.event_id = u.id))
-       OR (u.t <> 'account'
-           AND (SELECT p.revision FROM posthorn_aggregates AS p WHERE p.aggregate_type = u.t AND p.aggregate_id = u.a) >= u.r
-           AND NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.aggregate_type = u.t AND o.aggregate_id = u.a AND o.revision = u.r)
-           AND NOT EXISTS (SELECT 1 FROM posthorn.failover_lost AS f WHERE f.event_id = u.id)),
-       coalesce((SELECT 'journal ' || l.journal_id::text FROM journal_lines AS l
-                 WHERE u.t = 'account' AND l.account_id = u.a AND l.revision = u.r),
-                (SELECT 'outbox event ' || o.event_id::text FROM outbox AS o
-                 WHERE o.aggregate_type = u.t AND o.aggregate_id = u.a AND o.revision = u.r), ''),
-       coalesce((SELECT f.reason FROM posthorn.failover_lost AS f WHERE f.event_id = u.id), '')
-FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bigint[], $5::text[]) AS u(id, t, a, r, j)`,
+       coalesce(k.by_id OR k.line = nullif(u.j, '')::uuid
+                OR (k.row_at_revision IS NULL AND k.recorded IS NULL
+                    AND ((u.j = '' AND k.line IS NOT NULL) OR k.floor >= u.r)), false),
+       coalesce('journal ' || k.line::text, 'outbox event ' || k.row_at_revision::text, ''),
+       coalesce(k.recorded, '')
+FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bigint[], $5::text[]) AS u(id, t, a, r, j),
+LATERAL (SELECT EXISTS (SELECT 1 FROM outbox AS o WHERE o.event_id = u.id) AS by_id,
+                (SELECT l.journal_id FROM journal_lines AS l
+                 WHERE u.t = 'account' AND l.account_id = u.a AND l.revision = u.r) AS line,
+                (SELECT o.event_id FROM outbox AS o
+                 WHERE o.aggregate_type = u.t AND o.aggregate_id = u.a AND o.revision = u.r) AS row_at_revision,
+                (SELECT f.reason FROM posthorn.failover_lost AS f WHERE f.event_id = u.id) AS recorded,
+                (SELECT p.revision FROM posthorn_aggregates AS p
+                 WHERE u.t <> 'account' AND p.aggregate_type = u.t AND p.aggregate_id = u.a) AS floor) AS k`,
 		ids, types, aggs, revs, journals)
 	if err != nil {
 		return nil, fmt.Errorf("inspect the seen events: %w", err)
