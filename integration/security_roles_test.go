@@ -123,6 +123,11 @@ func TestSecurityEveryComponentUnderItsRole(t *testing.T) {
 	if err != nil || !rep.Clean {
 		t.Fatalf("reconcile as posthorn_reconciler: %+v %v", rep, err)
 	}
+	for _, c := range rep.Consumers {
+		if c.Pass == nil || c.Pass.RecordedMark == 0 {
+			t.Fatalf("%s: no mark recorded as posthorn_reconciler: %+v", c.Name, c.Pass)
+		}
+	}
 
 	// Archive and cleanup as posthorn_maintainer.
 	archive, err := fsarchive.Open(t.TempDir())
@@ -144,7 +149,7 @@ func TestSecurityEveryComponentUnderItsRole(t *testing.T) {
 	// Reconcile after cleanup still works for the reconciler (it reads the floor).
 	if rep, err := ops.Reconcile(ctx, ops.ReconcileConfig{Ledger: reconciler, Archive: archive, Consumers: []ops.ConsumerSource{
 		{Name: projection.Name, Reader: ops.InboxReader{Inbox: recInbox, Consumer: projection.Name}},
-	}}); err != nil || !rep.Clean {
+	}}); err != nil || !rep.Clean || rep.Consumers[0].Pass.SinceMark == 0 {
 		t.Fatalf("reconcile after cleanup as posthorn_reconciler: %+v %v", rep, err)
 	}
 }

@@ -50,7 +50,10 @@ type InboxReader struct {
 	Consumer string
 }
 
-var _ DispositionReader = InboxReader{}
+var (
+	_ DispositionReader = InboxReader{}
+	_ IncrementalReader = InboxReader{}
+)
 
 // Dispositions implements DispositionReader: an inbox row is at most one
 // disposition per event ID.
@@ -91,6 +94,26 @@ func (r InboxReader) AppliedTwice(ctx context.Context) ([][]string, error) {
 // RevisionConflicts implements DispositionReader.
 func (r InboxReader) RevisionConflicts(ctx context.Context) ([]RevisionConflict, error) {
 	return r.Inbox.RevisionConflicts(ctx, r.Consumer)
+}
+
+// BeginPass implements IncrementalReader.
+func (r InboxReader) BeginPass(ctx context.Context, ledgerHistory string) (PassStart, error) {
+	return r.Inbox.BeginPass(ctx, r.Consumer, ledgerHistory)
+}
+
+// EventIDsSince implements IncrementalReader.
+func (r InboxReader) EventIDsSince(ctx context.Context, since uint64, batch int, fn func([]string) error) error {
+	return r.Inbox.InboxEventIDsSince(ctx, r.Consumer, since, batch, fn)
+}
+
+// AppliedTwiceSince implements IncrementalReader.
+func (r InboxReader) AppliedTwiceSince(ctx context.Context, since uint64) ([][]string, error) {
+	return r.Inbox.AppliedTwiceSince(ctx, r.Consumer, since)
+}
+
+// RecordMark implements IncrementalReader.
+func (r InboxReader) RecordMark(ctx context.Context, mark uint64, ledgerHistory string) error {
+	return r.Inbox.RecordMark(ctx, r.Consumer, mark, ledgerHistory)
 }
 
 // ConsumerSource names a consumer and its disposition reader.

@@ -21,8 +21,12 @@ type ReconcileConfig struct {
 	Cap int
 	// Batch is how many events are matched per round trip (default 5000).
 	Batch int
-	// Record writes the verified boundary of each clean consumer.
+	// Record writes the verified boundary of each clean consumer, and the
+	// mark its next pass may start from (reconcile_marks.go).
 	Record bool
+	// Full reads every consumer's whole history for the checks that a
+	// recorded mark would otherwise limit to what changed since.
+	Full bool
 }
 
 // ErrNoConsumers is returned when no consumer is configured.
@@ -39,9 +43,12 @@ var ErrNoConsumers = errors.New("no consumers to reconcile")
 // consumer's dispositions (matchCut); then find each consumer's unknown
 // event IDs and name its events applied twice and its revision conflicts,
 // each with both event IDs (finishConsumers); last,
-// record the clean consumers' coverage. What does not depend on the cut
+// record the clean consumers' coverage and marks. The checks over a
+// consumer's whole history (unknown event IDs, revisions applied twice)
+// read only what changed since the mark of its last clean pass when it
+// has a usable one (reconcile_marks.go). What does not depend on the cut
 // runs beside it: each consumer's applied-twice groups are read from its
-// inbox from the start (startAppliedTwice), the consumers are matched and
+// inbox (startAppliedTwice), the consumers are matched and
 // finished concurrently, and the next batch is read while one is matched.
 // The report does not depend on the order. Memory grows with the cut:
 // 17 bytes per event of the cut and consumer that recorded it; and with
@@ -123,25 +130,28 @@ func Reconcile(ctx context.Context, cfg ReconcileConfig) (Report, error) {
 		rep.Cut.CoveredOutboxID = min(rep.Cut.CoveredOutboxID, m.beforeUnwatched)
 	}
 	rep.Consumers = m.reps
-	err = recordClean(ctx, cfg, &rep)
+	err = m.recordClean(ctx, &rep)
 	return rep, err
 }
 
-// recordClean sets rep.Clean and, with cfg.Record, records the boundary of
-// every clean consumer, unless the ledger itself disagrees with its
-// journal: then nothing is recorded.
-func recordClean(ctx context.Context, cfg ReconcileConfig, rep *Report) error {
+// recordClean sets rep.Clean and, with Record, records the boundary and
+// the mark of every clean consumer, unless the ledger itself disagrees with
+// its journal: then nothing is recorded.
+func (m *matching) recordClean(ctx context.Context, rep *Report) error {
 	ledgerClean := rep.Ledger.Clean()
 	rep.Clean = ledgerClean && rep.Unwatched.Count == 0
 	for i := range rep.Consumers {
 		r := &rep.Consumers[i]
 		rep.Clean = rep.Clean && r.Clean
-		if r.Clean && ledgerClean && cfg.Record {
-			cov, err := cfg.Ledger.RecordCoverage(ctx, r.Name, rep.Cut.Sequence, rep.Cut.CoveredOutboxID)
+		if r.Clean && ledgerClean && m.cfg.Record {
+			cov, err := m.cfg.Ledger.RecordCoverage(ctx, r.Name, rep.Cut.Sequence, rep.Cut.CoveredOutboxID)
 			if err != nil {
 				return err
 			}
 			r.Coverage = &cov
+			if err := m.recordMark(ctx, i, r); err != nil {
+				return err
+			}
 		}
 	}
 	return nil

@@ -23,10 +23,10 @@ func (m *matching) finishConsumers(ctx context.Context) error {
 	}
 	res := make([]finish, len(m.cfg.Consumers))
 	var wg sync.WaitGroup
-	for ci, c := range m.cfg.Consumers {
+	for ci := range m.cfg.Consumers {
 		wg.Go(func() {
 			m.recorded[ci].sort()
-			res[ci].unknown, res[ci].err = m.unknownToOutbox(ctx, ci, c.Reader)
+			res[ci].unknown, res[ci].err = m.unknownToOutbox(ctx, ci)
 		})
 	}
 	wg.Wait()
@@ -142,14 +142,15 @@ type unknownIDs struct {
 	foreign    Class
 }
 
-// unknownToOutbox returns consumer ci's event IDs that the outbox, read
-// now, does not have. The IDs it had recorded for events of the cut are
-// known without asking: only the others (for a consumer that is up to date
-// with the cut, hardly any) are looked up.
-func (m *matching) unknownToOutbox(ctx context.Context, ci int, r DispositionReader) (unknownIDs, error) {
+// unknownToOutbox returns consumer ci's event IDs (those changed since its
+// mark, or all) that the outbox, read now, does not have. The IDs it had
+// recorded for events of the cut are known without asking: only the others
+// (for a consumer that is up to date with the cut, hardly any) are looked
+// up.
+func (m *matching) unknownToOutbox(ctx context.Context, ci int) (unknownIDs, error) {
 	var u unknownIDs
 	at := 0
-	err := r.EventIDs(ctx, m.cfg.Batch, func(ids []string) error {
+	err := m.eventIDs(ctx, ci, func(ids []string) error {
 		var ask []string
 		for _, id := range ids {
 			if !m.recordedInCut(ci, id, false, &at) {

@@ -41,6 +41,10 @@ type matching struct {
 	// maxCandidates bounds each consumer's IDs kept for the archive
 	// lookup.
 	maxCandidates int
+	// passes is where each consumer's pass starts (reconcile_marks.go),
+	// history the ledger's history its marks are proven against.
+	passes  []PassStart
+	history string
 }
 
 // appliedTwice is what one consumer's AppliedTwice and RevisionConflicts
@@ -64,20 +68,24 @@ func newMatching(ctx context.Context, cfg ReconcileConfig, cleanedThroughID int6
 	if m.prev, err = cfg.Ledger.Coverages(ctx); err != nil {
 		return nil, err
 	}
+	if err := m.beginPasses(ctx); err != nil {
+		return nil, err
+	}
 	m.startAppliedTwice(ctx)
 	return m, nil
 }
 
 // startAppliedTwice reads every consumer's applied-twice groups in the
-// background: a grouping of the whole inbox (seconds on a million rows)
-// that needs nothing from the cut, so it overlaps the cut's reads. Its
+// background: a grouping of the whole inbox (seconds on a million rows), or
+// of what changed since its mark, that needs nothing from the cut, so it
+// overlaps the cut's reads. Its
 // revision conflicts (an index scan of one disposition) are read after them.
 func (m *matching) startAppliedTwice(ctx context.Context) {
 	ctx, cancel := context.WithCancel(ctx)
 	m.twice = make([]appliedTwice, len(m.cfg.Consumers))
 	for ci, c := range m.cfg.Consumers {
 		m.twiceRead.Go(func() {
-			m.twice[ci].groups, m.twice[ci].err = c.Reader.AppliedTwice(ctx)
+			m.twice[ci].groups, m.twice[ci].err = m.appliedTwice(ctx, ci)
 			if m.twice[ci].err == nil {
 				m.twice[ci].conflicts, m.twice[ci].err = c.Reader.RevisionConflicts(ctx)
 			}

@@ -88,6 +88,9 @@ type ConsumerReport struct {
 	// BalanceView is the consumer's declared balance view held against
 	// the journal (nil: it declares none).
 	BalanceView *BalanceViewCheck `json:"balance_view,omitempty"`
+	// Pass says whether the whole-history checks read from a mark (nil:
+	// the consumer's reader keeps none, and they read everything).
+	Pass *PassInfo `json:"pass,omitempty"`
 }
 
 // CutInfo describes the cut a report is about.

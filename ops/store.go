@@ -44,6 +44,9 @@ type ReconcileStore interface {
 	// RecordCoverage advances a consumer's verified boundary (never lowers
 	// it) and returns the boundary now recorded.
 	RecordCoverage(ctx context.Context, consumer string, cut, coveredID int64) (Coverage, error)
+	// LedgerHistory names the ledger server's history now (its system and
+	// timeline): a consumer's mark proven against another is not used.
+	LedgerHistory(ctx context.Context) (string, error)
 }
 
 // ArchiveLedger is what Archive reads and records in the ledger: how far
@@ -145,6 +148,12 @@ type Inbox interface {
 	AppliedTwice(ctx context.Context, consumer string) ([][]string, error)
 	// RevisionConflicts returns the consumer's revision_conflict rows.
 	RevisionConflicts(ctx context.Context, consumer string) ([]RevisionConflict, error)
+	// BeginPass, InboxEventIDsSince, AppliedTwiceSince and RecordMark are
+	// IncrementalReader's, for consumer.
+	BeginPass(ctx context.Context, consumer, ledgerHistory string) (PassStart, error)
+	InboxEventIDsSince(ctx context.Context, consumer string, since uint64, batch int, fn func(ids []string) error) error
+	AppliedTwiceSince(ctx context.Context, consumer string, since uint64) ([][]string, error)
+	RecordMark(ctx context.Context, consumer string, mark uint64, ledgerHistory string) error
 	// Pruned returns which of cands PruneInbox may have removed.
 	Pruned(ctx context.Context, consumer string, cands []PrunedCandidate) (map[string]bool, error)
 	// PruneInbox deletes the consumer's final rows behind h in batches of at

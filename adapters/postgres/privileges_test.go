@@ -275,6 +275,43 @@ func TestRolesConsumerOwnsItsInboxAndCannotTouchTheLedger(t *testing.T) {
 	roletest.AssertRefused(t, consumerOwner, cons, []roletest.Refusal{
 		{What: "truncate the inbox", SQL: `TRUNCATE consumer_inbox`},
 		{What: "drop the projection", SQL: `TRUNCATE projection_balances`},
+		// A mark moved past its rows would hide them from reconciliation's
+		// next pass.
+		{What: "record its own reconciliation mark", SQL: `INSERT INTO consumer_reconciled (consumer, mark, server, ledger_history)
+VALUES ('balance-projection', pg_current_xact_id(), 0, 'any')`},
+		{What: "move its reconciliation mark", SQL: `UPDATE consumer_reconciled SET mark = pg_current_xact_id()`},
+		{What: "stamp an inbox row as unchanged", SQL: `ALTER TABLE consumer_inbox DISABLE TRIGGER consumer_inbox_changed`},
+	})
+}
+
+// On a consumer's database the reconciler reads every consumer's inbox and
+// records the marks of its passes, and writes nothing else.
+func TestRolesReconcilerRecordsMarksOnlyInTheConsumerDatabase(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	consumerURL, consumerOwner := roletest.Consumer(t)
+	if _, err := consumerOwner.Exec(ctx, `INSERT INTO consumer_inbox (consumer, event_id, aggregate_type, aggregate_id, revision, disposition)
+VALUES ('balance-projection', 'e1', 'account', 'acc-alice', 1, 'applied')`); err != nil {
+		t.Fatal(err)
+	}
+	rec := roletest.As(t, consumerURL, postgres.RoleReconciler)
+	in := inboxstore.New(rec)
+	p, err := in.BeginPass(ctx, "balance-projection", "h")
+	if err != nil {
+		t.Fatalf("begin a pass as posthorn_reconciler: %v", err)
+	}
+	if err := in.RecordMark(ctx, "balance-projection", p.Next, "h"); err != nil {
+		t.Fatalf("record a mark as posthorn_reconciler: %v", err)
+	}
+	if _, err := in.AppliedTwiceSince(ctx, "balance-projection", 1); err != nil {
+		t.Fatalf("applied twice since a mark as posthorn_reconciler: %v", err)
+	}
+	roletest.AssertRefused(t, consumerOwner, rec, []roletest.Refusal{
+		{What: "change a disposition", SQL: `UPDATE consumer_inbox SET disposition = 'duplicate'`},
+		{What: "delete inbox rows", SQL: `DELETE FROM consumer_inbox`},
+		{What: "record a disposition", SQL: `INSERT INTO consumer_inbox (consumer, event_id, disposition) VALUES ('balance-projection', 'e2', 'applied')`},
+		{What: "change a balance", SQL: `UPDATE projection_balances SET balance = 0`},
+		{What: "stamp an inbox row as unchanged", SQL: `ALTER TABLE consumer_inbox DISABLE TRIGGER consumer_inbox_changed`},
 	})
 }
 

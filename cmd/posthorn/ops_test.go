@@ -60,7 +60,8 @@ func TestOpsCommands(t *testing.T) {
 		t.Fatalf("clean run: code %d, %+v, %s", code, rep, stderr)
 	}
 	code, stdout, _ = runCLI(t, env, "reconcile")
-	if code != 0 || !strings.Contains(stdout, "result: clean") || !strings.Contains(stdout, "coverage recorded: balance-projection") {
+	if code != 0 || !strings.Contains(stdout, "result: clean") || !strings.Contains(stdout, "coverage recorded: balance-projection") ||
+		!strings.Contains(stdout, "history checked: audit-log, what changed since mark") {
 		t.Fatalf("human report: code %d\n%s", code, stdout)
 	}
 
@@ -89,8 +90,14 @@ func TestOpsCommands(t *testing.T) {
 
 	// After cleanup the report stays clean (the cleaned events are in the
 	// archive); an event ID the ledger never had shows: exit 1 with the ID.
-	if code, rep, stderr := reconcile(); code != 0 || !rep.Clean {
+	if code, rep, stderr := reconcile(); code != 0 || !rep.Clean || rep.Consumers[0].Pass.SinceMark == 0 {
 		t.Fatalf("after cleanup: code %d, %+v, %s", code, rep, stderr)
+	}
+	// A full pass looks every held event ID up again: the cleaned ones in
+	// the archive.
+	if code, rep, stderr := reconcile("--full"); code != 0 || !rep.Clean || rep.Consumers[0].Pass.SinceMark != 0 ||
+		rep.Consumers[0].Pass.FullBecause != "a full pass was asked for" {
+		t.Fatalf("full pass after cleanup: code %d, %+v, %s", code, rep, stderr)
 	}
 	stranger := "0190c0de-0000-7000-8000-00000000beef"
 	if _, err := consumer.Exec(ctx, `INSERT INTO consumer_inbox (consumer, event_id, disposition) VALUES ($1, $2, 'applied')`, auditlog.Name, stranger); err != nil {

@@ -100,7 +100,9 @@ func requiredConsumers(cfg configs.Config) []string {
 }
 
 // connectReadOnly opens a pool whose sessions are read-only whatever the
-// role may do: reconciliation never writes to a consumer's database.
+// role may do: reconciliation writes nothing to a consumer's database but
+// the mark of a clean pass, in a read-write transaction it opens for it
+// (inboxstore.Inbox.RecordMark).
 func connectReadOnly(ctx context.Context, dsn string) (*pgxpool.Pool, error) {
 	pc, err := postgres.ParseConfig(dsn)
 	if err != nil {
@@ -178,7 +180,8 @@ func runReconcile(ctx context.Context, args []string) error {
 	asJSON := fs.Bool("json", false, "print one JSON object")
 	limit := fs.Int("cap", 20, "most IDs listed per discrepancy class (counts are always complete)")
 	settle := fs.Duration("settle", 10*time.Second, "how long to wait for in-flight ledger transactions before the cut counts as not provable")
-	noRecord := fs.Bool("no-record", false, "do not record the verified coverage boundary when clean")
+	noRecord := fs.Bool("no-record", false, "do not record the verified coverage boundary and the consumers' marks when clean")
+	full := fs.Bool("full", false, "check every event ID each consumer ever recorded, not only those changed since its last clean pass's mark")
 	var (
 		req  ops.CutRequest
 		list []configs.ReconcileConsumer
@@ -223,6 +226,7 @@ func runReconcile(ctx context.Context, args []string) error {
 	}
 	rep, err := ops.Reconcile(ctx, ops.ReconcileConfig{
 		Ledger: opsstore.New(p.ledger), Consumers: sources, Archive: p.archive, Cut: req, Cap: *limit, Record: !*noRecord,
+		Full: *full,
 	})
 	if err != nil {
 		return couldNotRun(err)
@@ -300,6 +304,7 @@ func printReconcile(w io.Writer, rep ops.Report) {
 	fmt.Fprintln(w)
 	printLedgerProof(w, rep)
 	for _, r := range rep.Consumers {
+		printPass(w, r)
 		if r.Coverage != nil {
 			fmt.Fprintf(w, "coverage recorded: %s up to journal sequence %d, outbox id %d\n", r.Name, r.Coverage.CutSequence, r.Coverage.CoveredOutboxID)
 		}
@@ -309,4 +314,21 @@ func printReconcile(w io.Writer, rep ops.Report) {
 	} else {
 		fmt.Fprintln(w, "result: DISCREPANCIES (exit 1)")
 	}
+}
+
+// printPass says how far back r's checks of its whole history read.
+func printPass(w io.Writer, r ops.ConsumerReport) {
+	p := r.Pass
+	if p == nil {
+		return
+	}
+	if p.SinceMark > 0 {
+		fmt.Fprintf(w, "history checked: %s, what changed since mark %d (its last clean pass)", r.Name, p.SinceMark)
+	} else {
+		fmt.Fprintf(w, "history checked: %s, whole (%s)", r.Name, p.FullBecause)
+	}
+	if p.RecordedMark > 0 {
+		fmt.Fprintf(w, "; mark %d recorded for the next pass", p.RecordedMark)
+	}
+	fmt.Fprintln(w)
 }

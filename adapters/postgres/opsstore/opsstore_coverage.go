@@ -35,3 +35,15 @@ func (s *Store) Coverages(ctx context.Context) (map[string]ops.Coverage, error) 
 	}
 	return pgrows.ByKey(list, func(c ops.Coverage) string { return c.Consumer }), nil
 }
+
+// LedgerHistory names the ledger server's history now, as its system
+// identifier and timeline: a consumer's reconciliation mark is used only
+// by a pass proven against the history it was recorded under.
+func (s *Store) LedgerHistory(ctx context.Context) (string, error) {
+	var sys int64
+	var tl int32
+	if err := s.pool.QueryRow(ctx, `SELECT system_identifier, timeline FROM posthorn.ledger_history()`).Scan(&sys, &tl); err != nil {
+		return "", fmt.Errorf("ledger history: %w", err)
+	}
+	return fmt.Sprintf("system %d timeline %d", sys, tl), nil
+}

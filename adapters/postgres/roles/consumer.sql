@@ -14,7 +14,9 @@
 --                        several consumers is a member of each one's role.
 --   posthorn_reconciler  reads the dispositions (consumer_inbox), the
 --                        positions, the retention horizon and the
---                        projection's balances (its balance view).
+--                        projection's balances (its balance view); writes
+--                        only the marks of its clean passes
+--                        (consumer_reconciled).
 
 -- One role per registered consumer. Roles are cluster-wide: another
 -- database's run may have created it, or be creating it now.
@@ -34,13 +36,14 @@ BEGIN
             EXECUTE format('GRANT posthorn_consumer TO %I', r);
         END IF;
         EXECUTE format('REVOKE ALL ON TABLE consumer_inbox, consumer_positions, consumer_retention, consumer_identities, '
-                       'projection_balances, audit_log, posthorn_consumer_migrations, '
+                       'consumer_reconciled, projection_balances, audit_log, posthorn_consumer_migrations, '
                        'posthorn_consumer_balance_projection_migrations, posthorn_consumer_audit_log_migrations FROM %I', r);
     END LOOP;
 END
 $identities$;
 
-REVOKE ALL ON TABLE consumer_inbox, consumer_positions, consumer_retention, consumer_identities, projection_balances, audit_log,
+REVOKE ALL ON TABLE consumer_inbox, consumer_positions, consumer_retention, consumer_identities, consumer_reconciled,
+    projection_balances, audit_log,
     posthorn_consumer_migrations, posthorn_consumer_balance_projection_migrations, posthorn_consumer_audit_log_migrations
     FROM posthorn_api, posthorn_relay, posthorn_relay_cdc, posthorn_reconciler, posthorn_maintainer, posthorn_consumer;
 
@@ -97,6 +100,9 @@ GRANT SELECT ON consumer_inbox TO posthorn_reconciler;
 -- holds against the ledger's journal.
 GRANT SELECT ON projection_balances TO posthorn_reconciler;
 GRANT SELECT ON consumer_retention, consumer_positions TO posthorn_reconciler;
+-- Where its next pass starts (migration 00009). No consumer may move it:
+-- a mark moved past a row hides that row from the next pass.
+GRANT SELECT, INSERT, UPDATE ON consumer_reconciled TO posthorn_reconciler;
 -- The inbox's protocol in SQL for consumers outside Go (migrations 00003,
 -- 00004, 00006: posthorn_inbox_receive calls 00004's posthorn_inbox_rule);
 -- it runs with the caller's rights, the ones above, so the policies hold

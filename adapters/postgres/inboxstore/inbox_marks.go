@@ -1,0 +1,132 @@
+package inboxstore
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/posthorn/posthorn/adapters/postgres/internal/pgrows"
+	"github.com/posthorn/posthorn/ops"
+)
+
+// Reconciliation's marks (consumer migration 00009, ops/reconcile_marks.go):
+// every inbox row carries the transaction ID of its last change, and a clean
+// pass records the xmin of a snapshot taken before it read. Transaction IDs
+// travel as text: xid8 is a 64-bit counter that never wraps.
+
+// BeginPass implements ops.IncrementalReader for consumer: the mark a pass
+// starting now records if clean, and the recorded one it may read from,
+// all in one statement so that the mark is taken before any read.
+func (in *Inbox) BeginPass(ctx context.Context, consumer, ledgerHistory string) (ops.PassStart, error) {
+	var (
+		next, server                  string
+		mark, markServer, markHistory *string
+	)
+	err := in.pool.QueryRow(ctx, `
+SELECT pg_snapshot_xmin(pg_current_snapshot())::text, (SELECT system_identifier FROM pg_control_system())::text,
+       m.mark::text, m.server::text, m.ledger_history
+FROM (SELECT 1) AS one LEFT JOIN consumer_reconciled AS m ON m.consumer = $1`, consumer).Scan(&next, &server, &mark, &markServer, &markHistory)
+	if err != nil {
+		return ops.PassStart{}, fmt.Errorf("inbox: begin a reconciliation pass: %w", err)
+	}
+	var p ops.PassStart
+	if p.Next, err = strconv.ParseUint(next, 10, 64); err != nil {
+		return p, fmt.Errorf("inbox: snapshot xmin %q: %w", next, err)
+	}
+	switch {
+	case mark == nil:
+		p.Why = "no clean pass has recorded a mark yet"
+	case *markServer != server:
+		p.Why = "the mark was recorded on another database server (restored from a dump?)"
+	case *markHistory != ledgerHistory:
+		p.Why = fmt.Sprintf("the mark was proven against another ledger history (%s, now %s)", *markHistory, ledgerHistory)
+	default:
+		since, err := strconv.ParseUint(*mark, 10, 64)
+		if err != nil {
+			return p, fmt.Errorf("inbox: mark %q: %w", *mark, err)
+		}
+		// A mark is the xmin of an earlier snapshot on this server, which
+		// the xmin of a later one never falls below.
+		if since > p.Next {
+			p.Why = fmt.Sprintf("the mark %d lies ahead of this server's oldest running transaction %d", since, p.Next)
+			break
+		}
+		p.Since = since
+	}
+	return p, nil
+}
+
+// InboxEventIDsSince calls fn with the event IDs of consumer's rows changed
+// at or after since, in batches of up to batch: a short statement a page,
+// in the order of the index on (consumer, changed_xid, event_id), so that
+// a page reads its rows and stops. A row changed again while the pages are
+// read may come twice.
+func (in *Inbox) InboxEventIDsSince(ctx context.Context, consumer string, since uint64, batch int, fn func(ids []string) error) error {
+	type row struct {
+		XID     string
+		EventID string
+	}
+	afterXID, afterID, first := strconv.FormatUint(since, 10), "", true
+	for {
+		rows, err := pgrows.Query(ctx, in.pool, pgx.RowToStructByPos[row], `
+SELECT changed_xid::text AS xid, event_id FROM consumer_inbox
+WHERE consumer = $1 AND changed_xid >= $2::text::xid8 AND ($5 OR (changed_xid, event_id) > ($2::text::xid8, $3))
+ORDER BY consumer_inbox.changed_xid, event_id LIMIT $4`, consumer, afterXID, afterID, batch, first)
+		if err != nil {
+			return fmt.Errorf("inbox event ids since %d: %w", since, err)
+		}
+		if len(rows) == 0 {
+			return nil
+		}
+		ids := make([]string, len(rows))
+		for i, r := range rows {
+			ids[i] = r.EventID
+		}
+		if err := fn(ids); err != nil {
+			return err
+		}
+		last := rows[len(rows)-1]
+		afterXID, afterID, first = last.XID, last.EventID, false
+	}
+}
+
+// AppliedTwiceSince is AppliedTwice for the revisions where a row of
+// consumer changed at or after since is applied: a revision applied twice
+// has a second applied row, written (or turned applied) after the first.
+// The revisions' rows are found through the index on the aggregate and
+// revision, so the cost follows the changed rows, not the inbox.
+func (in *Inbox) AppliedTwiceSince(ctx context.Context, consumer string, since uint64) ([][]string, error) {
+	out, err := pgrows.Query(ctx, in.pool, pgx.RowTo[[]string], `
+SELECT array_agg(i.event_id ORDER BY i.event_id)
+FROM (SELECT DISTINCT aggregate_type, aggregate_id, revision FROM consumer_inbox
+      WHERE consumer = $1 AND changed_xid >= $2::text::xid8 AND disposition = 'applied' AND revision > 0) AS k
+JOIN consumer_inbox AS i ON i.consumer = $1 AND i.aggregate_type = k.aggregate_type AND i.aggregate_id = k.aggregate_id
+                         AND i.revision = k.revision AND i.disposition = 'applied'
+GROUP BY k.aggregate_type, k.aggregate_id, k.revision HAVING count(*) > 1`, consumer, strconv.FormatUint(since, 10))
+	if err != nil {
+		return nil, fmt.Errorf("applied twice since %d: %w", since, err)
+	}
+	return out, nil
+}
+
+// RecordMark records mark as where consumer's next pass proven against
+// ledgerHistory may start, with this server's identity. It is the one
+// write reconciliation makes in a consumer's database, in a read-write
+// transaction of its own (its sessions are read-only by default).
+func (in *Inbox) RecordMark(ctx context.Context, consumer string, mark uint64, ledgerHistory string) error {
+	err := pgx.BeginTxFunc(ctx, in.pool, pgx.TxOptions{AccessMode: pgx.ReadWrite}, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `
+INSERT INTO consumer_reconciled (consumer, mark, server, ledger_history)
+VALUES ($1, $2::text::xid8, (SELECT system_identifier FROM pg_control_system()), $3)
+ON CONFLICT (consumer) DO UPDATE
+   SET mark = EXCLUDED.mark, server = EXCLUDED.server, ledger_history = EXCLUDED.ledger_history, recorded_at = now()`,
+			consumer, strconv.FormatUint(mark, 10), ledgerHistory)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("inbox: record the reconciliation mark of %s: %w", consumer, err)
+	}
+	return nil
+}
