@@ -117,8 +117,9 @@ func TestFaultSuite(t *testing.T) {
 		}
 	}
 	if err != nil {
+		t.Errorf("fault run: %v", err) // before the logs, which are long
 		dumpLogs(t, s)
-		t.Fatal(err)
+		t.FailNow()
 	}
 	if fig.Postings < rc.Postings {
 		t.Errorf("posted %d of %d", fig.Postings, rc.Postings)
@@ -168,10 +169,14 @@ func runFaultControl(t *testing.T, what string, sys faultkit.SystemConfig, rc fa
 	s := startFaultSystem(t, sys)
 	rc.Logf = t.Logf
 	fig, err := faultkit.Run(context.Background(), s, rc)
+	if err != nil {
+		// The error first: the processes' logs after it are long.
+		t.Errorf("%s: %v", what, err)
+	}
 	t.Logf("%s:\n%s", what, fig)
 	if err != nil {
 		dumpLogs(t, s)
-		t.Fatal(err)
+		t.FailNow()
 	}
 	return s, fig
 }

@@ -241,7 +241,8 @@ func (r *runState) settle(ctx context.Context) error {
 			}
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("not settled within %s: %d events, %d unrelayed, applied %v", r.cfg.DrainTimeout, p.Events, p.Unrelayed, p.Applied)
+			return fmt.Errorf("not settled within %s: %d events, %d unrelayed, applied %v (last state: unrelayed, applied, audit-log rows, projected revisions: %s)",
+				r.cfg.DrainTimeout, p.Events, p.Unrelayed, p.Applied, last)
 		}
 		select {
 		case <-ctx.Done():
