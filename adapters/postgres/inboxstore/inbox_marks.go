@@ -95,21 +95,31 @@ ORDER BY consumer_inbox.changed_xid, event_id LIMIT $4`, consumer, afterXID, aft
 // AppliedTwiceSince is AppliedTwice for the revisions where a row of
 // consumer changed at or after since is applied: a revision applied twice
 // has a second applied row, written (or turned applied) after the first.
-// The revisions' rows are found through the index on the aggregate and
+// Each such revision's rows are looked up by the index on the aggregate and
 // revision, so the cost follows the changed rows, not the inbox.
+//
+// The lookups are a LATERAL aggregate, so each is one index probe, and the
+// disposition is tested as "IS TRUE", which no index can answer: on an
+// inbox not yet analysed the planner rates the index on (consumer,
+// disposition) as cheap as the one on the revision, and took it to scan
+// every applied row once per changed revision (7.7 s on 22,000 rows and
+// 2,000 changes, against 17 ms this way).
 func (in *Inbox) AppliedTwiceSince(ctx context.Context, consumer string, since uint64) ([][]string, error) {
-	out, err := pgrows.Query(ctx, in.pool, pgx.RowTo[[]string], `
-SELECT array_agg(i.event_id ORDER BY i.event_id)
-FROM (SELECT DISTINCT aggregate_type, aggregate_id, revision FROM consumer_inbox
-      WHERE consumer = $1 AND changed_xid >= $2::text::xid8 AND disposition = 'applied' AND revision > 0) AS k
-JOIN consumer_inbox AS i ON i.consumer = $1 AND i.aggregate_type = k.aggregate_type AND i.aggregate_id = k.aggregate_id
-                         AND i.revision = k.revision AND i.disposition = 'applied'
-GROUP BY k.aggregate_type, k.aggregate_id, k.revision HAVING count(*) > 1`, consumer, strconv.FormatUint(since, 10))
+	out, err := pgrows.Query(ctx, in.pool, pgx.RowTo[[]string], appliedTwiceSinceSQL, consumer, strconv.FormatUint(since, 10))
 	if err != nil {
 		return nil, fmt.Errorf("applied twice since %d: %w", since, err)
 	}
 	return out, nil
 }
+
+const appliedTwiceSinceSQL = `
+SELECT g.ids
+FROM (SELECT DISTINCT aggregate_type, aggregate_id, revision FROM consumer_inbox
+      WHERE consumer = $1 AND changed_xid >= $2::text::xid8 AND (disposition = 'applied') IS TRUE AND revision > 0) AS k,
+LATERAL (SELECT array_agg(o.event_id ORDER BY o.event_id) AS ids, count(*) AS n FROM consumer_inbox AS o
+         WHERE o.consumer = $1 AND o.aggregate_type = k.aggregate_type AND o.aggregate_id = k.aggregate_id
+           AND o.revision = k.revision AND (o.disposition = 'applied') IS TRUE) AS g
+WHERE g.n > 1`
 
 // RecordMark records mark as where consumer's next pass proven against
 // ledgerHistory may start, with this server's identity. It is the one
