@@ -32,12 +32,14 @@
 //     cost grows with it by nature;
 //   - 1,000 more postings, relayed and applied, then reconcile, archive,
 //     cleanup and the failover check again: the incremental pass an
-//     operator's schedule runs, whose cost need not grow. Reconcile looks
-//     up every inbox event ID outside its cut in the outbox, and those the
-//     outbox no longer has in the archive: until inbox retention prunes
-//     them, that is every event of the cleaned-up history. Should it fail,
-//     that is the figure (failed, and why), and archive and cleanup, which
-//     need the coverage a clean reconcile records, are not run.
+//     operator's schedule runs, whose cost need not grow. Reconcile reads
+//     each consumer's history from the mark its first pass recorded; the
+//     same pass with the marks set aside (Full) follows it, as it ran
+//     before there were marks: every inbox event ID outside its cut looked
+//     up in the outbox, and those the outbox no longer has in the archive.
+//     Should the pass fail, that is the figure (failed, and why), and
+//     archive and cleanup, which need the coverage a clean reconcile
+//     records, are not run.
 //
 // It loads millions of rows, so `make bench` does not run it:
 //
