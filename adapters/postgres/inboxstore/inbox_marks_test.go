@@ -15,6 +15,13 @@ import (
 	"github.com/posthorn/posthorn/internal/testkit/pgtest"
 )
 
+// markInbox is a fresh consumer database and its inbox.
+func markInbox(t *testing.T) (context.Context, *pgxpool.Pool, *inboxstore.Inbox) {
+	t.Helper()
+	_, pool := pgtest.Consumer(t)
+	return context.Background(), pool, inboxstore.New(pool)
+}
+
 // addRow writes an inbox row as a consumer's transaction would.
 func addRow(t *testing.T, pool *pgxpool.Pool, consumer, id string, rev int64, disposition string) {
 	t.Helper()
@@ -49,9 +56,7 @@ func idsSince(t *testing.T, in *inboxstore.Inbox, consumer string, since uint64,
 // updated since, page by page, each once, and no other consumer's.
 func TestInboxMarkReadsWhatChangedSince(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	_, pool := pgtest.Consumer(t)
-	in := inboxstore.New(pool)
+	ctx, pool, in := markInbox(t)
 	const history = "system 1 timeline 1"
 
 	p, err := in.BeginPass(ctx, "c", history)
@@ -123,9 +128,7 @@ WHERE consumer = 'c' AND changed_xid >= $1::text::xid8`, strconv.FormatUint(next
 // transaction (a transaction ID assigned after it) misses it.
 func TestInboxMarkKeepsALateCommit(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	_, pool := pgtest.Consumer(t)
-	in := inboxstore.New(pool)
+	ctx, pool, in := markInbox(t)
 
 	open, err := pool.Begin(ctx)
 	if err != nil {
@@ -172,9 +175,7 @@ func newestXID(t *testing.T, pool *pgxpool.Pool) uint64 {
 // Control: without the trigger that stamps updates, the pair is missed.
 func TestInboxMarkFindsAHeldRowAppliedLater(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	_, pool := pgtest.Consumer(t)
-	in := inboxstore.New(pool)
+	ctx, pool, in := markInbox(t)
 
 	pairFromMark := func(applied, held string) [][]string {
 		t.Helper()
@@ -212,9 +213,7 @@ func TestInboxMarkFindsAHeldRowAppliedLater(t *testing.T) {
 // (9, 10, 99, 100) as within one.
 func TestInboxMarkPagesInTransactionOrder(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	_, pool := pgtest.Consumer(t)
-	in := inboxstore.New(pool)
+	ctx, pool, in := markInbox(t)
 	for _, x := range []string{"8", "9", "10", "11", "99", "100", "1000"} {
 		if _, err := pool.Exec(ctx, `INSERT INTO consumer_inbox (consumer, event_id, disposition, changed_xid)
 VALUES ('c', 'at-' || $1, 'applied', $1::xid8)`, x); err != nil {
