@@ -382,8 +382,9 @@ FROM console_audit WHERE finished_at >= at AND at > now() - interval '1 minute' 
 			t.Fatalf("page still shows %q after the release", gone)
 		}
 	}
-	if !strings.Contains(page, "Last reconcile from this console") || !strings.Contains(page, "<td>alice</td>") {
-		t.Fatalf("page lacks the reconcile or the audit log:\n%s", page)
+	if !strings.Contains(page, "Last reconcile from this console") || !strings.Contains(page, "<td>alice</td>") ||
+		!strings.Contains(page, "balance-projection's history checked whole (no clean pass has recorded a mark yet)") {
+		t.Fatalf("page lacks the reconcile, how far back it read, or the audit log:\n%s", page)
 	}
 	// The outcome shown comes from the audit log, never from the link.
 	if _, forged := r.get("/?done=" + url.QueryEscape("all balances zeroed")); strings.Contains(forged, "all balances zeroed") || strings.Contains(forged, `role="status"`) {
