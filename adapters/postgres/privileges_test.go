@@ -306,6 +306,16 @@ VALUES ('balance-projection', 'e1', 'account', 'acc-alice', 1, 'applied')`); err
 	if _, err := in.AppliedTwiceSince(ctx, "balance-projection", 1); err != nil {
 		t.Fatalf("applied twice since a mark as posthorn_reconciler: %v", err)
 	}
+	// A database migrated but whose grants were not applied again says so.
+	if _, err := consumerOwner.Exec(ctx, `REVOKE ALL ON consumer_reconciled FROM posthorn_reconciler`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := in.BeginPass(ctx, "balance-projection", "h"); err == nil || !strings.Contains(err.Error(), "run posthorn migrate --consumer --roles") {
+		t.Fatalf("without its grant: %v, want the hint to apply the roles", err)
+	}
+	if _, err := consumerOwner.Exec(ctx, `GRANT SELECT, INSERT, UPDATE ON consumer_reconciled TO posthorn_reconciler`); err != nil {
+		t.Fatal(err)
+	}
 	roletest.AssertRefused(t, consumerOwner, rec, []roletest.Refusal{
 		{What: "change a disposition", SQL: `UPDATE consumer_inbox SET disposition = 'duplicate'`},
 		{What: "delete inbox rows", SQL: `DELETE FROM consumer_inbox`},

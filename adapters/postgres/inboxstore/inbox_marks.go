@@ -2,10 +2,12 @@ package inboxstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/posthorn/posthorn/adapters/postgres/internal/pgrows"
 	"github.com/posthorn/posthorn/ops"
@@ -29,7 +31,7 @@ SELECT pg_snapshot_xmin(pg_current_snapshot())::text, (SELECT system_identifier 
        m.mark::text, m.server::text, m.ledger_history
 FROM (SELECT 1) AS one LEFT JOIN consumer_reconciled AS m ON m.consumer = $1`, consumer).Scan(&next, &server, &mark, &markServer, &markHistory)
 	if err != nil {
-		return ops.PassStart{}, fmt.Errorf("inbox: begin a reconciliation pass: %w", err)
+		return ops.PassStart{}, fmt.Errorf("inbox: begin a reconciliation pass: %w%s", err, markHint(err))
 	}
 	var p ops.PassStart
 	if p.Next, err = strconv.ParseUint(next, 10, 64); err != nil {
@@ -136,7 +138,23 @@ ON CONFLICT (consumer) DO UPDATE
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("inbox: record the reconciliation mark of %s: %w", consumer, err)
+		return fmt.Errorf("inbox: record the reconciliation mark of %s: %w%s", consumer, err, markHint(err))
 	}
 	return nil
+}
+
+// markHint says what an upgraded consumer database lacks when the marks'
+// table is missing (its migration) or closed to the reconciler (its grants).
+func markHint(err error) string {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return ""
+	}
+	switch pgErr.Code {
+	case "42P01": // undefined_table
+		return " (run posthorn migrate --consumer: consumer_reconciled is missing)"
+	case "42501": // insufficient_privilege
+		return " (run posthorn migrate --consumer --roles: posthorn_reconciler reads and writes its marks in consumer_reconciled)"
+	}
+	return ""
 }
