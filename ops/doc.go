@@ -39,7 +39,11 @@
 // revisions and its events; reconcile_ledger.go), does Reconcile record
 // (consumer, N, X) in ops_coverage, with X lowered below the first event
 // no consumer subscribes to (reconcile_topics.go). Coverage only ever
-// advances.
+// advances. "Knows no event ID the ledger does not" and "no revision
+// applied twice" are proven once per inbox change: a clean pass records a
+// mark in the consumer's database below which every change was read and
+// proven, and the next pass proven against the same ledger history reads
+// only the changes at or after it (reconcile_marks.go).
 //
 // # Archive and cleanup
 //
