@@ -46,6 +46,9 @@ func startFaultSystem(t *testing.T, cfg faultkit.SystemConfig) *faultkit.System 
 func dumpLogs(t *testing.T, s *faultkit.System) {
 	t.Helper()
 	for _, p := range s.Procs() {
+		if errs := faultkit.Errors(p.LogPath(), 15); errs != "" {
+			t.Logf("---- %s: its last errors:\n%s", p.Name, errs)
+		}
 		t.Logf("---- %s (%d starts) %s:\n%s", p.Name, p.Starts(), p.LogPath(), faultkit.Tail(p.LogPath(), 25))
 	}
 }

@@ -391,11 +391,27 @@ func (p *Proc) Close() {
 
 // Tail returns the last n lines of the file at path.
 func Tail(path string, n int) string {
+	return lastLines(path, n, func(string) bool { return true })
+}
+
+// Errors returns the last n lines of the log at path that a component
+// logged at ERROR (a park, a failed marker write): they may lie far above
+// its tail.
+func Errors(path string, n int) string {
+	return lastLines(path, n, func(l string) bool { return strings.Contains(l, `"level":"ERROR"`) })
+}
+
+func lastLines(path string, n int, keep func(string) bool) string {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return err.Error()
 	}
-	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+	var lines []string
+	for _, l := range strings.Split(strings.TrimRight(string(data), "\n"), "\n") {
+		if keep(l) {
+			lines = append(lines, l)
+		}
+	}
 	if len(lines) > n {
 		lines = lines[len(lines)-n:]
 	}
