@@ -183,7 +183,8 @@ func (w *stallWatch) check(p demo.Progress, now time.Time) string {
 // leases, parked aggregates and unrelayed rows (RelayReport) and their
 // goroutines; for a consumer, the broker's view of the groups (GroupReport),
 // the relayed events it misses and whether the broker holds them
-// (MissingReport), and the consumers' goroutines. The goroutines come from SIGQUIT and go,
+// (MissingReport), the relays' view too when events are unrelayed, and the
+// consumers' goroutines. The goroutines come from SIGQUIT and go,
 // summarised, to the run's log.
 func (r *runState) stalled(ctx context.Context, who string, p demo.Progress) {
 	procs, what := r.s.Consumers, "consumer "+who+" applied nothing"
@@ -196,6 +197,12 @@ func (r *runState) stalled(ctx context.Context, who string, p demo.Progress) {
 	if who == relayWho {
 		procs, what = r.s.Relays, "the relays marked nothing relayed"
 		report, rerr = r.s.RelayReport(ctx)
+	} else if rerr == nil && p.Unrelayed > 0 {
+		// A consumer waits on events the relays have not sent: say why
+		// they have not (a park, a shard without a live lease).
+		var relays string
+		relays, rerr = r.s.RelayReport(ctx)
+		report += "  the relays, with events unrelayed:\n" + relays
 	}
 	if rerr != nil {
 		report = "report unavailable: " + rerr.Error()
