@@ -148,6 +148,12 @@ func Run(ctx context.Context, s *System, cfg RunConfig) (Figures, error) {
 		if serr := r.stallErr(); serr != nil {
 			return r.fig, serr
 		}
+		// Events left unrelayed: the ledger's view of the relays says
+		// whether a shard had no live lease, an aggregate was parked, or
+		// the relays held every shard and still did not send them.
+		if report, rerr := s.RelayReport(ctx); rerr == nil {
+			err = fmt.Errorf("%w\nthe relays:\n%s", err, report)
+		}
 		return r.fig, err
 	}
 	r.fig.DrainTime = time.Since(drainStart)
