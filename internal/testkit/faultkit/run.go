@@ -148,12 +148,7 @@ func Run(ctx context.Context, s *System, cfg RunConfig) (Figures, error) {
 		if serr := r.stallErr(); serr != nil {
 			return r.fig, serr
 		}
-		// Events left unrelayed: the ledger's view of the relays says
-		// whether a shard had no live lease, an aggregate was parked, or
-		// the relays held every shard and still did not send them.
-		if report, rerr := s.RelayReport(ctx); rerr == nil {
-			err = fmt.Errorf("%w\nthe relays:\n%s", err, report)
-		}
+		r.unsettled(ctx, cancelRun)
 		return r.fig, err
 	}
 	r.fig.DrainTime = time.Since(drainStart)
@@ -204,6 +199,28 @@ func (r *runState) loadWithFaults(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// unsettled logs, for a run that did not settle with events unrelayed, why
+// the relays held them back: the ledger's view of them (a shard without a
+// live lease, a parked aggregate, or every shard held and the events still
+// not sent) and, with the supervisors stopped by stop, each relay's
+// goroutines.
+func (r *runState) unsettled(ctx context.Context, stop func()) {
+	p, err := demo.ReadProgress(ctx, r.s.Ledger, r.s.Consumer, Consumers)
+	if err != nil || p.Unrelayed == 0 {
+		return
+	}
+	report, err := r.s.RelayReport(ctx)
+	if err != nil {
+		report = "report unavailable: " + err.Error()
+	}
+	r.cfg.Logf("%d events unrelayed after the drain; the relays:\n%s", p.Unrelayed, report)
+	stop()
+	for _, c := range r.s.Relays {
+		c.Quit()
+		r.cfg.Logf("goroutines of %s:\n%s", c.Name, SummarizeDump(LastRun(c.LogPath())))
+	}
 }
 
 // settle waits for the end state of cfg.Settle.
