@@ -6,6 +6,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/internal/pgrows"
 	"github.com/posthorn/posthorn/ops"
 )
@@ -40,10 +41,9 @@ func (s *Store) Coverages(ctx context.Context) (map[string]ops.Coverage, error) 
 // identifier and timeline: a consumer's reconciliation mark is used only
 // by a pass proven against the history it was recorded under.
 func (s *Store) LedgerHistory(ctx context.Context) (string, error) {
-	var sys int64
-	var tl int32
-	if err := s.pool.QueryRow(ctx, `SELECT system_identifier, timeline FROM posthorn.ledger_history()`).Scan(&sys, &tl); err != nil {
-		return "", fmt.Errorf("ledger history: %w", err)
+	h, err := postgres.ReadHistory(ctx, s.pool)
+	if err != nil {
+		return "", err
 	}
-	return fmt.Sprintf("system %d timeline %d", sys, tl), nil
+	return fmt.Sprintf("system %d timeline %d", h.SystemIdentifier, h.Timeline), nil
 }

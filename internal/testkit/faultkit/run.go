@@ -217,10 +217,7 @@ func (r *runState) unsettled(ctx context.Context, stop func()) {
 	}
 	r.cfg.Logf("%d events unrelayed after the drain; the relays:\n%s", p.Unrelayed, report)
 	stop()
-	for _, c := range r.s.Relays {
-		c.Quit()
-		r.cfg.Logf("goroutines of %s:\n%s", c.Name, SummarizeDump(LastRun(c.LogPath())))
-	}
+	r.logGoroutines(r.s.Relays, "after the drain")
 }
 
 // settle waits for the end state of cfg.Settle.

@@ -200,9 +200,9 @@ func (r *runState) stalled(ctx context.Context, who string, p demo.Progress) {
 	} else if rerr == nil && p.Unrelayed > 0 {
 		// A consumer waits on events the relays have not sent: say why
 		// they have not (a park, a shard without a live lease).
-		var relays string
-		relays, rerr = r.s.RelayReport(ctx)
-		report += "  the relays, with events unrelayed:\n" + relays
+		if relays, err := r.s.RelayReport(ctx); err == nil {
+			report += "  the relays, with events unrelayed:\n" + relays
+		}
 	}
 	if rerr != nil {
 		report = "report unavailable: " + rerr.Error()
@@ -210,10 +210,7 @@ func (r *runState) stalled(ctx context.Context, who string, p demo.Progress) {
 	err := fmt.Errorf("LIVENESS: %s for %s (%d committed events, %d unrelayed, applied %v)",
 		what, stallAfter, p.Events, p.Unrelayed, p.Applied)
 	r.cfg.Logf("%v:\n%s", err, report)
-	for _, c := range procs {
-		c.Quit()
-		r.cfg.Logf("goroutines of %s when it stalled:\n%s", c.Name, SummarizeDump(LastRun(c.LogPath())))
-	}
+	r.logGoroutines(procs, "when it stalled")
 	err = fmt.Errorf("%w:\n%s", err, report)
 	r.stall.Store(&err)
 	r.cancel()
@@ -225,4 +222,13 @@ func (r *runState) stallErr() error {
 		return *p
 	}
 	return nil
+}
+
+// logGoroutines stops each of procs with SIGQUIT and logs its goroutines,
+// summarised; when says at what point.
+func (r *runState) logGoroutines(procs []*Proc, when string) {
+	for _, c := range procs {
+		c.Quit()
+		r.cfg.Logf("goroutines of %s %s:\n%s", c.Name, when, SummarizeDump(LastRun(c.LogPath())))
+	}
 }
