@@ -283,8 +283,8 @@ ORDER BY 1`
 func TestSecurityDefinerFunctionsAreHardened(t *testing.T) {
 	t.Parallel()
 	_, owner := roletest.Ledger(t)
-	if n := pgtest.Column[int64](t, owner, `SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE p.prosecdef AND n.nspname = 'posthorn'`); n[0] != 10 {
-		t.Fatalf("%d definer functions in schema posthorn, want posthorn.write, posthorn.prune_idempotency_keys, posthorn.dead_letter, posthorn.raise_revision_floor and the six posthorn.failover_*", n[0])
+	if n := pgtest.Column[int64](t, owner, `SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE p.prosecdef AND n.nspname = 'posthorn'`); n[0] != 11 {
+		t.Fatalf("%d definer functions in schema posthorn, want posthorn.write, posthorn.prune_idempotency_keys, posthorn.dead_letter, posthorn.raise_revision_floor, posthorn.relay_parked_released and the six posthorn.failover_*", n[0])
 	}
 	if faults := pgtest.Column[string](t, owner, definerFaults); len(faults) != 0 {
 		t.Fatalf("definer functions break the rules:\n%s", strings.Join(faults, "\n"))

@@ -42,8 +42,12 @@ import (
 //
 // Parked aggregates' rows are not read and may lie below a mark; when a
 // park is deleted (a release or a dead-letter), the trigger on
-// relay_parked moves relay_release_seq, and the first read that sees the
-// move drops every mark. The marks are a property of the ledger, not of a
+// relay_parked moves the generation in relay_release in the same
+// transaction, and the first read that sees the move drops every mark. A
+// read sees the move together with the delete or not at all; a counter
+// outside the transaction (a sequence) is seen first, and a read in
+// between would skip the released rows and raise marks past them under
+// the generation that was to announce them. The marks are a property of the ledger, not of a
 // relay, so one store may serve several relays and a relay may lose and
 // take back a shard.
 //
@@ -116,7 +120,7 @@ type horizon struct {
 	// last is the last outbox id given out, next the next transaction ID
 	// assigned after last was read: a new tick.
 	last, next int64
-	// release is relay_release_seq's value.
+	// release is the generation in relay_release.
 	release int64
 	// history is the server's.
 	history history
@@ -137,7 +141,7 @@ type history struct {
 }
 
 // generation is what marks hold under: the server's history and the
-// generation of relay_release_seq. A read uses its marks only if it saw
+// release generation (relay_release). A read uses its marks only if it saw
 // the generation they were made under.
 type generation struct {
 	release int64

@@ -136,7 +136,7 @@ func TestLowWaterMarkNeverPassesALateCommit(t *testing.T) {
 
 // The rows of a parked aggregate are not read, so a mark may pass them;
 // releasing the aggregate (deleting its park, which moves
-// relay_release_seq) makes the next reads start at the shards' first
+// the generation in relay_release) makes the next reads start at the shards' first
 // entries again, and the released aggregate's rows are read whole and in
 // order. Control: a store that keeps its marks through a release reads
 // the aggregate's later row without the one below its mark.
@@ -178,6 +178,68 @@ func TestLowWaterMarkRereadsAReleasedAggregate(t *testing.T) {
 			t.Fatalf("control %v: the first read after the release returned %v of the released aggregate, want [%d %d]", control, got, parked.ID, later.ID)
 		}
 	})
+}
+
+// A release moves the generation in the deleting transaction, so no read
+// sees the new generation while it still sees the park: reads made while
+// the release is open (its transaction holds an ID, so the marks rise
+// through the question about the outbox's writers) skip the parked rows
+// under the old generation, and the first read after the commit drops the
+// marks and returns the released aggregate's rows. Control: the
+// generation moved outside the deleting transaction and seen first, as a
+// sequence's nextval is: those reads raise the marks past the parked rows
+// under the new generation, and after the commit nothing moves again.
+func TestLowWaterMarkSeesAReleaseOnlyWithItsCommit(t *testing.T) {
+	t.Parallel()
+	for _, control := range []bool{false, true} {
+		t.Run(fmt.Sprintf("control=%v", control), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			_, pool := pgtest.Ledger(t)
+			store := relaystore.New(pool)
+			leases := takeAllShards(t, store, "r")
+			const shard = 6
+			accounts := sameShard("acc", shard, 30)
+			parked := commitRows(t, pool, accounts[0])[0]
+			if _, err := store.Park(ctx, core.ParkedAggregate{AggregateType: core.AggregateAccount, AggregateID: accounts[0],
+				EventID: "00000000-0000-0000-0000-000000000001", Reason: "test"}); err != nil {
+				t.Fatal(err)
+			}
+			drain(t, store, leases)
+			release, err := pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer release.Rollback(ctx) //nolint:errcheck
+			if control {
+				// The delete without the trigger; the generation moved
+				// at once, outside the release's transaction.
+				if _, err := release.Exec(ctx, `SET LOCAL session_replication_role = replica`); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := pool.Exec(ctx, `UPDATE relay_release SET generation = generation + 1`); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := release.Exec(ctx, `DELETE FROM relay_parked WHERE aggregate_id = $1`, accounts[0]); err != nil {
+				t.Fatal(err)
+			}
+			for _, a := range accounts[1:] {
+				commitRows(t, pool, a)
+				drain(t, store, leases)
+			}
+			raised(t, store, leases, shard, parked.ID+1)
+			if err := release.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+			got := drain(t, store, leases)
+			read := slices.Contains(got, parked.ID)
+			t.Logf("control %v: the released row %d read after the release's commit: %v", control, parked.ID, read)
+			if read == control {
+				t.Fatalf("control %v: the released row %d read after the commit: %v (%v)", control, parked.ID, read, got)
+			}
+		})
+	}
 }
 
 // While a long snapshot keeps VACUUM from removing the markers' deleted

@@ -99,7 +99,7 @@ ORDER BY ` + overall
 // tick's last id was read, so only older ones can still hold an id below.
 const readHorizon = `SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint,
        (SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM outbox_id_seq),
-       (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM relay_release_seq),
+       (SELECT generation FROM relay_release),
        h.system_identifier, h.timeline,
        $1::bigint > 0 AND NOT EXISTS (
            SELECT 1 FROM pg_locks AS r JOIN pg_locks AS x ON x.virtualtransaction = r.virtualtransaction

@@ -39,10 +39,10 @@ REVOKE ALL ON TABLE accounts, account_balances, account_opening_balances, journa
     outbox, outbox_pending, relay_leases, relay_members, relay_parked, relay_cdc_leases,
     ops_coverage, ops_archive_segments, ops_cleanup, ops_replay_progress, console_audit, posthorn_aggregates,
     posthorn_ledger_migrations, posthorn.settings, posthorn.ledger_timelines, posthorn.failover_keys, dead_letters,
-    account_revisions
+    account_revisions, relay_release
     FROM posthorn_api, posthorn_relay, posthorn_relay_cdc, posthorn_reconciler, posthorn_maintainer, posthorn_consumer,
         posthorn_publisher, posthorn_definer;
-REVOKE ALL ON SEQUENCE journal_sequence, outbox_id_seq, relay_fencing_token, console_audit_id_seq, relay_release_seq
+REVOKE ALL ON SEQUENCE journal_sequence, outbox_id_seq, relay_fencing_token, console_audit_id_seq
     FROM posthorn_api, posthorn_relay, posthorn_relay_cdc, posthorn_reconciler, posthorn_maintainer, posthorn_consumer,
         posthorn_publisher, posthorn_definer;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA posthorn FROM PUBLIC, posthorn_api, posthorn_relay, posthorn_relay_cdc,
@@ -146,13 +146,14 @@ GRANT UPDATE (owner, token, expires_at) ON relay_leases TO posthorn_relay;
 GRANT USAGE ON SEQUENCE relay_fencing_token TO posthorn_relay;
 GRANT SELECT, INSERT, UPDATE, DELETE ON relay_members TO posthorn_relay;
 GRANT SELECT, INSERT, DELETE ON relay_parked TO posthorn_relay;
--- The read's low-water mark (migration 00016): the relay reads the last
--- outbox id given out and the release generation, which a release (a
+-- The read's low-water mark (migrations 00016, 00020): the relay reads the
+-- last outbox id given out and the release generation, which a release (a
 -- delete of a park, by the relay or posthorn.dead_letter) moves through
--- the trigger on relay_parked.
+-- the trigger on relay_parked, whose function runs as posthorn_definer:
+-- no role sets the generation itself.
 GRANT SELECT ON SEQUENCE outbox_id_seq TO posthorn_relay;
-GRANT SELECT, USAGE ON SEQUENCE relay_release_seq TO posthorn_relay;
-GRANT USAGE ON SEQUENCE relay_release_seq TO posthorn_definer;
+GRANT SELECT ON relay_release TO posthorn_relay;
+GRANT SELECT, UPDATE ON relay_release TO posthorn_definer;
 -- outbox dead-letter (and the console's Dead-letter) goes through the
 -- function only: the relay cannot rewrite an outbox row itself.
 GRANT EXECUTE ON FUNCTION posthorn.dead_letter(text, text, uuid, text, text, boolean) TO posthorn_relay;
@@ -168,11 +169,12 @@ GRANT SELECT ON relay_cdc_leases TO posthorn_relay;
 
 -- posthorn_reconciler: read-only, plus the coverage it proves. The cut reads
 -- outbox_id_seq's last_value (SELECT on the sequence, not USAGE); the
--- console's count of the backlog reads it and relay_release_seq's to keep
--- its marks (relaystore.Store.Status).
+-- console's count of the backlog reads it and relay_release to keep its
+-- marks (relaystore.Store.Status).
 GRANT SELECT ON accounts, account_balances, account_revisions, journals, journal_lines, outbox, outbox_pending,
-    relay_leases, relay_parked, ops_coverage, ops_archive_segments, ops_cleanup, dead_letters TO posthorn_reconciler;
-GRANT SELECT ON SEQUENCE outbox_id_seq, journal_sequence, relay_release_seq TO posthorn_reconciler;
+    relay_leases, relay_parked, ops_coverage, ops_archive_segments, ops_cleanup, dead_letters, relay_release
+    TO posthorn_reconciler;
+GRANT SELECT ON SEQUENCE outbox_id_seq, journal_sequence TO posthorn_reconciler;
 GRANT INSERT, UPDATE ON ops_coverage TO posthorn_reconciler;
 -- The operator console reads as the reconciler and records its actions in
 -- console_audit: append and finish a row, never delete one. (Releasing a
@@ -237,4 +239,5 @@ ALTER FUNCTION posthorn.failover_record_key(text, uuid, boolean, text, timestamp
 ALTER FUNCTION posthorn.failover_advance(bigint, bigint, text[], text[], bigint[]) OWNER TO posthorn_definer;
 ALTER FUNCTION posthorn.failover_record_lost(uuid, text, text, bigint, uuid, text, text) OWNER TO posthorn_definer;
 ALTER FUNCTION posthorn.failover_accept(text) OWNER TO posthorn_definer;
+ALTER FUNCTION posthorn.relay_parked_released() OWNER TO posthorn_definer;
 REVOKE CREATE ON SCHEMA posthorn FROM posthorn_definer;
