@@ -94,6 +94,66 @@ func takeAllShards(t *testing.T, store *relaystore.Store, owner string) []core.L
 	return leases
 }
 
+// commitParked commits a row of account's and parks the account.
+func commitParked(t *testing.T, pool *pgxpool.Pool, store *relaystore.Store, account string) core.RowRef {
+	t.Helper()
+	row := commitRows(t, pool, account)[0]
+	if _, err := store.Park(context.Background(), core.ParkedAggregate{AggregateType: core.AggregateAccount, AggregateID: account,
+		EventID: "00000000-0000-0000-0000-000000000001", Reason: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	return row
+}
+
+// holdXIDOpen opens a transaction on pool that holds a transaction ID
+// until the test ends.
+func holdXIDOpen(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	if _, err := beginOpen(t, pool).Exec(context.Background(), `SELECT pg_current_xact_id()`); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// beginOpen begins a transaction on pool that is rolled back when the test
+// ends unless committed.
+func beginOpen(t *testing.T, pool *pgxpool.Pool) pgx.Tx {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	return tx
+}
+
+// eachLossCase runs lose, which returns the committed rows' ids that were
+// never read, with the production store (without and with a transaction
+// ID held open) and with the control's store, which must lose a row
+// within attempts runs (the loss may need a commit to fall between two
+// statements).
+func eachLossCase(t *testing.T, attempts int, lose func(t *testing.T, control, holdXID bool) []int64) {
+	t.Parallel()
+	for _, c := range []struct {
+		control, holdXID bool
+	}{{false, false}, {false, true}, {true, false}} {
+		t.Run(fmt.Sprintf("control=%v/hold_xid=%v", c.control, c.holdXID), func(t *testing.T) {
+			t.Parallel()
+			var missing []int64
+			for run := range attempts {
+				missing = lose(t, c.control, c.holdXID)
+				t.Logf("control %v, run %d: %d committed rows never read", c.control, run+1, len(missing))
+				if !c.control || len(missing) > 0 {
+					break
+				}
+			}
+			if (len(missing) > 0) != c.control {
+				t.Fatalf("control %v: rows never read: %v", c.control, missing)
+			}
+		})
+	}
+}
+
 // A shard's low-water mark rises as the relay drains it, but never past a
 // row whose transaction took its id and has not committed yet: while any
 // transaction that may hold an id below it runs, the mark stays put, and
@@ -145,11 +205,7 @@ func TestLowWaterMarkRereadsAReleasedAggregate(t *testing.T) {
 		ctx := context.Background()
 		const shard = 5
 		accounts := sameShard("acc", shard, 30)
-		parked := commitRows(t, pool, accounts[0])[0]
-		if _, err := store.Park(ctx, core.ParkedAggregate{AggregateType: core.AggregateAccount, AggregateID: accounts[0],
-			EventID: "00000000-0000-0000-0000-000000000001", Reason: "test"}); err != nil {
-			t.Fatal(err)
-		}
+		parked := commitParked(t, pool, store, accounts[0])
 		for _, a := range accounts[1:] {
 			commitRows(t, pool, a)
 			drain(t, store, leases)
@@ -200,17 +256,9 @@ func TestLowWaterMarkSeesAReleaseOnlyWithItsCommit(t *testing.T) {
 			leases := takeAllShards(t, store, "r")
 			const shard = 6
 			accounts := sameShard("acc", shard, 30)
-			parked := commitRows(t, pool, accounts[0])[0]
-			if _, err := store.Park(ctx, core.ParkedAggregate{AggregateType: core.AggregateAccount, AggregateID: accounts[0],
-				EventID: "00000000-0000-0000-0000-000000000001", Reason: "test"}); err != nil {
-				t.Fatal(err)
-			}
+			parked := commitParked(t, pool, store, accounts[0])
 			drain(t, store, leases)
-			release, err := pool.Begin(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer release.Rollback(ctx) //nolint:errcheck
+			release := beginOpen(t, pool)
 			if control {
 				// The delete without the trigger; the generation moved
 				// at once, outside the release's transaction.
@@ -339,14 +387,9 @@ func counted(t *testing.T, store *relaystore.Store, shard int, want int64) {
 // test ends unless committed.
 func beginLate(t *testing.T, pool *pgxpool.Pool, shard int) (pgx.Tx, int64) {
 	t.Helper()
-	ctx := context.Background()
-	late, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = late.Rollback(ctx) })
+	late := beginOpen(t, pool)
 	var id int64
-	if err := late.QueryRow(ctx, `
+	if err := late.QueryRow(context.Background(), `
 INSERT INTO outbox (event_id, kind, type, topic, aggregate_type, aggregate_id, revision, shard, payload, occurred_at)
 VALUES (gen_random_uuid(), 'event', 't', 't', 'account', 'acc-late', 1, $1, '{}', now()) RETURNING id`, shard).Scan(&id); err != nil {
 		t.Fatal(err)
@@ -423,25 +466,7 @@ func TestLowWaterMarkRisesPastAnOpenTransactionThatWritesNoOutbox(t *testing.T) 
 // over (up to three runs, since the loss needs a commit to fall between
 // two statements).
 func TestLowWaterMarkLosesNothingUnderConcurrentCommits(t *testing.T) {
-	t.Parallel()
-	for _, c := range []struct {
-		control, holdXID bool
-	}{{false, false}, {false, true}, {true, false}} {
-		t.Run(fmt.Sprintf("control=%v/hold_xid=%v", c.control, c.holdXID), func(t *testing.T) {
-			t.Parallel()
-			var missing []int64
-			for run := range 3 {
-				missing = concurrentCommits(t, c.control, c.holdXID)
-				t.Logf("control %v, run %d: %d of 200 rows never read", c.control, run+1, len(missing))
-				if !c.control || len(missing) > 0 {
-					break
-				}
-			}
-			if (len(missing) > 0) != c.control {
-				t.Fatalf("control %v: rows never read: %v", c.control, missing)
-			}
-		})
-	}
+	eachLossCase(t, 3, concurrentCommits)
 }
 
 // concurrentCommits runs two readers over halves of the shards of one
@@ -456,14 +481,7 @@ func concurrentCommits(t *testing.T, control, holdXID bool) []int64 {
 		store = relaystore.NewUsingSnapshotXmax(pool)
 	}
 	if holdXID {
-		held, err := pool.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer held.Rollback(ctx) //nolint:errcheck
-		if _, err := held.Exec(ctx, `SELECT pg_current_xact_id()`); err != nil {
-			t.Fatal(err)
-		}
+		holdXIDOpen(t, pool)
 	}
 	var seen sync.Map
 	stop := make(chan struct{})

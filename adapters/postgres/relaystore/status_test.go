@@ -60,11 +60,7 @@ func TestBacklogCountKeepsParkedRowsBelowTheReadMarks(t *testing.T) {
 		ctx := context.Background()
 		const shard = 5
 		accounts := sameShard("acc", shard, 20)
-		parked := commitRows(t, pool, accounts[0])[0]
-		if _, err := store.Park(ctx, core.ParkedAggregate{AggregateType: core.AggregateAccount, AggregateID: accounts[0],
-			EventID: "00000000-0000-0000-0000-000000000001", Reason: "test"}); err != nil {
-			t.Fatal(err)
-		}
+		parked := commitParked(t, pool, store, accounts[0])
 		for _, a := range accounts[1:] {
 			commitRows(t, pool, a)
 			drain(t, store, leases)

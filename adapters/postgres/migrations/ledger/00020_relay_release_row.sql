@@ -43,13 +43,8 @@ CREATE SEQUENCE relay_release_seq;
 SELECT setval('relay_release_seq', generation) FROM relay_release WHERE generation > 0;
 
 -- +goose StatementBegin
-CREATE FUNCTION relay_parked_released() RETURNS trigger LANGUAGE plpgsql
-    SET search_path = pg_catalog, pg_temp AS $$
-BEGIN
-    PERFORM pg_catalog.nextval('public.relay_release_seq'::regclass);
-    RETURN NULL;
-END
-$$;
+CREATE FUNCTION relay_parked_released() RETURNS trigger LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+    AS $$ BEGIN PERFORM pg_catalog.nextval('public.relay_release_seq'::regclass); RETURN NULL; END $$;
 -- +goose StatementEnd
 
 DROP TRIGGER relay_parked_released ON relay_parked;
