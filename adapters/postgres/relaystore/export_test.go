@@ -2,6 +2,7 @@ package relaystore
 
 import (
 	"context"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -119,4 +120,14 @@ func NewUsingSnapshotXmax(pool *pgxpool.Pool) *Store {
 // control of the failover test.
 func NewIgnoringHistory(pool *pgxpool.Pool) *Store {
 	return newUnsafe(pool, func(u *unsafeLowWater) { u.ignoreHistory = true })
+}
+
+// AuditingEveryRead makes s audit its marks after every read; an hour
+// apart, the audit is off for the length of a test.
+func (s *Store) AuditingEveryRead(on bool) *Store {
+	s.audit.every, s.audit.last = 0, time.Time{}
+	if !on {
+		s.audit.every, s.audit.last = time.Hour, time.Now()
+	}
+	return s
 }

@@ -23,7 +23,8 @@ import (
 // M, every such transaction has ended, so each row with an id up to L is
 // committed and visible to the read, or rolled back: no late commit can
 // appear below a mark. A row the read skips because its marker is still
-// in flight (skip) is unrelayed too, so no mark passes it.
+// in flight (skip) is unrelayed too, so no mark passes it. The store
+// checks the invariant against the ledger about once a minute (audit.go).
 //
 // A transaction that holds a transaction ID somewhere on the server keeps
 // the oldest running one from moving: then the newest pending tick (L, M)
@@ -146,6 +147,14 @@ type history struct {
 type generation struct {
 	release int64
 	history history
+	// drops counts the audits that dropped the marks (audit.go).
+	drops int64
+}
+
+// withoutDrops is g as a read sees it: the drops are the store's own.
+func (g generation) withoutDrops() generation {
+	g.drops = 0
+	return g
 }
 
 // newer reports whether g comes after w: another history (the server's
@@ -222,12 +231,21 @@ func (w *lowWater) seen(h horizon) generation {
 	return g
 }
 
+// drop drops every mark, after an audit found a row below one; a read that
+// started from the marks before is thrown away, as after a release.
+func (w *lowWater) drop() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	clear(w.mark)
+	w.gen.drops++
+}
+
 // advance raises the marks of shards after a read from the marks lows,
 // made under gen, that returned rows (each shard's lowest unrelayed,
 // unparked rows not in skip, in id order) and saw h. It reports false
 // when the read must be thrown away: it started above zero from marks of
-// another generation than it saw (a park was deleted since, or the server
-// runs another history), so rows of an aggregate below them may be
+// another generation than it saw (a park was deleted since, the server
+// runs another history, or an audit dropped the marks), so rows of an aggregate below them may be
 // missing while its later rows are there. A read again from the marks,
 // which the newer generation dropped, is whole. A read that saw an older
 // generation than the marks' now (another relay's read was quicker) is
@@ -239,6 +257,7 @@ func (w *lowWater) advance(shards []int, lows []int64, gen generation, rows []co
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	saw := w.seen(h)
+	saw.drops = w.gen.drops
 	if saw.newer(w.gen) {
 		// A park was deleted since the marks were made (the released
 		// rows may lie below them), another history runs (the ids and

@@ -47,9 +47,9 @@ func lateCommits(t *testing.T, control, holdXID bool) []int64 {
 		_, other := pgtest.Consumer(t)
 		holdXIDOpen(t, other)
 	}
-	store := relaystore.New(pool)
+	store := relaystore.New(pool).AuditingEveryRead(true)
 	if control {
-		store = relaystore.NewTrustingEveryRead(pool)
+		store = relaystore.NewTrustingEveryRead(pool).AuditingEveryRead(false)
 	}
 	leases := takeAllShards(t, store, "r")
 	var (

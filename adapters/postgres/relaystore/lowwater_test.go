@@ -2,6 +2,7 @@ package relaystore_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -76,9 +77,11 @@ func eachStore(t *testing.T, unsafe func(*pgxpool.Pool) *relaystore.Store,
 		t.Run(fmt.Sprintf("control=%v", control), func(t *testing.T) {
 			t.Parallel()
 			_, pool := pgtest.Ledger(t)
-			store := relaystore.New(pool)
+			// The production store audits its marks after every read: no
+			// test here may find a row below them (ErrRowsBelowMarks).
+			store := relaystore.New(pool).AuditingEveryRead(true)
 			if control {
-				store = unsafe(pool)
+				store = unsafe(pool).AuditingEveryRead(false)
 			}
 			body(t, control, pool, store, takeAllShards(t, store, "r"))
 		})
@@ -194,6 +197,62 @@ func TestLowWaterMarkNeverPassesALateCommit(t *testing.T) {
 	})
 }
 
+// An audit finds a committed row below the marks, however it came to be
+// there: it drops the marks, the next read says so (ErrRowsBelowMarks),
+// and the row is read. Here the marks pass a late commit because the store
+// trusts every read. Control: the same store without the audit never reads
+// the row.
+func TestAuditFindsARowBelowTheMarks(t *testing.T) {
+	t.Parallel()
+	for _, audited := range []bool{true, false} {
+		t.Run(fmt.Sprintf("audited=%v", audited), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			_, pool := pgtest.Ledger(t)
+			store := relaystore.NewTrustingEveryRead(pool).AuditingEveryRead(audited)
+			leases := takeAllShards(t, store, "r")
+			const shard = 3
+			accounts := sameShard("acc", shard, 30)
+			commitRows(t, pool, accounts[:10]...)
+			drain(t, store, leases)
+			late, lateID := beginLate(t, pool, shard)
+			for _, a := range accounts[10:] {
+				commitRows(t, pool, a)
+				drain(t, store, leases)
+			}
+			if mark := store.Marks([]int{shard})[0]; mark <= lateID {
+				t.Fatalf("the marks did not pass the late row %d (mark %d): the test proves nothing", lateID, mark)
+			}
+			if err := late.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+			var reported error
+			read := wait.Until(5*time.Second, func() (bool, string) {
+				rows, err := store.ReadBatch(ctx, allShards(), 20, core.OrderByID)
+				if err != nil {
+					if !errors.Is(err, relaystore.ErrRowsBelowMarks) {
+						t.Fatal(err)
+					}
+					reported = err
+					return false, ""
+				}
+				refs := make([]core.RowRef, len(rows))
+				for i, r := range rows {
+					refs[i] = r.RowRef
+				}
+				if _, _, err := store.MarkRelayed(ctx, refs, leases); err != nil {
+					t.Fatal(err)
+				}
+				return slices.ContainsFunc(rows, func(r core.OutboxRow) bool { return r.ID == lateID }), ""
+			})
+			t.Logf("audited %v: the late row %d read after its commit: %v; reported: %v", audited, lateID, read, reported)
+			if audited != read || audited != (reported != nil) {
+				t.Fatalf("audited %v: the late row read %v, reported %v", audited, read, reported)
+			}
+		})
+	}
+}
+
 // The rows of a parked aggregate are not read, so a mark may pass them;
 // releasing the aggregate (deleting its park, which moves
 // the generation in relay_release) makes the next reads start at the shards' first
@@ -252,7 +311,8 @@ func TestLowWaterMarkSeesAReleaseOnlyWithItsCommit(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			_, pool := pgtest.Ledger(t)
-			store := relaystore.New(pool)
+			// The audit would find the control's row below the marks.
+			store := relaystore.New(pool).AuditingEveryRead(!control)
 			leases := takeAllShards(t, store, "r")
 			const shard = 6
 			accounts := sameShard("acc", shard, 30)
@@ -476,9 +536,9 @@ func concurrentCommits(t *testing.T, control, holdXID bool) []int64 {
 	t.Helper()
 	ctx := context.Background()
 	_, pool := pgtest.Ledger(t)
-	store := relaystore.New(pool)
+	store := relaystore.New(pool).AuditingEveryRead(true)
 	if control {
-		store = relaystore.NewUsingSnapshotXmax(pool)
+		store = relaystore.NewUsingSnapshotXmax(pool).AuditingEveryRead(false)
 	}
 	if holdXID {
 		holdXIDOpen(t, pool)

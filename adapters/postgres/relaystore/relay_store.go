@@ -31,11 +31,14 @@ type Store struct {
 	// row, which low may pass (the read skips those, the count must not);
 	// nil counts every shard's queue from its start.
 	counted *lowWater
+	// audit checks low against the ledger (audit.go).
+	audit audit
 }
 
 // New returns a store over pool.
 func New(pool *pgxpool.Pool) *Store {
-	return &Store{pool: pool, low: newLowWater(), counted: newLowWater()}
+	return &Store{pool: pool, low: newLowWater(), counted: newLowWater(),
+		audit: audit{every: auditEvery, last: time.Now()}}
 }
 
 // readByID is one round trip over every owned shard; each lateral subquery is
@@ -179,6 +182,9 @@ func (s *Store) ReadBatchSkipping(ctx context.Context, shards []int, perShard in
 	if skip == nil {
 		skip = []int64{}
 	}
+	if err := s.audit.report(); err != nil {
+		return nil, fmt.Errorf("read outbox batch: %w", err)
+	}
 	// A read from marks that no longer hold is thrown away; the second
 	// starts from none, so it is whole.
 	for {
@@ -190,6 +196,7 @@ func (s *Store) ReadBatchSkipping(ctx context.Context, shards []int, perShard in
 		}
 		h.writersGen = askGen
 		if s.low.advance(shards, lows, gen, out, skip, h) {
+			s.auditMarks(ctx, shards)
 			return out, nil
 		}
 	}
