@@ -1,12 +1,18 @@
 package faultkit
 
 import (
+	"errors"
+	"fmt"
+	"log/slog"
 	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/posthorn/posthorn/adapters/kafka/kafkagroup"
+	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
 	"github.com/posthorn/posthorn/consumers"
 )
 
@@ -35,5 +41,25 @@ not json: a goroutine dump
 	}
 	if got := s.Rejoins(); !slices.Equal(got, []string{"06:01:40 consumer-1 audit-log: partitions 3"}) {
 		t.Fatalf("Rejoins = %q", got)
+	}
+}
+
+// A relay's audit finding, as slog writes it, is found by the text the
+// fault runs look for; other lines are not.
+func TestMatchingFindsTheAuditInARelayLog(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "relay.log")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewJSONHandler(f, nil))
+	log.Error("read outbox", "err", fmt.Errorf("read outbox batch: %w: shard 3: row 11 below mark 32", relaystore.ErrRowsBelowMarks))
+	log.Error("read outbox", "err", errors.New("conn closed"))
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	got := Matching(path, relaystore.ErrRowsBelowMarks.Error(), 5)
+	if !strings.Contains(got, "row 11 below mark 32") || strings.Contains(got, "conn closed") {
+		t.Fatalf("Matching = %q", got)
 	}
 }

@@ -401,6 +401,11 @@ func Errors(path string, n int) string {
 	return lastLines(path, n, func(l string) bool { return strings.Contains(l, `"level":"ERROR"`) })
 }
 
+// Matching returns the last n lines of the log at path that hold text.
+func Matching(path, text string, n int) string {
+	return lastLines(path, n, func(l string) bool { return strings.Contains(l, text) })
+}
+
 func lastLines(path string, n int, keep func(string) bool) string {
 	data, err := os.ReadFile(path)
 	if err != nil {
