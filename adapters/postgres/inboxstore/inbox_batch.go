@@ -281,13 +281,27 @@ const lockPositionsSQL = `
 // min() or ORDER BY … LIMIT 1, which the planner may answer by walking
 // the primary key (consumer, event_id) in order, every row of the consumer
 // for each event, when it believes the table empty.
+//
+// The plan must reach the rows through the key (consumer_inbox_revision)
+// whatever the table's statistics say, and they are often wrong: none on a
+// fresh database before autovacuum's first analyze (a backlog may be
+// applied in that minute), or taken before this consumer's first rows (a
+// consumer added to a database others fill). Either way the consumer's
+// rows looked like a handful, an index on the consumer and disposition
+// looked as good as the key, and the probe read every row of the consumer
+// for each event: 4–6 s a batch in make bench-consumers. So the consumer
+// comes from a subquery the planner keeps (OFFSET 0), a value it cannot
+// look up in the statistics, whose rows it estimates as an average
+// consumer's; and the disposition is tested as "IS TRUE", which no index
+// can answer (TestAppliedLookupsKeyedWithStaleOrNoStatistics).
 const appliedBeforeSQL = `
 		SELECT u.event_id, a.event_id
-		FROM unnest($2::text[], $3::text[], $4::text[], $5::bigint[]) AS u(event_id, aggregate_type, aggregate_id, revision)
+		FROM (SELECT $1::text AS consumer OFFSET 0) AS c
+		CROSS JOIN unnest($2::text[], $3::text[], $4::text[], $5::bigint[]) AS u(event_id, aggregate_type, aggregate_id, revision)
 		CROSS JOIN LATERAL (
 		    SELECT (array_agg(i.event_id ORDER BY i.event_id))[1] AS event_id FROM consumer_inbox i
-		    WHERE i.consumer = $1 AND i.aggregate_type = u.aggregate_type AND i.aggregate_id = u.aggregate_id
-		      AND i.revision = u.revision AND i.disposition = 'applied' AND i.event_id <> u.event_id) a
+		    WHERE i.consumer = c.consumer AND i.aggregate_type = u.aggregate_type AND i.aggregate_id = u.aggregate_id
+		      AND i.revision = u.revision AND (i.disposition = 'applied') IS TRUE AND i.event_id <> u.event_id) a
 		WHERE a.event_id IS NOT NULL`
 
 // scanPositions reads locked position rows.

@@ -2,6 +2,7 @@ package inboxstore
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -9,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/roletest"
 )
 
 // genericPlans are the plans PostgreSQL keeps for each query (with the
@@ -119,5 +121,88 @@ GROUP BY k.aggregate_type, k.aggregate_id, k.revision HAVING count(*) > 1`
 	}
 	if !strings.Contains(plans[1], "Join Filter") {
 		t.Errorf("the control, the plain join, does not filter a scan per revision: the test shows nothing\n%s", plans[1])
+	}
+}
+
+// The applied-event lookups, of a batch and of one event, are planned key
+// by key whatever the inbox's statistics say, as the consumer's own login
+// (row-level security on), with the consumer's name as each execution's
+// plan sees it: statistics taken while only another consumer had rows (a
+// consumer added to a database others fill), and none at all on a large
+// table (a fresh database before autovacuum's first analyze, in which the
+// example consumers' shared database applies most of a backlog). 50,000
+// rows of each consumer; a batch of 512 of audit-log's events, then one.
+// The negative control is each lookup as it was, the consumer a constant
+// and the disposition an index condition (and, for one event, ORDER BY …
+// LIMIT 1): in both cases its plan reaches the rows through an index on the
+// consumer (and disposition) and reads every row of the consumer for each
+// event (4–6 s a batch in make bench-consumers).
+func TestAppliedLookupsKeyedWithStaleOrNoStatistics(t *testing.T) {
+	t.Parallel()
+	const n = 512
+	eventIDs, types, aggIDs, revisions := make([]string, n), make([]string, n), make([]string, n), make([]int64, n)
+	for i := range n {
+		eventIDs[i], types[i], aggIDs[i], revisions[i] = "new-"+strconv.Itoa(i), "account", "acc-"+strconv.Itoa(i), 30
+	}
+	lookups := []struct {
+		name, sql, old string
+		args           []any
+	}{
+		{"batch", appliedBeforeSQL, `
+		SELECT u.event_id, a.event_id
+		FROM unnest($2::text[], $3::text[], $4::text[], $5::bigint[]) AS u(event_id, aggregate_type, aggregate_id, revision)
+		CROSS JOIN LATERAL (
+		    SELECT (array_agg(i.event_id ORDER BY i.event_id))[1] AS event_id FROM consumer_inbox i
+		    WHERE i.consumer = $1 AND i.aggregate_type = u.aggregate_type AND i.aggregate_id = u.aggregate_id
+		      AND i.revision = u.revision AND i.disposition = 'applied' AND i.event_id <> u.event_id) a
+		WHERE a.event_id IS NOT NULL`, []any{"audit-log", eventIDs, types, aggIDs, revisions}},
+		{"one event", appliedAtSQL, `
+		SELECT event_id FROM consumer_inbox
+		WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3 AND revision = $4
+		  AND disposition = 'applied' AND event_id <> ALL($5::text[])
+		ORDER BY event_id LIMIT 1`, []any{"audit-log", "account", "acc-1", 30, []string{}}},
+	}
+	for _, stale := range []bool{true, false} {
+		t.Run(fmt.Sprintf("stale=%v", stale), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			url, owner := roletest.Consumer(t)
+			fill := func(consumer string) {
+				t.Helper()
+				if _, err := owner.Exec(ctx, `INSERT INTO consumer_inbox (consumer, event_id, kind, type, aggregate_type, aggregate_id, revision, disposition)
+				 SELECT $1, 'e-' || g, 'event', 't', 'account', 'acc-' || (g % 1000), g / 1000 + 1, 'applied'
+				 FROM generate_series(1, 50000) g`, consumer); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := owner.Exec(ctx, `ALTER TABLE consumer_inbox SET (autovacuum_enabled = false)`); err != nil {
+				t.Fatal(err)
+			}
+			fill("balance-projection")
+			if stale {
+				if _, err := owner.Exec(ctx, `ANALYZE consumer_inbox`); err != nil {
+					t.Fatal(err)
+				}
+			}
+			fill("audit-log")
+			login := roletest.Pool(t, roletest.Consumers(t, url, "", "audit-log"))
+			for _, l := range lookups {
+				for _, q := range []string{l.sql, l.old} {
+					rs, err := login.Query(ctx, `EXPLAIN `+q, l.args...)
+					if err != nil {
+						t.Fatal(err)
+					}
+					lines, err := pgx.CollectRows(rs, pgx.RowTo[string])
+					if err != nil {
+						t.Fatal(err)
+					}
+					plan := strings.Join(lines, "\n")
+					keyed := strings.Contains(plan, "Index Scan using consumer_inbox_revision") && strings.Contains(plan, "(aggregate_id = ")
+					if keyed != (q == l.sql) {
+						t.Errorf("%s: keyed %v, want %v (control: the lookup as it was):\n%s", l.name, keyed, q == l.sql, plan)
+					}
+				}
+			}
+		})
 	}
 }
