@@ -36,6 +36,7 @@ var OperatorMetrics = []string{
 	"posthorn_cdc_slot_recoveries_total",
 	"posthorn_relay_held_by_standby_seconds",
 	"posthorn_relay_held_by_ledger_history",
+	"posthorn_relay_rows_below_marks_total",
 	"posthorn_cdc_published_past_branch_point_total",
 	"posthorn_ledger_horizon_age_seconds",
 }

@@ -167,6 +167,7 @@ func (r *Relay) catchUp(ctx context.Context) error {
 		}
 		rows, err := r.outbx.ReadBatchSkipping(ctx, shards, perShard, nil, core.OrderByID)
 		if err != nil {
+			r.bm.ReadFailed(err)
 			return err
 		}
 		// Per shard, rows come in id order: a shard is done when its read was

@@ -167,6 +167,7 @@ func (r *Relay) run(ctx context.Context) {
 			if ctx.Err() != nil {
 				break
 			}
+			r.m.ReadFailed(err)
 			r.log.Error("read outbox", "err", err)
 			r.backoff(ctx)
 			continue

@@ -2,13 +2,14 @@ package relaystore
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/posthorn/posthorn/relay"
 )
 
 // The read's marks are checked against the ledger, in the background and
@@ -17,7 +18,7 @@ import (
 // would stay unread for good and hold its aggregate back without a word,
 // so the audit drops every mark at once (the reads start again at each
 // shard's first entry and read the row), and the next read returns
-// ErrRowsBelowMarks, which the relays log at ERROR. The audit reads the
+// ErrRowsBelowMarks, which the relays log at ERROR and count. The audit reads the
 // release generation and the history in the snapshot it reads the queue
 // in, and judges only marks made under what it saw: a release or a
 // failover since then is no finding. Under a long snapshot its scan below
@@ -33,7 +34,7 @@ const (
 
 // ErrRowsBelowMarks is returned by a read after an audit found committed,
 // unparked rows below the read's marks, and dropped the marks.
-var ErrRowsBelowMarks = errors.New("committed rows lie below the relay's low-water marks")
+var ErrRowsBelowMarks = relay.ErrRowsBelowMarks
 
 // belowMarks is the audit's query: per shard in $1 with its mark in $2,
 // the first pending row of an unparked aggregate below the mark, probed

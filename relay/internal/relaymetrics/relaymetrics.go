@@ -4,6 +4,7 @@
 package relaymetrics
 
 import (
+	"errors"
 	"log/slog"
 	"strconv"
 	"sync"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/internal/promset"
+	"github.com/posthorn/posthorn/relay"
 )
 
 // Metrics are the relay's Prometheus series (names fixed by contract.md),
@@ -29,6 +31,7 @@ type Metrics struct {
 	HeldByOpenTx     prometheus.Gauge
 	FencedMarkers    prometheus.Counter
 	AbandonedBatches prometheus.Counter
+	RowsBelowMarks   prometheus.Counter
 	ShardsOwned      prometheus.Gauge
 	HeldByStandby    prometheus.Gauge
 	StandbyWait      prometheus.Histogram
@@ -75,7 +78,9 @@ func New(reg prometheus.Registerer, sink string, log *slog.Logger) (*Metrics, er
 			"Age of the oldest open transaction holding a transaction ID in the ledger database: how long not-yet-visible outbox rows may be held back."),
 		FencedMarkers:    s.Counter("posthorn_relay_fenced_markers_total", "Markers refused because this relay's lease token was superseded."),
 		AbandonedBatches: s.Counter("posthorn_relay_abandoned_batches_total", "Batches read but not published because the lease would expire first."),
-		ShardsOwned:      s.Gauge("posthorn_relay_shards_owned", "Outbox shards this relay holds a lease on."),
+		RowsBelowMarks: s.Counter("posthorn_relay_rows_below_marks_total",
+			"Audits of the read's low-water marks that found committed rows below them (the marks were dropped and the rows are sent): a rule of the read broke; report it."),
+		ShardsOwned: s.Gauge("posthorn_relay_shards_owned", "Outbox shards this relay holds a lease on."),
 		HeldByStandby: s.Gauge("posthorn_relay_held_by_standby_seconds",
 			"How long the relay has been holding a batch back because the ledger's standbys have not flushed it (relay.standby_flush: required); 0 when not held."),
 		StandbyWait: s.Histogram("posthorn_relay_standby_wait_seconds", "Time a batch waited for the ledger's standbys to flush it (relay.standby_flush: required).",
@@ -111,6 +116,14 @@ func (m *Metrics) Fenced(n int) { m.FencedMarkers.Add(float64(n)) }
 
 // Abandoned counts a batch not published because the lease would expire.
 func (m *Metrics) Abandoned() { m.AbandonedBatches.Inc() }
+
+// ReadFailed counts a read's error err that says an audit found rows below
+// the read's marks (relay.ErrRowsBelowMarks).
+func (m *Metrics) ReadFailed(err error) {
+	if errors.Is(err, relay.ErrRowsBelowMarks) {
+		m.RowsBelowMarks.Inc()
+	}
+}
 
 // NewlyParked counts an aggregate parked now.
 func (m *Metrics) NewlyParked() { m.Parked.Inc() }

@@ -2,6 +2,8 @@ package relaymetrics
 
 import (
 	"bytes"
+	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
@@ -11,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/relay"
 )
 
 // The horizon gauges: a session's age is its own; a slot's is counted from
@@ -50,5 +53,19 @@ func TestHorizonGauges(t *testing.T) {
 	m.setHorizon(nil, t0.Add(9*time.Minute))
 	if testutil.ToFloat64(m.HorizonAge) != 0 || testutil.ToFloat64(m.HorizonXIDAge) != 0 || testutil.CollectAndCount(m.HorizonHolder) != 0 {
 		t.Fatal("nothing held, but the gauges still say something is")
+	}
+}
+
+// A read's error is counted as rows below the marks only when it wraps
+// relay.ErrRowsBelowMarks, as the relay store's does.
+func TestReadFailedCountsRowsBelowMarks(t *testing.T) {
+	m, err := New(prometheus.NewRegistry(), "memory", slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.ReadFailed(errors.New("read outbox batch: conn closed"))
+	m.ReadFailed(fmt.Errorf("read outbox batch: %w: shard 3: row 11 below mark 32", relay.ErrRowsBelowMarks))
+	if got := testutil.ToFloat64(m.RowsBelowMarks); got != 1 {
+		t.Fatalf("posthorn_relay_rows_below_marks_total = %v, want 1", got)
 	}
 }
