@@ -69,21 +69,29 @@ func raised(t *testing.T, store *relaystore.Store, leases []core.Lease, shard in
 
 // eachStore runs body twice in parallel, each time on a ledger of its own
 // with every shard leased: with the production store (control false) and
-// with the store unsafe makes of the pool (control true).
+// with the store unsafe makes of the pool (control true). The production
+// store audits its marks after every read: no test here may find a row
+// below them (ErrRowsBelowMarks).
 func eachStore(t *testing.T, unsafe func(*pgxpool.Pool) *relaystore.Store,
+	body func(t *testing.T, control bool, pool *pgxpool.Pool, store *relaystore.Store, leases []core.Lease)) {
+	eachCase(t, func(control bool, pool *pgxpool.Pool) *relaystore.Store {
+		if control {
+			return unsafe(pool).AuditingEveryRead(false)
+		}
+		return relaystore.New(pool).AuditingEveryRead(true)
+	}, body)
+}
+
+// eachCase is eachStore with the store of each case made by store.
+func eachCase(t *testing.T, store func(control bool, pool *pgxpool.Pool) *relaystore.Store,
 	body func(t *testing.T, control bool, pool *pgxpool.Pool, store *relaystore.Store, leases []core.Lease)) {
 	t.Parallel()
 	for _, control := range []bool{false, true} {
 		t.Run(fmt.Sprintf("control=%v", control), func(t *testing.T) {
 			t.Parallel()
 			_, pool := pgtest.Ledger(t)
-			// The production store audits its marks after every read: no
-			// test here may find a row below them (ErrRowsBelowMarks).
-			store := relaystore.New(pool).AuditingEveryRead(true)
-			if control {
-				store = unsafe(pool).AuditingEveryRead(false)
-			}
-			body(t, control, pool, store, takeAllShards(t, store, "r"))
+			s := store(control, pool)
+			body(t, control, pool, s, takeAllShards(t, s, "r"))
 		})
 	}
 }
@@ -203,54 +211,50 @@ func TestLowWaterMarkNeverPassesALateCommit(t *testing.T) {
 // trusts every read. Control: the same store without the audit never reads
 // the row.
 func TestAuditFindsARowBelowTheMarks(t *testing.T) {
-	t.Parallel()
-	for _, audited := range []bool{true, false} {
-		t.Run(fmt.Sprintf("audited=%v", audited), func(t *testing.T) {
-			t.Parallel()
-			ctx := context.Background()
-			_, pool := pgtest.Ledger(t)
-			store := relaystore.NewTrustingEveryRead(pool).AuditingEveryRead(audited)
-			leases := takeAllShards(t, store, "r")
-			const shard = 3
-			accounts := sameShard("acc", shard, 30)
-			commitRows(t, pool, accounts[:10]...)
+	eachCase(t, func(control bool, pool *pgxpool.Pool) *relaystore.Store {
+		return relaystore.NewTrustingEveryRead(pool).AuditingEveryRead(!control)
+	}, func(t *testing.T, control bool, pool *pgxpool.Pool, store *relaystore.Store, leases []core.Lease) {
+		ctx := context.Background()
+		audited := !control
+		const shard = 3
+		accounts := sameShard("acc", shard, 30)
+		commitRows(t, pool, accounts[:10]...)
+		drain(t, store, leases)
+		late, lateID := beginLate(t, pool, shard)
+		for _, a := range accounts[10:] {
+			commitRows(t, pool, a)
 			drain(t, store, leases)
-			late, lateID := beginLate(t, pool, shard)
-			for _, a := range accounts[10:] {
-				commitRows(t, pool, a)
-				drain(t, store, leases)
-			}
-			if mark := store.Marks([]int{shard})[0]; mark <= lateID {
-				t.Fatalf("the marks did not pass the late row %d (mark %d): the test proves nothing", lateID, mark)
-			}
-			if err := late.Commit(ctx); err != nil {
-				t.Fatal(err)
-			}
-			var reported error
-			read := wait.Until(5*time.Second, func() (bool, string) {
-				rows, err := store.ReadBatch(ctx, allShards(), 20, core.OrderByID)
-				if err != nil {
-					if !errors.Is(err, relaystore.ErrRowsBelowMarks) {
-						t.Fatal(err)
-					}
-					reported = err
-					return false, ""
-				}
-				refs := make([]core.RowRef, len(rows))
-				for i, r := range rows {
-					refs[i] = r.RowRef
-				}
-				if _, _, err := store.MarkRelayed(ctx, refs, leases); err != nil {
+		}
+		if mark := store.Marks([]int{shard})[0]; mark <= lateID {
+			t.Fatalf("the marks did not pass the late row %d (mark %d): the test proves nothing", lateID, mark)
+		}
+		if err := late.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		var reported error
+		read := wait.Until(5*time.Second, func() (bool, string) {
+			rows, err := store.ReadBatch(ctx, allShards(), 20, core.OrderByID)
+			if err != nil {
+				if !errors.Is(err, relaystore.ErrRowsBelowMarks) {
 					t.Fatal(err)
 				}
-				return slices.ContainsFunc(rows, func(r core.OutboxRow) bool { return r.ID == lateID }), ""
-			})
-			t.Logf("audited %v: the late row %d read after its commit: %v; reported: %v", audited, lateID, read, reported)
-			if audited != read || audited != (reported != nil) {
-				t.Fatalf("audited %v: the late row read %v, reported %v", audited, read, reported)
+				reported = err
+				return false, ""
 			}
+			refs := make([]core.RowRef, len(rows))
+			for i, r := range rows {
+				refs[i] = r.RowRef
+			}
+			if _, _, err := store.MarkRelayed(ctx, refs, leases); err != nil {
+				t.Fatal(err)
+			}
+			return slices.ContainsFunc(rows, func(r core.OutboxRow) bool { return r.ID == lateID }), ""
 		})
-	}
+		t.Logf("audited %v: the late row %d read after its commit: %v; reported: %v", audited, lateID, read, reported)
+		if audited != read || audited != (reported != nil) {
+			t.Fatalf("audited %v: the late row read %v, reported %v", audited, read, reported)
+		}
+	})
 }
 
 // The rows of a parked aggregate are not read, so a mark may pass them;
@@ -305,49 +309,44 @@ func TestLowWaterMarkRereadsAReleasedAggregate(t *testing.T) {
 // sequence's nextval is: those reads raise the marks past the parked rows
 // under the new generation, and after the commit nothing moves again.
 func TestLowWaterMarkSeesAReleaseOnlyWithItsCommit(t *testing.T) {
-	t.Parallel()
-	for _, control := range []bool{false, true} {
-		t.Run(fmt.Sprintf("control=%v", control), func(t *testing.T) {
-			t.Parallel()
-			ctx := context.Background()
-			_, pool := pgtest.Ledger(t)
-			// The audit would find the control's row below the marks.
-			store := relaystore.New(pool).AuditingEveryRead(!control)
-			leases := takeAllShards(t, store, "r")
-			const shard = 6
-			accounts := sameShard("acc", shard, 30)
-			parked := commitParked(t, pool, store, accounts[0])
+	// The audit would find the control's row below the marks.
+	eachCase(t, func(control bool, pool *pgxpool.Pool) *relaystore.Store {
+		return relaystore.New(pool).AuditingEveryRead(!control)
+	}, func(t *testing.T, control bool, pool *pgxpool.Pool, store *relaystore.Store, leases []core.Lease) {
+		ctx := context.Background()
+		const shard = 6
+		accounts := sameShard("acc", shard, 30)
+		parked := commitParked(t, pool, store, accounts[0])
+		drain(t, store, leases)
+		release := beginOpen(t, pool)
+		if control {
+			// The delete without the trigger; the generation moved
+			// at once, outside the release's transaction.
+			if _, err := release.Exec(ctx, `SET LOCAL session_replication_role = replica`); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := pool.Exec(ctx, `UPDATE relay_release SET generation = generation + 1`); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := release.Exec(ctx, `DELETE FROM relay_parked WHERE aggregate_id = $1`, accounts[0]); err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range accounts[1:] {
+			commitRows(t, pool, a)
 			drain(t, store, leases)
-			release := beginOpen(t, pool)
-			if control {
-				// The delete without the trigger; the generation moved
-				// at once, outside the release's transaction.
-				if _, err := release.Exec(ctx, `SET LOCAL session_replication_role = replica`); err != nil {
-					t.Fatal(err)
-				}
-				if _, err := pool.Exec(ctx, `UPDATE relay_release SET generation = generation + 1`); err != nil {
-					t.Fatal(err)
-				}
-			}
-			if _, err := release.Exec(ctx, `DELETE FROM relay_parked WHERE aggregate_id = $1`, accounts[0]); err != nil {
-				t.Fatal(err)
-			}
-			for _, a := range accounts[1:] {
-				commitRows(t, pool, a)
-				drain(t, store, leases)
-			}
-			raised(t, store, leases, shard, parked.ID+1)
-			if err := release.Commit(ctx); err != nil {
-				t.Fatal(err)
-			}
-			got := drain(t, store, leases)
-			read := slices.Contains(got, parked.ID)
-			t.Logf("control %v: the released row %d read after the release's commit: %v", control, parked.ID, read)
-			if read == control {
-				t.Fatalf("control %v: the released row %d read after the commit: %v (%v)", control, parked.ID, read, got)
-			}
-		})
-	}
+		}
+		raised(t, store, leases, shard, parked.ID+1)
+		if err := release.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		got := drain(t, store, leases)
+		read := slices.Contains(got, parked.ID)
+		t.Logf("control %v: the released row %d read after the release's commit: %v", control, parked.ID, read)
+		if read == control {
+			t.Fatalf("control %v: the released row %d read after the commit: %v (%v)", control, parked.ID, read, got)
+		}
+	})
 }
 
 // While a long snapshot keeps VACUUM from removing the markers' deleted
