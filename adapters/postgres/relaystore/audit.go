@@ -18,12 +18,12 @@ import (
 // would stay unread for good and hold its aggregate back without a word,
 // so the audit drops every mark at once (the reads start again at each
 // shard's first entry and read the row), and the next read returns
-// ErrRowsBelowMarks, which the relays log at ERROR and count. The audit reads the
-// release generation and the history in the snapshot it reads the queue
-// in, and judges only marks made under what it saw: a release or a
-// failover since then is no finding. Under a long snapshot its scan below
-// the marks walks the queue's dead entries, which is why it runs beside
-// the reads, not in them.
+// ErrRowsBelowMarks, which the relays log at ERROR and count. The audit
+// reads the release generation and the history in the snapshot it reads
+// the queue in, and judges only marks made under what it saw: a release
+// or a failover since then is no finding. Under a long snapshot its scan
+// below the marks walks the queue's dead entries, which is why it runs
+// beside the reads, not in them.
 
 // auditEvery is how often a store's reads have their marks audited, and
 // auditTimeout the longest an audit may take.

@@ -48,9 +48,9 @@ import (
 // read sees the move together with the delete or not at all; a counter
 // outside the transaction (a sequence) is seen first, and a read in
 // between would skip the released rows and raise marks past them under
-// the generation that was to announce them. The marks are a property of the ledger, not of a
-// relay, so one store may serve several relays and a relay may lose and
-// take back a shard.
+// the generation that was to announce them. The marks are a property of
+// the ledger, not of a relay, so one store may serve several relays and a
+// relay may lose and take back a shard.
 //
 // Marks and ticks hold for one history of the server only. After a
 // failover the promoted standby may give out again outbox ids and
@@ -245,8 +245,8 @@ func (w *lowWater) drop() {
 // unparked rows not in skip, in id order) and saw h. It reports false
 // when the read must be thrown away: it started above zero from marks of
 // another generation than it saw (a park was deleted since, the server
-// runs another history, or an audit dropped the marks), so rows of an aggregate below them may be
-// missing while its later rows are there. A read again from the marks,
+// runs another history, or an audit dropped the marks), so rows of an
+// aggregate below them may be missing while its later rows are there. A read again from the marks,
 // which the newer generation dropped, is whole. A read that saw an older
 // generation than the marks' now (another relay's read was quicker) is
 // whole in itself but moves no mark.
