@@ -18,7 +18,7 @@ import (
 // would stay unread for good and hold its aggregate back without a word,
 // so the audit drops every mark at once (the reads start again at each
 // shard's first entry and read the row), and the next read returns
-// ErrRowsBelowMarks, which the relays log at ERROR and count. The audit
+// relay.ErrRowsBelowMarks, which the relays log at ERROR and count. The audit
 // reads the release generation and the history in the snapshot it reads
 // the queue in, and judges only marks made under what it saw: a release
 // or a failover since then is no finding. Under a long snapshot its scan
@@ -32,14 +32,10 @@ const (
 	auditTimeout = 30 * time.Second
 )
 
-// ErrRowsBelowMarks is returned by a read after an audit found committed,
-// unparked rows below the read's marks, and dropped the marks.
-var ErrRowsBelowMarks = relay.ErrRowsBelowMarks
-
-// belowMarks is the audit's query: per shard in $1 with its mark in $2,
+// belowMarksSQL is the audit's query: per shard in $1 with its mark in $2,
 // the first pending row of an unparked aggregate below the mark, probed
 // as readByID probes.
-const belowMarks = `
+const belowMarksSQL = `
 SELECT s.shard, s.low, b.id
 FROM unnest($1::int[], $2::bigint[]) AS s(shard, low)
 CROSS JOIN LATERAL (
@@ -93,7 +89,7 @@ func (a *audit) report() error {
 	if a.found == "" {
 		return nil
 	}
-	err := fmt.Errorf("%w: %s; every mark was dropped, the shards are read from their first entry", ErrRowsBelowMarks, a.found)
+	err := fmt.Errorf("%w: %s; every mark was dropped, the shards are read from their first entry", relay.ErrRowsBelowMarks, a.found)
 	a.found = ""
 	return err
 }
@@ -132,7 +128,7 @@ func (s *Store) belowMarks(ctx context.Context, shards []int) (string, error) {
 		if s.low.seen(horizon{release: saw.release, history: saw.history}) != gen.withoutDrops() {
 			return nil // marks of another generation: the reads drop them
 		}
-		rows, err := tx.Query(ctx, belowMarks, toInt32(shards), lows)
+		rows, err := tx.Query(ctx, belowMarksSQL, toInt32(shards), lows)
 		if err != nil {
 			return err
 		}

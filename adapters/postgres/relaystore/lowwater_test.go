@@ -17,6 +17,7 @@ import (
 	"github.com/posthorn/posthorn/internal/testkit/pgtest"
 	"github.com/posthorn/posthorn/internal/testkit/relaytest"
 	"github.com/posthorn/posthorn/internal/testkit/wait"
+	"github.com/posthorn/posthorn/relay"
 )
 
 // sameShard returns n account IDs of shard's shard, prefix-0 … in order.
@@ -71,7 +72,7 @@ func raised(t *testing.T, store *relaystore.Store, leases []core.Lease, shard in
 // with every shard leased: with the production store (control false) and
 // with the store unsafe makes of the pool (control true). The production
 // store audits its marks after every read: no test here may find a row
-// below them (ErrRowsBelowMarks).
+// below them (relay.ErrRowsBelowMarks).
 func eachStore(t *testing.T, unsafe func(*pgxpool.Pool) *relaystore.Store,
 	body func(t *testing.T, control bool, pool *pgxpool.Pool, store *relaystore.Store, leases []core.Lease)) {
 	eachCase(t, func(control bool, pool *pgxpool.Pool) *relaystore.Store {
@@ -206,7 +207,7 @@ func TestLowWaterMarkNeverPassesALateCommit(t *testing.T) {
 }
 
 // An audit finds a committed row below the marks, however it came to be
-// there: it drops the marks, the next read says so (ErrRowsBelowMarks),
+// there: it drops the marks, the next read says so (relay.ErrRowsBelowMarks),
 // and the row is read. Here the marks pass a late commit because the store
 // trusts every read. Control: the same store without the audit never reads
 // the row.
@@ -235,7 +236,7 @@ func TestAuditFindsARowBelowTheMarks(t *testing.T) {
 		read := wait.Until(5*time.Second, func() (bool, string) {
 			rows, err := store.ReadBatch(ctx, allShards(), 20, core.OrderByID)
 			if err != nil {
-				if !errors.Is(err, relaystore.ErrRowsBelowMarks) {
+				if !errors.Is(err, relay.ErrRowsBelowMarks) {
 					t.Fatal(err)
 				}
 				reported = err

@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/posthorn/posthorn/adapters/kafka/kafkagroup"
-	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
 	"github.com/posthorn/posthorn/consumers"
+	"github.com/posthorn/posthorn/relay"
 )
 
 // FirstApplied and Rejoins read the consumers' logs as Start writes them:
@@ -53,12 +53,12 @@ func TestMatchingFindsTheAuditInARelayLog(t *testing.T) {
 		t.Fatal(err)
 	}
 	log := slog.New(slog.NewJSONHandler(f, nil))
-	log.Error("read outbox", "err", fmt.Errorf("read outbox batch: %w: shard 3: row 11 below mark 32", relaystore.ErrRowsBelowMarks))
+	log.Error("read outbox", "err", fmt.Errorf("read outbox batch: %w: shard 3: row 11 below mark 32", relay.ErrRowsBelowMarks))
 	log.Error("read outbox", "err", errors.New("conn closed"))
 	if err := f.Close(); err != nil {
 		t.Fatal(err)
 	}
-	got := Matching(path, relaystore.ErrRowsBelowMarks.Error(), 5)
+	got := Matching(path, relay.ErrRowsBelowMarks.Error(), 5)
 	if !strings.Contains(got, "row 11 below mark 32") || strings.Contains(got, "conn closed") {
 		t.Fatalf("Matching = %q", got)
 	}

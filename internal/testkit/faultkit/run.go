@@ -9,10 +9,10 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
 	"github.com/posthorn/posthorn/consumers/auditlog"
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/demo"
+	"github.com/posthorn/posthorn/relay"
 )
 
 // Consumers are the example consumers every run checks.
@@ -283,7 +283,7 @@ func (r *runState) verify(ctx context.Context) error {
 	// A relay mends rows its reads stepped over once its audit finds
 	// them; the run would then pass, so the finding fails it here.
 	for _, p := range r.s.Relays {
-		if found := Matching(p.LogPath(), relaystore.ErrRowsBelowMarks.Error(), 5); found != "" {
+		if found := Matching(p.LogPath(), relay.ErrRowsBelowMarks.Error(), 5); found != "" {
 			return fmt.Errorf("%s found committed rows below its low-water marks:\n%s", p.Name, found)
 		}
 	}
