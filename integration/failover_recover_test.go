@@ -131,7 +131,7 @@ func failoverRecover(t *testing.T, cdcMode, recover bool) {
 	cfg := ops.FailoverConfig{Ledger: opsstore.NewFailoverStore(pool), Margin: 1000, Sources: []ops.SeenSource{
 		opsstore.InboxSeen{Pool: consumer, Consumer: projection.Name},
 		opsstore.InboxSeen{Pool: consumer, Consumer: auditlog.Name},
-		opsstore.AuditLogSeen{Pool: consumer},
+		opsstore.AuditLogSeen{Pool: consumer, Consumer: auditlog.Name},
 	}}
 	rep, err := ops.FailoverCheck(ctx, cfg)
 	if err != nil {

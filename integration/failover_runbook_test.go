@@ -391,7 +391,7 @@ func recoverAsBefore(t *testing.T, ledger, consumer *pgxpool.Pool, rb runbook, b
 	ctx := context.Background()
 	sources := []ops.SeenSource{opsstore.InboxSeen{Pool: consumer, Consumer: projection.Name}}
 	if rb.sources != "sink" {
-		sources = append(sources, opsstore.InboxSeen{Pool: consumer, Consumer: auditlog.Name}, opsstore.AuditLogSeen{Pool: consumer})
+		sources = append(sources, opsstore.InboxSeen{Pool: consumer, Consumer: auditlog.Name}, opsstore.AuditLogSeen{Pool: consumer, Consumer: auditlog.Name})
 	}
 	if rb.sources != "audit" {
 		sources = append(sources, kafka.TopicSeen{Config: kafka.Config{Brokers: brokers}, Topics: []string{core.TopicEvents}, Since: since})

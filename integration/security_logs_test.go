@@ -162,6 +162,15 @@ func TestSecurityNoSecretInAnyLog(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, p := range procs {
+				b, _ := os.ReadFile(p.LogPath())
+				lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+				t.Logf("%s, its log's last lines:\n%s", p.LogPath(), strings.Join(lines[max(0, len(lines)-12):], "\n"))
+			}
+		}
+	})
 
 	// Traffic: accepted postings with both tokens, a wrong token, a bad body.
 	const postings = 20

@@ -112,8 +112,8 @@ func (r InboxReader) AppliedTwiceSince(ctx context.Context, since uint64) ([][]s
 }
 
 // RecordMark implements IncrementalReader.
-func (r InboxReader) RecordMark(ctx context.Context, mark uint64, ledgerHistory string) error {
-	return r.Inbox.RecordMark(ctx, r.Consumer, mark, ledgerHistory)
+func (r InboxReader) RecordMark(ctx context.Context, mark uint64, ledgerHistory, witness string) error {
+	return r.Inbox.RecordMark(ctx, r.Consumer, mark, ledgerHistory, witness)
 }
 
 // ConsumerSource names a consumer and its disposition reader.

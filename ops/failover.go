@@ -31,6 +31,11 @@ import (
 //     Each copy a source read is judged on its own, as it comes: the check
 //     never needs all sources' copies of an event at once. Every other
 //     event a source read is lost.
+//   - A source is read from its consumer's reconciliation mark, not whole,
+//     only when the ledger holds the witness the mark's pass recorded
+//     with the consumer's coverage (sourceMark says why that proves every
+//     event below the mark is still held); otherwise, or when asked, it
+//     is read whole. Either way the same events are found lost.
 //   - A lost posting is rebuilt only from its published events and only
 //     whole: every event carries its payload, its revisions are free, and
 //     its lines balance per currency. It is re-committed with its journal
@@ -84,6 +89,31 @@ type SeenSource interface {
 	Seen(ctx context.Context, each func([]SeenEvent) error) error
 }
 
+// MarkedSource is a source that can hand only what its consumer changed at
+// or after the mark of its last clean reconciliation pass. Every event it
+// recorded before the mark was proven known to the ledger by that pass (or
+// an earlier one); whether the ledger the check reads still has them is for
+// the check to prove, by the mark's witness.
+type MarkedSource interface {
+	SeenSource
+	// SeenMark returns the source's mark with its witness, or why there is
+	// none it may read from (Since 0).
+	SeenMark(ctx context.Context) (SeenMark, error)
+	// SeenSince is Seen for what changed at or after since; an event
+	// changed again while it reads may come twice.
+	SeenSince(ctx context.Context, since uint64, each func([]SeenEvent) error) error
+}
+
+// SeenMark is where a MarkedSource may start.
+type SeenMark struct {
+	// Consumer names the consumer whose coverage holds Witness.
+	Consumer string
+	// Since is the mark (0: none may be used, for the reason in Why).
+	Since   uint64
+	Witness string
+	Why     string
+}
+
 // SeenBatch is the most events a source hands the check at once.
 const SeenBatch = 5000
 
@@ -120,6 +150,9 @@ type FailoverStore interface {
 	// Backlog reads the relay's side of what is still not whole: its
 	// parked aggregates and the unrelayed rows.
 	Backlog(ctx context.Context) (RelayBacklog, error)
+	// Witnessed reports whether the ledger holds witness as consumer's
+	// coverage witness (Coverage.Witness).
+	Witnessed(ctx context.Context, consumer, witness string) (bool, error)
 }
 
 // RelayBacklog is the relay's side of the ledger after a recovery.
@@ -252,10 +285,14 @@ func (n NotWhole) Whole() bool {
 		len(n.KeysUnknown) == 0 && n.NotRebuilt == 0
 }
 
-// SourceRead is how many events a source gave.
+// SourceRead is how many events a source gave, and from where.
 type SourceRead struct {
 	Name   string `json:"name"`
 	Events int    `json:"events"`
+	// SinceMark is the mark the source was read from (0: whole, for the
+	// reason in WholeBecause when the source has marks).
+	SinceMark    uint64 `json:"since_mark,omitempty"`
+	WholeBecause string `json:"whole_because,omitempty"`
 }
 
 // FailoverReport is the check's verdict.
@@ -303,6 +340,8 @@ type FailoverConfig struct {
 	// Now is the clock (time.Now when nil): a lost key's lifetime runs
 	// from its posting's time, or from now when no source kept it.
 	Now func() time.Time
+	// Whole reads every source whole, none from its mark.
+	Whole bool
 }
 
 // ErrNoSources is returned when no source is configured.
@@ -326,11 +365,20 @@ func FailoverCheck(ctx context.Context, cfg FailoverConfig) (FailoverReport, err
 	for _, s := range cfg.Sources {
 		read := SourceRead{Name: s.SourceName()}
 		var ledgerErr error
-		err := s.Seen(ctx, func(batch []SeenEvent) error {
+		take := func(batch []SeenEvent) error {
 			read.Events += len(batch)
 			ledgerErr = c.take(ctx, s.SourceName(), batch)
 			return ledgerErr
-		})
+		}
+		mark, err := sourceMark(ctx, cfg, s)
+		if err != nil {
+			return rep, fmt.Errorf("read %s: %w", s.SourceName(), err)
+		}
+		if read.SinceMark, read.WholeBecause = mark.Since, mark.Why; mark.Since > 0 {
+			err = s.(MarkedSource).SeenSince(ctx, mark.Since, take)
+		} else {
+			err = s.Seen(ctx, take)
+		}
 		switch {
 		case ledgerErr != nil:
 			return rep, ledgerErr
@@ -362,6 +410,34 @@ func FailoverCheck(ctx context.Context, cfg FailoverConfig) (FailoverReport, err
 		return rep, err
 	}
 	return rep, nil
+}
+
+// sourceMark is the mark s may be read from: its consumer's, when the
+// ledger holds the witness of the pass that recorded it. The pass proved
+// every event below the mark known to the ledger it ran on, and wrote the
+// witness after it read them; WAL is replayed in order, so a promoted
+// standby that holds the witness holds all of them, and only events
+// changed since can be lost. Since 0, with the reason, means whole.
+func sourceMark(ctx context.Context, cfg FailoverConfig, s SeenSource) (SeenMark, error) {
+	ms, ok := s.(MarkedSource)
+	switch {
+	case !ok:
+		return SeenMark{}, nil
+	case cfg.Whole:
+		return SeenMark{Why: "a whole read was asked for"}, nil
+	}
+	m, err := ms.SeenMark(ctx)
+	if err != nil || m.Since == 0 {
+		return m, err
+	}
+	held, err := cfg.Ledger.Witnessed(ctx, m.Consumer, m.Witness)
+	if err != nil {
+		return m, err
+	}
+	if !held {
+		return SeenMark{Why: "the ledger does not hold the witness of the pass that recorded the mark (lost with the failover, or the coverage and the mark were recorded by different passes)"}, nil
+	}
+	return m, nil
 }
 
 // checker compares the sources' batches with the ledger as they come.

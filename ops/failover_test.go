@@ -42,7 +42,8 @@ func (fakeFailoverStore) Recover(context.Context, RecoveryPlan, string) (Recover
 	return RecoveryResult{}, nil
 }
 
-func (fakeFailoverStore) Backlog(context.Context) (RelayBacklog, error) { return RelayBacklog{}, nil }
+func (fakeFailoverStore) Backlog(context.Context) (RelayBacklog, error)           { return RelayBacklog{}, nil }
+func (fakeFailoverStore) Witnessed(context.Context, string, string) (bool, error) { return false, nil }
 
 // fakeSource holds evs and hands them two at a time, so that an event and
 // what completes it (another source's copy, its journal's other line, its

@@ -34,8 +34,9 @@ type IncrementalReader interface {
 	// changed at or after since.
 	AppliedTwiceSince(ctx context.Context, since uint64) ([][]string, error)
 	// RecordMark records mark (a PassStart.Next) as where the next pass
-	// proven against ledgerHistory may start.
-	RecordMark(ctx context.Context, mark uint64, ledgerHistory string) error
+	// proven against ledgerHistory may start, with the witness the pass
+	// recorded with the consumer's coverage on the ledger (Coverage.Witness).
+	RecordMark(ctx context.Context, mark uint64, ledgerHistory, witness string) error
 }
 
 // PassStart is where one consumer's pass starts.
@@ -119,7 +120,7 @@ func (m *matching) recordMark(ctx context.Context, ci int, r *ConsumerReport) er
 	if !ok || m.passes[ci].Next == 0 {
 		return nil
 	}
-	if err := ir.RecordMark(ctx, m.passes[ci].Next, m.history); err != nil {
+	if err := ir.RecordMark(ctx, m.passes[ci].Next, m.history, r.Coverage.Witness); err != nil {
 		return fmt.Errorf("consumer %s: record the mark of its pass: %w", r.Name, err)
 	}
 	r.Pass.RecordedMark = m.passes[ci].Next

@@ -153,7 +153,7 @@ type Inbox interface {
 	BeginPass(ctx context.Context, consumer, ledgerHistory string) (PassStart, error)
 	InboxEventIDsSince(ctx context.Context, consumer string, since uint64, batch int, fn func(ids []string) error) error
 	AppliedTwiceSince(ctx context.Context, consumer string, since uint64) ([][]string, error)
-	RecordMark(ctx context.Context, consumer string, mark uint64, ledgerHistory string) error
+	RecordMark(ctx context.Context, consumer string, mark uint64, ledgerHistory, witness string) error
 	// Pruned returns which of cands PruneInbox may have removed.
 	Pruned(ctx context.Context, consumer string, cands []PrunedCandidate) (map[string]bool, error)
 	// PruneInbox deletes the consumer's final rows behind h in batches of at
@@ -258,6 +258,10 @@ type Coverage struct {
 	CutSequence     int64     `json:"cut_sequence"`
 	CoveredOutboxID int64     `json:"covered_outbox_id"`
 	VerifiedAt      time.Time `json:"verified_at"`
+	// Witness is the random value recorded with this boundary, new on
+	// every record: a consumer's mark carries it, and a ledger that holds
+	// it holds everything the recording pass proved (failover check).
+	Witness string `json:"-"`
 }
 
 // StoredRow is one outbox row with everything archive, replay and resend

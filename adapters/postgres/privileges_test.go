@@ -309,7 +309,7 @@ VALUES ('balance-projection', 'e1', 'account', 'acc-alice', 1, 'applied')`); err
 	if err != nil {
 		t.Fatalf("begin a pass as posthorn_reconciler: %v", err)
 	}
-	if err := in.RecordMark(ctx, "balance-projection", p.Next, "h"); err != nil {
+	if err := in.RecordMark(ctx, "balance-projection", p.Next, "h", ""); err != nil {
 		t.Fatalf("record a mark as posthorn_reconciler: %v", err)
 	}
 	if _, err := in.AppliedTwiceSince(ctx, "balance-projection", 1); err != nil {

@@ -38,6 +38,7 @@ func runFailover(ctx context.Context, name string, args []string) error {
 	fs := newFlags(name, "database.url", "consumer.database.url")
 	asJSON := fs.Bool("json", false, "print one JSON object")
 	sinkSince := fs.Duration("sink-since", 24*time.Hour, "with sink.kind kafka, also read the events topic's records of this last while (whole records: lost postings rebuild from them); 0 reads no sink")
+	whole := fs.Bool("whole", false, "read every consumer's events whole, not from the mark of its last clean reconcile (which is used only when the ledger holds that pass's witness)")
 	margin := fs.Int64("margin", 1000, "how far past their last values, beyond one per lost event or journal, the outbox ids and journal sequence move (values the old primary gave to rows no source saw)")
 	var dryRun *bool
 	var settle *time.Duration
@@ -69,7 +70,7 @@ func runFailover(ctx context.Context, name string, args []string) error {
 	if err := pools.each(ctx, list, func(c configs.ReconcileConsumer, pool *pgxpool.Pool) error {
 		sources = append(sources, opsstore.InboxSeen{Pool: pool, Consumer: c.Name})
 		if c.Name == auditlog.Name {
-			sources = append(sources, opsstore.AuditLogSeen{Pool: pool})
+			sources = append(sources, opsstore.AuditLogSeen{Pool: pool, Consumer: c.Name})
 		}
 		return nil
 	}); err != nil {
@@ -89,7 +90,7 @@ func runFailover(ctx context.Context, name string, args []string) error {
 			sources = append(sources, s)
 		}
 	}
-	cfg := ops.FailoverConfig{Ledger: opsstore.NewFailoverStore(p.ledger), Sources: sources, Margin: *margin}
+	cfg := ops.FailoverConfig{Ledger: opsstore.NewFailoverStore(p.ledger), Sources: sources, Margin: *margin, Whole: *whole}
 	if settle != nil {
 		cfg.Settle = *settle
 	}
@@ -155,7 +156,14 @@ func printFailover(w io.Writer, rep ops.FailoverReport) {
 	}
 	fmt.Fprintf(w, "sources read:")
 	for _, s := range rep.Sources {
-		fmt.Fprintf(w, " %s (%d events);", s.Name, s.Events)
+		switch {
+		case s.SinceMark > 0:
+			fmt.Fprintf(w, " %s (%d events changed since mark %d);", s.Name, s.Events, s.SinceMark)
+		case s.WholeBecause != "":
+			fmt.Fprintf(w, " %s (%d events, whole: %s);", s.Name, s.Events, s.WholeBecause)
+		default:
+			fmt.Fprintf(w, " %s (%d events);", s.Name, s.Events)
+		}
 	}
 	fmt.Fprintf(w, " %d events read", rep.Read)
 	if rep.NotLedger > 0 {

@@ -124,17 +124,19 @@ LATERAL (SELECT array_agg(o.event_id ORDER BY o.event_id) AS ids, count(*) AS n 
 WHERE g.n > 1`
 
 // RecordMark records mark as where consumer's next pass proven against
-// ledgerHistory may start, with this server's identity. It is the one
-// write reconciliation makes in a consumer's database, in a read-write
+// ledgerHistory may start, with this server's identity and the ledger's
+// witness of the pass (none when witness is ""). It is the one write
+// reconciliation makes in a consumer's database, in a read-write
 // transaction of its own (its sessions are read-only by default).
-func (in *Inbox) RecordMark(ctx context.Context, consumer string, mark uint64, ledgerHistory string) error {
+func (in *Inbox) RecordMark(ctx context.Context, consumer string, mark uint64, ledgerHistory, witness string) error {
 	err := pgx.BeginTxFunc(ctx, in.pool, pgx.TxOptions{AccessMode: pgx.ReadWrite}, func(tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, `
-INSERT INTO consumer_reconciled (consumer, mark, server, ledger_history)
-VALUES ($1, $2::text::xid8, (SELECT system_identifier FROM pg_control_system()), $3)
+INSERT INTO consumer_reconciled (consumer, mark, server, ledger_history, ledger_witness)
+VALUES ($1, $2::text::xid8, (SELECT system_identifier FROM pg_control_system()), $3, nullif($4, '')::uuid)
 ON CONFLICT (consumer) DO UPDATE
-   SET mark = EXCLUDED.mark, server = EXCLUDED.server, ledger_history = EXCLUDED.ledger_history, recorded_at = now()`,
-			consumer, strconv.FormatUint(mark, 10), ledgerHistory)
+   SET mark = EXCLUDED.mark, server = EXCLUDED.server, ledger_history = EXCLUDED.ledger_history,
+       ledger_witness = EXCLUDED.ledger_witness, recorded_at = now()`,
+			consumer, strconv.FormatUint(mark, 10), ledgerHistory, witness)
 		return err
 	})
 	if err != nil {

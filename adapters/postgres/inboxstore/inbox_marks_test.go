@@ -70,7 +70,7 @@ func TestInboxMarkReadsWhatChangedSince(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := in.RecordMark(ctx, "c", p.Next, history); err != nil {
+	if err := in.RecordMark(ctx, "c", p.Next, history, ""); err != nil {
 		t.Fatal(err)
 	}
 	var want []string

@@ -49,13 +49,7 @@ func (in *Inbox) PruneInbox(ctx context.Context, consumer string, h ops.InboxHor
 		}
 		after = *last
 		res.Batches++
-		if n > 0 {
-			res.Deleted += n
-			if _, err := in.pool.Exec(context.WithoutCancel(ctx), `
-UPDATE consumer_retention SET deleted_rows = deleted_rows + $2, updated_at = now() WHERE consumer = $1`, consumer, n); err != nil {
-				return res, fmt.Errorf("prune inbox: count: %w", err)
-			}
-		}
+		res.Deleted += n
 		if err := ctx.Err(); err != nil {
 			return res, err
 		}
@@ -87,7 +81,10 @@ type inboxKey struct {
 // behind h, in one statement; it returns how many it deleted and the last
 // key scanned (nil: none was). The delete finds its rows by the ctid the
 // scan read in the same statement (a TID scan, not a second primary-key
-// probe per row), rechecking the key and disposition.
+// probe per row), rechecking the key and disposition. The same statement
+// counts them in consumer_retention and raises pruned_xid to the newest
+// changed_xid deleted, so no delete is ever left unrecorded: the failover
+// check reads a consumer from its mark only while pruned_xid lies below it.
 func (in *Inbox) pruneBatch(ctx context.Context, consumer string, h ops.InboxHorizon, after inboxKey, batch int) (int64, *inboxKey, error) {
 	var n int64
 	var lastAt *time.Time
@@ -108,7 +105,12 @@ d AS (
     DELETE FROM consumer_inbox x USING scan s
     WHERE s.prunable AND x.ctid = s.tid AND x.consumer = $1 AND x.event_id = s.event_id
       AND x.disposition IN ('applied', 'duplicate')
-    RETURNING 1)
+    RETURNING x.changed_xid),
+counted AS (
+    UPDATE consumer_retention r
+    SET deleted_rows = r.deleted_rows + (SELECT count(*) FROM d), updated_at = now(),
+        pruned_xid = greatest(r.pruned_xid, (SELECT changed_xid FROM d ORDER BY changed_xid DESC NULLS LAST LIMIT 1))
+    WHERE r.consumer = $1 AND EXISTS (SELECT FROM d))
 SELECT (SELECT count(*) FROM d),
        (SELECT updated_at FROM scan ORDER BY updated_at DESC, event_id DESC LIMIT 1),
        (SELECT event_id FROM scan ORDER BY updated_at DESC, event_id DESC LIMIT 1)`,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -23,6 +24,8 @@ type FailoverStore struct{ pool *pgxpool.Pool }
 var (
 	_ ops.FailoverStore = (*FailoverStore)(nil)
 	_ ops.ParkedSource  = InboxSeen{}
+	_ ops.MarkedSource  = InboxSeen{}
+	_ ops.MarkedSource  = AuditLogSeen{}
 )
 
 // NewFailoverStore returns the failover store of the ledger on pool.
@@ -244,6 +247,18 @@ SELECT aggregate_type, aggregate_id, event_id::text, reason, parked_at FROM rela
 	return b, nil
 }
 
+// Witnessed reports whether consumer's coverage on the ledger carries
+// witness.
+func (s *FailoverStore) Witnessed(ctx context.Context, consumer, witness string) (bool, error) {
+	var held bool
+	err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM ops_coverage WHERE consumer = $1 AND witness::text = $2)`,
+		consumer, witness).Scan(&held)
+	if err != nil {
+		return false, fmt.Errorf("read the coverage witness of %s: %w", consumer, err)
+	}
+	return held, nil
+}
+
 func joinSources(s []string) string {
 	b, _ := json.Marshal(s)
 	return string(b)
@@ -272,6 +287,28 @@ WHERE consumer = $1 AND parked ORDER BY parked_at, aggregate_id`, s.Consumer)
 	return pgx.CollectRows(rows, pgx.RowToStructByPos[ops.ConsumerParked])
 }
 
+// SeenMark reads the consumer's reconciliation mark (ops.MarkedSource).
+func (s InboxSeen) SeenMark(ctx context.Context) (ops.SeenMark, error) {
+	return seenMark(ctx, s.Pool, s.Consumer)
+}
+
+// SeenSince reads the consumer's inbox rows changed at or after since, a
+// page at a time through the index on (consumer, changed_xid, event_id).
+func (s InboxSeen) SeenSince(ctx context.Context, since uint64, each func([]ops.SeenEvent) error) error {
+	return seenSincePages(ctx, s.Pool, `
+SELECT changed_xid::text, event_id, kind, type, aggregate_type, aggregate_id, revision, headers, payload
+FROM consumer_inbox WHERE consumer = $1 AND (changed_xid, event_id) > ($2::text::xid8, $3)
+ORDER BY consumer_inbox.changed_xid, event_id LIMIT $4`, s.Consumer, since, func(rows pgx.CollectableRow) (sinceRow, error) {
+		var r sinceRow
+		var headers []byte
+		if err := rows.Scan(&r.xid, &r.EventID, &r.Kind, &r.Type, &r.AggregateType, &r.AggregateID, &r.Revision, &headers, &r.Payload); err != nil {
+			return r, err
+		}
+		r.seen = r.AggregateID != ""
+		return r, inboxHeaders(&r.SeenEvent, headers)
+	}, each)
+}
+
 // Seen reads every event of the consumer's inbox, a page at a time in
 // event ID order (each page a short statement, so the read never holds a
 // snapshot on the consumer's database for its whole length).
@@ -285,14 +322,102 @@ FROM consumer_inbox WHERE consumer = $1 AND event_id > $2 AND aggregate_id <> ''
 			if err := rows.Scan(&e.EventID, &e.Kind, &e.Type, &e.AggregateType, &e.AggregateID, &e.Revision, &headers, &e.Payload); err != nil {
 				return e, err
 			}
-			if len(headers) > 0 {
-				if err := json.Unmarshal(headers, &e.Headers); err != nil {
-					return e, fmt.Errorf("event %q: headers: %w", e.EventID, err)
-				}
-				e.JournalID = e.Headers[core.HeaderJournalID]
-			}
-			return e, nil
+			return e, inboxHeaders(&e, headers)
 		}, each)
+}
+
+// inboxHeaders sets e's headers, and its journal from them, from an inbox
+// row's headers column.
+func inboxHeaders(e *ops.SeenEvent, headers []byte) error {
+	if len(headers) == 0 {
+		return nil
+	}
+	if err := json.Unmarshal(headers, &e.Headers); err != nil {
+		return fmt.Errorf("event %q: headers: %w", e.EventID, err)
+	}
+	e.JournalID = e.Headers[core.HeaderJournalID]
+	return nil
+}
+
+// seenMark reads consumer's reconciliation mark and whether the failover
+// check may read from it: it names this server (rows' transaction IDs mean
+// nothing on another), lies at or below the oldest running transaction, as
+// every mark taken on this server does, carries a witness, and retention
+// has deleted no row changed at or after it.
+func seenMark(ctx context.Context, pool *pgxpool.Pool, consumer string) (ops.SeenMark, error) {
+	m := ops.SeenMark{Consumer: consumer}
+	var (
+		mark, witness                   *string
+		sameServer, behind, prunedSince *bool
+	)
+	err := pool.QueryRow(ctx, `
+SELECT m.mark::text, m.ledger_witness::text, m.server = (SELECT system_identifier FROM pg_control_system()),
+       m.mark <= pg_snapshot_xmin(pg_current_snapshot()), r.pruned_xid >= m.mark
+FROM (SELECT 1) AS one LEFT JOIN consumer_reconciled AS m ON m.consumer = $1
+     LEFT JOIN consumer_retention AS r ON r.consumer = $1`, consumer).Scan(&mark, &witness, &sameServer, &behind, &prunedSince)
+	if err != nil {
+		return m, fmt.Errorf("read the reconciliation mark of %s: %w", consumer, err)
+	}
+	switch {
+	case mark == nil:
+		m.Why = "no clean reconciliation pass has recorded a mark"
+	case witness == nil:
+		m.Why = "the mark carries no witness (recorded before the ledger's coverage kept one)"
+	case !*sameServer:
+		m.Why = "the mark was recorded on another database server (restored from a dump?)"
+	case !*behind:
+		m.Why = "the mark lies ahead of this server's oldest running transaction"
+	case prunedSince != nil && *prunedSince:
+		m.Why = "retention deleted inbox rows changed at or after the mark"
+	default:
+		if m.Since, err = strconv.ParseUint(*mark, 10, 64); err != nil {
+			return m, fmt.Errorf("mark %q of %s: %w", *mark, consumer, err)
+		}
+		m.Witness = *witness
+	}
+	return m, nil
+}
+
+// sinceRow is a row of a read from a mark: the event (when seen) and the
+// inbox row's key the next page starts after.
+type sinceRow struct {
+	ops.SeenEvent
+	xid  string
+	seen bool
+}
+
+// seenSincePages hands each the events of query from since on, a page of
+// ops.SeenBatch inbox rows at a time. query takes consumer, then the
+// (changed_xid, event_id) the page starts after and the page size, and
+// orders by both; a row with seen false only moves the key.
+func seenSincePages(ctx context.Context, pool *pgxpool.Pool, query, consumer string, since uint64,
+	scan pgx.RowToFunc[sinceRow], each func([]ops.SeenEvent) error) error {
+	afterXID, afterID := strconv.FormatUint(since, 10), ""
+	for {
+		rows, err := pool.Query(ctx, query, consumer, afterXID, afterID, ops.SeenBatch)
+		if err != nil {
+			return err
+		}
+		page, err := pgx.CollectRows(rows, scan)
+		if err != nil {
+			return err
+		}
+		events := make([]ops.SeenEvent, 0, len(page))
+		for _, r := range page {
+			if r.seen {
+				events = append(events, r.SeenEvent)
+			}
+		}
+		if len(events) > 0 {
+			if err := each(events); err != nil {
+				return err
+			}
+		}
+		if len(page) < ops.SeenBatch {
+			return nil
+		}
+		afterXID, afterID = page[len(page)-1].xid, page[len(page)-1].EventID
+	}
 }
 
 // seenPages hands each the rows of query a page of ops.SeenBatch at a
@@ -329,6 +454,39 @@ func seenPages(ctx context.Context, pool *pgxpool.Pool, query string, args []any
 // longer keep.
 type AuditLogSeen struct {
 	Pool *pgxpool.Pool
+	// Consumer is the audit log's consumer (its inbox rows are written
+	// with the audit log's, in one transaction): a read from its mark
+	// finds the audit log's rows through them.
+	Consumer string
+}
+
+// SeenMark reads the audit log's consumer's reconciliation mark
+// (ops.MarkedSource).
+func (s AuditLogSeen) SeenMark(ctx context.Context) (ops.SeenMark, error) {
+	return seenMark(ctx, s.Pool, s.Consumer)
+}
+
+// SeenSince reads the audit log's rows whose inbox rows changed at or after
+// since.
+func (s AuditLogSeen) SeenSince(ctx context.Context, since uint64, each func([]ops.SeenEvent) error) error {
+	return seenSincePages(ctx, s.Pool, `
+WITH page AS (
+    SELECT changed_xid, event_id FROM consumer_inbox WHERE consumer = $1 AND (changed_xid, event_id) > ($2::text::xid8, $3)
+    ORDER BY consumer_inbox.changed_xid, event_id LIMIT $4)
+SELECT p.changed_xid::text, p.event_id, a.event_id IS NOT NULL, coalesce(a.type, ''), coalesce(a.aggregate_type, ''),
+       coalesce(a.aggregate_id, ''), coalesce(a.revision, 0), coalesce(a.journal_id, ''), coalesce(a.payload::text, ''),
+       coalesce(a.idempotency_digest, '')
+FROM page AS p LEFT JOIN audit_log AS a ON a.event_id = p.event_id ORDER BY p.changed_xid, p.event_id`,
+		s.Consumer, since, func(rows pgx.CollectableRow) (sinceRow, error) {
+			var r sinceRow
+			var payload, digest string
+			if err := rows.Scan(&r.xid, &r.EventID, &r.seen, &r.Type, &r.AggregateType, &r.AggregateID, &r.Revision, &r.JournalID,
+				&payload, &digest); err != nil {
+				return r, err
+			}
+			auditPayload(&r.SeenEvent, payload, digest)
+			return r, nil
+		}, each)
 }
 
 // SourceName names the source in reports.
@@ -346,10 +504,16 @@ SELECT event_id, type, aggregate_type, aggregate_id, revision, coalesce(journal_
 			if err := rows.Scan(&e.EventID, &e.Type, &e.AggregateType, &e.AggregateID, &e.Revision, &e.JournalID, &payload, &digest); err != nil {
 				return e, err
 			}
-			e.Payload = []byte(payload)
-			if digest != "" {
-				e.Headers = map[string]string{core.HeaderIdempotencyDigest: digest}
-			}
+			auditPayload(&e, payload, digest)
 			return e, nil
 		}, each)
+}
+
+// auditPayload sets e's payload and idempotency digest from an audit log
+// row's.
+func auditPayload(e *ops.SeenEvent, payload, digest string) {
+	e.Payload = []byte(payload)
+	if digest != "" {
+		e.Headers = map[string]string{core.HeaderIdempotencyDigest: digest}
+	}
 }

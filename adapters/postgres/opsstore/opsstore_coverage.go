@@ -12,16 +12,17 @@ import (
 )
 
 // RecordCoverage advances the consumer's verified boundary (never lowers
-// it) and returns the boundary now recorded.
+// it) with a new witness, and returns the boundary now recorded.
 func (s *Store) RecordCoverage(ctx context.Context, consumer string, cut, coveredID int64) (ops.Coverage, error) {
 	c := ops.Coverage{Consumer: consumer}
 	err := s.pool.QueryRow(ctx, `
-INSERT INTO ops_coverage AS c (consumer, cut_sequence, covered_outbox_id) VALUES ($1, $2, $3)
+INSERT INTO ops_coverage AS c (consumer, cut_sequence, covered_outbox_id, witness) VALUES ($1, $2, $3, gen_random_uuid())
 ON CONFLICT (consumer) DO UPDATE
    SET cut_sequence = greatest(c.cut_sequence, EXCLUDED.cut_sequence),
        covered_outbox_id = greatest(c.covered_outbox_id, EXCLUDED.covered_outbox_id),
-       verified_at = now()
-RETURNING cut_sequence, covered_outbox_id, verified_at`, consumer, cut, coveredID).Scan(&c.CutSequence, &c.CoveredOutboxID, &c.VerifiedAt)
+       verified_at = now(), witness = EXCLUDED.witness
+RETURNING cut_sequence, covered_outbox_id, verified_at, witness::text`, consumer, cut, coveredID).
+		Scan(&c.CutSequence, &c.CoveredOutboxID, &c.VerifiedAt, &c.Witness)
 	if err != nil {
 		return c, fmt.Errorf("record coverage of %s: %w", consumer, err)
 	}
@@ -30,7 +31,7 @@ RETURNING cut_sequence, covered_outbox_id, verified_at`, consumer, cut, coveredI
 
 // Coverages returns every consumer's verified boundary, by name.
 func (s *Store) Coverages(ctx context.Context) (map[string]ops.Coverage, error) {
-	list, err := pgrows.Query(ctx, s.pool, pgx.RowToStructByPos[ops.Coverage], `SELECT consumer, cut_sequence, covered_outbox_id, verified_at FROM ops_coverage`)
+	list, err := pgrows.Query(ctx, s.pool, pgx.RowToStructByPos[ops.Coverage], `SELECT consumer, cut_sequence, covered_outbox_id, verified_at, coalesce(witness::text, '') FROM ops_coverage`)
 	if err != nil {
 		return nil, fmt.Errorf("coverage: %w", err)
 	}
