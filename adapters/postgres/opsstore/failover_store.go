@@ -294,10 +294,13 @@ func (s InboxSeen) SeenMark(ctx context.Context) (ops.SeenMark, error) {
 
 // SeenSince reads the consumer's inbox rows changed at or after since, a
 // page at a time through the index on (consumer, changed_xid, event_id).
+// The plain "changed_xid >=" is what lets the planner use that partial
+// index (rows with a changed_xid only): the row comparison alone does not
+// prove it, and each page was a scan of the whole inbox.
 func (s InboxSeen) SeenSince(ctx context.Context, since uint64, each func([]ops.SeenEvent) error) error {
 	return seenSincePages(ctx, s.Pool, `
 SELECT changed_xid::text, event_id, kind, type, aggregate_type, aggregate_id, revision, headers, payload
-FROM consumer_inbox WHERE consumer = $1 AND (changed_xid, event_id) > ($2::text::xid8, $3)
+FROM consumer_inbox WHERE consumer = $1 AND changed_xid >= $2::text::xid8 AND (changed_xid, event_id) > ($2::text::xid8, $3)
 ORDER BY consumer_inbox.changed_xid, event_id LIMIT $4`, s.Consumer, since, func(rows pgx.CollectableRow) (sinceRow, error) {
 		var r sinceRow
 		var headers []byte
@@ -471,7 +474,8 @@ func (s AuditLogSeen) SeenMark(ctx context.Context) (ops.SeenMark, error) {
 func (s AuditLogSeen) SeenSince(ctx context.Context, since uint64, each func([]ops.SeenEvent) error) error {
 	return seenSincePages(ctx, s.Pool, `
 WITH page AS (
-    SELECT changed_xid, event_id FROM consumer_inbox WHERE consumer = $1 AND (changed_xid, event_id) > ($2::text::xid8, $3)
+    SELECT changed_xid, event_id FROM consumer_inbox
+    WHERE consumer = $1 AND changed_xid >= $2::text::xid8 AND (changed_xid, event_id) > ($2::text::xid8, $3)
     ORDER BY consumer_inbox.changed_xid, event_id LIMIT $4)
 SELECT p.changed_xid::text, p.event_id, a.event_id IS NOT NULL, coalesce(a.type, ''), coalesce(a.aggregate_type, ''),
        coalesce(a.aggregate_id, ''), coalesce(a.revision, 0), coalesce(a.journal_id, ''), coalesce(a.payload::text, ''),
