@@ -18,6 +18,8 @@ import (
 type fakeFailoverStore struct {
 	held map[string]bool
 	revs map[AggregateKey]int64
+	// witnesses is each consumer's coverage witness.
+	witnesses map[string]string
 }
 
 func (f fakeFailoverStore) History(context.Context) (LedgerHistory, error) {
@@ -42,8 +44,10 @@ func (fakeFailoverStore) Recover(context.Context, RecoveryPlan, string) (Recover
 	return RecoveryResult{}, nil
 }
 
-func (fakeFailoverStore) Backlog(context.Context) (RelayBacklog, error)           { return RelayBacklog{}, nil }
-func (fakeFailoverStore) Witnessed(context.Context, string, string) (bool, error) { return false, nil }
+func (fakeFailoverStore) Backlog(context.Context) (RelayBacklog, error) { return RelayBacklog{}, nil }
+func (f fakeFailoverStore) Witnessed(_ context.Context, consumer, witness string) (bool, error) {
+	return f.witnesses[consumer] == witness, nil
+}
 
 // fakeSource holds evs and hands them two at a time, so that an event and
 // what completes it (another source's copy, its journal's other line, its
@@ -62,6 +66,56 @@ func (s fakeSource) Seen(_ context.Context, each func([]SeenEvent) error) error 
 		}
 	}
 	return nil
+}
+
+// markedSource is a fakeSource with a mark: from it, it hands only the
+// events after the first since.
+type markedSource struct {
+	fakeSource
+	mark SeenMark
+}
+
+func (s markedSource) SeenMark(context.Context) (SeenMark, error) { return s.mark, nil }
+
+func (s markedSource) SeenSince(ctx context.Context, since uint64, each func([]SeenEvent) error) error {
+	return fakeSource{s.name, s.evs[since:]}.Seen(ctx, each)
+}
+
+// A source is read from its mark only when the ledger holds the mark's
+// witness, and whole when it does not, when it has no usable mark, or when
+// a whole read is asked for; each source's report says which, and why.
+func TestFailoverCheckReadsFromAMarkOnlyWithItsWitness(t *testing.T) {
+	evs := []SeenEvent{posted(t, "j1", "a", 1, "1"), posted(t, "j2", "a", 2, "1"), posted(t, "j3", "a", 3, "1")}
+	source := func(m SeenMark) SeenSource { return markedSource{fakeSource{"inbox", evs}, m} }
+	held := fakeFailoverStore{witnesses: map[string]string{"c": "w1"}}
+	for _, tc := range []struct {
+		name   string
+		source SeenSource
+		whole  bool
+		read   int
+		since  uint64
+		why    string
+	}{
+		{"witnessed", source(SeenMark{Consumer: "c", Since: 2, Witness: "w1"}), false, 1, 2, ""},
+		{"another pass's witness", source(SeenMark{Consumer: "c", Since: 2, Witness: "w2"}), false, 3, 0, "witness"},
+		{"no usable mark", source(SeenMark{Consumer: "c", Why: "no clean reconciliation pass has recorded a mark"}), false, 3, 0, "no clean"},
+		{"a whole read asked for", source(SeenMark{Consumer: "c", Since: 2, Witness: "w1"}), true, 3, 0, "asked"},
+		{"no marks", fakeSource{"log", evs}, false, 3, 0, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rep, err := FailoverCheck(context.Background(), FailoverConfig{Ledger: held, Sources: []SeenSource{tc.source}, Whole: tc.whole})
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := rep.Sources[0]
+			if s.Events != tc.read || s.SinceMark != tc.since || !strings.Contains(s.WholeBecause, tc.why) || (tc.why == "") != (s.WholeBecause == "") {
+				t.Fatalf("read %d events from mark %d (%q), want %d from %d (%q)", s.Events, s.SinceMark, s.WholeBecause, tc.read, tc.since, tc.why)
+			}
+			if len(rep.Lost) != tc.read {
+				t.Fatalf("lost %d events, want the %d read", len(rep.Lost), tc.read)
+			}
+		})
+	}
 }
 
 func posted(t *testing.T, journal, account string, rev int64, delta string) SeenEvent {
