@@ -20,6 +20,7 @@ import (
 	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/core"
 	"github.com/posthorn/posthorn/internal/dev/pgcluster"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
 	"github.com/posthorn/posthorn/internal/testkit/relaytest"
 	"github.com/posthorn/posthorn/internal/testkit/wait"
 	"github.com/posthorn/posthorn/ops"
@@ -337,7 +338,7 @@ func TestFailoverCheckReadsFromAMarkOnlyWhenTheLedgerHoldsItsWitness(t *testing.
 func failoverFromMarks(t *testing.T, witnessed bool) {
 	ctx := context.Background()
 	f := relaytest.NewFailover(t, pgcluster.Options{})
-	consumer := smallConsumerPool(t)
+	consumer := consumerOnItsOwnServer(t)
 	startOpsConsumers(t, f.Sink, consumer)
 	r := &opsRig{ledger: f.Pool, consumer: consumer, store: ledgerstore.New(f.Pool, ledgerstore.Config{}),
 		ops: opsstore.New(f.Pool), sink: f.Sink}
@@ -437,6 +438,39 @@ func failoverFromMarks(t *testing.T, witnessed bool) {
 	}
 	t.Logf("control: read from the marks without the witness, the check found %d lost events and missed the %d of the postings the second pass proved",
 		len(missed), len(postingEventIDs(proven)))
+}
+
+// consumerOnItsOwnServer is a consumer database, migrated as `posthorn
+// migrate --consumer` leaves it, on a throwaway server of its own: a
+// reconcile mark is the oldest transaction running on the whole server,
+// and other tests' transactions on the shared one would hold it back at
+// will.
+func consumerOnItsOwnServer(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	ctx := context.Background()
+	c, err := pgcluster.Start(ctx, pgcluster.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Stop() })
+	admin, err := postgres.Connect(ctx, c.URL("postgres"), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	if _, err := admin.Exec(ctx, "CREATE DATABASE consumer"); err != nil {
+		t.Fatal(err)
+	}
+	url := c.URL("consumer")
+	if err := postgres.Migrate(ctx, url, postgres.ConsumerSchema); err != nil {
+		t.Fatal(err)
+	}
+	for _, tables := range pgtest.ExampleTables() {
+		if _, err := postgres.UpgradeTables(ctx, url, tables); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return pgtest.SmallPool(t, url, 8)
 }
 
 // trustedMark reads a source from its mark without asking the ledger for

@@ -3,11 +3,13 @@ package opsstore
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/posthorn/posthorn/adapters/postgres"
@@ -358,7 +360,14 @@ SELECT m.mark::text, m.ledger_witness::text, m.server = (SELECT system_identifie
        m.mark <= pg_snapshot_xmin(pg_current_snapshot()), r.pruned_xid >= m.mark
 FROM (SELECT 1) AS one LEFT JOIN consumer_reconciled AS m ON m.consumer = $1
      LEFT JOIN consumer_retention AS r ON r.consumer = $1`, consumer).Scan(&mark, &witness, &sameServer, &behind, &prunedSince)
-	if err != nil {
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr) && (pgErr.Code == "42501" || pgErr.Code == "42P01" || pgErr.Code == "42703"):
+		// A role that may not read the marks (the reconciler's may), or a
+		// consumer database not migrated since they came: read whole.
+		m.Why = "the mark could not be read: " + pgErr.Message
+		return m, nil
+	case err != nil:
 		return m, fmt.Errorf("read the reconciliation mark of %s: %w", consumer, err)
 	}
 	switch {

@@ -20,7 +20,6 @@ import (
 	"github.com/posthorn/posthorn/internal/testkit/pgtest"
 	"github.com/posthorn/posthorn/internal/testkit/relaytest"
 	"github.com/posthorn/posthorn/internal/testkit/roletest"
-	"github.com/posthorn/posthorn/internal/testkit/wait"
 	"github.com/posthorn/posthorn/ops"
 )
 
@@ -441,14 +440,16 @@ func TestSeenMarkIsRefusedOnceRetentionDeletedARowChangedAfterIt(t *testing.T) {
 	in := inboxstore.New(pool)
 	const consumer = "audit-log"
 	src := opsstore.AuditLogSeen{Pool: pool, Consumer: consumer}
-	applied := func(revision int64) string {
+	// applied writes an applied event as the audit log's consumer does;
+	// changed is its inbox row's changed_xid ("" for its transaction's).
+	applied := func(revision int64, changed string) string {
 		t.Helper()
 		id := uuid.Must(uuid.NewV7()).String()
 		if _, err := pool.Exec(ctx, `
-WITH i AS (INSERT INTO consumer_inbox (consumer, event_id, aggregate_type, aggregate_id, revision, disposition)
-           VALUES ($1, $2, 'account', 'acc-a', $3, 'applied'))
+WITH i AS (INSERT INTO consumer_inbox (consumer, event_id, aggregate_type, aggregate_id, revision, disposition, changed_xid)
+           VALUES ($1, $2, 'account', 'acc-a', $3, 'applied', coalesce(nullif($4, '')::xid8, pg_current_xact_id())))
 INSERT INTO audit_log (event_id, type, aggregate_type, aggregate_id, revision, payload)
-VALUES ($2, 'ledger.account.credited', 'account', 'acc-a', $3, '{}')`, consumer, id, revision); err != nil {
+VALUES ($2, 'ledger.account.credited', 'account', 'acc-a', $3, '{}')`, consumer, id, revision, changed); err != nil {
 			t.Fatal(err)
 		}
 		return id
@@ -471,26 +472,18 @@ ON CONFLICT (consumer, aggregate_type, aggregate_id) DO UPDATE SET last_revision
 		return res.Deleted
 	}
 
-	before := applied(1)
-	// The mark is the oldest transaction running on the server: other
-	// tests' may hold it below the first row's until they end.
-	var p ops.PassStart
-	wait.For(t, 30*time.Second, "a mark above the first row's transaction", func() bool {
-		var err error
-		if p, err = in.BeginPass(ctx, consumer, "h"); err != nil {
-			t.Fatal(err)
-		}
-		var above bool
-		if err := pool.QueryRow(ctx, `SELECT $1::text::xid8 > changed_xid FROM consumer_inbox WHERE event_id = $2`,
-			strconv.FormatUint(p.Next, 10), before).Scan(&above); err != nil {
-			t.Fatal(err)
-		}
-		return above
-	})
+	// The mark is the oldest transaction running on the server, which
+	// other tests may hold back: the row from before it is given a
+	// transaction ID below any mark.
+	before := applied(1, "3")
+	p, err := in.BeginPass(ctx, consumer, "h")
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := in.RecordMark(ctx, consumer, p.Next, "h", uuid.NewString()); err != nil {
 		t.Fatal(err)
 	}
-	pruned, last := applied(2), applied(3)
+	pruned, last := applied(2, ""), applied(3, "")
 
 	position(2)
 	if n := prune(); n != 1 {
@@ -550,3 +543,34 @@ func seenSince(t *testing.T, src ops.MarkedSource, since uint64) []string {
 }
 
 func sortedIDs(ids ...string) []string { return slices.Sorted(slices.Values(ids)) }
+
+// The failover check reads the marks as the reconciler's role may; a login
+// that may not read them (a consumer's own) gets the mark refused with the
+// reason, and the source is read whole rather than the check failing.
+func TestSeenMarkAsARoleThatMayNotReadTheMarks(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url, _ := roletest.Consumer(t)
+	reconciler := roletest.As(t, url, postgres.RoleReconciler)
+	in := inboxstore.New(reconciler)
+	p, err := in.BeginPass(ctx, "audit-log", "h")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := in.RecordMark(ctx, "audit-log", p.Next, "h", uuid.NewString()); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := (opsstore.InboxSeen{Pool: reconciler, Consumer: "audit-log"}).SeenMark(ctx); err != nil || m.Since != p.Next {
+		t.Fatalf("as the reconciler: mark %d (%q, %v), want %d", m.Since, m.Why, err, p.Next)
+	}
+	consumer, err := postgres.Connect(ctx, roletest.Consumers(t, url, "pw", "audit-log"), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(consumer.Close)
+	m, err := (opsstore.InboxSeen{Pool: consumer, Consumer: "audit-log"}).SeenMark(ctx)
+	if err != nil || m.Since != 0 || !strings.Contains(m.Why, "could not be read") {
+		t.Fatalf("as the consumer: mark %d (%q, %v), want none, for want of the privilege", m.Since, m.Why, err)
+	}
+	t.Logf("as the consumer: %s", m.Why)
+}
