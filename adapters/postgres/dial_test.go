@@ -11,6 +11,7 @@ import (
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/internal/dev/pgcluster"
 	"github.com/posthorn/posthorn/internal/testkit/netfault"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
 )
 
 // A server whose packets stop arriving (the network drops its replies and
@@ -23,11 +24,7 @@ import (
 func TestAStatementGivesUpOnAServerThatStopsAnswering(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	c, err := pgcluster.Start(ctx, pgcluster.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Stop() })
+	c := pgtest.Cluster(t, pgcluster.Options{})
 	nf := netfault.New(t)
 	for _, control := range []bool{false, true} {
 		ms := 2000

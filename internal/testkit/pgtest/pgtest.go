@@ -227,6 +227,12 @@ WHERE (account_id, revision) = (SELECT account_id, revision FROM journal_lines W
 func LogicalCluster(t testing.TB, opts pgcluster.Options) *pgcluster.Cluster {
 	t.Helper()
 	opts.Logical = true
+	return Cluster(t, opts)
+}
+
+// Cluster starts a throwaway cluster with opts, stopped when the test ends.
+func Cluster(t testing.TB, opts pgcluster.Options) *pgcluster.Cluster {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	c, err := pgcluster.Start(ctx, opts)

@@ -14,6 +14,7 @@ import (
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/relaystore"
 	"github.com/posthorn/posthorn/internal/dev/pgcluster"
+	"github.com/posthorn/posthorn/internal/testkit/pgtest"
 	"github.com/posthorn/posthorn/internal/testkit/promtest"
 	"github.com/posthorn/posthorn/internal/testkit/wait"
 	"github.com/posthorn/posthorn/relay"
@@ -46,11 +47,7 @@ func NewFailover(t testing.TB, opts pgcluster.Options) *Failover {
 		conf[k] = v
 	}
 	opts.ExtraConf = conf
-	p, err := pgcluster.Start(ctx, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Stop() })
+	p := pgtest.Cluster(t, opts)
 	admin, err := pgx.Connect(ctx, p.URL("postgres"))
 	if err != nil {
 		t.Fatal(err)
