@@ -116,7 +116,7 @@ bench-history:
 
 # bench-history on 10,000,000 events of history (HISTORY_EVENTS, or the
 # environment's POSTHORN_HISTORY_EVENTS): about an hour on this machine,
-# 14 minutes of it loading the history and 29 the two failover checks.
+# 14 minutes of it loading the history and 29 the two whole failover checks.
 HISTORY_EVENTS ?= $(or $(POSTHORN_HISTORY_EVENTS),10000000)
 soak-history:
 	POSTHORN_BENCH_1M=1 POSTHORN_HISTORY_EVENTS=$(HISTORY_EVENTS) \
