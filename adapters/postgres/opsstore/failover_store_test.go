@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/posthorn/posthorn/adapters/postgres"
 	"github.com/posthorn/posthorn/adapters/postgres/inboxstore"
@@ -423,6 +424,47 @@ func TestFailoverInspectAfterCleanup(t *testing.T) {
 	}
 	if n := pgtest.Column[int64](t, owner, `SELECT count(*) FROM outbox WHERE event_id = ANY($1::uuid[])`, removed)[0]; n != 0 {
 		t.Fatalf("control: the outbox still has %d of the cleaned events", n)
+	}
+}
+
+// The failover check's lookup is not compiled by the server's JIT
+// whatever its plan costs: a plan for a batch of thousands of events on a
+// ledger of millions of rows is priced past every jit_*_above_cost, and
+// compiling it took half a second a batch where the lookups took 30 ms.
+// The costs are set to 0 here, as a 10M-event ledger's plan crosses them.
+// The control: the lookup without its settings is compiled.
+func TestFailoverInspectIsNotCompiledByTheJIT(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	_, pool := pgtest.Ledger(t)
+	if !pgtest.Column[bool](t, pool, `SELECT pg_jit_available()`)[0] {
+		t.Skip("this server has no JIT provider (llvmjit): there is nothing to compile")
+	}
+	id := uuid.Must(uuid.NewV7()).String()
+	for _, c := range []struct {
+		name, settings string
+		wantJIT        bool
+	}{
+		{"failover check's lookup", opsstore.InspectSettingsForTest, false},
+		{"control: the same lookup without its settings", `SELECT 1`, true},
+	} {
+		var plan string
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `SET LOCAL jit_above_cost = 0; SET LOCAL jit_inline_above_cost = 0; SET LOCAL jit_optimize_above_cost = 0`); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, c.settings); err != nil {
+				return err
+			}
+			return tx.QueryRow(ctx, `EXPLAIN (ANALYZE, FORMAT JSON) `+opsstore.InspectEventsForTest,
+				[]string{id}, []string{core.AggregateAccount}, []string{"acc-a"}, []int64{1}, []string{""}).Scan(&plan)
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if jit := strings.Contains(plan, `"JIT"`); jit != c.wantJIT {
+			t.Errorf("%s: compiled by the JIT = %v, want %v; plan: %s", c.name, jit, c.wantJIT, plan)
+		}
 	}
 }
 
