@@ -171,10 +171,13 @@ func measure(b *testing.B, size int) []figure {
 		fmt.Sprintf("%d postings at %d/s, p50 %.1f ms, max %.1f ms", latPostings, latencyRate, ms(p50), ms(lat[len(lat)-1])))
 
 	fresh := 2 * (writePostings + latPostings)
+	blocks0 := blocksRead(b, consumer)
 	apply := startConsumers(b, consumerURL, brokers)
 	clocks := apply.wait(b, consumer, fresh, size+fresh)
+	misses := blocksRead(b, consumer).since(blocks0)
 	for _, n := range names {
-		rec.rate(n+" apply (events/s)", n+"-events/s", fresh, clocks[n])
+		rec.add(figure{name: n + " apply (events/s)", metric: n + "-events/s", value: float64(fresh) / clocks[n].Seconds(), rate: true},
+			fmt.Sprintf("%d in %.2fs; the consumer database, both consumers: %s", fresh, clocks[n].Seconds(), misses.per(2*fresh)))
 	}
 
 	opsStore := opsstore.New(ledger)
@@ -509,6 +512,46 @@ func (r *consumerRun) wait(b *testing.B, pool *pgxpool.Pool, handled, inbox int)
 		out[n] = c.Span()
 	}
 	return out
+}
+
+// blockCounts are a database's block requests so far (pg_stat_database):
+// those PostgreSQL's shared buffers answered and those it read from the
+// kernel (its page cache or the disk).
+type blockCounts struct{ read, hit int64 }
+
+// blocksRead reads pool's database's block counts once every backend has
+// reported its own: a backend reports at most once a second while busy and
+// within ten seconds once idle, so the counts are read until they have not
+// moved for two seconds (at most 15).
+func blocksRead(b *testing.B, pool *pgxpool.Pool) blockCounts {
+	var last blockCounts
+	stable := 0
+	wait.UntilEvery(15*time.Second, time.Second, func() (bool, string) {
+		var c blockCounts
+		if err := pool.QueryRow(context.Background(),
+			`SELECT blks_read, blks_hit FROM pg_stat_database WHERE datname = current_database()`).Scan(&c.read, &c.hit); err != nil {
+			b.Fatalf("read the consumer database's block counts: %v", err)
+		}
+		if c.read != last.read {
+			stable = 0
+		} else {
+			stable++
+		}
+		last = c
+		return stable == 2, ""
+	})
+	return last
+}
+
+func (c blockCounts) since(before blockCounts) blockCounts {
+	return blockCounts{read: c.read - before.read, hit: c.hit - before.hit}
+}
+
+// per says how many blocks were read from outside shared buffers per
+// applied event, and the share of all block requests the buffers answered.
+func (c blockCounts) per(events int) string {
+	return fmt.Sprintf("%.2f blocks read from outside shared buffers per applied event, %.1f%% of block requests answered in them",
+		float64(c.read)/float64(events), 100*float64(c.hit)/float64(max(c.read+c.hit, 1)))
 }
 
 func (r *consumerRun) stop() {
