@@ -36,26 +36,7 @@ func sameShard(prefix string, shard, n int) []string {
 // ids it read.
 func drain(t *testing.T, store *relaystore.Store, leases []core.Lease) []int64 {
 	t.Helper()
-	ctx := context.Background()
-	var ids []int64
-	for range 1000 {
-		rows, err := store.ReadBatch(ctx, allShards(), 20, core.OrderByID)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(rows) == 0 {
-			return ids
-		}
-		refs := make([]core.RowRef, len(rows))
-		for i, r := range rows {
-			refs[i], ids = core.RowRef{ID: r.ID, Shard: r.Shard}, append(ids, r.ID)
-		}
-		if _, refused, err := store.MarkRelayed(ctx, refs, leases); err != nil || refused != 0 {
-			t.Fatalf("marker: %d refused, %v", refused, err)
-		}
-	}
-	t.Fatal("the outbox never drained")
-	return nil
+	return drainBatches(t, store, leases, 20)
 }
 
 // raised drains until the mark of shard reaches at least want.
@@ -462,7 +443,7 @@ func drainBatches(t *testing.T, store *relaystore.Store, leases []core.Lease, pe
 	t.Helper()
 	ctx := context.Background()
 	var ids []int64
-	for {
+	for range 1000 {
 		rows, err := store.ReadBatch(ctx, allShards(), perShard, core.OrderByID)
 		if err != nil {
 			t.Fatal(err)
@@ -478,6 +459,8 @@ func drainBatches(t *testing.T, store *relaystore.Store, leases []core.Lease, pe
 			t.Fatalf("marker: %d refused, %v", refused, err)
 		}
 	}
+	t.Fatal("the outbox never drained")
+	return nil
 }
 
 // A transaction that holds a transaction ID but writes no outbox row (an
