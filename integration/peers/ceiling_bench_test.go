@@ -26,6 +26,7 @@ type ceiling struct {
 	franz, kcat  float64 // records per second
 	kcatHeaders  int     // the headers kcat sent with every record
 	bytesPerItem int     // key, value and headers of an average record
+	franzCPU     cpuUse  // each part's CPU while franz-go produced
 }
 
 // measureCeiling reads the first drainEvents records the polling relay
@@ -43,7 +44,9 @@ func measureCeiling(b *testing.B, brokers []string) ceiling {
 	}
 	c.bytesPerItem = size / len(recs)
 	createTopics(b, brokers, "ceiling.franz", "ceiling.kcat")
+	cpu0 := sampleCPU()
 	c.franz = produceFranz(b, brokers, "ceiling.franz", recs)
+	c.franzCPU = cpu0.until(sampleCPU())
 	c.kcat, c.kcatHeaders = produceKcat(b, brokers, "ceiling.kcat", recs)
 	for _, topic := range []string{"ceiling.franz", "ceiling.kcat"} {
 		if n := stored(b, brokers, topic); n != int64(len(recs)) {

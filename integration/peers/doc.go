@@ -27,6 +27,11 @@
 //     producer, acks=all and idempotent, with franz-go and with kcat; each
 //     relay is printed as a fraction of both, over its whole drain and
 //     past its first event (start-up apart);
+//   - under each drain and the ceiling's franz-go run, the CPU each part
+//     of the machine used, read from /proc: this process (the relay or
+//     the ceiling's producer, and the reader), PostgreSQL's processes,
+//     the broker's JVM, Kafka Connect's, in seconds, in cores and per
+//     event, so a reader sees which part bounds a figure;
 //   - the node's JVM runs as kafka-server-start.sh runs it (1 GiB heap,
 //     G1, the full JIT), not with the tests' fast-starting settings, and
 //     takes 400,000 records of a warm-up before anything is timed (its JIT

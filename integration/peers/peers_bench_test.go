@@ -57,6 +57,7 @@ type peerResult struct {
 	drainRate float64       // events per second over drained
 	p50, p99  time.Duration // commit → readable at latencyRate
 	postings  int           // postings committed in the latency period
+	cpu       cpuUse        // each part's CPU over the drain
 }
 
 // BenchmarkPeersDrainToKafka is make bench-peers (see the package doc): the
@@ -97,12 +98,16 @@ func BenchmarkPeersDrainToKafka(b *testing.B) {
 	fmt.Printf("\nrelays side by side: %d events drained to one Apache Kafka 4.4.0 node (KRaft, %d partitions, the JVM as kafka-server-start.sh runs it), one throwaway PostgreSQL 15 cluster, 2 cores:\n", drainEvents, partitions)
 	fmt.Printf("  the broker's ceiling: the polling relay's %d records (%d bytes of key, value and headers each) produced again from memory, acks=all, idempotent: franz-go %.0f rec/s, kcat %.0f rec/s (the first record's %d headers on every record)\n",
 		top.records, top.bytesPerItem, top.franz, top.kcat, top.kcatHeaders)
+	fmt.Printf("  %-14s CPU over franz-go's ceiling run: %s; per record: broker %.1f µs, producer %.1f µs\n",
+		"", top.franzCPU, top.franzCPU.perEvent(partBroker, top.records), top.franzCPU.perEvent(partBench, top.records))
 	for _, r := range results {
 		past := float64(drainEvents) / (r.drained - r.startup).Seconds()
 		fmt.Printf("  %-14s drained in %7s (first event readable after %6s): %8.0f ev/s, %.2f of franz-go's ceiling, %.2f of kcat's; past its first event %8.0f ev/s, %.2f, %.2f; commit → readable at %d postings/s (%d committed): p50 %s, p99 %s\n",
 			r.name, r.drained.Round(time.Millisecond), r.startup.Round(time.Millisecond), r.drainRate, r.drainRate/top.franz, r.drainRate/top.kcat,
 			past, past/top.franz, past/top.kcat,
 			latencyRate, r.postings, r.p50.Round(100*time.Microsecond), r.p99.Round(100*time.Microsecond))
+		fmt.Printf("  %-14s CPU over the drain: %s; per event: database %.1f µs, broker %.1f µs, this process %.1f µs\n",
+			"", r.cpu, r.cpu.perEvent(partDatabase, drainEvents), r.cpu.perEvent(partBroker, drainEvents), r.cpu.perEvent(partBench, drainEvents))
 	}
 	pp, pc, dz, dt := results[0], results[1], results[2], results[3]
 	fmt.Printf("drain to Kafka: posthorn %.0f ev/s, posthorn cdc %.0f ev/s, debezium %.0f ev/s (%.1fx), tuned %.0f ev/s (%.1fx)\n",
@@ -154,6 +159,7 @@ func runPosthorn(b *testing.B, c *pgcluster.Cluster, brokers []string, name, mod
 	ids := pgtest.Column[string](b, pool, `SELECT event_id::text FROM outbox`)
 	rd := newReader(b, brokers, core.TopicEvents, core.HeaderEventID)
 	defer rd.close()
+	cpu0 := sampleCPU()
 	began := time.Now()
 	// A CDC relay's start returns once it streams, after its outbox
 	// catch-up has sent the backlog: the reader's timestamps time the
@@ -162,6 +168,7 @@ func runPosthorn(b *testing.B, c *pgcluster.Cluster, brokers []string, name, mod
 	defer stop()
 	res := peerResult{name: name}
 	res.startup, res.drained = rd.waitAll(b, name, ids, began, 5*time.Minute)
+	res.cpu = cpu0.until(sampleCPU())
 	res.drainRate = float64(drainEvents) / res.drained.Seconds()
 	if mode == "cdc" {
 		// The backlog came through the outbox; the slot still holds its
@@ -269,6 +276,7 @@ transforms.outbox.type=io.debezium.transforms.outbox.EventRouter
 		b.Fatal(err)
 	}
 	defer logFile.Close()
+	cpu0 := sampleCPU()
 	began := time.Now()
 	cmd := exec.Command("java", "-Xms128m", heap, "-cp", classpath,
 		"org.apache.kafka.connect.cli.ConnectStandalone", filepath.Join(dir, "worker.properties"), filepath.Join(dir, "outbox.properties"))
@@ -299,6 +307,7 @@ transforms.outbox.type=io.debezium.transforms.outbox.EventRouter
 	}
 	res := peerResult{name: name}
 	res.startup, res.drained = rd.waitAll(b, name, ids, began, 5*time.Minute)
+	res.cpu = cpu0.until(sampleCPU())
 	res.drainRate = float64(drainEvents) / res.drained.Seconds()
 
 	commit := func(i int) ([]string, error) {
