@@ -30,6 +30,12 @@ import (
 // The numbering is an optimisation, not a guarantee: a message that waited
 // longer than handOffWait for its predecessors goes ahead, and the inbox's
 // revision check keeps the effect in order either way.
+//
+// The same wrapper decodes each message's envelope from its headers, in its
+// one goroutine, before the router starts the message's own: that goroutine
+// is then shallow enough for its first stack, where the decoding, at the
+// bottom of the router's and the middleware's frames, made every message's
+// goroutine grow (and copy) its stack once.
 
 const (
 	// handOffWait bounds how long a message waits for the messages
@@ -39,7 +45,16 @@ const (
 
 type seqKey struct{}
 
-// sequenced numbers a subscriber's messages in the order it delivers them.
+// delivery is what sequenced attaches to a message's context: its number
+// in delivery order and its decoded envelope (or why it has none).
+type delivery struct {
+	seq uint64
+	e   core.Envelope
+	err error
+}
+
+// sequenced numbers a subscriber's messages in the order it delivers them
+// and decodes their envelopes.
 type sequenced struct {
 	message.Subscriber
 }
@@ -54,7 +69,9 @@ func (s sequenced) Subscribe(ctx context.Context, topic string) (<-chan *message
 		defer close(out)
 		var seq uint64
 		for m := range in {
-			m.SetContext(context.WithValue(m.Context(), seqKey{}, seq))
+			d := &delivery{seq: seq}
+			d.e, d.err = core.EnvelopeFromMessage(m)
+			m.SetContext(context.WithValue(m.Context(), seqKey{}, d))
 			select {
 			case out <- m:
 				seq++
@@ -170,6 +187,7 @@ func (h *handOff) pass(seq uint64) {
 
 // pending is one delivery waiting for its batch.
 type pending struct {
+	ctx  context.Context
 	e    core.Envelope
 	done chan struct{}
 	out  Outcome
@@ -200,52 +218,64 @@ func (l lanes) of(e core.Envelope) *batcher {
 }
 
 // batcher groups one lane's concurrent deliveries into inbox batches, one
-// batch at a time: whoever finds no batch running takes the queue.
+// batch at a time. A worker goroutine runs them for as long as the queue
+// holds deliveries: the first delivery that finds no worker starts one, and
+// the worker ends when it finds the queue empty, so a lone delivery is
+// applied at once and an idle lane holds no goroutine. The deliveries'
+// own goroutines only wait: the depth a batch needs (the inbox, pgx, the
+// team's handler) grows the worker's stack once, where it grew, and was
+// copied, on whichever message's goroutine happened to run a batch.
 type batcher struct {
-	r      *Registry
-	hc     *handlerConfig
-	mu     sync.Mutex
-	queue  []*pending
-	leader chan struct{} // held (capacity 1) by the goroutine running a batch
+	r       *Registry
+	hc      *handlerConfig
+	mu      sync.Mutex
+	queue   []*pending
+	working bool // a worker is running; guarded by mu
 }
 
 func newBatcher(r *Registry, hc *handlerConfig) *batcher {
-	return &batcher{r: r, hc: hc, leader: make(chan struct{}, 1)}
+	return &batcher{r: r, hc: hc}
 }
 
-// enqueue adds a delivery; receive then waits for its outcome.
-func (b *batcher) enqueue(e core.Envelope) *pending {
-	p := &pending{e: e, done: make(chan struct{})}
+// enqueue adds a delivery, starting a worker if none runs; its outcome
+// is then waited for with pending.outcome.
+func (b *batcher) enqueue(ctx context.Context, e core.Envelope) *pending {
+	p := &pending{ctx: ctx, e: e, done: make(chan struct{})}
 	b.mu.Lock()
 	b.queue = append(b.queue, p)
+	start := !b.working
+	b.working = true
 	b.mu.Unlock()
+	if start {
+		go b.work()
+	}
 	return p
 }
 
-// receive returns p's outcome, running batches (its own or others') while
-// no one else does.
-func (b *batcher) receive(ctx context.Context, p *pending) (Outcome, error) {
+// outcome waits for p's outcome: until the batch holding it committed (or,
+// failing as a whole, each of its deliveries was received on its own).
+func (p *pending) outcome() (Outcome, error) {
+	<-p.done
+	return p.out, p.err
+}
+
+// work runs the queue's batches, MaxBatch deliveries at the most each, until
+// it finds the queue empty.
+func (b *batcher) work() {
 	for {
-		select {
-		case <-p.done:
-			return p.out, p.err
-		default:
-		}
-		select {
-		case <-p.done:
-			return p.out, p.err
-		case b.leader <- struct{}{}:
-			b.mu.Lock()
-			n := min(len(b.queue), b.r.cfg.MaxBatch)
-			batch := b.queue[:n:n]
-			b.queue = b.queue[n:]
+		b.mu.Lock()
+		n := min(len(b.queue), b.r.cfg.MaxBatch)
+		if n == 0 {
+			b.working = false
 			b.mu.Unlock()
-			if n > 0 {
-				// The batch outlives the message that happens to run it.
-				b.run(context.WithoutCancel(ctx), batch)
-			}
-			<-b.leader
+			return
 		}
+		batch := b.queue[:n:n]
+		b.queue = b.queue[n:]
+		b.mu.Unlock()
+		// The batch runs in its first delivery's context (its trace), and
+		// outlives that delivery's cancellation: the others wait for it.
+		b.run(context.WithoutCancel(batch[0].ctx), batch)
 	}
 }
 

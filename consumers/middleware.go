@@ -20,12 +20,17 @@ func (r *Registry) middleware(hc *handlerConfig) message.NoPublishHandlerFunc {
 		ctx := msg.Context()
 		// Messages join the batch queue in delivery order (see batch.go);
 		// every other path lets the next message through at once.
-		seq, sequenced := ctx.Value(seqKey{}).(uint64)
+		d, sequenced := ctx.Value(seqKey{}).(*delivery)
+		var seq uint64
 		if sequenced {
+			seq = d.seq
 			hc.handOff.wait(ctx, seq)
 			defer hc.handOff.pass(seq)
+		} else {
+			d = &delivery{}
+			d.e, d.err = core.EnvelopeFromMessage(msg)
 		}
-		e, err := core.EnvelopeFromMessage(msg)
+		e, err := d.e, d.err
 		if err != nil {
 			return r.reject(ctx, hc, msg, e, err.Error())
 		}
@@ -43,13 +48,13 @@ func (r *Registry) middleware(hc *handlerConfig) message.NoPublishHandlerFunc {
 			return err
 		}
 		lane := hc.lanes.of(e)
-		p := lane.enqueue(e)
+		p := lane.enqueue(ctx, e)
 		if sequenced {
 			hc.handOff.pass(seq)
 		}
 		// The batch counts the outcome and drains the successors of what
 		// it applied.
-		out, err := lane.receive(ctx, p)
+		out, err := p.outcome()
 		endApply(span, out, err)
 		if err != nil {
 			return r.failed(ctx, hc, err)
