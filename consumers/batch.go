@@ -222,9 +222,10 @@ func (l lanes) of(e core.Envelope) *batcher {
 // holds deliveries: the first delivery that finds no worker starts one, and
 // the worker ends when it finds the queue empty, so a lone delivery is
 // applied at once and an idle lane holds no goroutine. The deliveries'
-// own goroutines only wait: the depth a batch needs (the inbox, pgx, the
-// team's handler) grows the worker's stack once, where it grew, and was
-// copied, on whichever message's goroutine happened to run a batch.
+// own goroutines only wait on their outcome (no election of the one that
+// runs the next batch), and the depth a batch needs (the inbox, pgx, the
+// team's handler) stays on the worker's stack: a message's goroutine keeps
+// to its first one.
 type batcher struct {
 	r       *Registry
 	hc      *handlerConfig
@@ -260,7 +261,11 @@ func (p *pending) outcome() (Outcome, error) {
 }
 
 // work runs the queue's batches, MaxBatch deliveries at the most each, until
-// it finds the queue empty.
+// it finds the queue empty. It recovers no panic: the handlers' panics are
+// errors by the time they reach it (safeApply, applyAll), so a panic here
+// is the inbox's own bug, and ending the process redelivers what was not
+// committed where recovering would leave the lane's deliveries waiting for
+// ever.
 func (b *batcher) work() {
 	for {
 		b.mu.Lock()

@@ -17,8 +17,8 @@ import (
 // relay's publish span), from the moment it joins its lane's queue until
 // its disposition is committed: the inbox transaction and the handler are
 // inside it. A retried delivery gets a span per attempt. The handler's ctx
-// carries the span of the delivery whose goroutine runs the batch; in a
-// batch of one, its own.
+// carries the span of the batch's first delivery; in a batch of one, its
+// own.
 
 // tracerName is the instrumentation scope of the consumers' spans.
 const tracerName = "github.com/posthorn/posthorn/consumers"
