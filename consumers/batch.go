@@ -35,7 +35,9 @@ import (
 // one goroutine, before the router starts the message's own: that goroutine
 // is then shallow enough for its first stack, where the decoding, at the
 // bottom of the router's and the middleware's frames, made every message's
-// goroutine grow (and copy) its stack once.
+// goroutine grow (and copy) its stack once. The envelope is therefore the
+// record's as the subscriber delivered it: a router middleware that changes
+// a message's metadata does not change what the inbox records.
 
 const (
 	// handOffWait bounds how long a message waits for the messages
