@@ -95,12 +95,36 @@ func explainBuffers(ctx context.Context, pool *pgxpool.Pool, q string, args ...a
 // StatusBuffers is what Status's count of the backlog from the store's
 // count marks costs the server: the buffers its plan touched.
 func (s *Store) StatusBuffers(ctx context.Context) (int64, error) {
+	return s.countBuffers(ctx, countFromMarks)
+}
+
+// countProbingEachRow is countFromMarks as it was, taking the oldest age
+// over every pending row, each looked up in the outbox: the control of
+// the count's cost.
+const countProbingEachRow = `
+SELECT l.shard, coalesce(l.owner, ''), CASE WHEN l.owner IS NULL THEN NULL ELSE l.expires_at END,
+       b.n, extract(epoch FROM now() - b.oldest)::float8, b.first
+FROM relay_leases l
+LEFT JOIN unnest($1::int[], $2::bigint[]) AS s(shard, low) ON s.shard = l.shard
+CROSS JOIN LATERAL (
+    SELECT count(*) AS n, min(o.created_at) AS oldest, min(p.id) AS first
+    FROM outbox_pending p
+    CROSS JOIN LATERAL (SELECT created_at FROM outbox o WHERE o.id = p.id OFFSET 0) o
+    WHERE p.shard = l.shard AND p.id >= coalesce(s.low, 0)) b
+ORDER BY l.shard`
+
+// StatusBuffersProbingEachRow is StatusBuffers for the control's count.
+func (s *Store) StatusBuffersProbingEachRow(ctx context.Context) (int64, error) {
+	return s.countBuffers(ctx, countProbingEachRow)
+}
+
+func (s *Store) countBuffers(ctx context.Context, q string) (int64, error) {
 	shards := make([]int, core.Shards)
 	for i := range shards {
 		shards[i] = i
 	}
 	lows, _ := s.counted.marks(shards)
-	return explainBuffers(ctx, s.pool, countFromMarks, toInt32(shards), lows)
+	return explainBuffers(ctx, s.pool, q, toInt32(shards), lows)
 }
 
 // NewWaitingForEveryTransaction completes a tick only once the oldest

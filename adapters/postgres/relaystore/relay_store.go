@@ -122,21 +122,24 @@ FROM posthorn.ledger_history() AS h`
 const readNextXID = `SELECT pg_snapshot_xmin(s)::text::bigint + age(pg_snapshot_xmin(s)::xid)
 FROM (SELECT pg_current_snapshot() AS s) AS q`
 
-// countFromMarks is per lease its owner and expiry, and the count, the age
-// of the oldest row and the first id of the shard's pending entries from
-// its mark in $2 on (a shard missing from $1 counts from its start). Each
-// entry is probed in the outbox's primary key for its age behind OFFSET 0,
-// as in readByID: a join of the planner's choosing may scan the whole
-// retained outbox on every refresh.
+// countFromMarks is per lease its owner and expiry, and the count, the
+// first id and that row's age of the shard's pending entries from its mark
+// in $2 on (a shard missing from $1 counts from its start). The count reads
+// the queue's primary key alone; only the first entry is looked up in the
+// outbox, for its age. The age is thus the first row's in the order the
+// relay reads (an event whose transaction began earlier but took a later
+// id may be older by as long as that transaction ran): looking every
+// pending row up for the oldest made each refresh cost about four outbox
+// buffers per pending row, read every 2 s on the same database the drain
+// needs, and most of all while a backlog is being drained.
 const countFromMarks = `
 SELECT l.shard, coalesce(l.owner, ''), CASE WHEN l.owner IS NULL THEN NULL ELSE l.expires_at END,
-       b.n, extract(epoch FROM now() - b.oldest)::float8, b.first
+       b.n, extract(epoch FROM now() - (SELECT o.created_at FROM outbox o WHERE o.id = b.first))::float8, b.first
 FROM relay_leases l
 LEFT JOIN unnest($1::int[], $2::bigint[]) AS s(shard, low) ON s.shard = l.shard
 CROSS JOIN LATERAL (
-    SELECT count(*) AS n, min(o.created_at) AS oldest, min(p.id) AS first
+    SELECT count(*) AS n, min(p.id) AS first
     FROM outbox_pending p
-    CROSS JOIN LATERAL (SELECT created_at FROM outbox o WHERE o.id = p.id OFFSET 0) o
     WHERE p.shard = l.shard AND p.id >= coalesce(s.low, 0)) b
 ORDER BY l.shard`
 
@@ -519,9 +522,9 @@ func (s *Store) Status(ctx context.Context) (core.OutboxStatus, error) {
 }
 
 // countBacklog is a read of the backlog under the horizon
-// (readUnderHorizon): per lease its owner, and the count, the age of the
-// oldest and the first id of the pending entries from the shard's mark in
-// lows on (countFromMarks). firsts holds each shard's first pending row
+// (readUnderHorizon): per lease its owner, and the count, the first id and
+// its age of the pending entries from the shard's mark in lows on
+// (countFromMarks). firsts holds each shard's first pending row
 // (id and shard only), parked or not, for the marks to rise to.
 func (s *Store) countBacklog(ctx context.Context, shards []int, lows []int64, writers tick) (st core.OutboxStatus, firsts []core.OutboxRow, h horizon, err error) {
 	h, err = s.readUnderHorizon(ctx, s.counted, writers, func(rows pgx.Rows) error {

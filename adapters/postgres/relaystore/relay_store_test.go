@@ -119,6 +119,52 @@ func TestRelayStoreReadsUnrelayedInOrderAndSkipsParked(t *testing.T) {
 	}
 }
 
+// The backlog gauge is read every 2 s, on the database the drain needs:
+// its count reads the queue's primary key, and only each shard's first
+// entry is looked up in the outbox, for the age. Control: the count that
+// looked every pending row up for the oldest age touches the outbox for
+// each of them.
+func TestBacklogCountLooksUpOnlyEachShardsFirstRow(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	_, pool := pgtest.Ledger(t)
+	s := relaystore.New(pool)
+	const backlog = 20000
+	if _, err := pool.Exec(ctx, `
+INSERT INTO outbox (event_id, kind, type, topic, aggregate_type, aggregate_id, revision, shard, payload, occurred_at)
+SELECT gen_random_uuid(), 'event', 't', 't', 'account', 'acc-' || (g % 500), g, g % 16, '{}', now()
+FROM generate_series(1, $1::int) g`, backlog); err != nil {
+		t.Fatal(err)
+	}
+	// The first row of shard 3 is the oldest: the age is its own.
+	if _, err := pool.Exec(ctx, `UPDATE outbox SET created_at = now() - interval '1 hour'
+WHERE id = (SELECT min(id) FROM outbox WHERE shard = 3)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `VACUUM (ANALYZE) outbox, outbox_pending`); err != nil {
+		t.Fatal(err)
+	}
+	st, err := s.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Backlog != backlog || st.OldestUnrelayedAge < 3600 || st.OldestUnrelayedAge > 3700 {
+		t.Fatalf("backlog %d (want %d), oldest age %.0f s (want an hour)", st.Backlog, backlog, st.OldestUnrelayedAge)
+	}
+	count, err := s.StatusBuffers(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	probing, err := s.StatusBuffersProbingEachRow(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("one count of a backlog of %d: %d buffers, %d looking every row up", backlog, count, probing)
+	if count > backlog/20 || probing < backlog {
+		t.Fatalf("count: %d buffers, %d looking every row up: want under %d, and the control at least %d", count, probing, backlog/20, backlog)
+	}
+}
+
 func TestRelayStoreLeasesAndFencing(t *testing.T) {
 	t.Parallel()
 	_, pool := pgtest.Ledger(t)

@@ -66,7 +66,7 @@ func New(reg prometheus.Registerer, sink string, log *slog.Logger) (*Metrics, er
 	m := &Metrics{
 		horizon:        horizonWatch{log: log},
 		Backlog:        s.Gauge("posthorn_outbox_backlog_events", "Outbox rows not yet relayed (parked aggregates included)."),
-		OldestAge:      s.Gauge("posthorn_outbox_oldest_unrelayed_age_seconds", "Age of the oldest outbox row not yet relayed."),
+		OldestAge:      s.Gauge("posthorn_outbox_oldest_unrelayed_age_seconds", "Age of the first outbox row not yet relayed, in the order the relay reads (the oldest but for a transaction that took its id late)."),
 		PublishedTotal: s.CounterVec("posthorn_relay_published_total", "Records the sink acknowledged.", "sink").WithLabelValues(sink),
 		PublishSeconds: s.HistogramVec("posthorn_relay_publish_seconds", "Time from handing a batch to the sink to its ACK.",
 			prometheus.ExponentialBuckets(0.0005, 2, 16), "sink").WithLabelValues(sink),
