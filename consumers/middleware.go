@@ -21,11 +21,9 @@ func (r *Registry) middleware(hc *handlerConfig) message.NoPublishHandlerFunc {
 		// Messages join the batch queue in delivery order (see batch.go);
 		// every other path lets the next message through at once.
 		d, sequenced := ctx.Value(seqKey{}).(*delivery)
-		var seq uint64
 		if sequenced {
-			seq = d.seq
-			hc.handOff.wait(ctx, seq)
-			defer hc.handOff.pass(seq)
+			hc.handOff.wait(ctx, d.seq)
+			defer hc.handOff.pass(d.seq)
 		} else {
 			d = &delivery{}
 			d.e, d.err = core.EnvelopeFromMessage(msg)
@@ -41,7 +39,7 @@ func (r *Registry) middleware(hc *handlerConfig) message.NoPublishHandlerFunc {
 		ctx, span := r.startApply(ctx, hc, msg, e)
 		if hc.noInbox {
 			if sequenced {
-				hc.handOff.pass(seq)
+				hc.handOff.pass(d.seq)
 			}
 			err := r.applyWithoutInbox(ctx, hc, e)
 			endApply(span, Outcome{Disposition: core.DispositionApplied}, err)
@@ -50,7 +48,7 @@ func (r *Registry) middleware(hc *handlerConfig) message.NoPublishHandlerFunc {
 		lane := hc.lanes.of(e)
 		p := lane.enqueue(ctx, e)
 		if sequenced {
-			hc.handOff.pass(seq)
+			hc.handOff.pass(d.seq)
 		}
 		// The batch counts the outcome and drains the successors of what
 		// it applied.
