@@ -7,7 +7,6 @@ import (
 	"os"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -338,36 +337,16 @@ func waitCaughtUp(b *testing.B, ctx context.Context, progress func(*testing.B, c
 	}
 }
 
-// machineCPU is a reading of /proc/stat's first line: the whole machine's
-// busy and total time, in USER_HZ ticks (100 a second on Linux). Everything
-// the end-to-end path runs (PostgreSQL, the bench process) is on this
-// machine, and idle it stays under a few percent.
-type machineCPU struct{ busy, total int64 }
+// machineCPU is the whole machine's busy and total time, in seconds
+// (pgtest.MachineCPU). Everything the end-to-end path runs (PostgreSQL,
+// the bench process) is on this machine, and idle it stays under a few
+// percent.
+type machineCPU struct{ busy, total float64 }
 
 func readMachineCPU(b *testing.B) machineCPU {
 	b.Helper()
-	raw, err := os.ReadFile("/proc/stat")
-	if err != nil {
-		b.Fatal(err)
-	}
-	line, _, _ := strings.Cut(string(raw), "\n")
 	var c machineCPU
-	// user nice system idle iowait irq softirq steal; guest time is
-	// already counted in user and nice.
-	fields := strings.Fields(line)
-	if len(fields) < 9 {
-		b.Fatalf("/proc/stat: %q", line)
-	}
-	for i, f := range fields[1:9] {
-		v, err := strconv.ParseInt(f, 10, 64)
-		if err != nil {
-			b.Fatalf("/proc/stat: %v", err)
-		}
-		c.total += v
-		if i != 3 && i != 4 { // idle, iowait
-			c.busy += v
-		}
-	}
+	c.busy, c.total = pgtest.MachineCPU(b)
 	return c
 }
 
@@ -375,9 +354,9 @@ func (c machineCPU) since(before machineCPU) machineCPU {
 	return machineCPU{busy: c.busy - before.busy, total: c.total - before.total}
 }
 
-func (c machineCPU) busyShare() float64 { return float64(c.busy) / float64(max(c.total, 1)) }
+func (c machineCPU) busyShare() float64 { return c.busy / max(c.total, 0.01) }
 
-func (c machineCPU) busySeconds() float64 { return float64(c.busy) / 100 }
+func (c machineCPU) busySeconds() float64 { return c.busy }
 
 // The application names of the end-to-end path's ledger pools, which tell
 // their backends apart; the consumers' backends are those of the consumer

@@ -44,9 +44,9 @@ func measureCeiling(b *testing.B, brokers []string) ceiling {
 	}
 	c.bytesPerItem = size / len(recs)
 	createTopics(b, brokers, "ceiling.franz", "ceiling.kcat")
-	cpu0 := sampleCPU()
+	cpu0 := sampleCPU(b)
 	c.franz = produceFranz(b, brokers, "ceiling.franz", recs)
-	c.franzCPU = cpu0.until(sampleCPU())
+	c.franzCPU = cpu0.until(sampleCPU(b))
 	c.kcat, c.kcatHeaders = produceKcat(b, brokers, "ceiling.kcat", recs)
 	for _, topic := range []string{"ceiling.franz", "ceiling.kcat"} {
 		if n := stored(b, brokers, topic); n != int64(len(recs)) {

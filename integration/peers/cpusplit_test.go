@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"testing"
 	"time"
 
 	"github.com/posthorn/posthorn/internal/testkit/pgtest"
@@ -36,8 +37,9 @@ type cpuSample struct {
 // sampleCPU reads /proc. A process that ended between two samples loses
 // its CPU from the split (the machine's busy time still has it); every
 // part measured here outlives the window it is measured over.
-func sampleCPU() cpuSample {
-	s := cpuSample{at: time.Now(), pids: map[int]float64{}, kinds: map[int]string{}, busy: machineBusy()}
+func sampleCPU(b *testing.B) cpuSample {
+	s := cpuSample{at: time.Now(), pids: map[int]float64{}, kinds: map[int]string{}}
+	s.busy, _ = pgtest.MachineCPU(b)
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
@@ -72,24 +74,6 @@ func partOf(pid int) string {
 		}
 	}
 	return partOther
-}
-
-// machineBusy is the seconds every core spent neither idle nor waiting
-// for I/O since boot (the first line of /proc/stat, in USER_HZ ticks).
-func machineBusy() float64 {
-	raw, err := os.ReadFile("/proc/stat")
-	if err != nil {
-		return 0
-	}
-	line, _, _ := strings.Cut(string(raw), "\n")
-	var busy float64
-	for i, f := range strings.Fields(line)[1:] {
-		v, _ := strconv.ParseFloat(f, 64)
-		if i != 3 && i != 4 { // idle, iowait
-			busy += v
-		}
-	}
-	return busy / 100
 }
 
 // cpuUse is what each part used between two samples.

@@ -159,7 +159,7 @@ func runPosthorn(b *testing.B, c *pgcluster.Cluster, brokers []string, name, mod
 	ids := pgtest.Column[string](b, pool, `SELECT event_id::text FROM outbox`)
 	rd := newReader(b, brokers, core.TopicEvents, core.HeaderEventID)
 	defer rd.close()
-	cpu0 := sampleCPU()
+	cpu0 := sampleCPU(b)
 	began := time.Now()
 	// A CDC relay's start returns once it streams, after its outbox
 	// catch-up has sent the backlog: the reader's timestamps time the
@@ -168,7 +168,7 @@ func runPosthorn(b *testing.B, c *pgcluster.Cluster, brokers []string, name, mod
 	defer stop()
 	res := peerResult{name: name}
 	res.startup, res.drained = rd.waitAll(b, name, ids, began, 5*time.Minute)
-	res.cpu = cpu0.until(sampleCPU())
+	res.cpu = cpu0.until(sampleCPU(b))
 	res.drainRate = float64(drainEvents) / res.drained.Seconds()
 	if mode == "cdc" {
 		// The backlog came through the outbox; the slot still holds its
@@ -276,7 +276,7 @@ transforms.outbox.type=io.debezium.transforms.outbox.EventRouter
 		b.Fatal(err)
 	}
 	defer logFile.Close()
-	cpu0 := sampleCPU()
+	cpu0 := sampleCPU(b)
 	began := time.Now()
 	cmd := exec.Command("java", "-Xms128m", heap, "-cp", classpath,
 		"org.apache.kafka.connect.cli.ConnectStandalone", filepath.Join(dir, "worker.properties"), filepath.Join(dir, "outbox.properties"))
@@ -307,7 +307,7 @@ transforms.outbox.type=io.debezium.transforms.outbox.EventRouter
 	}
 	res := peerResult{name: name}
 	res.startup, res.drained = rd.waitAll(b, name, ids, began, 5*time.Minute)
-	res.cpu = cpu0.until(sampleCPU())
+	res.cpu = cpu0.until(sampleCPU(b))
 	res.drainRate = float64(drainEvents) / res.drained.Seconds()
 
 	commit := func(i int) ([]string, error) {

@@ -55,3 +55,31 @@ func CPUSince(before, after map[int]float64) float64 {
 	}
 	return secs
 }
+
+// MachineCPU returns the whole machine's busy and total time so far, in
+// seconds, from the first line of /proc/stat (user nice system idle iowait
+// irq softirq steal, in USER_HZ ticks, 100 a second on Linux; guest time is
+// already counted in user and nice). Busy leaves out idle and iowait.
+func MachineCPU(t testing.TB) (busy, total float64) {
+	t.Helper()
+	raw, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	line, _, _ := strings.Cut(string(raw), "\n")
+	fields := strings.Fields(line)
+	if len(fields) < 9 {
+		t.Fatalf("/proc/stat: %q", line)
+	}
+	for i, f := range fields[1:9] {
+		v, err := strconv.ParseFloat(f, 64)
+		if err != nil {
+			t.Fatalf("/proc/stat: %v", err)
+		}
+		total += v / 100
+		if i != 3 && i != 4 { // idle, iowait
+			busy += v / 100
+		}
+	}
+	return busy, total
+}
