@@ -36,7 +36,7 @@ test-race: test
 test-faults:
 	$(GO) test -race -count=1 -v -run '^TestFault' -timeout 30m ./integration/
 
-# The partition suite whole (make test runs a subset of it): eight network
+# The partition suite whole (make test runs a subset of it): nine network
 # faults on a real three-node Kafka cluster, each in polling, CDC and
 # exactly-once mode, and each scenario's negative control; verbose, the
 # figures in partitions.log. About an hour on a 2-core machine. Ends with

@@ -222,8 +222,13 @@ type partitionScenario struct {
 	name    string
 	doc     string
 	forFull time.Duration // For in the full suite, if not fullSize's
-	inject  func(ctx context.Context, e *partitionEnv) (heal func() error, err error)
-	control partitionControl
+	// backlog postings are written while the relays are stopped, before
+	// the load; the relays then start on them and the fault is set
+	// backlogAt into the load, as they drain.
+	backlog   int
+	backlogAt time.Duration
+	inject    func(ctx context.Context, e *partitionEnv) (heal func() error, err error)
+	control   partitionControl
 }
 
 // partitionControl is a scenario's negative control: a run in mode with
@@ -298,6 +303,19 @@ var partitionScenarios = []partitionScenario{
 		name:   "ACKs lost",
 		doc:    "requests of the active relay reach every broker, every response is dropped (one way); in exactly-once mode from its next commit (EndTxn) on",
 		inject: cutActiveRelayReplies,
+		control: partitionControl{mode: modeEOS, what: "exactly-once relays that fence but skip the committed positions (--unsafe-skip-positions)",
+			sys:   func(c *faultkit.SystemConfig) { c.RelayArgs = append(c.RelayArgs, "--unsafe-skip-positions") },
+			bites: bitesCommittedRepeats},
+	},
+	{
+		// A transaction open when the answers stop holds back every
+		// read_committed reader of its partitions; in a drain the relays'
+		// transactions are full batches, one after another.
+		name:      "ACKs lost during a drain",
+		doc:       "as ACKs lost, as the relays start on a backlog of 30,000 postings written while they were stopped (in exactly-once mode from their first commit on), through the drain",
+		backlog:   30000,
+		backlogAt: 2 * time.Second,
+		inject:    cutActiveRelayReplies,
 		control: partitionControl{mode: modeEOS, what: "exactly-once relays that fence but skip the committed positions (--unsafe-skip-positions)",
 			sys:   func(c *faultkit.SystemConfig) { c.RelayArgs = append(c.RelayArgs, "--unsafe-skip-positions") },
 			bites: bitesCommittedRepeats},
@@ -505,11 +523,23 @@ func runPartition(t *testing.T, sc partitionScenario, mode partitionMode, size p
 	if sc.forFull > 0 && size.For == fullSize.For {
 		faultFor = sc.forFull
 	}
-	loadFor := size.At + faultFor + size.Tail
+	faultAt := size.At
+	if sc.backlog > 0 {
+		if err := e.writeBacklog(ctx, t, sc.backlog); err != nil {
+			t.Fatal(err)
+		}
+		faultAt = sc.backlogAt
+	}
+	loadFor := faultAt + faultFor + size.Tail
 	rc := faultkit.RunConfig{
 		Postings: int(size.Rate * loadFor.Seconds()), Rate: size.Rate, Workers: 8,
-		Scripted: []faultkit.ScriptedFault{{Name: sc.name, At: size.At, For: faultFor,
+		Scripted: []faultkit.ScriptedFault{{Name: sc.name, At: faultAt, For: faultFor,
 			Inject: func(ctx context.Context) (func() error, error) {
+				if sc.backlog > 0 {
+					if p, err := demo.ReadProgress(ctx, s.Ledger, s.Consumer, faultkit.Consumers); err == nil {
+						t.Logf("%d events unrelayed as the fault is set", p.Unrelayed)
+					}
+				}
 				heal, err := sc.inject(ctx, e)
 				if err == nil && control && ctl.killRelay {
 					err = e.killActiveRelay(ctx, 5*time.Second)
@@ -601,6 +631,38 @@ func runPartition(t *testing.T, sc partitionScenario, mode partitionMode, size p
 		t.Errorf("a committed event stayed invisible to read_committed readers %v after the heal; the bound is %v", r.vis.AfterHeal, invisibleBound)
 	}
 	return r
+}
+
+// writeBacklog stops the relays, posts n transfers as fast as the API
+// takes them and starts the relays again: they start on a backlog, as
+// after an outage or a slow day. It returns once a relay is active (in
+// CDC mode, holds the slot's lease), so the fault finds one to hit.
+func (e *partitionEnv) writeBacklog(ctx context.Context, t *testing.T, n int) error {
+	for _, p := range e.sys.Relays {
+		p.Term(10 * time.Second)
+	}
+	began := time.Now()
+	res, err := demo.Load(ctx, demo.LoadConfig{BaseURL: e.sys.APIURL, Postings: n, Workers: 8, AccountPrefix: "acc-", KeyPrefix: "backlog-"})
+	if err != nil {
+		return fmt.Errorf("the backlog: %w", err)
+	}
+	t.Logf("backlog: %d postings (%d events) in %v, the relays stopped", res.Postings, res.Events, round(time.Since(began)))
+	for _, p := range e.sys.Relays {
+		if err := p.Start(ctx); err != nil {
+			return err
+		}
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, err := e.activeRelay(ctx)
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // invisibleBound is the longest a committed event may stay invisible to
