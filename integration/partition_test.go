@@ -18,7 +18,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/posthorn/posthorn/core"
+	"github.com/posthorn/posthorn/consumers/projection"
 	"github.com/posthorn/posthorn/demo"
 	"github.com/posthorn/posthorn/internal/dev/pgcluster"
 	"github.com/posthorn/posthorn/internal/testkit/faultkit"
@@ -142,31 +142,22 @@ func (e *partitionEnv) kafkaAdmin() (*kgo.Client, *kadm.Client, error) {
 	return cl, kadm.NewClient(cl), nil
 }
 
-// eventLeader is the node leading most partitions of the event topic.
-func (e *partitionEnv) eventLeader(ctx context.Context) (int, error) {
+// groupCoordinator is the node coordinating the consumer group's offsets
+// (the leader of its __consumer_offsets partition).
+func (e *partitionEnv) groupCoordinator(ctx context.Context, group string) (int, error) {
 	cl, adm, err := e.kafkaAdmin()
 	if err != nil {
 		return 0, err
 	}
 	defer cl.Close()
-	topics, err := adm.ListTopics(ctx, core.TopicEvents)
-	if err != nil {
-		return 0, err
+	r, ok := adm.FindGroupCoordinators(ctx, group)[group]
+	if !ok {
+		return 0, fmt.Errorf("the coordinator of group %s: no answer", group)
 	}
-	count := map[int32]int{}
-	for _, p := range topics[core.TopicEvents].Partitions {
-		count[p.Leader]++
+	if r.Err != nil {
+		return 0, fmt.Errorf("the coordinator of group %s: %w", group, r.Err)
 	}
-	best := int32(-1)
-	for id, n := range count {
-		if best < 0 || n > count[best] {
-			best = id
-		}
-	}
-	if best < 0 {
-		return 0, errors.New("the event topic has no partition leader")
-	}
-	return int(best), nil
+	return int(r.NodeID), nil
 }
 
 // quorumLeader is the active controller: the leader of the KRaft metadata
@@ -334,10 +325,14 @@ var partitionScenarios = []partitionScenario{
 			bites: bitesCommittedRepeats},
 	},
 	{
+		// The node chosen coordinates a consumer group as well as leading
+		// event partitions (each of the three leads one or two of the
+		// four): the consumers' offsets then commit nowhere while it is
+		// cut off, and what they applied meanwhile comes to them again.
 		name: "leader on the minority side",
-		doc:  "the node leading most event partitions cut from the other two (replication and controller links), clients still reach it",
+		doc:  "the node coordinating the balance-projection group, a leader of event partitions too, cut from the other two (replication and controller links), clients still reach it",
 		inject: func(ctx context.Context, e *partitionEnv) (func() error, error) {
-			i, err := e.eventLeader(ctx)
+			i, err := e.groupCoordinator(ctx, projection.Name)
 			if err != nil {
 				return nil, err
 			}
