@@ -58,9 +58,20 @@ func MoveKafkaLeaders(ctx context.Context, brokers []string) error {
 		req.Assign(core.TopicEvents, p, append(slices.Clone(pd.Replicas[1:]), pd.Replicas[0]))
 		parts = append(parts, p)
 	}
-	resps, err := adm.AlterPartitionAssignments(ctx, req)
-	if err != nil {
-		return fmt.Errorf("move leaders: reassign: %w", err)
+	// The request goes to a node a concurrent broker outage may be killing
+	// at that moment; the same reassignment asked again is harmless, so a
+	// request that failed is asked again until ctx ends.
+	var resps kadm.AlterPartitionAssignmentsResponses
+	for {
+		resps, err = adm.AlterPartitionAssignments(ctx, req)
+		if err == nil {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("move leaders: reassign: %w", err)
+		case <-time.After(200 * time.Millisecond):
+		}
 	}
 	if err := resps.Error(); err != nil {
 		return fmt.Errorf("move leaders: reassign: %w", err)
