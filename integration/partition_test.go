@@ -25,6 +25,7 @@ import (
 	"github.com/posthorn/posthorn/internal/testkit/kafkacluster"
 	"github.com/posthorn/posthorn/internal/testkit/netfault"
 	"github.com/posthorn/posthorn/internal/testkit/pgtest"
+	"github.com/posthorn/posthorn/internal/testkit/wait"
 )
 
 // The partition suite: the network splits, stalls and drops while
@@ -647,17 +648,13 @@ func (e *partitionEnv) writeBacklog(ctx context.Context, t *testing.T, n int) er
 			return err
 		}
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		_, err := e.activeRelay(ctx)
-		if err == nil {
-			return nil
+	wait.ForStatus(t, 30*time.Second, "an active relay", func() (bool, string) {
+		if _, err := e.activeRelay(ctx); err != nil {
+			return false, err.Error()
 		}
-		if time.Now().After(deadline) {
-			return err
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return true, ""
+	})
+	return nil
 }
 
 // invisibleBound is the longest a committed event may stay invisible to
